@@ -1,0 +1,56 @@
+# The two set-up commands are `make run` and `make test`; `make bench` is the
+# side-by-side benchmark. Each installs what it needs first and is quick when
+# that is already done (stamp files under .venv/).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+CORES  ?= 2
+
+# Debian packages: tools the lab wraps, rdma-core headers for the verbs
+# backend, pyverbs, and what the tests use (sshd, network namespaces).
+APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest \
+            rdma-core libibverbs-dev ibverbs-utils python3-pyverbs linux-perf \
+            iproute2 openssh-server openssh-client procps
+
+NATIVE_SRC := $(wildcard peercache/_native/*.c peercache/_native/*.h)
+
+.PHONY: run test bench setup apt clean
+
+setup: $(VENV)/.installed
+
+apt: $(VENV)/.apt
+$(VENV)/.apt:
+	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:" $$missing; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "missing Debian packages (run as root, or: sudo apt-get install $$missing)"; exit 1; \
+	  fi; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+$(VENV)/.installed: $(VENV)/.apt pyproject.toml setup.py $(NATIVE_SRC)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# Expose only the system's pyverbs (rdma-core's binding) to the venv.
+	@if [ -d /usr/lib/python3/dist-packages/pyverbs ]; then \
+	  mkdir -p $(VENV)/system-pyverbs && ln -sfn /usr/lib/python3/dist-packages/pyverbs $(VENV)/system-pyverbs/pyverbs && \
+	  $(PY) -c 'import site,sys; open(site.getsitepackages()[0]+"/system-pyverbs.pth","w").write(sys.argv[1]+"\n")' "$$(cd $(VENV)/system-pyverbs && pwd)"; \
+	fi
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[lab,test]'
+	@touch $@
+
+test: setup
+	$(PY) -m pytest
+
+run: setup
+	$(PY) -m peercache.bench.localrun
+
+bench: setup
+	$(PY) -m peercache.bench.ratios
+
+clean:
+	rm -rf $(VENV) build *.egg-info
