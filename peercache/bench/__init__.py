@@ -1,0 +1,1 @@
+"""``peercache-bench``: serve / drive two-host measurements of the GET path."""

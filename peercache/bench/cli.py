@@ -1,0 +1,67 @@
+"""``peercache-bench``: serve | drive | meta."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+
+from ..errors import ConfigError, PeerCacheError
+from . import drive, options, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peercache-bench", description=__doc__)
+    sub = p.add_subparsers(dest="mode", required=True)
+    options.serve_parser(sub.add_parser("serve", help="host discovery and publish the working set"))
+    options.drive_parser(sub.add_parser("drive", help="GET the working set and report throughput"))
+    m = sub.add_parser("meta", help="standalone discovery + directory process")
+    m.add_argument("--discovery-addr", default=options.DEFAULT_DISCOVERY)
+    m.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    return p
+
+
+def _meta(args) -> int:
+    from ..discovery import MetaService
+    from ..rpc import RpcServer
+    import threading
+
+    svc = MetaService(args.heartbeat_timeout)
+    srv = RpcServer(args.discovery_addr, svc.handlers()).start()
+    print(f"peercache-bench meta: ready on {args.discovery_addr}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    srv.stop()
+    svc.stop()
+    return 0
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        if args.mode == "serve":
+            return serve.run(args)
+        if args.mode == "meta":
+            return _meta(args)
+        rc, doc = drive.run(args)
+        print(drive.format_table(doc))
+        if doc["error"]:
+            print(f"drive: FAILED: {doc['error']}", file=sys.stderr)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+        return rc
+    except ConfigError as e:
+        print(f"peercache-bench {args.mode}: invalid options: {e}", file=sys.stderr)
+        return 2
+    except PeerCacheError as e:
+        print(f"peercache-bench {args.mode}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""``peercache-bench drive``: GET (or exists) load against a serving node.
+
+Every driver process runs the same threads against the same absolute
+measurement window ``[t0 + warmup, t0 + warmup + duration]`` (one host, one
+clock), so the aggregate is total bytes over that one window, never a sum
+of rates measured over different windows.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import tags
+from ..errors import PeerCacheError
+from ..node import Get, Node
+from ..rpc import RpcClient
+from . import meta, options
+
+#: How long a point may overrun its window before the driver gives up on it.
+POINT_GRACE_S = 20.0
+
+
+@dataclass
+class ThreadStats:
+    """Counters of one driver thread inside the measurement window."""
+
+    bytes: int = 0
+    keys: int = 0
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    verify_failures: int = 0
+    batches: int = 0
+    latencies: list = field(default_factory=list)
+
+    def add(self, other: "ThreadStats") -> None:
+        for f in ("bytes", "keys", "hits", "misses", "errors", "verify_failures", "batches"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.latencies.extend(other.latencies)
+
+
+class _Worker:
+    """One driver process: a node, a receive buffer and the thread loop."""
+
+    def __init__(self, cfg: dict, pidx: int, live):
+        self.cfg, self.pidx, self.live = cfg, pidx, live
+        self.objs = options.objects_per_page(cfg["layout"])
+        self.keys = options.page_keys(cfg["working_set"], cfg["layout"])
+        self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
+        self.node = Node(cfg["discovery_addr"], protocol=cfg["protocol"],
+                         max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
+                         rpc_timeout=3.0, name=f"drive-{pidx}")
+        per_batch = cfg["batch_size"] * self.objs * cfg["page_size"]
+        self.slice_bytes = per_batch
+        self.recv = np.zeros(per_batch * max(cfg["concurrencies"]), dtype=np.uint8)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.cfg["ready_timeout"]
+        while True:
+            present = self.node.exists_batch(self.keys[:: max(1, len(self.keys) // 256)] + self.keys[-1:])
+            if all(present):
+                return
+            if time.monotonic() > deadline:
+                raise PeerCacheError(
+                    f"the working set ({len(self.keys)} objects) is not published at "
+                    f"{self.cfg['discovery_addr']} after {self.cfg['ready_timeout']:.0f} s; start "
+                    "`peercache-bench serve` with the same --working-set/--layout/--page-size")
+            time.sleep(0.2)
+
+    def run_point(self, conc: int, t0: float) -> dict:
+        cfg = self.cfg
+        win_start = t0 + cfg["warmup"]
+        win_end = win_start + cfg["duration"]
+        stop = threading.Event()
+        abort: list[str] = []
+        stats = [ThreadStats() for _ in range(conc)]
+        threads = [threading.Thread(target=self._loop, args=(i, t0, win_start, win_end, stop, abort, stats[i]),
+                                    daemon=True) for i in range(conc)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=max(0.0, win_end - time.time()) + POINT_GRACE_S)
+        if any(t.is_alive() for t in threads):
+            stop.set()
+            abort.append("driver threads did not finish within the point's window + grace")
+        total = ThreadStats()
+        for s in stats:
+            total.add(s)
+        return {"stats": total.__dict__, "abort": abort[:1]}
+
+    def _loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
+        cfg = self.cfg
+        ws, batch, objs, page = cfg["working_set"], cfg["batch_size"], self.objs, cfg["page_size"]
+        rng = np.random.default_rng(cfg["seed"] * 7919 + self.pidx * 131 + tid)
+        base = tid * self.slice_bytes
+        offsets = base + np.arange(batch * objs, dtype=np.uint64) * page
+        caps = np.full(batch * objs, page, dtype=np.uint64)
+        seq = (tid * batch * 977) % ws
+        get = cfg["op"] == "get"
+        while time.time() < t0 and not stop.is_set():
+            time.sleep(min(0.01, max(0.0, t0 - time.time())))
+        while not stop.is_set():
+            now = time.time()
+            if now >= win_end:
+                return
+            if cfg["access"] == "random":
+                pages = rng.integers(0, ws, batch)
+            else:
+                pages = (seq + np.arange(batch)) % ws
+                seq = (seq + batch) % ws
+            idx = (pages[:, None] * objs + np.arange(objs)).reshape(-1)
+            keys = [self.keys[j] for j in idx]
+            t_s = time.perf_counter()
+            try:
+                if get:
+                    r = self.node.get_batch_into(keys, self.recv, offsets, caps)
+                    status, err = r.status, r.error
+                else:
+                    present = self.node.exists_batch(keys)
+                    status = np.where(present, int(Get.HIT), int(Get.MISS)).astype(np.int8)
+                    err = None
+            except PeerCacheError as e:
+                abort.append(str(e))
+                stop.set()
+                return
+            lat = time.perf_counter() - t_s
+            done = time.time()
+            hits = status == Get.HIT
+            n_hit, n_err = int(hits.sum()), int((status == Get.ERROR).sum())
+            vfail = 0
+            if get and cfg["verify"] and n_hit:
+                view = self.recv[base: base + len(keys) * page].reshape(len(keys), page)
+                ok = tags.verify_patterns(view[hits], self.khash[idx][hits], r.generations[hits])
+                vfail = int((~ok).sum())
+            if win_start <= done <= win_end:
+                st.batches += 1
+                st.keys += len(keys)
+                st.hits += n_hit
+                st.misses += len(keys) - n_hit - n_err
+                st.errors += n_err
+                st.verify_failures += vfail
+                b = n_hit * page if get else 0
+                st.bytes += b
+                st.latencies.append(lat)
+                with self.live.get_lock():
+                    self.live.value += b if get else n_hit
+            if n_err and err and ("unreachable" in err or "connection" in err or "no endpoint" in err):
+                abort.append(err)
+                stop.set()
+                return
+            if vfail:
+                abort.append(f"{vfail} page(s) read as hits had wrong contents")
+
+    def close(self) -> None:
+        self.node.close()
+
+
+def _worker_main(conn, cfg: dict, pidx: int, live) -> None:
+    worker = None
+    try:
+        worker = _Worker(cfg, pidx, live)
+        worker.wait_ready()
+        conn.send(("ready", None))
+        while True:
+            if not conn.poll(cfg["ready_timeout"] + cfg["warmup"] + cfg["duration"] + 120):
+                return  # the parent went away
+            msg = conn.recv()
+            if msg[0] == "point":
+                conn.send(("result", worker.run_point(msg[1], msg[2])))
+            else:
+                return
+    except PeerCacheError as e:
+        conn.send(("error", str(e)))
+    except Exception as e:  # report, don't hang the parent
+        conn.send(("error", f"driver process {pidx} failed: {type(e).__name__}: {e}"))
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _percentiles(lat: list) -> dict:
+    if not lat:
+        return {"p50": None, "p99": None, "p999": None}
+    a = np.asarray(lat) * 1e6
+    p = np.percentile(a, [50, 99, 99.9])
+    return {"p50": round(float(p[0]), 1), "p99": round(float(p[1]), 1), "p999": round(float(p[2]), 1)}
+
+
+def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
+    """One point from the per-process results of one shared window."""
+    total = ThreadStats()
+    aborts = []
+    for r in results:
+        total.add(ThreadStats(**r["stats"]))
+        aborts += r["abort"]
+    dur = cfg["duration"]
+    objs = options.objects_per_page(cfg["layout"])
+    get = cfg["op"] == "get"
+    failed = bool(aborts) or total.errors > 0 or total.verify_failures > 0
+    return {
+        "concurrency": conc, "processes": cfg["processes"], "threads": conc * cfg["processes"],
+        "batch_size": cfg["batch_size"], "page_size": cfg["page_size"], "duration_s": dur,
+        "bytes": total.bytes, "batches": total.batches,
+        "gb_per_s": round(total.bytes / dur / 1e9, 4) if get else None,
+        "pages_per_s": round(total.hits / objs / dur, 1),
+        "objects_per_s": round(total.hits / dur, 1),
+        "latency_us": _percentiles(total.latencies),
+        "hit_rate": round(total.hits / total.keys, 6) if total.keys else None,
+        "keys": total.keys, "errors": total.errors, "verify_failures": total.verify_failures,
+        "verified": bool(cfg["verify"] and get),
+        "status": "failed" if failed else "ok", "reason": aborts[0] if aborts else None,
+    }
+
+
+def format_table(doc: dict) -> str:
+    """The readable console table with its host + meta line."""
+    m = doc["meta"]
+    lines = [f"# {m['host']} ({m['cpu']}), kernel {m['kernel']}, rev {m['git_revision']}",
+             f"# protocol={m['protocol']} devices={','.join(m['devices']) or '-'} layout={m['layout']} "
+             f"page={m['page_size']} B batch={m['batch_size']} processes={m['processes']} "
+             f"op={m['op']} verify={'on' if m['verify'] else 'off'} dir-cache-ttl={m['dir_cache_ttl']} s",
+             f"{'threads':>7} {'GB/s':>8} {'pages/s':>11} {'p50 us':>9} {'p99 us':>9} {'p999 us':>9} "
+             f"{'hit %':>7} {'errors':>6}  status"]
+    for p in doc["points"]:
+        lat = p["latency_us"]
+        gbs = "-" if p["gb_per_s"] is None else f"{p['gb_per_s']:.3f}"
+        hit = "-" if p["hit_rate"] is None else f"{100 * p['hit_rate']:.2f}"
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"
+        lines.append(f"{p['threads']:>7} {gbs:>8} {p['pages_per_s']:>11.0f} {fmt(lat['p50']):>9} "
+                     f"{fmt(lat['p99']):>9} {fmt(lat['p999']):>9} {hit:>7} {p['errors']:>6}  "
+                     f"{p['status']}{' (' + p['reason'] + ')' if p['reason'] else ''}")
+    return "\n".join(lines)
+
+
+def run(args) -> tuple[int, dict]:
+    """Run every concurrency point; returns (exit status, result document)."""
+    options.validate(args, "drive")
+    cfg = {k: getattr(args, k) for k in (
+        "discovery_addr", "protocol", "layout", "page_size", "working_set", "max_channels",
+        "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup",
+        "op", "verify", "access", "seed", "ready_timeout")}
+    start = meta.now_iso()
+    doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "drive",
+           "meta": {**meta.host_block(), "command": meta.command_line(), "start": start, "end": None,
+                    "discovery_addr": args.discovery_addr, "protocol": args.protocol,
+                    "devices": options.devices(args), "layout": args.layout,
+                    "objects_per_page": options.objects_per_page(args.layout),
+                    "page_size": args.page_size, "batch_size": args.batch_size,
+                    "concurrencies": args.concurrencies, "processes": args.processes,
+                    "working_set": args.working_set, "max_channels": args.max_channels,
+                    "dir_cache_ttl": args.dir_cache_ttl, "duration": args.duration, "warmup": args.warmup,
+                    "op": args.op, "verify": args.verify, "access": args.access,
+                    "versions": meta.versions(), "git_revision": meta.git_revision()},
+           "points": [], "status": "ok", "error": None}
+    ctx = mp.get_context("spawn")
+    procs, conns, lives = [], [], []
+    say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        for i in range(args.processes):
+            parent, child = ctx.Pipe()
+            live = ctx.Value("d", 0.0)
+            p = ctx.Process(target=_worker_main, args=(child, cfg, i, live), daemon=True)
+            p.start()
+            procs.append(p), conns.append(parent), lives.append(live)
+        for i, c in enumerate(conns):
+            msg = _recv(c, args.ready_timeout + 30, f"driver process {i} did not get ready")
+            if msg[0] == "error":
+                raise PeerCacheError(msg[1])
+        say(f"drive: {args.processes} process(es) ready against {args.discovery_addr}")
+        for k, conc in enumerate(args.concurrencies):
+            t0 = time.time() + 0.3
+            for lv in lives:
+                lv.value = 0.0
+            for c in conns:
+                c.send(("point", conc, t0))
+            results = _collect(conns, lives, t0, conc, k, args, say)
+            point = aggregate(conc, cfg, results)
+            doc["points"].append(point)
+            if point["reason"] and any(w in point["reason"] for w in ("unreachable", "connection", "discovery")):
+                doc["status"], doc["error"] = "failed", point["reason"]
+                break
+    except PeerCacheError as e:
+        doc["status"], doc["error"] = "failed", str(e)
+    finally:
+        for c in conns:
+            try:
+                c.send(("stop", None))
+            except (OSError, BrokenPipeError):
+                pass
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+    doc["meta"]["end"] = meta.now_iso()
+    if any(p["status"] != "ok" for p in doc["points"]) or not doc["points"]:
+        doc["status"] = "failed"
+        doc["error"] = doc["error"] or next((p["reason"] for p in doc["points"] if p["reason"]),
+                                            "errors during the run")
+    _tell_serve(args, doc)
+    return (0 if doc["status"] == "ok" else 1), doc
+
+
+def _recv(conn, timeout: float, what: str):
+    if not conn.poll(timeout):
+        raise PeerCacheError(f"{what} within {timeout:.0f} s")
+    try:
+        return conn.recv()
+    except EOFError:
+        raise PeerCacheError(f"{what}: the process exited")
+
+
+def _collect(conns, lives, t0, conc, k, args, say) -> list[dict]:
+    end = t0 + args.warmup + args.duration
+    results: list = [None] * len(conns)
+    last = 0.0
+    while any(r is None for r in results):
+        for i, c in enumerate(conns):
+            if results[i] is None and c.poll(0.05):
+                msg = c.recv()
+                if msg[0] == "error":
+                    raise PeerCacheError(msg[1])
+                results[i] = msg[1]
+        now = time.time()
+        if now - last >= 1.0 and now < end:
+            last = now
+            elapsed = now - t0
+            phase = "warmup" if elapsed < args.warmup else "measure"
+            moved = sum(lv.value for lv in lives)
+            rate = moved / max(1e-9, elapsed - args.warmup) / 1e9 if phase == "measure" else 0.0
+            unit = "GB/s" if args.op == "get" else "G keys/s"
+            say(f"drive: point {k + 1}/{len(args.concurrencies)} threads={conc} "
+                f"{max(0.0, elapsed):5.1f}/{args.warmup + args.duration:.1f} s {phase}"
+                + (f" {rate:.3f} {unit}" if phase == "measure" else ""))
+        if now > end + POINT_GRACE_S + 10:
+            raise PeerCacheError(f"driver processes did not report point threads={conc} within "
+                                 f"{POINT_GRACE_S + 10:.0f} s after its window")
+    return results
+
+
+def _tell_serve(args, doc: dict) -> None:
+    try:
+        cli = RpcClient(args.discovery_addr, timeout=2.0, what="discovery")
+        try:
+            cli.call("reader_done", summary={"status": doc["status"], "points": len(doc["points"])})
+        finally:
+            cli.close()
+    except PeerCacheError:
+        pass  # serve is gone or is a plain meta node: nothing to tell

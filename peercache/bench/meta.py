@@ -1,0 +1,66 @@
+"""The host + meta block every result carries."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from importlib import metadata
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def now_iso() -> str:
+    """Current UTC time, ISO 8601."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def cpu_model() -> str | None:
+    """CPU model name from /proc/cpuinfo (None if unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return platform.processor() or None
+
+
+def git_revision() -> str | None:
+    """git revision of the checkout the package runs from (None outside one)."""
+    try:
+        r = subprocess.run(["git", "-C", _PKG_DIR, "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", _PKG_DIR, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return r.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the packages on the data and control path."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("peercache", "numpy", "pyzmq", "msgpack"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def host_block() -> dict:
+    """Where this ran: host, kernel, CPU, cores."""
+    return {"host": socket.gethostname(), "kernel": platform.release(), "machine": platform.machine(),
+            "cpu": cpu_model(), "cpus": os.cpu_count()}
+
+
+def command_line() -> str:
+    """The exact command that is running."""
+    return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])

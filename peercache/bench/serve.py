@@ -1,0 +1,77 @@
+"""``peercache-bench serve``: host discovery, publish the working set, wait for readers."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+
+from .. import tags
+from ..node import Node
+from . import meta, options
+
+PUBLISH_BATCH = 512
+READY_LINE = "peercache-bench serve: ready"
+
+
+def fill_page(view, ref) -> None:
+    """Bench content: derived from (key, generation) so drive can verify it."""
+    tags.fill_pattern(view, ref.key_hash, ref.generation)
+
+
+def run(args) -> int:
+    """Serve until --readers drivers said they are done (or --max-wait passed)."""
+    options.validate(args, "serve")
+    keys = options.page_keys(args.working_set, args.layout)
+    bind = args.bind or args.discovery_addr.rpartition(":")[0].strip("[]")
+    start = meta.now_iso()
+    done = threading.Event()
+    readers_done: list[dict] = []
+    lock = threading.Lock()
+
+    def reader_done(msg: dict) -> dict:
+        with lock:
+            readers_done.append({"node_id": msg.get("node_id"), "summary": msg.get("summary")})
+            if len(readers_done) >= args.readers:
+                done.set()
+            return {"readers_done": len(readers_done)}
+
+    node = Node(args.discovery_addr, protocol=args.protocol, bind_host=bind, host_discovery=True,
+                pool_slots=len(keys), slot_capacity=args.page_size, max_channels=args.max_channels,
+                heartbeat_timeout=args.heartbeat_timeout, name="serve")
+    try:
+        node.add_handler("reader_done", reader_done)
+        t0 = time.monotonic()
+        for i in range(0, len(keys), PUBLISH_BATCH):
+            node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)
+        pub_s = time.monotonic() - t0
+        total = len(keys) * args.page_size
+        print(f"{READY_LINE} on {args.discovery_addr} protocol={args.protocol} layout={args.layout} "
+              f"objects={len(keys)} page_size={args.page_size} B ({total / 2**20:.1f} MiB, "
+              f"published in {pub_s:.2f} s)", flush=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        if args.readers == 0:
+            print("serve: --readers 0, serving until interrupted", flush=True)
+        deadline = time.monotonic() + args.max_wait
+        while not done.wait(1.0):
+            if time.monotonic() > deadline:
+                print(f"serve: --max-wait {args.max_wait:.0f} s passed with {len(readers_done)} of "
+                      f"{args.readers} readers done; exiting", file=sys.stderr, flush=True)
+                break
+        summary = {"schema_version": 1, "mode": "serve",
+                   "meta": {**meta.host_block(), "command": meta.command_line(), "start": start,
+                            "end": meta.now_iso(), "protocol": args.protocol, "layout": args.layout,
+                            "page_size": args.page_size, "objects": len(keys),
+                            "devices": options.devices(args), "versions": meta.versions(),
+                            "git_revision": meta.git_revision()},
+                   "readers_done": readers_done,
+                   "refused_ops": getattr(node.transport, "refused", None)}
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(summary, f, indent=1)
+        print(f"serve: {len(readers_done)} of {args.readers} readers done; exiting", flush=True)
+        return 0 if len(readers_done) >= args.readers else 1
+    finally:
+        node.close()

@@ -1,0 +1,121 @@
+"""The library API: a small client for ad-hoc puts and reads.
+
+    import peercache
+    with peercache.connect("127.0.0.1:31998") as pc:
+        page = pc.get("layer0/page17")              # bytes, or None on a miss
+        buf = bytearray(131072)
+        n = pc.get("layer0/page17", out=buf)        # read straight into buf
+
+A client with ``pool_bytes`` is also a producer: ``put`` writes into its
+own pool and publishes the keys, and other peers read them one-sided.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import tags
+from .errors import ConfigError
+from .node import Get, Node
+
+DEFAULT_DISCOVERY = "127.0.0.1:31998"
+
+
+class Client:
+    """Connect to a PeerCache cluster through its discovery address."""
+
+    def __init__(self, discovery_addr: str = DEFAULT_DISCOVERY, *, protocol: str = "tcp",
+                 pool_bytes: int = 0, page_size: int = 128 * 1024, bind: str = "127.0.0.1",
+                 host_discovery: bool = False, dir_cache_ttl: float = 0.0, max_channels: int = 4,
+                 timeout: float = 5.0):
+        if page_size <= 0:
+            raise ConfigError(f"page_size must be positive, got {page_size}")
+        slots = pool_bytes // tags.slot_stride(page_size) if pool_bytes else 0
+        if pool_bytes and slots == 0:
+            raise ConfigError(f"pool_bytes={pool_bytes} holds no {page_size} byte page; raise it")
+        self.page_size = page_size
+        self.node = Node(discovery_addr, protocol=protocol, bind_host=bind, host_discovery=host_discovery,
+                         pool_slots=slots, slot_capacity=page_size, max_channels=max_channels,
+                         dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout)
+
+    # -- writes -------------------------------------------------------------------
+    def put(self, key: str | bytes, data) -> None:
+        """Store ``data`` (bytes-like, at most page_size bytes) under ``key``."""
+        self.put_batch([key], [data])
+
+    def put_batch(self, keys: Sequence[str | bytes], values: Sequence) -> None:
+        """Store several objects with one directory round trip."""
+        if len(keys) != len(values):
+            raise ConfigError(f"put_batch: {len(keys)} keys but {len(values)} values")
+        self.node.put_batch([tags.key_bytes(k) for k in keys], [memoryview(v).cast("B") for v in values])
+
+    def remove(self, key: str | bytes) -> bool:
+        """Remove ``key`` from this client's pool and the directory."""
+        return self.node.remove_batch([tags.key_bytes(key)]) == 1
+
+    # -- reads ------------------------------------------------------------------------
+    def exists(self, key: str | bytes) -> bool:
+        """Whether the directory knows ``key``."""
+        return self.exists_batch([key])[0]
+
+    def exists_batch(self, keys: Sequence[str | bytes]) -> list[bool]:
+        """Directory membership of several keys in one lookup."""
+        return self.node.exists_batch([tags.key_bytes(k) for k in keys])
+
+    def get(self, key: str | bytes, out=None):
+        """Read ``key``: bytes (or None on a miss); with ``out``, the length read into it."""
+        return self.get_batch([key], None if out is None else [out])[0]
+
+    def get_batch(self, keys: Sequence[str | bytes], outs: Sequence | None = None) -> list:
+        """Read several keys in one batch.
+
+        Without ``outs`` each result is ``bytes`` or None (miss). With
+        ``outs`` (one writable buffer per key) each object lands directly in
+        its buffer and the result is its length or None.
+        """
+        bkeys = [tags.key_bytes(k) for k in keys]
+        n = len(bkeys)
+        if outs is not None:
+            if len(outs) != n:
+                raise ConfigError(f"get_batch: {n} keys but {len(outs)} output buffers")
+            results: list = []
+            for k, out in zip(bkeys, outs):  # one region per caller buffer
+                view = memoryview(out).cast("B")
+                if view.readonly:
+                    raise ConfigError("output buffer is read-only; pass a bytearray or writable array")
+                r = self.node.get_batch_into([k], view, [0], capacities=[len(view)])
+                results.append(self._outcome(r, 0, k, len(view)))
+            return results
+        dest = np.empty(n * self.page_size, dtype=np.uint8)
+        r = self.node.get_batch_into(bkeys, dest, np.arange(n, dtype=np.uint64) * self.page_size,
+                                     capacities=[self.page_size] * n)
+        out = []
+        for i in range(n):
+            ln = self._outcome(r, i, bkeys[i], self.page_size)
+            out.append(None if ln is None else dest[i * self.page_size: i * self.page_size + ln].tobytes())
+        return out
+
+    @staticmethod
+    def _outcome(r, i: int, key: bytes, room: int):
+        if r.status[i] == Get.HIT:
+            return int(r.lengths[i])
+        if r.status[i] == Get.MISS:
+            return None
+        raise ConfigError(f"reading {key!r} failed: {r.error or 'object larger than the output buffer'}"
+                          + ("" if r.error else f" ({room} bytes)"))
+
+    def close(self) -> None:
+        """Leave the cluster and free the pool."""
+        self.node.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(discovery_addr: str = DEFAULT_DISCOVERY, **options) -> Client:
+    """A :class:`Client` connected to ``discovery_addr``."""
+    return Client(discovery_addr, **options)

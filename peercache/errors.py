@@ -1,0 +1,25 @@
+"""Exceptions of the engine. Each message says what was wrong and what to do."""
+
+
+class PeerCacheError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class ConfigError(PeerCacheError, ValueError):
+    """Invalid options, refused before anything starts."""
+
+
+class DiscoveryUnreachable(PeerCacheError):
+    """The discovery node did not answer within the bounded wait."""
+
+
+class RpcError(PeerCacheError):
+    """A control-plane request got an error reply."""
+
+
+class TransportError(PeerCacheError):
+    """A data-path failure: connection lost, peer gone, transport unavailable."""
+
+
+class TransportUnavailable(TransportError):
+    """The requested transport cannot run on this machine or build."""

@@ -1,0 +1,327 @@
+"""A PeerCache node: pool + data endpoint + control endpoint + discovery client.
+
+A node may produce (it has a pool that peers read one-sided), consume (it
+looks keys up and reads them into its own buffers), or both. The node named
+by ``--discovery-addr`` also hosts discovery and the directory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from enum import IntEnum
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import tags
+from .directory import DirectoryCache, Location
+from .discovery import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
+from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
+from .pool import Pool, SlotRef
+from .rpc import RpcClient, RpcServer
+from .transport import make_transport
+from .transport.base import OP_DTYPE, STATUS_TEXT, Status
+
+log = logging.getLogger(__name__)
+
+POOL_REGION = 1
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+class Get(IntEnum):
+    """Outcome of one key in a batch read."""
+
+    HIT = 0
+    MISS = 1
+    ERROR = 2
+
+
+class BatchResult:
+    """Per-key outcome of a batch read plus the first error's reason."""
+
+    __slots__ = ("status", "lengths", "generations", "error")
+
+    def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
+                 error: str | None):
+        self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
+
+    @property
+    def hits(self) -> int:
+        return int((self.status == Get.HIT).sum())
+
+    @property
+    def errors(self) -> int:
+        return int((self.status == Get.ERROR).sum())
+
+
+class Node:
+    """One process's membership in a PeerCache cluster."""
+
+    def __init__(self, discovery_addr: str, *, protocol: str = "tcp", bind_host: str = "127.0.0.1",
+                 host_discovery: bool = False, pool_slots: int = 0, slot_capacity: int = 0,
+                 max_channels: int = 4, dir_cache_ttl: float = 0.0,
+                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+                 rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None):
+        if heartbeat_interval <= 0 or heartbeat_interval >= heartbeat_timeout:
+            raise ConfigError(f"heartbeat interval {heartbeat_interval}s must be positive and below "
+                              f"the timeout {heartbeat_timeout}s")
+        self.discovery_addr = discovery_addr
+        self.protocol = protocol
+        self.bind_host = bind_host
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeat_interval = heartbeat_interval
+        self.cache = DirectoryCache(dir_cache_ttl)
+        self.peers: dict[str, dict[str, Any]] = {}
+        self.node_id: str | None = None
+        self.epoch = 0
+        self.meta: MetaService | None = None
+        self.server: RpcServer | None = None
+        self.pool: Pool | None = None
+        self._stop = threading.Event()
+        self._hb: threading.Thread | None = None
+        try:
+            self.transport = make_transport(protocol, max_channels=max_channels, **(transport_options or {}))
+            if host_discovery:
+                self.meta = MetaService(heartbeat_timeout)
+                self.server = RpcServer(discovery_addr, self.meta.handlers()).start()
+            self.discovery = RpcClient(discovery_addr, timeout=rpc_timeout, what="discovery")
+            data_info: dict[str, Any] = {}
+            if pool_slots:
+                self.pool = Pool(pool_slots, slot_capacity, region_id=POOL_REGION)
+                self.transport.expose(POOL_REGION, self.pool.mm, self.pool.rkey,
+                                      fd=self.pool.fd, size=self.pool.size)
+                data_info = self.transport.start(bind_host)
+            self.info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+                         "protocol": protocol, "data": data_info,
+                         "control": self.server.address if self.server else None}
+            self._register()
+        except BaseException:
+            self.close(leave=False)
+            raise
+        self._hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._hb.start()
+
+    # -- membership -------------------------------------------------------------
+    def _register(self) -> None:
+        if self.node_id:
+            self.info["node_id"] = self.node_id
+        reply = self.discovery.call("register", info=self.info)
+        self.node_id, self.epoch = reply["node_id"], reply["epoch"]
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                reply = self.discovery.call("heartbeat", node_id=self.node_id)
+                if not reply["known"]:
+                    log.warning("discovery forgot node %s; registering again", self.node_id)
+                    self._register()
+                    self._republish()
+            except PeerCacheError as e:
+                log.warning("heartbeat failed: %s", e)
+
+    def _republish(self) -> None:
+        if self.pool is None:
+            return
+        refs = [r for r in (self.pool.ref(k) for k in list(self.pool._refs)) if r is not None]
+        self._publish(refs, [])
+
+    # -- producing ------------------------------------------------------------------
+    def _loc(self, ref: SlotRef) -> list:
+        return [self.node_id, POOL_REGION, self.pool.rkey, ref.offset, ref.length,
+                ref.capacity, ref.generation, ref.key_hash]
+
+    def _publish(self, refs: Sequence[SlotRef], evicted: Sequence[bytes]) -> None:
+        self.discovery.call("publish", node_id=self.node_id, keys=[r.key for r in refs],
+                            locs=[self._loc(r) for r in refs], unpublish=list(evicted))
+
+    def put_batch(self, keys: Sequence[bytes], values: Sequence | None = None,
+                  fill: Callable[[np.ndarray, SlotRef], None] | None = None) -> list[SlotRef]:
+        """Write objects into the pool and publish them with one directory RPC."""
+        if self.pool is None:
+            raise ConfigError("this node has no pool to put into; create it with a pool "
+                              "(Client(pool_bytes=...) or peercache-bench serve)")
+        refs, evicted = [], []
+        for i, k in enumerate(keys):
+            ref, old = self.pool.put(k, None if values is None else values[i], fill)
+            refs.append(ref)
+            if old is not None and old.key not in keys:
+                evicted.append(old.key)
+        self._publish(refs, evicted)
+        return refs
+
+    def remove_batch(self, keys: Sequence[bytes]) -> int:
+        """Remove objects from the pool and the directory."""
+        removed = [k for k in keys if self.pool is not None and self.pool.remove(k) is not None]
+        if removed:
+            self.discovery.call("unpublish", node_id=self.node_id, keys=removed)
+        return len(removed)
+
+    # -- consuming ------------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes], use_cache: bool = True) -> list[Location | None]:
+        """Locations of ``keys``: cached ones, the rest with one directory RPC."""
+        locs = self.cache.get_many(keys) if use_cache else [None] * len(keys)
+        missing = [i for i, l in enumerate(locs) if l is None]
+        if missing:
+            reply = self.discovery.call("lookup", keys=[keys[i] for i in missing])
+            self.peers.update(reply["nodes"])
+            if reply["epoch"] != self.epoch:
+                self.epoch = reply["epoch"]
+            fresh = [None if l is None else Location(*l) for l in reply["locs"]]
+            for i, l in zip(missing, fresh):
+                locs[i] = l
+            self.cache.put_many([keys[i] for i in missing], fresh)
+        return locs
+
+    def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
+                       capacities: Sequence[int] | np.ndarray | None = None) -> BatchResult:
+        """Read ``keys`` into ``dest`` at ``offsets``; per-key HIT / MISS / ERROR.
+
+        A location whose slot tag does not match (evicted, reused, torn) is
+        looked up once more without the cache; if it still does not match it
+        is a miss. Bytes of a miss or an error in ``dest`` are unspecified.
+        """
+        n = len(keys)
+        offsets = np.asarray(offsets, dtype=np.uint64)
+        status = np.full(n, int(Get.MISS), dtype=np.int8)
+        lengths = np.zeros(n, dtype=np.uint64)
+        gens = np.zeros(n, dtype=np.uint64)
+        locs = self.lookup(keys)
+        error = self._read(keys, locs, dest, offsets, capacities, status, lengths, gens)
+        stale = [i for i in range(n) if status[i] == Get.MISS and locs[i] is not None]
+        if stale:
+            skeys = [keys[i] for i in stale]
+            self.cache.invalidate(skeys)
+            again = self.lookup(skeys, use_cache=False)
+            idx = np.asarray(stale)
+            sub_status = np.full(len(stale), int(Get.MISS), dtype=np.int8)
+            sub_len = np.zeros(len(stale), dtype=np.uint64)
+            sub_gen = np.zeros(len(stale), dtype=np.uint64)
+            sub_cap = None if capacities is None else np.asarray(capacities)[idx]
+            err2 = self._read(skeys, again, dest, offsets[idx], sub_cap, sub_status, sub_len, sub_gen)
+            status[idx], lengths[idx], gens[idx] = sub_status, sub_len, sub_gen
+            error = error or err2
+        return BatchResult(status, lengths, gens, error)
+
+    def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens) -> str | None:
+        n = len(keys)
+        tagbuf = np.zeros((n, 5), dtype=np.uint64)
+        tagbytes = tagbuf.view(np.uint8).reshape(-1)
+        by_node: dict[str, list[int]] = {}
+        for i, loc in enumerate(locs):
+            if loc is None:
+                continue
+            if capacities is not None and loc.length > int(capacities[i]):
+                status[i] = Get.ERROR
+                continue
+            by_node.setdefault(loc.node_id, []).append(i)
+        error = None
+        for node_id, idxs in by_node.items():
+            info = self._data_endpoint(node_id)
+            if info is None:
+                status[idxs] = Get.ERROR
+                error = error or f"no endpoint info for node {node_id}"
+                continue
+            m = len(idxs)
+            ops = np.zeros(3 * m, dtype=OP_DTYPE)
+            L = [locs[i] for i in idxs]
+            off = np.fromiter((l.offset for l in L), np.uint64, m)
+            ln = np.fromiter((l.length for l in L), np.uint64, m)
+            cap = np.fromiter((l.capacity for l in L), np.uint64, m)
+            ii = np.asarray(idxs, dtype=np.uint64)
+            ops["region"] = np.repeat(np.fromiter((l.region for l in L), np.uint32, m), 3)
+            ops["rkey"] = np.repeat(np.fromiter((l.rkey for l in L), np.uint64, m), 3)
+            h, p, t = ops[0::3], ops[1::3], ops[2::3]
+            h["remote_offset"], h["length"], h["local_region"], h["local_offset"] = off, tags.HEADER_BYTES, 0, ii * tags.TAG_BYTES
+            p["remote_offset"], p["length"], p["local_region"], p["local_offset"] = off + tags.HEADER_BYTES, ln, 1, offsets[idxs]
+            t["remote_offset"], t["length"], t["local_region"] = off + tags.HEADER_BYTES + cap, tags.TRAILER_BYTES, 0
+            t["local_offset"] = ii * tags.TAG_BYTES + tags.HEADER_BYTES
+            empty = ln == 0
+            if empty.any():  # an empty object has no payload op to issue
+                keep = np.ones(3 * m, dtype=bool)
+                keep[1::3] = ~empty
+                st_full = np.zeros(3 * m, dtype=np.int32)
+                st_full[keep] = self.transport.read_batch(node_id, info, ops[keep], [tagbytes, dest])
+                st = st_full
+            else:
+                st = self.transport.read_batch(node_id, info, ops, [tagbytes, dest])
+            st = np.asarray(st).reshape(m, 3)
+            ok_ops = (st == Status.OK).all(axis=1)
+            idx_arr = np.asarray(idxs)
+            if not ok_ops.all():
+                bad = st[~ok_ops]
+                first = int(bad[bad != Status.OK][0])
+                error = error or f"read from node {node_id} failed: {STATUS_TEXT[Status(first)]}"
+                status[idx_arr[~ok_ops]] = Get.ERROR
+                if first in (Status.PEER_GONE, Status.CONNECTION):
+                    self.cache.drop_node(node_id)
+            if ok_ops.any():
+                good = idx_arr[ok_ops]
+                kh = np.fromiter((locs[i].key_hash for i in good), np.uint64, len(good))
+                gen = np.fromiter((locs[i].generation for i in good), np.uint64, len(good))
+                match = tags.check_tags(tagbuf[good], kh, gen, ln[ok_ops])
+                status[good[match]] = Get.HIT
+                lengths[good[match]] = ln[ok_ops][match]
+                gens[good[match]] = gen[match]
+        return error
+
+    def _data_endpoint(self, node_id: str) -> dict[str, Any] | None:
+        peer = self.peers.get(node_id)
+        if peer is None:
+            return None
+        data = dict(peer.get("data") or {})
+        if data.get("host") in WILDCARDS:
+            # A producer listening on all interfaces is reached where discovery is.
+            data["host"] = self.discovery_addr.rpartition(":")[0].strip("[]")
+        return data
+
+    def exists_batch(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether the directory knows each key (no data is read)."""
+        return [l is not None for l in self.lookup(keys)]
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        """Current membership as discovery sees it."""
+        return self.discovery.call("members")["nodes"]
+
+    # -- lifecycle ------------------------------------------------------------------
+    def add_handler(self, op: str, fn) -> None:
+        """Serve an extra control op (only on the discovery-hosting node)."""
+        if self.server is None:
+            raise ConfigError("only the node that hosts discovery serves extra ops")
+        self.server.handlers[op] = fn
+
+    def close(self, leave: bool = True) -> None:
+        """Leave the cluster and release every resource (idempotent)."""
+        self._stop.set()
+        if self._hb is not None and self._hb is not threading.current_thread():
+            self._hb.join(timeout=5)
+        disc = getattr(self, "discovery", None)
+        if leave and disc is not None and self.node_id:
+            try:
+                disc.call("leave", node_id=self.node_id, timeout=1.0)
+            except (RpcError, DiscoveryUnreachable):
+                pass
+        if disc is not None:
+            disc.close()
+            self.discovery = None
+        tr = getattr(self, "transport", None)
+        if tr is not None:
+            tr.close()
+            self.transport = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self.meta is not None:
+            self.meta.stop()
+            self.meta = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,84 @@
+"""The transport interface shared by tcp, shm and rdma.
+
+A producer *exposes* regions (its pool); a consumer *registers* local
+buffers and calls :meth:`Transport.read_batch` with an array of ops, each
+``(remote region, rkey, remote offset, length, local region, local offset)``.
+The result is one status per op. Batches are NumPy structured arrays, never
+lists of Python objects.
+"""
+from __future__ import annotations
+
+import abc
+import enum
+from typing import Any
+
+import numpy as np
+
+OP_DTYPE = np.dtype([
+    ("region", "<u4"),         # remote region id
+    ("local_region", "<u4"),   # index into the local buffers of the call
+    ("rkey", "<u8"),           # remote region key (capability)
+    ("remote_offset", "<u8"),
+    ("length", "<u8"),
+    ("local_offset", "<u8"),
+])
+
+
+class Status(enum.IntEnum):
+    """Per-op result codes (shared with the native module)."""
+
+    OK = 0
+    BAD_REGION = 1      #: unknown remote region or wrong key
+    OUT_OF_RANGE = 2    #: remote range outside the region
+    ZERO_LENGTH = 3     #: length 0 is refused, not silently "read"
+    LOCAL_RANGE = 4     #: destination outside the local buffer
+    CONNECTION = 5      #: the channel failed during the batch
+    PEER_GONE = 6       #: the producer cannot be reached / has exited
+    TOO_LARGE = 7       #: op or batch larger than the server accepts
+    REFUSED = 8         #: the server refused the whole request
+
+
+STATUS_TEXT = {
+    Status.OK: "ok",
+    Status.BAD_REGION: "unknown remote region or wrong region key",
+    Status.OUT_OF_RANGE: "remote range outside the registered region",
+    Status.ZERO_LENGTH: "zero-length read",
+    Status.LOCAL_RANGE: "destination range outside the local buffer",
+    Status.CONNECTION: "data connection failed",
+    Status.PEER_GONE: "producer unreachable or exited",
+    Status.TOO_LARGE: "op or batch too large for the server",
+    Status.REFUSED: "request refused by the server",
+}
+
+
+def make_ops(n: int) -> np.ndarray:
+    """A zeroed op array of length ``n``."""
+    return np.zeros(n, dtype=OP_DTYPE)
+
+
+class Transport(abc.ABC):
+    """One data-path transport in one process (both roles)."""
+
+    name: str = ""
+
+    # -- producer side --------------------------------------------------------
+    @abc.abstractmethod
+    def expose(self, region_id: int, buffer, rkey: int, **info: Any) -> None:
+        """Make ``buffer`` readable by peers as ``region_id`` guarded by ``rkey``."""
+
+    @abc.abstractmethod
+    def start(self, bind_host: str) -> dict[str, Any]:
+        """Start serving exposed regions; returns the endpoint info peers connect with."""
+
+    # -- consumer side --------------------------------------------------------
+    @abc.abstractmethod
+    def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray,
+                   local: list) -> np.ndarray:
+        """Execute ``ops`` against ``peer`` into the ``local`` buffers; int32 status per op."""
+
+    def forget(self, peer: str) -> None:
+        """Drop any connection state for ``peer`` (it left or restarted)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop serving and drop every connection."""
