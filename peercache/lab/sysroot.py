@@ -1,0 +1,67 @@
+"""Where sysfs and /proc are read from: the real root, or a fixture tree in tests.
+
+Every sysfs / proc read of the lab goes through :func:`sysfs_path` and
+:func:`proc_path` (the pyperf habit), so a test can point the whole lab at a
+folder such as ``tests/fixtures/lab/hosts/cx7-8bond`` that holds ``sys/...``
+and ``proc/...``. The root is an explicit argument; the process-wide default
+(``/``) can be changed with :func:`set_root` or, scoped, :func:`using_root`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+_root = Path("/")
+
+
+def get_root() -> Path:
+    """The current default root."""
+    return _root
+
+
+def set_root(root: str | os.PathLike) -> Path:
+    """Make *root* the default root; returns the previous one."""
+    global _root
+    previous, _root = _root, Path(root)
+    return previous
+
+
+@contextlib.contextmanager
+def using_root(root: str | os.PathLike) -> Iterator[Path]:
+    """Use *root* as the default root inside a ``with`` block."""
+    previous = set_root(root)
+    try:
+        yield Path(root)
+    finally:
+        set_root(previous)
+
+
+def _resolve(root: str | os.PathLike | None) -> Path:
+    return Path(root) if root is not None else _root
+
+
+def is_live(root: str | os.PathLike | None = None) -> bool:
+    """True when *root* is the real machine's ``/`` (live commands and pyverbs may be used)."""
+    return _resolve(root).resolve() == Path("/")
+
+
+def sysfs_path(*parts: str | int, root: str | os.PathLike | None = None) -> Path:
+    """Path of ``/sys/<parts>`` under *root* (default: the current root)."""
+    return _resolve(root).joinpath("sys", *map(str, parts))
+
+
+def proc_path(*parts: str | int, root: str | os.PathLike | None = None) -> Path:
+    """Path of ``/proc/<parts>`` under *root* (default: the current root)."""
+    return _resolve(root).joinpath("proc", *map(str, parts))
+
+
+def read_attr(path: Path) -> tuple[str | None, str | None]:
+    """(stripped text, None) of a sysfs/proc file, or (None, why it could not be read)."""
+    try:
+        return path.read_text(errors="replace").strip(), None
+    except FileNotFoundError:
+        return None, f"{path} does not exist"
+    except OSError as e:  # sysfs answers EINVAL for unused GID slots, EACCES for some attrs
+        return None, f"cannot read {path}: {e.strerror or e}"
