@@ -1,0 +1,600 @@
+"""Where lab commands run: this machine, a network namespace on it, or an SSH host.
+
+A host is named by a spec string: ``local``, ``netns:<name>`` or
+``ssh:[user@]host[:port]``; :func:`parse_host` turns it into a :class:`Host`.
+Every host can run a command to completion (:meth:`Host.run`) or start one in
+the background (:meth:`Host.start`) and hand back a :class:`Handle` that
+captures output as it arrives, waits for a readiness pattern, and stops the
+whole process group — on an SSH host the remote group too.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+#: Line the SSH wrapper prints on stderr to tell us the remote process group.
+_PGID_MARKER = "@@PCLAB-PGID"
+_PGID_RE = re.compile(rf"^{_PGID_MARKER} (\d+)\n", re.M)
+
+#: Upper bound on how long a reader thread may take to drain after exit.
+_READER_JOIN_S = 5.0
+
+
+class HostError(RuntimeError):
+    """A host could not run what it was asked to (bad spec, missing tool, no access)."""
+
+
+class CommandTimeout(HostError):
+    """A command did not finish in time; ``completed`` holds what it printed."""
+
+    def __init__(self, message: str, completed: "Completed"):
+        super().__init__(message)
+        self.completed = completed
+
+
+class ReadyTimeout(HostError):
+    """A readiness pattern did not appear in time."""
+
+
+class ProcessExited(HostError):
+    """A process ended before the awaited output appeared."""
+
+
+def iso(t: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC (None stays None)."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="microseconds")
+
+
+def _tail(text: str, n: int = 800) -> str:
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+@dataclass
+class Completed:
+    """A finished command: what was asked, what ran, what it printed, when."""
+
+    host: str                 #: host spec, e.g. "netns:pc0a"
+    command: list[str]        #: the argv as asked for
+    argv: list[str]           #: the argv actually executed here (host prefix included)
+    stdout: str
+    stderr: str
+    rc: int | None            #: exit status; negative = killed by that signal (local)
+    start: float              #: epoch seconds
+    end: float | None
+    timed_out: bool = False
+    stopped: bool = False     #: ended by stop() rather than on its own
+
+    @property
+    def start_iso(self) -> str | None:
+        return iso(self.start)
+
+    @property
+    def end_iso(self) -> str | None:
+        return iso(self.end)
+
+
+class Handle:
+    """A background process on a host: output so far, readiness, exit code, stop."""
+
+    def __init__(self, host: "Host", command: list[str], argv: list[str],
+                 log_path: str | os.PathLike | None = None, stdin_pipe: bool = False):
+        self.host = host
+        self.command = list(command)
+        self.argv = list(argv)
+        self.log_path = Path(log_path) if log_path else None
+        self._buf = {"stdout": bytearray(), "stderr": bytearray()}
+        self._cond = threading.Condition()
+        self._log = open(self.log_path, "ab") if self.log_path else None
+        self.stopped = False
+        self.end: float | None = None
+        self.start_time = time.time()
+        try:
+            # A new session makes the process its own group leader, so stop()
+            # reaches every child it forked and a terminal Ctrl-C does not hit
+            # it before the runner has had a chance to clean up in order.
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError as e:
+            self._close_log()
+            raise HostError(f"{host.spec}: cannot start {argv[0]!r} ({e.strerror}); "
+                            f"install it or check PATH") from e
+        self.pgid = self.proc.pid
+        self._readers = [threading.Thread(target=self._pump, args=(name, pipe), daemon=True)
+                         for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))]
+        self._open_readers = len(self._readers)
+        for t in self._readers:
+            t.start()
+
+    # --- output capture ---------------------------------------------------
+    def _pump(self, name: str, pipe) -> None:
+        fd = pipe.fileno()
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                with self._cond:
+                    self._buf[name].extend(chunk)
+                    if self._log:
+                        self._log.write(chunk)
+                        self._log.flush()
+                    self._cond.notify_all()
+        except OSError:
+            pass  # pipe closed under us by stop(); nothing more to read
+        finally:
+            with self._cond:
+                self._open_readers -= 1
+                self._cond.notify_all()
+
+    def _text(self, name: str) -> str:
+        with self._cond:
+            raw = bytes(self._buf[name])
+        text = raw.decode("utf-8", errors="replace")
+        return _PGID_RE.sub("", text) if name == "stderr" else text
+
+    @property
+    def stdout(self) -> str:
+        """Everything the process wrote on stdout so far."""
+        return self._text("stdout")
+
+    @property
+    def stderr(self) -> str:
+        """Everything the process wrote on stderr so far (wrapper lines removed)."""
+        return self._text("stderr")
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status, or None while it runs."""
+        return self.proc.poll()
+
+    @property
+    def running(self) -> bool:
+        """True while the process has not exited."""
+        return self.proc.poll() is None
+
+    def wait_for(self, pattern: str | re.Pattern, timeout: float,
+                 stream: str = "any") -> re.Match:
+        """Block until ``pattern`` appears in the output; raise on timeout or early exit."""
+        rx = re.compile(pattern, re.M) if isinstance(pattern, str) else pattern
+        streams = ("stdout", "stderr") if stream == "any" else (stream,)
+        deadline = time.monotonic() + timeout
+        while True:
+            for name in streams:
+                m = rx.search(self._text(name))
+                if m:
+                    return m
+            with self._cond:
+                drained = self._open_readers == 0
+            if drained and self.proc.poll() is not None:
+                raise ProcessExited(
+                    f"{self.host.spec}: {shlex.join(self.command)} exited with rc "
+                    f"{self.proc.returncode} before printing {rx.pattern!r}; "
+                    f"stderr: {_tail(self.stderr)!r} stdout: {_tail(self.stdout)!r}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ReadyTimeout(
+                    f"{self.host.spec}: {shlex.join(self.command)} did not print "
+                    f"{rx.pattern!r} within {timeout:g}s; output so far: "
+                    f"{_tail(self.stdout + self.stderr)!r}")
+            with self._cond:
+                self._cond.wait(min(remaining, 0.2))
+
+    def wait(self, timeout: float) -> int:
+        """Wait for exit and return the exit status; raise CommandTimeout if still running."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(
+                f"{self.host.spec}: {shlex.join(self.command)} still running after "
+                f"{timeout:g}s", self.completed(timed_out=True)) from None
+        self._finish()
+        return rc
+
+    def _finish(self) -> None:
+        if self.end is None:
+            self.end = time.time()
+        for t in self._readers:
+            t.join(_READER_JOIN_S)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if getattr(self, "_log", None):
+            with self._cond:
+                self._log.close()
+                self._log = None
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _remote_stop(self, grace: float) -> None:
+        """Hook for hosts whose processes live elsewhere (SSH)."""
+
+    def stop(self, grace: float = 2.0) -> int | None:
+        """End the whole process group: SIGTERM, then SIGKILL after ``grace`` seconds."""
+        if self.proc.poll() is None:
+            self.stopped = True
+        self._remote_stop(grace)
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        # The leader may have exited while children it forked still hold the
+        # group, so signal the group whenever it exists, not only the leader.
+        if self._group_alive():
+            self._signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                if not self._group_alive():
+                    break
+                time.sleep(0.02)
+            if self._group_alive():
+                self._signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=max(grace, 1.0) + 5)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (D state); returncode stays None and says so
+        self._finish()
+        return self.proc.returncode
+
+    def completed(self, timed_out: bool = False) -> Completed:
+        """Snapshot of this process as a :class:`Completed` record."""
+        return Completed(host=self.host.spec, command=self.command, argv=self.argv,
+                         stdout=self.stdout, stderr=self.stderr, rc=self.proc.poll(),
+                         start=self.start_time, end=self.end, timed_out=timed_out,
+                         stopped=self.stopped)
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Host:
+    """Base of the three host kinds; subclasses say how an argv is executed."""
+
+    kind = "?"
+
+    def __init__(self, spec: str):
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """The argv to execute on this machine so that ``argv`` runs on the host."""
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        """Raise HostError if this host cannot be used right now."""
+
+    def start(self, argv: list[str], log_path: str | os.PathLike | None = None) -> Handle:
+        """Start ``argv`` in the background and return its handle."""
+        if not argv:
+            raise HostError(f"{self.spec}: empty command")
+        self._check()
+        return Handle(self, argv, self.wrap(list(argv)), log_path)
+
+    def run(self, argv: list[str], timeout: float = 60.0,
+            log_path: str | os.PathLike | None = None) -> Completed:
+        """Run ``argv`` to completion; raise CommandTimeout (process group ended) if it overruns."""
+        h = self.start(argv, log_path)
+        try:
+            h.wait(timeout)
+        except CommandTimeout:
+            h.stop()
+            raise CommandTimeout(f"{self.spec}: {shlex.join(argv)} did not finish within "
+                                 f"{timeout:g}s and was stopped", h.completed(timed_out=True))
+        except BaseException:
+            h.stop()
+            raise
+        return h.completed()
+
+    def which(self, program: str) -> bool:
+        """True when ``program`` is on the host's PATH."""
+        return shutil.which(program) is not None
+
+    def is_port_open(self, addr: str | None, port: int, timeout: float = 5.0) -> bool:
+        """True when something listens on ``addr:port`` (``addr`` None = any) on this host.
+
+        Reads the listening sockets with ``ss`` instead of connecting, because a
+        probe connection would be taken by one-shot servers (``iperf3 -s -1``,
+        perftest) as their one client.
+        """
+        c = self.run(["ss", "-Hltn", f"sport = :{int(port)}"], timeout=timeout)
+        if c.rc != 0:
+            raise HostError(f"{self.spec}: `ss -Hltn` failed (rc {c.rc}): {_tail(c.stderr)}; "
+                            "install iproute2 on the host")
+        return listening_on(c.stdout, addr, port)
+
+    def close(self) -> None:
+        """Release anything the host keeps open (SSH master connection)."""
+
+    def __enter__(self) -> "Host":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_WILDCARDS = {"0.0.0.0", "*", "[::]", "::", "[::ffff:0.0.0.0]"}
+
+
+def listening_on(ss_output: str, addr: str | None, port: int) -> bool:
+    """True when ``ss -Hltn`` output lists a listener covering ``addr:port``."""
+    for line in ss_output.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        local = fields[3]
+        host, _, p = local.rpartition(":")
+        if p != str(port):
+            continue
+        host = host.split("%", 1)[0]  # "127.0.0.53%lo" names the interface too
+        if addr is None or host in _WILDCARDS or host.strip("[]") == addr:
+            return True
+    return False
+
+
+class LocalHost(Host):
+    """This machine, this network namespace."""
+
+    kind = "local"
+
+    def __init__(self, spec: str = "local"):
+        super().__init__(spec)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return list(argv)
+
+
+class NetnsHost(Host):
+    """A network namespace on this machine (``ip netns exec``; needs root)."""
+
+    kind = "netns"
+
+    def __init__(self, name: str):
+        super().__init__(f"netns:{name}")
+        self.name = name
+
+    def _check(self) -> None:
+        if os.geteuid() != 0:
+            raise HostError(f"{self.spec}: network-namespace hosts need root; "
+                            "run as root or use a local/ssh host")
+        if not Path("/run/netns", self.name).exists():
+            raise HostError(f"{self.spec}: namespace {self.name!r} does not exist "
+                            "(create it first, e.g. with peercache.lab.netns.NetnsPair)")
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *argv]
+
+
+# The remote side of an SSH command. The command runs in its own session
+# (background `setsid` from a non-leader does not fork, so $! is the new
+# process group id), its group id is printed for stop(), and a watchdog
+# reading the SSH channel's stdin kills that group when the session ends —
+# so a remote process cannot outlive a local ssh that died or was killed.
+_REMOTE_WRAPPER = (
+    'exec 3<&0 </dev/null\n'
+    'setsid "$@" 3<&- &\n'
+    'g=$!\n'
+    f'echo "{_PGID_MARKER} $g" >&2\n'
+    '( cat <&3 >/dev/null 2>&1; kill -TERM -$g $g 2>/dev/null; i=0;'
+    ' while [ $i -lt 50 ] && kill -0 -$g 2>/dev/null; do sleep 0.1; i=$((i+1)); done;'
+    ' kill -KILL -$g 2>/dev/null ) >/dev/null 2>&1 &\n'
+    'w=$!\n'
+    'exec 3<&-\n'
+    'wait $g; rc=$?\n'
+    'kill $w 2>/dev/null\n'
+    'exit $rc\n'
+)
+
+# Remote stop: TERM the group, poll (bounded) until it is gone, then KILL.
+_REMOTE_KILL = ('g={g}; kill -TERM -$g $g 2>/dev/null; i=0; '
+                'while [ $i -lt {n} ] && kill -0 -$g 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
+                'kill -KILL -$g 2>/dev/null; true')
+
+
+class SshHandle(Handle):
+    """A handle whose process runs on an SSH host, in a remote process group."""
+
+    def remote_pgid(self, timeout: float = 5.0) -> int | None:
+        """The remote process group id, once the wrapper has printed it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                m = _PGID_RE.search(bytes(self._buf["stderr"]).decode("utf-8", "replace"))
+                if m:
+                    return int(m.group(1))
+                if self._open_readers == 0 or time.monotonic() >= deadline:
+                    return None
+                self._cond.wait(0.1)
+
+    def _remote_stop(self, grace: float) -> None:
+        rc = self.proc.poll()
+        if rc is not None and rc != 255:
+            return  # the remote wrapper exited and reported; its group is gone
+        pgid = self.remote_pgid(timeout=0.5 if rc is None else 0)
+        if pgid is None:
+            return  # never started remotely; the watchdog covers the rest
+        script = _REMOTE_KILL.format(g=pgid, n=max(1, int(grace * 10)))
+        try:
+            subprocess.run(self.host.ssh_argv(["sh", "-c", script]), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=grace + self.host.connect_timeout + 5)
+        except subprocess.TimeoutExpired:
+            pass  # closing stdin below makes the remote watchdog kill the group
+
+
+class SshHost(Host):
+    """A remote host over OpenSSH: batch mode, keys only, one reused master connection."""
+
+    kind = "ssh"
+
+    def __init__(self, target: str, *, port: int | None = None, identity: str | None = None,
+                 strict_host_key_checking: str = "accept-new", known_hosts: str | None = None,
+                 connect_timeout: int = 10, control_persist: int = 120,
+                 extra_options: list[str] | tuple[str, ...] = (), ssh: str = "ssh"):
+        shk = str(strict_host_key_checking)
+        if shk not in ("yes", "no", "accept-new", "ask"):
+            raise HostError(f"StrictHostKeyChecking={shk!r} is not yes/no/accept-new")
+        if shk == "ask":
+            raise HostError("StrictHostKeyChecking=ask would prompt; batch runs need "
+                            "yes, accept-new or no")
+        spec = f"ssh:{target}" + (f":{port}" if port else "")
+        super().__init__(spec)
+        self.target = target
+        self.port = port
+        self.identity = identity
+        self.strict_host_key_checking = shk
+        self.known_hosts = known_hosts
+        self.connect_timeout = int(connect_timeout)
+        self.control_persist = int(control_persist)
+        self.extra_options = list(extra_options)
+        self.ssh = ssh
+        # Unix socket paths are limited to ~100 bytes, so keep the dir short
+        # and let ssh name the socket by the %C hash.
+        self._control_dir = tempfile.mkdtemp(prefix="pclab-ssh-")
+        self.control_path = os.path.join(self._control_dir, "%C")
+        self._master_lock = threading.Lock()
+        self._master_up = False
+
+    def _options(self) -> list[str]:
+        opts = ["-o", "BatchMode=yes",                       # never prompt
+                "-o", f"StrictHostKeyChecking={self.strict_host_key_checking}",
+                "-o", f"ConnectTimeout={self.connect_timeout}",
+                "-o", f"ControlPath={self.control_path}",
+                "-o", "LogLevel=ERROR", "-T"]
+        if self.port:
+            opts += ["-p", str(self.port)]
+        if self.identity:
+            opts += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
+        if self.known_hosts:
+            opts += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
+        for o in self.extra_options:
+            opts += ["-o", o]
+        return opts
+
+    def ssh_argv(self, remote_argv: list[str]) -> list[str]:
+        """Plain ssh argv over the master connection (no process-group wrapper)."""
+        # ControlMaster=no: use the master if it is up, else connect directly;
+        # never let a command become a master that would hold our pipes open.
+        return [self.ssh, *self._options(), "-o", "ControlMaster=no", self.target,
+                shlex.join(remote_argv)]
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        remote = shlex.join(["sh", "-c", _REMOTE_WRAPPER, "pclab", *argv])
+        return [self.ssh, *self._options(), "-o", "ControlMaster=no", self.target,
+                "exec " + remote]
+
+    def connect(self) -> None:
+        """Open the shared master connection (idempotent); raise HostError saying why not."""
+        with self._master_lock:
+            if self._master_up:
+                return
+            errlog = os.path.join(self._control_dir, "master.err")
+            # stderr goes to a file: the backgrounded master keeps the fds it
+            # was given, and a pipe here would never see EOF.
+            with open(errlog, "wb") as err:
+                try:
+                    r = subprocess.run(
+                        [self.ssh, *self._options(), "-M", "-N", "-f",
+                         "-o", f"ControlPersist={self.control_persist}", self.target],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                        timeout=self.connect_timeout + 10)
+                except FileNotFoundError as e:
+                    raise HostError(f"{self.spec}: {self.ssh!r} not found; install "
+                                    "openssh-client") from e
+                except subprocess.TimeoutExpired:
+                    raise HostError(f"{self.spec}: ssh master connection did not come up "
+                                    f"within {self.connect_timeout + 10}s; check the host "
+                                    "is reachable") from None
+            if r.returncode != 0:
+                msg = Path(errlog).read_text(errors="replace").strip()
+                raise HostError(f"{self.spec}: ssh failed (rc {r.returncode}): {msg or 'no message'}; "
+                                "batch mode allows no password prompt: install a key "
+                                "(identity=...) accepted by the host, and check the host key")
+            self._master_up = True
+
+    def _check(self) -> None:
+        self.connect()
+
+    def start(self, argv: list[str], log_path: str | os.PathLike | None = None) -> Handle:
+        if not argv:
+            raise HostError(f"{self.spec}: empty command")
+        self._check()
+        # stdin stays an open pipe: the remote watchdog kills the command's
+        # group when it sees EOF, i.e. when this ssh client goes away.
+        return SshHandle(self, argv, self.wrap(list(argv)), log_path, stdin_pipe=True)
+
+    def which(self, program: str) -> bool:
+        c = self.run(["sh", "-c", 'command -v "$1" >/dev/null', "which", program], timeout=30)
+        return c.rc == 0
+
+    def close(self) -> None:
+        """Stop the master connection and remove its socket directory."""
+        with self._master_lock:
+            if self._master_up:
+                subprocess.run([self.ssh, *self._options(), "-O", "exit", self.target], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=15)
+                self._master_up = False
+            shutil.rmtree(self._control_dir, ignore_errors=True)
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SSH_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_.-]+)@)?(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])"
+                     r"(?::(?P<port>\d{1,5}))?$")
+
+
+def parse_host(spec: str, **ssh_options) -> Host:
+    """Host from ``local``, ``netns:<name>`` or ``ssh:[user@]host[:port]``; ``ssh_options`` go to SshHost."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise HostError(f"host spec {spec!r} is empty; use local, netns:<name> or ssh:<user@host>")
+    spec = spec.strip()
+    kind, sep, rest = spec.partition(":")
+    if spec == "local":
+        return LocalHost()
+    if kind == "netns" and sep:
+        if not _NAME_RE.match(rest):
+            raise HostError(f"host spec {spec!r}: namespace name {rest!r} must be 1-64 of "
+                            "letters, digits, '_', '.', '-'")
+        return NetnsHost(rest)
+    if kind == "ssh" and sep:
+        m = _SSH_RE.match(rest)
+        if not m:
+            raise HostError(f"host spec {spec!r}: expected ssh:user@host or ssh:user@host:port")
+        target = (m["user"] + "@" if m["user"] else "") + m["host"].strip("[]")
+        port = int(m["port"]) if m["port"] else ssh_options.pop("port", None)
+        if port is not None and not 0 < int(port) < 65536:
+            raise HostError(f"host spec {spec!r}: port {port} outside 1..65535")
+        return SshHost(target, port=port, **ssh_options)
+    raise HostError(f"host spec {spec!r} not understood; use local, netns:<name> "
+                    "or ssh:<user@host>[:port]")
