@@ -1,0 +1,123 @@
+"""serve and drive as real processes: loopback, two network namespaces, faults."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import BENCH, free_port
+from peercache.bench.serve import READY_LINE
+from peercache.lab import netns
+
+SMALL = ["--working-set", "64", "--page-size", "16384"]
+
+
+def drive_argv(addr, out, *extra):
+    return [*BENCH, "drive", "--discovery-addr", addr, *SMALL, "--batch-size", "8",
+            "--duration", "1", "--warmup", "0.3", "--out", str(out), "--ready-timeout", "10", *extra]
+
+
+def test_loopback_serve_drive_verified_full_hit_rate(procs, port, tmp_path):
+    addr = f"127.0.0.1:{port}"
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "1",
+                         "--layout", "mha"])
+    procs.wait_line(serve, READY_LINE)
+    out = tmp_path / "drive.json"
+    r = subprocess.run(drive_argv(addr, out, "--layout", "mha", "--concurrencies", "1,2",
+                                  "--processes", "2"), capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema_version"] == 1 and doc["status"] == "ok"
+    m = doc["meta"]
+    for k in ("host", "kernel", "cpu", "protocol", "layout", "page_size", "batch_size", "processes",
+              "versions", "git_revision", "command", "start", "end"):
+        assert k in m, k
+    assert m["layout"] == "mha" and m["processes"] == 2 and "drive" in m["command"]
+    assert [p["threads"] for p in doc["points"]] == [2, 4]
+    for p in doc["points"]:
+        assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0
+        assert p["gb_per_s"] > 0 and p["bytes"] == p["objects_per_s"] * p["duration_s"] * 16384
+        assert p["latency_us"]["p50"] <= p["latency_us"]["p99"] <= p["latency_us"]["p999"]
+    assert "GB/s" in r.stdout and "100.00" in r.stdout           # the console table
+    assert "drive: point" in r.stderr                             # progress
+    assert serve.wait(timeout=10) == 0                            # serve exits once its reader is done
+
+
+def test_exists_op_reports_rate_not_bandwidth(procs, port, tmp_path):
+    addr = f"127.0.0.1:{port}"
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "1"])
+    procs.wait_line(serve, READY_LINE)
+    out = tmp_path / "d.json"
+    r = subprocess.run(drive_argv(addr, out, "--op", "exists", "--dir-cache-ttl", "5"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(out.read_text())["points"][0]
+    assert p["gb_per_s"] is None and p["pages_per_s"] > 0 and p["hit_rate"] == 1.0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--page-size", "0"], "--page-size must be positive"),
+    (["--batch-size", "4096", "--working-set", "8192", "--recv-buffer", "1048576"], "receive buffer"),
+    (["--batch-size", "100", "--working-set", "10"], "larger than --working-set"),
+    (["--concurrencies", "0"], "--concurrencies must all be positive"),
+])
+def test_invalid_flags_refused_before_start(flags, message, port):
+    r = subprocess.run([*BENCH, "drive", "--discovery-addr", f"127.0.0.1:{port}", *flags],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_unknown_layout_refused():
+    r = subprocess.run([*BENCH, "serve", "--layout", "gqa"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "invalid choice: 'gqa'" in r.stderr
+
+
+def test_unbuilt_protocol_or_discovery_down_is_a_clear_error(port, tmp_path):
+    t = time.monotonic()
+    r = subprocess.run(drive_argv(f"127.0.0.1:{port}", tmp_path / "x.json"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "no reply from discovery" in r.stderr
+    assert time.monotonic() - t < 30
+
+
+def test_producer_killed_during_drive_exits_nonzero_quickly(procs, port, tmp_path):
+    addr = f"127.0.0.1:{port}"
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "1"])
+    procs.wait_line(serve, READY_LINE)
+    out = tmp_path / "d.json"
+    drive = procs.start(drive_argv(addr, out, "--duration", "30", "--warmup", "0"))
+    time.sleep(2.5)
+    os.killpg(serve.pid, signal.SIGKILL)
+    t = time.monotonic()
+    rc = drive.wait(timeout=30)
+    assert rc == 1
+    assert time.monotonic() - t < 15
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "failed" and doc["error"]
+    assert doc["points"][0]["status"] == "failed"
+
+
+ok, why = netns.available()
+
+
+@pytest.mark.skipif(not ok, reason=f"two-namespace test needs network namespaces: {why}")
+def test_two_network_namespaces(procs, tmp_path):
+    pair = netns.NetnsPair(f"pct{os.getpid() % 10000}", index=200)
+    with pair:
+        addr = f"{pair.addr_a}:{free_port()}"
+        serve = procs.start([*pair.exec_prefix("a"), *BENCH, "serve", "--discovery-addr", addr, *SMALL,
+                             "--readers", "1"])
+        procs.wait_line(serve, READY_LINE)
+        out = tmp_path / "d.json"
+        r = subprocess.run([*pair.exec_prefix("b"), *drive_argv(addr, out)], capture_output=True,
+                           text=True, timeout=90)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+        p = doc["points"][0]
+        assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0 and p["bytes"] > 0
+        assert doc["meta"]["discovery_addr"].startswith("198.18.200.1:")
+        assert serve.wait(timeout=10) == 0

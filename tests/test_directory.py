@@ -1,0 +1,94 @@
+import pytest
+
+from peercache.directory import Directory, DirectoryCache, Location
+from peercache.discovery import Membership, MetaService
+
+
+def loc(node, off, gen=1):
+    return [node, 1, 99, off, 10, 16, gen, 1234]
+
+
+def test_publish_lookup_unpublish_batch():
+    d = Directory()
+    assert d.publish("n1", [b"a", b"b"], [loc("n1", 0), loc("n1", 64)]) == 2
+    got = d.lookup([b"a", b"zz", b"b"])
+    assert got[0] == Location("n1", 1, 99, 0, 10, 16, 1, 1234) and got[1] is None and got[2].offset == 64
+    assert d.unpublish("n2", [b"a"]) == 0       # not n2's key
+    assert d.unpublish("n1", [b"a", b"zz"]) == 1
+    assert d.lookup([b"a"]) == [None]
+
+
+def test_key_moves_between_nodes_and_drop_node():
+    d = Directory()
+    d.publish("n1", [b"a", b"b"], [loc("n1", 0), loc("n1", 64)])
+    d.publish("n2", [b"a"], [loc("n2", 128)])
+    assert d.drop_node("n1") == 1
+    assert d.lookup([b"a", b"b"]) == [Location("n2", 1, 99, 128, 10, 16, 1, 1234), None]
+    with pytest.raises(ValueError):
+        d.publish("n1", [b"x"], [])
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_cache_ttl_expiry_and_invalidate():
+    clk = Clock()
+    c = DirectoryCache(2.0, clock=clk)
+    l1 = Location(*loc("n1", 0))
+    c.put_many([b"a", b"b"], [l1, None])
+    assert c.get_many([b"a", b"b"]) == [l1, None]
+    clk.t += 1.9
+    assert c.get_many([b"a"]) == [l1]
+    clk.t += 0.2
+    assert c.get_many([b"a"]) == [None]
+    c.put_many([b"a"], [l1])
+    c.invalidate([b"a"])
+    assert c.get_many([b"a"]) == [None]
+    c.put_many([b"a"], [l1])
+    c.drop_node("n1")
+    assert c.get_many([b"a"]) == [None]
+
+
+def test_cache_ttl_zero_is_off_and_negative_refused():
+    c = DirectoryCache(0)
+    c.put_many([b"a"], [Location(*loc("n1", 0))])
+    assert c.get_many([b"a"]) == [None]
+    with pytest.raises(ValueError, match="dir-cache-ttl"):
+        DirectoryCache(-1)
+
+
+def test_membership_epoch_and_heartbeat_expiry():
+    clk = Clock()
+    m = Membership(heartbeat_timeout=5.0, clock=clk)
+    n1, e1 = m.register({"name": "a"})
+    n2, e2 = m.register({"name": "b"})
+    assert e2 == e1 + 1 and n1 != n2
+    clk.t += 4
+    assert m.heartbeat(n1)
+    clk.t += 2
+    assert m.expire() == [n2]                 # n2 silent 6 s, n1 only 2 s
+    assert m.epoch == e2 + 1 and set(m.members()) == {n1}
+    assert not m.heartbeat(n2)                # must register again
+    assert m.leave(n1) and not m.leave(n1)
+
+
+def test_meta_service_drops_entries_of_dead_node():
+    svc = MetaService(heartbeat_timeout=5.0)
+    try:
+        clk = Clock()
+        svc.membership.clock = clk
+        node = svc.handlers()["register"]({"info": {"name": "p"}})["node_id"]
+        svc.handlers()["publish"]({"node_id": node, "keys": [b"k"], "locs": [loc(node, 0)]})
+        assert svc.handlers()["lookup"]({"keys": [b"k"]})["locs"][0] is not None
+        clk.t += 10
+        assert svc.reap_once() == [node]
+        assert svc.handlers()["lookup"]({"keys": [b"k"]})["locs"] == [None]
+        with pytest.raises(KeyError, match="not registered"):
+            svc.handlers()["publish"]({"node_id": node, "keys": [b"k"], "locs": [loc(node, 0)]})
+    finally:
+        svc.stop()
