@@ -295,3 +295,31 @@ def collect_testbed(raw_dir, tidy_dir, testbed: str, expected: Iterable[str] = (
     issues += check_tidy(rows_df, runs_df, expected, refs)
     out = write_tidy(tidy_dir, testbed, rows_df, runs_df) if write else None
     return CollectResult(rows_df, runs_df, pd.DataFrame(issues, columns=ISSUE_COLUMNS), out)
+
+
+def write_raw_from_tidy(rows: pd.DataFrame, runs: pd.DataFrame, raw_dir, testbed: str) -> list[Path]:
+    """Write one result.json per run (the pipeline's raw layout) from tidy tables; for fixtures."""
+    written = []
+    for run in runs.to_dict("records"):
+        meta_kw = {k: (run_field(run, k) if k in RUN_DICT_FIELDS else run[k])
+                   for k in RUN_COLUMNS if k != "source"}
+        meta_kw["schema_version"] = int(meta_kw.get("schema_version") or tidy.SCHEMA_VERSION)
+        meta_kw["repetition"] = int(meta_kw.get("repetition") or 0)
+        meta = tidy.RunMeta(**meta_kw)
+        rs = []
+        for rec in rows[rows["run_id"] == meta.run_id].to_dict("records"):
+            kw = {k: (None if _missing(v) else v) for k, v in rec.items()}
+            for k in _INT_COLUMNS:
+                if kw.get(k) is not None:
+                    kw[k] = int(kw[k])
+            kw["repetition"] = kw.get("repetition") or 0
+            kw["extra"] = json.loads(kw["extra"]) if kw.get("extra") else {}
+            rs.append(tidy.Row(**kw))
+        path = Path(raw_dir) / testbed / meta.scenario / meta.point / f"rep{meta.repetition}" / tidy.RESULT_FILE
+        tidy.write_result(path, meta, rs)
+        written.append(path)
+    return written
+
+
+def _missing(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))

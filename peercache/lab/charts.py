@@ -1,0 +1,592 @@
+"""Charts and Markdown tables per testbed, drawn only from tidy (or reference) data.
+
+One function per chart; each takes the testbed's rows (with verdicts) and runs
+and returns either a :class:`Chart` (figure + table + meta block) or the reason
+it is not drawn. :func:`make_charts` writes them under ``<out>/<testbed>/``.
+No measured number lives here: every value comes from the rows.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.transforms as mtransforms  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from peercache.lab import collect  # noqa: E402
+from peercache.lab.references import (TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
+                                      row_extra)
+
+#: Scenarios that have charts, in drawing order.
+SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect", "msgsize_sweep")
+RAW_TOOLS = ("ib_read_bw", "ib_write_bw")
+BW_METRICS = ("bw", "get_throughput")
+#: perf stat counters drawn against message size: metric -> label.
+COUNTERS = {"ipc": "IPC", "l1_dcache_load_misses": "L1-dcache load misses",
+            "llc_load_misses": "LLC load misses", "context_switches": "context switches",
+            "cpu_migrations": "CPU migrations"}
+FORMATS = ("png", "svg")
+_OWNED_SUFFIXES = (".png", ".svg", ".md")
+
+
+@dataclass
+class Chart:
+    """One drawn chart: its figure, Markdown table and the meta block beside it."""
+
+    name: str
+    title: str
+    fig: Any
+    table: list[dict[str, Any]]
+    meta: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NotDrawn:
+    """A chart that was not drawn, and why."""
+
+    name: str
+    reason: str
+
+
+# --- formatting -----------------------------------------------------------------
+
+def fmt_number(v: Any) -> str:
+    """A number as written in tables: exact (shortest repr), integers without '.0'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return "—"
+    if isinstance(v, str):
+        return v
+    f = float(v)
+    if f.is_integer() and abs(f) < 1e15:
+        return str(int(f))
+    return repr(f)
+
+
+def fmt_size(n: Any) -> str:
+    """Byte count as KiB/MiB where exact."""
+    if n is None or n is pd.NA or (isinstance(n, float) and math.isnan(n)):
+        return "—"
+    n = int(n)
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    """A GitHub Markdown table from a list of same-keyed dicts."""
+    if not records:
+        return "_no rows_\n"
+    cols = list(records[0])
+    esc = lambda v: (fmt_number(v) if not isinstance(v, str) else v).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(esc(r.get(c)) for c in cols) + " |" for r in records]
+    return "\n".join(lines) + "\n"
+
+
+def _present(v: Any) -> bool:
+    return not (v is None or v is pd.NA or v == "" or (isinstance(v, float) and math.isnan(v)))
+
+
+def host_summary(hosts: dict[str, Any]) -> list[str]:
+    """One line per host role with its name, NIC, CPU and kernel where recorded."""
+    out = []
+    for role, h in (hosts or {}).items():
+        if not isinstance(h, dict):
+            out.append(f"{role}: {h if h is not None else 'not recorded'}")
+            continue
+        parts = []
+        for key in ("host", "hostname"):
+            if h.get(key):
+                parts.append(str(h[key]))
+        nic = h.get("nic") or h.get("nics")
+        if isinstance(nic, dict):
+            bits = [str(nic[k]) for k in ("count", "model") if nic.get(k) is not None]
+            bits += [f"{k} {nic[k]}" for k in ("firmware", "mtu", "gid_index", "link") if nic.get(k) is not None]
+            parts.append("NIC " + " ".join(bits))
+        elif isinstance(nic, list) and nic:
+            parts.append(f"{len(nic)} NICs")
+        cpu = h.get("cpu")
+        if isinstance(cpu, dict) and cpu.get("model"):
+            parts.append(f"CPU {cpu.get('sockets', '') and str(cpu['sockets']) + ' x '}{cpu['model']}")
+        elif isinstance(cpu, str):
+            parts.append(f"CPU {cpu}")
+        for key in ("kernel", "ofed"):
+            if h.get(key):
+                parts.append(f"{key} {h[key]}")
+        out.append(f"{role}: " + ("; ".join(parts) if parts else "not recorded"))
+    return out or ["hosts: not recorded"]
+
+
+def meta_block(rows: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The host + meta block of the runs behind ``rows``, as text lines."""
+    lines: list[str] = []
+    run_ids = list(dict.fromkeys(rows["run_id"]))
+    by_id = {r["run_id"]: r for r in runs.to_dict("records")}
+    first = by_id.get(run_ids[0]) if run_ids else None
+    src = collect.run_field(first, "source") if first else None
+    if src:
+        lines.append(f"source: {src.get('title', '')} ({src.get('file', '')})")
+    if first:
+        lines += host_summary(collect.run_field(first, "hosts"))
+    for rid in run_ids:
+        sub = rows[rows["run_id"] == rid]
+        run = by_id.get(rid)
+        params = []
+        for col, label in (("devices", "devices"), ("layout", "layout"), ("size_bytes", "size"),
+                           ("batch", "batch"), ("qps", "QPs"), ("threads", "concurrency"),
+                           ("processes", "processes")):
+            vals = [v for v in dict.fromkeys(sub[col]) if _present(v)]
+            if col == "size_bytes":
+                vals = [fmt_size(v) for v in vals]
+            if col == "devices":
+                vals = [_short_devices(v) for v in vals]
+            if vals:
+                params.append(f"{label} {','.join(str(v) for v in vals)}")
+        if run is None:
+            lines.append(f"run {rid}: no meta block")
+            continue
+        date = run.get("start") or "not recorded"
+        rev = run.get("git_revision") or "not recorded"
+        lines.append(f"run {rid} (point {run.get('point')}): " + "; ".join(params)
+                     + f"; date {date}; revision {rev}")
+    return lines
+
+
+def _short_devices(devs: str) -> str:
+    names = [d for d in str(devs).split(",") if d]
+    if len(names) <= 2:
+        return ",".join(names)
+    return f"{names[0]}..{names[-1]} ({len(names)})"
+
+
+# --- chart builders -------------------------------------------------------------
+
+def _ok(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[(rows["status"] == "ok") & rows["value"].notna()]
+
+
+def _why_empty(rows: pd.DataFrame, what: str) -> str:
+    if rows.empty:
+        return f"no {what} rows"
+    parts = [f"{st}: {reason or 'no reason given'}" for (st, reason), _ in
+             rows.groupby(["status", rows["reason"].fillna("")], dropna=False)]
+    return f"no measured {what} value ({len(rows)} rows: " + "; ".join(parts) + ")"
+
+
+def _to_gbs(row: pd.Series | dict) -> float:
+    return convert(float(row["value"]), str(row["unit"]), "GB/s")
+
+
+def _verdict(r: dict) -> str:
+    return r.get("verdict") or "unchecked"
+
+
+def _label(r: dict, keys: Iterable[str]) -> str:
+    bits = []
+    for k in keys:
+        v = r.get(k)
+        if not _present(v):
+            continue
+        if k == "size_bytes":
+            bits.append(fmt_size(v))
+        else:
+            fmt = {"qps": "q{}", "threads": "{} thr", "processes": "{} proc", "batch": "batch {}"}
+            bits.append(fmt.get(k, "{}").format(v))
+    return " ".join(bits)
+
+
+def _new_fig(ncols: int = 1, nrows: int = 1, w: float = 7.0, h: float = 4.2):
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w, h), squeeze=False)
+    return fig, axes
+
+
+def _stamp(fig, title: str, meta: list[str]) -> None:
+    """Title on top, the host + meta block under the plot, inside the image."""
+    fig.suptitle(title, fontsize=11)
+    text = "\n".join(_clip(_drawable(l)) for l in meta)
+    n = len(meta)
+    w, h = fig.get_size_inches()
+    extra = 0.14 * n + 0.2
+    fig.set_size_inches(w, h + extra)
+    fig.tight_layout(rect=(0, extra / (h + extra), 1, 0.95))
+    fig.text(0.01, 0.01, text, fontsize=6.5, family="monospace", va="bottom", ha="left")
+
+
+def _drawable(line: str) -> str:
+    # The default fonts have no CJK glyphs; the published titles are Chinese.
+    # The image keeps the ASCII part; the .md beside it keeps the full text.
+    out = "".join(c if ord(c) < 0x2E80 else " " for c in line)
+    return " ".join(out.split())
+
+
+def _clip(line: str, n: int = 150) -> str:
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Single NIC: PeerCache vs the raw perftest figure, with the percentage."""
+    sub = rows[rows["metric"].isin(BW_METRICS)]
+    ok = _ok(sub)
+    if ok.empty:
+        return NotDrawn("single_nic", _why_empty(sub, "single-NIC bandwidth"))
+    keys = ["tool", "size_bytes", "qps", "threads", "processes", "layout"]
+    groups = []
+    for _, g in ok.groupby(keys, dropna=False, sort=False):
+        r = g.iloc[0].to_dict()
+        groups.append((r, g))
+    raw = [_to_gbs(v) for r, g in groups if r["tool"] in RAW_TOOLS for _, v in g.iterrows()]
+    raw_gbs = sum(raw) / len(raw) if raw else None
+    fig, axes = _new_fig()
+    ax = axes[0][0]
+    table, labels, heights, colors = [], [], [], []
+    for r, g in groups:
+        gbs = sum(_to_gbs(v) for _, v in g.iterrows()) / len(g)
+        is_raw = r["tool"] in RAW_TOOLS
+        pct = None if raw_gbs is None else 100.0 * gbs / raw_gbs
+        label = f"{r['tool']}\n{_label(r, keys[1:])}"
+        labels.append(label)
+        heights.append(gbs)
+        colors.append("#777777" if is_raw else "#1f77b4")
+        table.append({"measurement": label.replace("\n", " "), "value": g["value"].mean(),
+                      "unit": r["unit"], "n": len(g),
+                      "% of raw": "—" if pct is None else f"{pct:.1f}%",
+                      "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
+                      "run": ",".join(dict.fromkeys(g["run_id"]))})
+    bars = ax.bar(range(len(heights)), heights, color=colors)
+    for b, t, h in zip(bars, table, heights):
+        ax.annotate(f"{h:.1f} GB/s\n{t['% of raw']} of raw" if t["% of raw"] != "—" else f"{h:.1f} GB/s",
+                    (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("GET / READ throughput (GB/s)")
+    ax.set_ylim(0, max(heights) * 1.25)
+    notes = [] if raw_gbs is not None else ["no raw perftest row: percentage not computed"]
+    return Chart("single_nic", "Single NIC: PeerCache vs raw perftest", fig, table,
+                 meta_block(ok, runs), notes)
+
+
+def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Multi-rail: GB/s vs threads, one line per page size and batch."""
+    sub = rows[rows["metric"].isin(BW_METRICS)]
+    ok = _ok(sub)
+    ok = ok[ok["threads"].notna()]
+    if ok.empty:
+        return NotDrawn("multi_rail", _why_empty(sub, "multi-rail bandwidth (with threads)"))
+    fig, axes = _new_fig()
+    ax = axes[0][0]
+    table = []
+    for (size, batch), g in ok.groupby(["size_bytes", "batch"], dropna=False, sort=True):
+        pts = g.groupby("threads", sort=True)
+        xs, ys = [], []
+        for thr, gg in pts:
+            gbs = sum(_to_gbs(v) for _, v in gg.iterrows()) / len(gg)
+            xs.append(int(thr))
+            ys.append(gbs)
+            stat = {row_extra(v).get("statistic") for _, v in gg.iterrows()} - {None}
+            table.append({"page size": fmt_size(size), "batch": batch, "threads": int(thr),
+                          "value": gg["value"].mean(), "unit": gg["unit"].iloc[0], "n": len(gg),
+                          "statistic": ",".join(sorted(stat)) or "—",
+                          "verdict": ",".join(sorted(set(gg["verdict"]))) if "verdict" in gg else "unchecked",
+                          "run": ",".join(dict.fromkeys(gg["run_id"]))})
+        peak_only = all(row_extra(v).get("statistic") == "peak" for _, v in g.iterrows())
+        label = f"{fmt_size(size)}, batch {fmt_number(batch)}" + (" (peak only)" if peak_only else "")
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xlabel("threads (concurrency)")
+    ax.set_ylabel("GET throughput (GB/s)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return Chart("multi_rail", "Multi-rail, one process: GB/s vs threads", fig, table, meta_block(ok, runs))
+
+
+def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Whole machine: per-NIC bars, the aggregate, and each NIC's line rate."""
+    sub = rows[rows["metric"].isin(BW_METRICS)]
+    ok = _ok(sub)
+    per = ok[ok["side"] == "per_device"]
+    agg = ok[ok["side"] == "aggregate"]
+    if per.empty and agg.empty:
+        return NotDrawn("whole_machine", _why_empty(sub, "per-NIC or aggregate bandwidth"))
+    fig, axes = _new_fig(ncols=2, w=9.0)
+    ax, axa = axes[0][0], axes[0][1]
+    table = []
+    notes = []
+
+    def draw(ax, frame, label_of):
+        for i, (_, r) in enumerate(frame.iterrows()):
+            gbs = _to_gbs(r)
+            cap = line_capacity_bps(r, refs) if refs is not None else None
+            over = cap is not None and gbs * 8e9 > cap
+            ax.bar(i, gbs, color="#d62728" if over else "#1f77b4")
+            ax.annotate(f"{gbs:.1f}", (i, gbs), ha="center", va="bottom", fontsize=7)
+            if cap is not None:
+                ax.hlines(cap / 8e9, i - 0.45, i + 0.45, colors="black", linestyles="--", linewidth=1)
+            table.append({"NIC / figure": label_of(r), "value": r["value"], "unit": r["unit"],
+                          "line rate (GB/s)": "unknown" if cap is None else fmt_number(cap / 8e9),
+                          "verdict": r.get("verdict") or "unchecked", "run": r["run_id"]})
+        ax.set_xticks(range(len(frame)), [label_of(r) for _, r in frame.iterrows()], fontsize=7,
+                      rotation=30, ha="right")
+        ax.set_ylim(bottom=0)
+
+    def per_label(r):
+        st = row_extra(r).get("statistic")
+        n = len([d for d in str(r["devices"]).split(",") if d])
+        return f"{st} of {n} NICs" if st else (r["devices"] or "NIC ?")
+
+    if not per.empty:
+        draw(ax, per, per_label)
+        ax.set_title("per NIC (dashed: NIC line rate)", fontsize=9)
+        ax.set_ylabel("GET throughput (GB/s)")
+        if all(row_extra(r).get("statistic") for _, r in per.iterrows()):
+            notes.append("only summary statistics of the per-NIC figures are in the data; "
+                         "bars are those statistics, not individual NICs")
+    else:
+        ax.text(0.5, 0.5, "no per-NIC rows", ha="center", va="center", transform=ax.transAxes)
+    if not agg.empty:
+        draw(axa, agg, lambda r: f"aggregate {_short_devices(r['devices'])}")
+        axa.set_title("aggregate (dashed: sum of line rates)", fontsize=9)
+    else:
+        axa.text(0.5, 0.5, "no aggregate row", ha="center", va="center", transform=axa.transAxes)
+    if refs is None or not refs.line_rate:
+        notes.append("line rate unknown (no references for this testbed): not marked")
+    if any(t["verdict"] == "above_line_rate" for t in table):
+        notes.append("red bars exceed the physical line rate of their NICs (verdict above_line_rate)")
+    return Chart("whole_machine", "Whole machine: per-NIC and aggregate GET throughput", fig, table,
+                 meta_block(ok, runs), notes)
+
+
+def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """GPUDirect: GPU vs host destination."""
+    sub = rows[rows["metric"].isin(BW_METRICS)]
+    ok = _ok(sub)
+    if ok.empty:
+        return NotDrawn("gpudirect", _why_empty(sub, "GPUDirect bandwidth"))
+    fig, axes = _new_fig(w=5.5)
+    ax = axes[0][0]
+    table, labels = [], []
+    for i, (_, r) in enumerate(ok.iterrows()):
+        dest = row_extra(r).get("destination") or "destination not recorded"
+        gbs = _to_gbs(r)
+        ax.bar(i, gbs, color="#2ca02c" if dest == "gpu" else "#777777")
+        ax.annotate(f"{gbs:.1f} GB/s", (i, gbs), ha="center", va="bottom", fontsize=8)
+        labels.append(f"{dest}\n{_label(r, ['size_bytes', 'processes'])}")
+        table.append({"destination": dest, "value": r["value"], "unit": r["unit"],
+                      "page size": fmt_size(r["size_bytes"]), "verdict": r.get("verdict") or "unchecked",
+                      "run": r["run_id"]})
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("GET throughput (GB/s)")
+    ax.set_ylim(bottom=0)
+    return Chart("gpudirect", "GPUDirect RDMA: GPU vs host destination", fig, table, meta_block(ok, runs))
+
+
+def _series(frame: pd.DataFrame, metric: str) -> dict[Any, pd.DataFrame]:
+    f = frame[frame["metric"] == metric]
+    return {q: g.sort_values("size_bytes") for q, g in f.groupby("qps", dropna=False, sort=True)}
+
+
+def _size_axis(ax, sizes: pd.Series) -> None:
+    sizes = [float(v) for v in sizes if _present(v) and float(v) > 0]
+    ax.set_xscale("log", base=2)
+    if sizes:
+        # Set limits from the data: an axis whose only marks are "missing" crosses has no data limits.
+        ax.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)
+        ticks = sorted(set(sizes))
+        ax.set_xticks(ticks, [fmt_size(t).replace(" ", "") for t in ticks], fontsize=7, rotation=45)
+        ax.minorticks_off()
+    ax.set_xlabel("message size (bytes, log)")
+
+
+def chart_msgsize_bw(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Message-size sweep: bandwidth and message rate vs size, one line per QP count."""
+    sub = rows[rows["metric"].isin(("bw", "msg_rate"))]
+    ok = _ok(sub)
+    if ok[ok["metric"] == "bw"].empty:
+        return NotDrawn("msgsize_sweep_bw", _why_empty(sub[sub["metric"] == "bw"], "message-size bandwidth"))
+    fig, axes = _new_fig(ncols=2, w=10.0)
+    table = []
+    for ax, metric, ylabel in ((axes[0][0], "bw", "bandwidth"), (axes[0][1], "msg_rate", "message rate")):
+        ser = _series(ok, metric)
+        units = sorted(set(ok[ok["metric"] == metric]["unit"]))
+        unit = units[0] if units else ""
+        for q, g in ser.items():
+            ys = [convert(float(v), u, unit) for v, u in zip(g["value"], g["unit"])]
+            ax.plot(g["size_bytes"].astype(float), ys, marker="o", label=f"QP {fmt_number(q)}")
+        _size_axis(ax, ok["size_bytes"])
+        ax.set_ylabel(f"{ylabel} ({unit})" if unit else ylabel)
+        if not ser:
+            ax.text(0.5, 0.5, f"no {metric} rows", ha="center", va="center", transform=ax.transAxes)
+        else:
+            ax.legend(fontsize=8)
+            ax.set_ylim(bottom=0)
+    for _, r in sub.sort_values(["qps", "size_bytes", "metric"]).iterrows():
+        table.append({"QPs": r["qps"], "size": fmt_size(r["size_bytes"]), "metric": r["metric"],
+                      "value": r["value"] if r["status"] == "ok" else f"{r['status']}",
+                      "unit": r["unit"], "verdict": r.get("verdict") or "unchecked", "run": r["run_id"]})
+    return Chart("msgsize_sweep_bw", "Message-size sweep: bandwidth and message rate, QP 1 vs QP 4",
+                 fig, table, meta_block(ok, runs))
+
+
+def chart_msgsize_counters(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Message-size sweep: perf stat counters vs size; missing counters drawn as missing."""
+    sub = rows[rows["metric"].isin(list(COUNTERS))]
+    ok = _ok(sub)
+    if ok.empty:
+        return NotDrawn("msgsize_sweep_counters", _why_empty(sub, "perf stat counter"))
+    fig, axes = _new_fig(ncols=3, nrows=2, w=11.0, h=6.0)
+    flat = [a for row in axes for a in row]
+    for ax, (metric, label) in zip(flat, COUNTERS.items()):
+        m = sub[sub["metric"] == metric]
+        for q, g in _series(m, metric).items():
+            good = g[(g["status"] == "ok") & g["value"].notna()]
+            line = ax.plot(good["size_bytes"].astype(float), good["value"], marker="o", label=f"QP {fmt_number(q)}")
+            missing = g[~g.index.isin(good.index)]
+            if not missing.empty:
+                # Missing is not zero: mark where a value should be, at the axis floor, hollow.
+                trans = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+                color = line[0].get_color() if line else "grey"
+                ax.scatter(missing["size_bytes"].astype(float), [0.04] * len(missing), transform=trans,
+                           marker="x", color=color, label=f"QP {fmt_number(q)} missing")
+        if m.empty:
+            ax.text(0.5, 0.5, "no rows", ha="center", va="center", transform=ax.transAxes)
+        elif m[(m["status"] == "ok") & m["value"].notna()].empty:
+            st = sorted(set(m["status"]))
+            ax.text(0.5, 0.5, f"{'/'.join(st)}\n(no values; x = missing point)", ha="center",
+                    va="center", transform=ax.transAxes, fontsize=8)
+            ax.set_yticks([])  # no scale to show: a 0 tick would read as a measured zero
+        _size_axis(ax, sub["size_bytes"])
+        ax.set_title(label, fontsize=9)
+        ax.legend(fontsize=6)
+    flat[-1].axis("off")
+    table = []
+    for (q, size), g in sub.groupby(["qps", "size_bytes"], dropna=False, sort=True):
+        rec: dict[str, Any] = {"QPs": q, "size": fmt_size(size)}
+        for metric in COUNTERS:
+            mm = g[g["metric"] == metric]
+            if mm.empty:
+                rec[metric] = "—"
+            elif mm.iloc[0]["status"] != "ok":
+                rec[metric] = mm.iloc[0]["status"]
+            else:
+                rec[metric] = mm.iloc[0]["value"]
+        rec["run"] = ",".join(dict.fromkeys(g["run_id"]))
+        table.append(rec)
+    notes = []
+    for (metric, st, reason), _ in sub[sub["status"] != "ok"].groupby(
+            ["metric", "status", sub["reason"].fillna("")], dropna=False):
+        notes.append(f"{metric}: {st} — {reason or 'no reason given'} (drawn as missing, not zero)")
+    return Chart("msgsize_sweep_counters", "Message-size sweep: perf stat counters vs size", fig, table,
+                 meta_block(ok, runs), notes)
+
+
+#: scenario -> chart builders for that scenario's rows.
+BUILDERS: dict[str, tuple[Callable, ...]] = {
+    "single_nic": (chart_single_nic,),
+    "multi_rail": (chart_multi_rail,),
+    "whole_machine": (chart_whole_machine,),
+    "gpudirect": (chart_gpudirect,),
+    "msgsize_sweep": (chart_msgsize_bw, chart_msgsize_counters),
+}
+
+
+def _extra_notes(rows: pd.DataFrame) -> list[str]:
+    """Notes the data itself carries (published remarks, inferred values), once each."""
+    notes: dict[str, None] = {}
+    for _, r in rows.iterrows():
+        ex = row_extra(r)
+        for key, prefix in (("note", "data note"), ("split_inferred", "inferred")):
+            if ex.get(key):
+                notes[f"{prefix} ({r['metric']}): {ex[key]}"] = None
+    return list(notes)
+
+
+def build_scenario(scenario: str, rows: pd.DataFrame, runs: pd.DataFrame,
+                   refs: TestbedRefs | None) -> list[Chart | NotDrawn]:
+    """The charts of one scenario from that scenario's rows."""
+    out: list[Chart | NotDrawn] = []
+    for builder in BUILDERS.get(scenario, ()):
+        name = builder.__name__.removeprefix("chart_").replace("msgsize_", "msgsize_sweep_")
+        if rows.empty:
+            out.append(NotDrawn(name, f"no rows for scenario {scenario}"))
+            continue
+        chart = builder(rows, runs, refs)
+        if isinstance(chart, Chart):
+            chart.notes += _extra_notes(rows)
+        out.append(chart)
+    return out
+
+
+def build_charts(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> list[Chart | NotDrawn]:
+    """Every chart of one testbed (rows should already carry verdicts)."""
+    out: list[Chart | NotDrawn] = []
+    for scenario in SCENARIOS:
+        out += build_scenario(scenario, rows[rows["scenario"] == scenario], runs, refs)
+    return out
+
+
+def chart_markdown(testbed: str, chart: Chart, formats: Iterable[str]) -> str:
+    """The Markdown file written beside a chart: image, table, notes, meta block."""
+    img = "png" if "png" in formats else next(iter(formats))
+    parts = [f"# {testbed} · {chart.title}\n", f"![{chart.name}]({chart.name}.{img})\n",
+             markdown_table(chart.table)]
+    if chart.notes:
+        parts.append("\n".join(f"- note: {n}" for n in chart.notes) + "\n")
+    parts.append("\nHost + meta block:\n\n" + "\n".join(f"- {l}" for l in chart.meta) + "\n")
+    return "\n".join(parts)
+
+
+def _clean(dir_: Path) -> None:
+    """Remove what an earlier run wrote here (only chart files), so output is from scratch."""
+    if not dir_.is_dir():
+        return
+    for p in dir_.iterdir():
+        if p.is_file() and p.suffix in _OWNED_SUFFIXES:
+            p.unlink()
+
+
+def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FORMATS,
+                refs: dict[str, TestbedRefs] | None = None,
+                log: Callable[[str], None] = print) -> dict[str, list[Path]]:
+    """Write every chart of each testbed under ``out_dir/<testbed>/``; returns files per testbed."""
+    formats = tuple(formats)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ValueError(f"unsupported format(s) {bad or formats}; use a comma list of {', '.join(FORMATS)}")
+    refs = refs or {}
+    written: dict[str, list[Path]] = {}
+    for i, (name, path) in enumerate(sorted(testbeds.items()), start=1):
+        log(f"[{i}/{len(testbeds)}] {name}: reading {path}")
+        try:
+            rows, runs = collect.load_tidy(path)
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"testbed {name}: cannot read {path}: {e}") from e
+        tb_refs = refs.get(name)
+        rows = apply_verdicts(rows, refs)
+        dest = Path(out_dir) / name
+        _clean(dest)
+        files: list[Path] = []
+        for chart in build_charts(rows, runs, tb_refs):
+            if isinstance(chart, NotDrawn):
+                log(f"  {chart.name}: not drawn: {chart.reason}")
+                continue
+            dest.mkdir(parents=True, exist_ok=True)
+            _stamp(chart.fig, f"{name} · {chart.title}", chart.meta)
+            for fmt in formats:
+                p = dest / f"{chart.name}.{fmt}"
+                # Fixed metadata keeps files byte-stable across runs (no timestamps).
+                md = {"Date": None} if fmt == "svg" else {"Software": None}
+                chart.fig.savefig(p, format=fmt, dpi=110, metadata=md)
+                files.append(p)
+            plt.close(chart.fig)
+            md_path = dest / f"{chart.name}.md"
+            md_path.write_text(chart_markdown(name, chart, formats))
+            files.append(md_path)
+            log(f"  {chart.name}: wrote " + ", ".join(p.name for p in files if p.stem == chart.name))
+        written[name] = files
+    return written

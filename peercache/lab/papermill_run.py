@@ -1,0 +1,79 @@
+"""Execute a notebook with papermill; keep the executed .ipynb and an HTML copy without code.
+
+    python -m peercache.lab.papermill_run notebooks/report.ipynb reports/ \
+        -p testbed peercache-8xcx7-roce -p tidy_dir data/reference
+
+The kernel is "python3"; with ipykernel installed in the running interpreter's
+environment, jupyter_client starts that kernel with this same interpreter, so
+a fresh ``make setup`` venv needs no ``ipykernel install`` step.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_KERNEL = "python3"
+
+
+def to_html(ipynb: Path, html: Path) -> Path:
+    """Render an executed notebook as HTML with every code cell's input hidden."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb)
+    html.write_text(body, encoding="utf-8")
+    return html
+
+
+def run_notebook(notebook, out_dir, parameters: dict[str, Any] | None = None, name: str | None = None,
+                 kernel_name: str = DEFAULT_KERNEL, cwd=None) -> tuple[Path, Path]:
+    """Execute ``notebook`` into ``out_dir/<name>.ipynb`` and ``.html``; returns both paths."""
+    import papermill as pm
+
+    notebook = Path(notebook)
+    if not notebook.exists():
+        raise FileNotFoundError(f"notebook {notebook} not found; the lab's notebooks are in notebooks/")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = name or notebook.stem
+    ipynb, html = out_dir / f"{stem}.ipynb", out_dir / f"{stem}.html"
+    try:
+        pm.execute_notebook(str(notebook), str(ipynb), parameters=parameters or {},
+                            kernel_name=kernel_name, cwd=str(cwd) if cwd else None,
+                            progress_bar=False)
+    except pm.PapermillExecutionError:
+        # Keep an HTML of the failed run too: it shows which cell failed and why.
+        if ipynb.exists():
+            to_html(ipynb, html)
+        raise
+    return ipynb, to_html(ipynb, html)
+
+
+def _parse_value(v: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: notebook, output folder, -p NAME VALUE ..."""
+    ap = argparse.ArgumentParser(description="execute a notebook with papermill and render HTML without code")
+    ap.add_argument("notebook")
+    ap.add_argument("out_dir")
+    ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="notebook parameter (VALUE read as YAML: numbers, lists, null)")
+    ap.add_argument("--name", help="output file stem (default: the notebook's)")
+    ap.add_argument("--kernel", default=DEFAULT_KERNEL)
+    args = ap.parse_args(argv)
+    params = {k: _parse_value(v) for k, v in args.parameter}
+    ipynb, html = run_notebook(args.notebook, args.out_dir, params, args.name, args.kernel)
+    print(f"wrote {ipynb} and {html}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

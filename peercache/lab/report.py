@@ -1,0 +1,207 @@
+"""The per-testbed report: overview table, one section per scenario, verdicts.
+
+``notebooks/report.ipynb`` only calls :func:`build_report` and
+:func:`display_report`; :func:`report_markdown` renders the same content as
+text (used by tests and for a plain-text copy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from peercache.lab import charts, collect
+from peercache.lab.references import convert, load_references, row_extra
+
+#: Columns of a scenario's table in the report.
+SECTION_COLUMNS = ["run_id", "metric", "side", "devices", "size_bytes", "batch", "qps", "threads",
+                   "processes", "value", "unit", "status", "reason", "verdict", "verdict_reason"]
+
+
+def repo_root() -> Path:
+    """The checkout this package is installed from (editable install)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def resolve(path: str | Path | None) -> Path | None:
+    """``path`` as given when absolute, else relative to the repository root."""
+    if path is None or str(path) == "":
+        return None
+    p = Path(path)
+    return p if p.is_absolute() else repo_root() / p
+
+
+@dataclass
+class Section:
+    """One scenario of the report."""
+
+    scenario: str
+    table: pd.DataFrame
+    figures: list[Path]
+    meta: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """Everything the report notebook shows for one testbed."""
+
+    testbed: str
+    overview: pd.DataFrame
+    sections: list[Section]
+    verdict_counts: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+
+_GET_SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect")
+
+
+def _gbs(r: pd.Series) -> float | None:
+    try:
+        return convert(float(r["value"]), str(r["unit"]), "GB/s")
+    except ValueError:
+        return None
+
+
+def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Scenario, GET throughput, fraction of the raw single-NIC figure, notes."""
+    ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
+    bw = ok[ok["metric"].isin(charts.BW_METRICS)]
+    raw = bw[(bw["scenario"] == "single_nic") & bw["tool"].isin(charts.RAW_TOOLS)]
+    raw_gbs = raw.apply(_gbs, axis=1).mean() if not raw.empty else None
+    out: list[dict[str, Any]] = []
+
+    def add(scenario, label, r, note=""):
+        g = _gbs(r)
+        # Only PeerCache GET scenarios compare with the raw single-NIC READ figure.
+        comparable = scenario in _GET_SCENARIOS
+        frac = "—" if raw_gbs is None or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
+        if not comparable:
+            note = "; ".join(n for n in (note, f"{r['tool']} {r['metric']}, not a GET") if n)
+        notes = [n for n in (note, row_extra(r).get("note")) if n]
+        if r.get("verdict") not in (None, "ok", "unchecked"):
+            notes.append(f"verdict {r['verdict']}")
+        out.append({"scenario": f"{scenario}: {label}",
+                    "GET throughput": f"{charts.fmt_number(r['value'])} {r['unit']}",
+                    "fraction of raw single-NIC": frac, "notes": "; ".join(notes)})
+
+    scenarios = list(dict.fromkeys(list(charts.SCENARIOS) + list(rows["scenario"])))
+    for sc in scenarios:
+        s_all = rows[rows["scenario"] == sc]
+        if s_all.empty:
+            continue
+        s = bw[bw["scenario"] == sc]
+        if s.empty:
+            reasons = sorted({f"{st}: {rs}" for st, rs in zip(s_all["status"], s_all["reason"].fillna(""))
+                              if st != "ok"})
+            out.append({"scenario": sc, "GET throughput": "—", "fraction of raw single-NIC": "—",
+                        "notes": "; ".join(reasons) or "no bandwidth metric in this scenario"})
+            continue
+        if sc == "single_nic":
+            for _, r in s.iterrows():
+                add(sc, f"{r['tool']} {charts._label(r, ['size_bytes', 'qps', 'threads', 'processes'])}", r)
+        elif sc == "whole_machine":
+            for _, r in s[s["side"] == "aggregate"].iterrows():
+                per = s[s["side"] == "per_device"]
+                note = ""
+                if not per.empty:
+                    lo, hi = per["value"].min(), per["value"].max()
+                    note = f"per NIC {charts.fmt_number(lo)}–{charts.fmt_number(hi)} {per['unit'].iloc[0]}"
+                add(sc, f"aggregate over {len(collect_devices(r))} NICs", r, note)
+        elif sc == "gpudirect":
+            for _, r in s.iterrows():
+                add(sc, f"destination {row_extra(r).get('destination', '?')}", r)
+        else:
+            # Headline = the best point of the scenario; the section has them all.
+            r = s.loc[s.apply(_gbs, axis=1).idxmax()]
+            add(sc, "best point " + charts._label(r, ["size_bytes", "batch", "qps", "threads", "processes"]), r)
+    return pd.DataFrame(out, columns=["scenario", "GET throughput", "fraction of raw single-NIC", "notes"])
+
+
+def collect_devices(r: pd.Series) -> list[str]:
+    """Device names of a row."""
+    return [d for d in str(r.get("devices") or "").split(",") if d]
+
+
+def build_report(tidy_dir, figures_dir, testbed: str, references=None,
+                 make_missing_figures: bool = True) -> Report:
+    """Load one testbed, apply verdicts, and assemble the overview and sections."""
+    tidy_dir, figures_dir = resolve(tidy_dir), resolve(figures_dir)
+    path = tidy_dir / testbed
+    rows, runs = collect.load_tidy(path)
+    refs = load_references(resolve(references)) if references else {}
+    from peercache.lab.references import apply_verdicts
+    rows = apply_verdicts(rows, refs)
+    notes = []
+    if testbed not in refs:
+        notes.append("no references for this testbed: every verdict is 'unchecked' and line rates are unknown"
+                     if references else "no references file given: every verdict is 'unchecked'")
+    fig_dir = figures_dir / testbed
+    if make_missing_figures and not any(fig_dir.glob("*.png")):
+        notes.append(f"figures were missing under {fig_dir}; drawn now from {path}")
+        charts.make_charts({testbed: path}, figures_dir, ("png",), refs, log=lambda m: None)
+    sections = []
+    for sc in dict.fromkeys(list(charts.SCENARIOS) + sorted(set(rows["scenario"]))):
+        sub = rows[rows["scenario"] == sc]
+        if sub.empty:
+            continue
+        built = charts.build_scenario(sc, sub, runs, refs.get(testbed))
+        figs = [fig_dir / f"{c.name}.png" for c in built if isinstance(c, charts.Chart)]
+        sec_notes = [f"{c.name}: not drawn: {c.reason}" for c in built if isinstance(c, charts.NotDrawn)]
+        for c in built:
+            if isinstance(c, charts.Chart):
+                sec_notes += c.notes
+                charts.plt.close(c.fig)
+        missing = [f for f in figs if not f.exists()]
+        if missing:
+            sec_notes.append("figure(s) not found: " + ", ".join(str(m) for m in missing)
+                             + "; run `python make_charts.py --testbed " + testbed + "`")
+        table = sub[SECTION_COLUMNS].reset_index(drop=True)
+        sections.append(Section(sc, table, [f for f in figs if f.exists()],
+                                charts.meta_block(sub, runs), sec_notes))
+    counts = rows["verdict"].value_counts().to_dict()
+    return Report(testbed, overview_table(rows), sections, {k: int(v) for k, v in counts.items()}, notes)
+
+
+def _table_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    recs = []
+    for rec in df.to_dict("records"):
+        recs.append({k: ("" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v)
+                     for k, v in rec.items()})
+    return recs
+
+
+def report_markdown(rep: Report) -> str:
+    """The report as Markdown text (same content the notebook displays)."""
+    parts = [f"# Report: {rep.testbed}\n"]
+    parts += [f"- note: {n}" for n in rep.notes]
+    parts.append("\n## Overview\n")
+    parts.append(charts.markdown_table(_table_records(rep.overview)))
+    parts.append("Verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.verdict_counts.items())) + "\n")
+    for sec in rep.sections:
+        parts.append(f"\n## {sec.scenario}\n")
+        for f in sec.figures:
+            parts.append(f"![{f.stem}]({f})\n")
+        parts.append(charts.markdown_table(_table_records(sec.table)))
+        parts += [f"- note: {n}" for n in sec.notes]
+        parts.append("\nHost + meta block:\n\n" + "\n".join(f"- {l}" for l in sec.meta) + "\n")
+    return "\n".join(parts)
+
+
+def display_report(rep: Report) -> None:
+    """Show the report in a notebook: Markdown tables and embedded PNG figures."""
+    from IPython.display import Image, Markdown, display
+
+    head = [f"# Report: {rep.testbed}"] + [f"- note: {n}" for n in rep.notes]
+    display(Markdown("\n".join(head)))
+    display(Markdown("## Overview\n\n" + charts.markdown_table(_table_records(rep.overview))
+                     + "\nVerdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.verdict_counts.items()))))
+    for sec in rep.sections:
+        display(Markdown(f"## {sec.scenario}"))
+        for f in sec.figures:
+            display(Image(filename=str(f)))
+        display(Markdown(charts.markdown_table(_table_records(sec.table))
+                         + "".join(f"\n- note: {n}" for n in sec.notes)
+                         + "\n\n**Host + meta block**\n\n" + "\n".join(f"- {l}" for l in sec.meta)))

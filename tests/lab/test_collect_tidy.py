@@ -1,0 +1,91 @@
+"""Raw result files into tidy tables, and the collect checks."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from peercache.lab import collect, tidy
+from peercache.lab.references import load_references
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "tidy"
+TB = "fixture-2x-cx7"
+
+
+@pytest.fixture
+def raw(tmp_path):
+    rows, runs = collect.load_tidy(FIX / TB)
+    collect.write_raw_from_tidy(rows, runs, tmp_path / "raw", TB)
+    return tmp_path / "raw", rows, runs
+
+
+def _issues(res, check):
+    return res.issues[res.issues["check"] == check]
+
+
+def test_collect_writes_parquet_that_round_trips(raw, tmp_path):
+    raw_dir, rows, runs = raw
+    refs = load_references(FIX / "references.yaml")[TB]
+    res = collect.collect_testbed(raw_dir, tmp_path / "tidy", TB, refs=refs)
+    assert (tmp_path / "tidy" / TB / "rows.parquet").exists()
+    assert (tmp_path / "tidy" / TB / "runs.parquet").exists()
+    back, back_runs = collect.load_tidy(tmp_path / "tidy" / TB)
+    key = ["run_id", "metric"]
+    a = rows.sort_values(key).reset_index(drop=True)
+    b = back.sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+    assert sorted(back_runs["run_id"]) == sorted(runs["run_id"])
+    assert collect.run_field(back_runs.iloc[0], "hosts")["server"]["host"] == "node-a"
+    # The fixture's skipped and not_supported points are marked with reasons, not errors.
+    marked = _issues(res, "marked")
+    assert {"skipped", "not_supported"} == {m.split(":")[0] for m in marked["message"]}
+    assert _issues(res, "no_reason").empty
+    # 52.5 GB/s on a 400 Gb/s NIC is physically impossible and reported.
+    above = _issues(res, "above_line_rate")
+    assert len(above) == 1 and "52.5 GB/s" in above["message"].iloc[0]
+    assert list(res.errors["check"]) == ["above_line_rate"]
+
+
+def test_missing_points_are_errors(raw, tmp_path):
+    raw_dir, _, _ = raw
+    (raw_dir / TB / "single_nic" / "crashed_point" / "rep0").mkdir(parents=True)
+    res = collect.collect_testbed(raw_dir, tmp_path / "tidy", TB, write=False,
+                                  expected=["gpudirect/gpu_page1048576", "multi_rail/page131072_b32_t16"])
+    missing = _issues(res, "missing_point")
+    assert sorted(missing["point"]) == ["crashed_point", "page131072_b32_t16"]
+    assert set(missing["severity"]) == {"error"}
+
+
+def _write_point(raw_dir, scenario, point, rows):
+    meta = tidy.RunMeta(run_id=f"{scenario}-{point}", testbed=TB, experiment="x", scenario=scenario, point=point,
+                        repetition=0, hosts={}, commands={}, start="2025-01-01T00:00:00Z",
+                        end="2025-01-01T00:00:10Z", git_revision=None)
+    tidy.write_result(Path(raw_dir) / TB / scenario / point / "rep0" / "result.json", meta, rows)
+
+
+def test_units_reasons_and_impossible_values(tmp_path):
+    raw_dir = tmp_path / "raw"
+    r = dict(experiment="x", scenario="single_nic", run_id="single_nic-a", testbed=TB)
+    _write_point(raw_dir, "single_nic", "a", [
+        tidy.Row(metric="bw", value=40.0, unit="GB/s", **r),
+        tidy.Row(metric="get_throughput", value=-1.0, unit="GB/s", **r),
+        tidy.Row(metric="get_throughput", value=None, unit="GB/s", status="failed", **r)])
+    r2 = dict(r, run_id="single_nic-b")
+    _write_point(raw_dir, "single_nic", "b", [tidy.Row(metric="bw", value=300.0, unit="Gbit/s", **r2),
+                                              tidy.Row(metric="hit_rate", value=120.0, unit="%", **r2)])
+    res = collect.collect_testbed(raw_dir, tmp_path / "tidy", TB)
+    assert len(_issues(res, "unit_mismatch")) == 1
+    assert len(_issues(res, "no_reason")) == 1
+    msgs = " ".join(_issues(res, "impossible_value")["message"])
+    assert "negative get_throughput" in msgs and "hit_rate 120 % above 100 %" in msgs
+
+
+def test_unreadable_result_and_missing_raw_dir(tmp_path):
+    bad = tmp_path / "raw" / TB / "s" / "p" / "rep0" / "result.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps({"schema_version": 99, "meta": {}, "rows": []}))
+    res = collect.collect_testbed(tmp_path / "raw", tmp_path / "tidy", TB, write=False)
+    assert "schema version 99" in _issues(res, "unreadable_result")["message"].iloc[0]
+    with pytest.raises(FileNotFoundError, match="run the pipeline"):
+        collect.read_raw(tmp_path / "raw", "nope")
