@@ -1,0 +1,514 @@
+"""Testbed capture: the fields of a published testbed table, as one JSON document.
+
+``capture(root)`` runs a row of small ``collect_*`` functions, each filling
+one section from one kind of source: sysfs and /proc (always through
+:mod:`peercache.lab.sysroot`, so ``root`` can be a fixture tree), pyverbs
+when importable, and commands (through a runner, so a fixture can replay
+them).
+
+Missing values. A field that could not be read is ``null`` and its section
+carries a ``"_missing"`` map from the field name to the reason, e.g.::
+
+    {"fw_ver": null, ..., "_missing": {"fw_ver": "/sys/class/infiniband/mlx5_0/fw_ver does not exist"}}
+
+Nothing is guessed. The one derived value is the active MTU of a RoCE port
+when pyverbs cannot be asked: it is computed from the netdev MTU with the
+kernel's own rule (``iboe_get_mtu``) and the port says so in
+``active_mtu_source``.
+
+When ``root`` is not ``/`` the live sources (pyverbs, commands) describe this
+machine, not the fixture, so they are not used: commands come from
+``<root>/commands.json`` when present (see :class:`ReplayRunner`), and
+pyverbs is skipped with a reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from peercache.lab.sysroot import is_live, proc_path, read_attr, sysfs_path
+
+SCHEMA_VERSION = 1
+_COMMAND_TIMEOUT_S = 10
+
+
+# --- command runners ------------------------------------------------------------
+
+@dataclass
+class CommandResult:
+    """Exit status and output of one command."""
+
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
+class Runner(Protocol):
+    """Where capture gets command output from."""
+
+    def which(self, name: str) -> str | None: ...
+    def run(self, argv: list[str]) -> CommandResult | None: ...
+
+
+class LiveRunner:
+    """Runs commands on this machine (bounded by a timeout)."""
+
+    def which(self, name: str) -> str | None:
+        """Path of *name* on PATH, or None."""
+        return shutil.which(name)
+
+    def run(self, argv: list[str]) -> CommandResult | None:
+        """Run *argv*; None when it is not installed or timed out."""
+        if shutil.which(argv[0]) is None:
+            return None
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S,
+                               stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return CommandResult(p.returncode, p.stdout, p.stderr)
+
+
+class ReplayRunner:
+    """Answers commands from a JSON file: {"which": {name: path}, "run": {"argv joined": {...}}}."""
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.path = Path(path) if path is not None else None
+        data = json.loads(self.path.read_text()) if self.path and self.path.exists() else {}
+        self._which: dict[str, str] = data.get("which", {})
+        self._run: dict[str, dict[str, Any]] = data.get("run", {})
+
+    def which(self, name: str) -> str | None:
+        """Recorded path of *name*, or None."""
+        return self._which.get(name)
+
+    def run(self, argv: list[str]) -> CommandResult | None:
+        """Recorded result of *argv*, or None when it was not recorded."""
+        r = self._run.get(" ".join(argv))
+        if r is None:
+            return None
+        return CommandResult(int(r.get("rc", 0)), r.get("stdout", ""), r.get("stderr", ""))
+
+
+# --- helpers --------------------------------------------------------------------
+
+class _Section(dict):
+    """A dict section that records why a field is null in its "_missing" map."""
+
+    def put(self, key: str, value: Any, reason: str | None = None) -> None:
+        self[key] = value
+        if value is None:
+            self.setdefault("_missing", {})[key] = reason or "not available"
+
+    def put_attr(self, key: str, path: Path, convert: Callable[[str], Any] = str) -> Any:
+        text, why = read_attr(path)
+        if text is None:
+            self.put(key, None, why)
+            return None
+        try:
+            value = convert(text)
+        except ValueError:
+            self.put(key, None, f"{path}: unexpected content {text!r}")
+            return None
+        self.put(key, value)
+        return value
+
+
+def _natural_key(name: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _list_dir(path: Path) -> list[str]:
+    try:
+        return sorted((p.name for p in path.iterdir()), key=_natural_key)
+    except OSError:
+        return []
+
+
+def _parse_cpulist(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        cpus.extend(range(int(a), int(b or a) + 1))
+    return cpus
+
+
+@dataclass
+class _Ctx:
+    root: Path
+    runner: Runner
+    live: bool
+
+
+# --- collectors -----------------------------------------------------------------
+
+def collect_host(ctx: _Ctx) -> dict[str, Any]:
+    """Host name and kernel (from /proc)."""
+    s = _Section()
+    s.put_attr("hostname", proc_path("sys", "kernel", "hostname", root=ctx.root))
+    s.put_attr("kernel", proc_path("sys", "kernel", "osrelease", root=ctx.root))
+    s.put_attr("kernel_version", proc_path("version", root=ctx.root))
+    arch = proc_path("sys", "kernel", "arch", root=ctx.root)
+    if arch.exists() or not ctx.live:
+        s.put_attr("arch", arch)
+    else:  # /proc/sys/kernel/arch is new (Linux 6.1); older kernels: ask uname
+        s.put("arch", os.uname().machine)
+    return s
+
+
+def collect_cpu(ctx: _Ctx) -> dict[str, Any]:
+    """CPU model, sockets, cores and threads (from /proc/cpuinfo)."""
+    s = _Section()
+    path = proc_path("cpuinfo", root=ctx.root)
+    text, why = read_attr(path)
+    if text is None:
+        for k in ("model", "sockets", "cores", "threads"):
+            s.put(k, None, why)
+        return s
+    blocks = [b for b in re.split(r"\n\s*\n", text) if "processor" in b]
+    procs = []
+    for b in blocks:
+        fields = {}
+        for line in b.splitlines():
+            k, sep, v = line.partition(":")
+            if sep:
+                fields[k.strip()] = v.strip()
+        procs.append(fields)
+    s.put("threads", len(procs) or None, f"no processor entries in {path}")
+    models = {p.get("model name") for p in procs if p.get("model name")}
+    s.put("model", models.pop() if len(models) == 1 else None,
+          f"{path} has no 'model name'" if not models else f"several CPU models: {sorted(models)}")
+    if procs and all("physical id" in p for p in procs):
+        s.put("sockets", len({p["physical id"] for p in procs}))
+        if all("core id" in p for p in procs):
+            s.put("cores", len({(p["physical id"], p["core id"]) for p in procs}))
+        else:
+            s.put("cores", None, f"{path} has no 'core id' fields")
+    else:
+        s.put("sockets", None, f"{path} has no 'physical id' fields (VM or non-x86 kernel)")
+        s.put("cores", None, f"{path} has no 'physical id' fields")
+    return s
+
+
+def collect_memory(ctx: _Ctx) -> dict[str, Any]:
+    """Total memory (from /proc/meminfo)."""
+    s = _Section()
+    path = proc_path("meminfo", root=ctx.root)
+    text, why = read_attr(path)
+    m = re.search(r"^MemTotal:\s+(\d+) kB", text or "", re.M)
+    s.put("total_bytes", int(m.group(1)) * 1024 if m else None,
+          why or f"no MemTotal line in {path}")
+    return s
+
+
+def collect_numa(ctx: _Ctx) -> dict[str, Any]:
+    """NUMA nodes with CPUs, memory and distances (from /sys/devices/system/node)."""
+    s = _Section()
+    base = sysfs_path("devices", "system", "node", root=ctx.root)
+    names = [n for n in _list_dir(base) if re.fullmatch(r"node\d+", n)]
+    if not names:
+        s.put("nodes", None, f"no node* entries under {base} (kernel without NUMA support?)")
+        return s
+    nodes = []
+    for name in names:
+        n = _Section(node=int(name[4:]))
+        cpus = n.put_attr("cpulist", base / name / "cpulist")
+        n.put("cpu_count", len(_parse_cpulist(cpus)) if cpus is not None else None,
+              "cpulist not readable")
+        text, why = read_attr(base / name / "meminfo")
+        m = re.search(r"MemTotal:\s+(\d+) kB", text or "")
+        n.put("memory_bytes", int(m.group(1)) * 1024 if m else None,
+              why or "no MemTotal in node meminfo")
+        n.put_attr("distances", base / name / "distance", lambda t: [int(x) for x in t.split()])
+        nodes.append(n)
+    s.put("nodes", nodes)
+    return s
+
+
+def _rate(text: str) -> dict[str, Any]:
+    m = re.fullmatch(r"(?P<g>\d+(?:\.\d+)?) Gb/sec \((?P<w>\d+)X(?: (?P<s>\w+))?\)", text)
+    r = _Section(text=text)
+    if not m:
+        for k in ("gbps", "width", "speed", "lane_gbps"):
+            r.put(k, None, f"unrecognised rate text {text!r}")
+        return r
+    g, w = float(m.group("g")), int(m.group("w"))
+    r.put("gbps", g)
+    r.put("width", w)
+    r.put("speed", m.group("s"), "rate text names no lane speed")
+    r.put("lane_gbps", g / w)
+    return r
+
+
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def _gid_table(port_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    gids, problems = [], []
+    for idx in sorted((int(n) for n in _list_dir(port_dir / "gids") if n.isdigit())):
+        gid, why = read_attr(port_dir / "gids" / str(idx))
+        if gid is None:
+            problems.append(why or "")
+            continue
+        if gid == _ZERO_GID:
+            continue  # unused slot
+        e = _Section(index=idx, gid=gid)
+        e.put_attr("type", port_dir / "gid_attrs" / "types" / str(idx))
+        e.put_attr("ndev", port_dir / "gid_attrs" / "ndevs" / str(idx))
+        parts = gid.split(":")
+        if gid.startswith("0000:0000:0000:0000:0000:ffff:") and len(parts) == 8:
+            v = int(parts[6] + parts[7], 16)
+            e["ipv4"] = ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
+        else:
+            e["ipv4"] = None  # an IPv6 or IB GID: no IPv4 address, not a missing value
+        gids.append(e)
+    return gids, problems
+
+
+def _iboe_mtu(netdev_mtu: int) -> int | None:
+    # Kernel rule (include/rdma/ib_addr.h iboe_get_mtu): netdev MTU minus GRH, UDP, BTH,
+    # XRC, AtomicETH and ICRC headers (96 bytes), rounded down to an IB MTU.
+    payload = netdev_mtu - (40 + 8 + 12 + 4 + 28 + 4)
+    for ib in (4096, 2048, 1024, 512, 256):
+        if payload >= ib:
+            return ib
+    return None
+
+
+def _pyverbs_ports(ctx: _Ctx) -> tuple[dict[tuple[str, int], dict[str, Any]], str | None]:
+    """Port attributes from pyverbs, keyed by (device, port); or ({}, reason)."""
+    if not ctx.live:
+        return {}, "not used: capture root is a fixture tree, not this machine"
+    try:
+        import pyverbs.device as d  # optional: rdma-core's Python binding
+    except ImportError as e:
+        return {}, f"pyverbs not importable ({e}); install python3-pyverbs"
+    try:
+        devices = d.get_device_list()
+    except Exception as e:  # pyverbs raises PyverbsRDMAError when there is no device at all
+        return {}, f"pyverbs found no devices ({e})"
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for dev in devices[:64]:
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        try:
+            with d.Context(name=name) as c:
+                attr = c.query_device()
+                for port in range(1, int(attr.phys_port_cnt) + 1):
+                    pa = c.query_port(port)
+                    out[(name, port)] = {"active_mtu": 128 << int(pa.active_mtu),
+                                         "fw_ver": attr.fw_ver}
+        except Exception as e:  # a device that cannot be opened is reported, not fatal
+            out[(name, 0)] = {"error": str(e)}
+    return out, None
+
+
+def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
+    """RDMA devices and ports (sysfs, pyverbs when importable)."""
+    s = _Section()
+    base = sysfs_path("class", "infiniband", root=ctx.root)
+    pv, pv_reason = _pyverbs_ports(ctx)
+    s["pyverbs"] = {"used": not pv_reason, "reason": pv_reason}
+    if not base.is_dir():
+        s["devices"] = []
+        s["note"] = f"{base} does not exist: no RDMA driver loaded, no RDMA devices"
+        return s
+    devices = []
+    for name in _list_dir(base):
+        ddir = base / name
+        dev = _Section(name=name)
+        for attr in ("board_id", "fw_ver", "hca_type", "node_desc", "node_guid"):
+            dev.put_attr(attr, ddir / attr)
+        numa, why = read_attr(ddir / "device" / "numa_node")
+        if numa is None:
+            dev.put("numa_node", None, why)
+        elif numa == "-1":
+            dev.put("numa_node", None, "kernel reports numa_node -1 (no NUMA affinity known)")
+        else:
+            dev.put("numa_node", int(numa))
+        ports = []
+        for pname in [p for p in _list_dir(ddir / "ports") if p.isdigit()]:
+            pdir = ddir / "ports" / pname
+            port = _Section(port=int(pname))
+            port.put_attr("state", pdir / "state")
+            port.put_attr("phys_state", pdir / "phys_state")
+            link = port.put_attr("link_layer", pdir / "link_layer")
+            rate_text, why = read_attr(pdir / "rate")
+            port.put("rate", _rate(rate_text) if rate_text is not None else None, why)
+            gids, problems = _gid_table(pdir)
+            port["gids"] = gids
+            v2 = [g["index"] for g in gids if g.get("type") == "RoCE v2" and g.get("ipv4")]
+            port.put("roce_v2_ipv4_gid_index", v2[0] if v2 else None,
+                     "no GID of type 'RoCE v2' with an IPv4 address" if link == "Ethernet"
+                     else f"link layer is {link}: no RoCE GIDs")
+            # netdev: the one the RoCE v2 IPv4 GID sits on, else any GID's, else device/net.
+            ndevs = [g.get("ndev") for g in gids if g.get("ndev")]
+            v2_ndev = [g.get("ndev") for g in gids if g["index"] in v2[:1] and g.get("ndev")]
+            netdev = (v2_ndev or ndevs or _list_dir(ddir / "device" / "net") or [None])[0]
+            port.put("netdev", netdev, "no GID netdev and no device/net entry")
+            if netdev is not None:
+                ndir = sysfs_path("class", "net", netdev, root=ctx.root)
+                slaves, why = read_attr(ndir / "bonding" / "slaves")
+                if slaves is not None:
+                    port.put("bond_members", slaves.split())
+                elif (ndir / "bonding").exists() or not ndir.exists():
+                    port.put("bond_members", None, why)
+                else:
+                    port.put("bond_members", [])  # the netdev exists and is not a bond
+                ndev_mtu, why = read_attr(ndir / "mtu")
+            else:
+                port.put("bond_members", None, "netdev unknown")
+                ndev_mtu, why = None, "netdev unknown"
+            pinfo = pv.get((name, int(pname)))
+            if pinfo and "active_mtu" in pinfo:
+                port.put("active_mtu", pinfo["active_mtu"])
+                port["active_mtu_source"] = "pyverbs query_port"
+            elif link == "Ethernet" and ndev_mtu is not None and ndev_mtu.isdigit():
+                port.put("active_mtu", _iboe_mtu(int(ndev_mtu)),
+                         f"netdev MTU {ndev_mtu} is below the smallest RoCE MTU")
+                port["active_mtu_source"] = (f"derived from {netdev} MTU {ndev_mtu} by the kernel "
+                                             "rule iboe_get_mtu (pyverbs: "
+                                             f"{pv_reason or 'no answer for this port'})")
+            else:
+                port.put("active_mtu", None, "sysfs has no active MTU for this link layer and "
+                         f"pyverbs gave none ({pv_reason or 'no answer for this port'})")
+            port["counters_present"] = (pdir / "counters" / "port_rcv_data").exists()
+            if problems:
+                port["gid_read_problems"] = problems[:8]
+            ports.append(port)
+        dev["ports"] = ports
+        devices.append(dev)
+    s["devices"] = devices
+    return s
+
+
+def _first_line(r: CommandResult | None) -> str | None:
+    if r is None or r.returncode != 0:
+        return None
+    lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+    return lines[0] if lines else None
+
+
+def collect_software(ctx: _Ctx) -> dict[str, Any]:
+    """glibc, rdma-core, MLNX_OFED and perftest versions (commands)."""
+    s = _Section()
+    run = ctx.runner.run
+    ldd = _first_line(run(["ldd", "--version"]))
+    m = re.search(r"(\d+\.\d+)\s*$", ldd or "")
+    s.put("glibc", m.group(1) if m else None,
+          "`ldd --version` did not run or printed no version" if not ldd else f"unrecognised {ldd!r}")
+    rc = (_first_line(run(["dpkg-query", "-W", "-f=${Version}", "rdma-core"]))
+          or _first_line(run(["rpm", "-q", "--qf", "%{VERSION}-%{RELEASE}", "rdma-core"])))
+    s.put("rdma_core", rc, "neither dpkg nor rpm knows an rdma-core package")
+    ofed = _first_line(run(["ofed_info", "-s"]))
+    s.put("mlnx_ofed", ofed.rstrip(":") if ofed else None, "`ofed_info -s` not available "
+          "(MLNX_OFED not installed; inbox rdma-core drivers)")
+    pv = run(["ib_read_bw", "--version"])
+    m = re.search(r"Version:\s*(\S+)", (pv.stdout + pv.stderr) if pv else "")
+    s.put("perftest", m.group(1) if m else None, "`ib_read_bw --version` did not run "
+          "(perftest not installed?)" if pv is None else "no 'Version:' in its output")
+    pkg = (_first_line(run(["dpkg-query", "-W", "-f=${Version}", "perftest"]))
+           or _first_line(run(["rpm", "-q", "--qf", "%{VERSION}-%{RELEASE}", "perftest"])))
+    s.put("perftest_package", pkg, "no perftest package known to dpkg or rpm")
+    return s
+
+
+_GPU_FIELDS = ("index", "name", "driver_version", "pci.bus_id", "pcie.link.gen.current",
+               "pcie.link.width.current", "pcie.link.gen.max", "pcie.link.width.max")
+
+
+def collect_gpus(ctx: _Ctx) -> dict[str, Any]:
+    """NVIDIA GPUs: model, driver, PCIe link (nvidia-smi)."""
+    s = _Section()
+    if ctx.runner.which("nvidia-smi") is None:
+        s.put("devices", None, "nvidia-smi not installed: GPUs not queried")
+        return s
+    r = ctx.runner.run(["nvidia-smi", f"--query-gpu={','.join(_GPU_FIELDS)}",
+                        "--format=csv,noheader,nounits"])
+    if r is None or r.returncode != 0:
+        s.put("devices", None, "nvidia-smi failed: " + (r.stderr.strip() if r else "no answer"))
+        return s
+    gpus = []
+    for line in r.stdout.splitlines():
+        if not line.strip():
+            continue
+        vals = [v.strip() for v in line.split(",")]
+        if len(vals) != len(_GPU_FIELDS):
+            s.put("devices", None, f"unexpected nvidia-smi line {line!r}")
+            return s
+        g = _Section()
+        for k, v in zip(_GPU_FIELDS, vals):
+            key = k.replace(".", "_")
+            if v in ("[N/A]", "N/A", "[Not Supported]"):
+                g.put(key, None, f"nvidia-smi printed {v}")
+            else:
+                g.put(key, int(v) if v.isdigit() else v)
+        gpus.append(g)
+    s.put("devices", gpus)
+    return s
+
+
+def collect_tools(ctx: _Ctx) -> dict[str, Any]:
+    """numactl and perf availability (and perf_event_paranoid)."""
+    s = _Section()
+    for name, argv in (("numactl", ["numactl", "--show"]), ("perf", ["perf", "--version"])):
+        t = _Section(path=ctx.runner.which(name))
+        if t["path"] is None:
+            t.put("usable", None, f"{name} not on PATH")
+        else:
+            r = ctx.runner.run(argv)
+            t.put("usable", None if r is None else r.returncode == 0,
+                  f"`{' '.join(argv)}` gave no answer")
+            if name == "perf" and r is not None and r.returncode == 0:
+                t["version"] = r.stdout.strip()
+        s[name] = t
+    s.put_attr("perf_event_paranoid", proc_path("sys", "kernel", "perf_event_paranoid",
+                                                root=ctx.root), int)
+    return s
+
+
+COLLECTORS: dict[str, Callable[[_Ctx], dict[str, Any]]] = {
+    "host": collect_host, "cpu": collect_cpu, "memory": collect_memory, "numa": collect_numa,
+    "rdma": collect_rdma, "software": collect_software, "gpu": collect_gpus, "tools": collect_tools,
+}
+
+
+def capture(root: str | os.PathLike = "/", runner: Runner | None = None) -> dict[str, Any]:
+    """The testbed document of the machine (or fixture tree) at *root*."""
+    root = Path(root)
+    live = is_live(root)
+    if runner is None:
+        runner = LiveRunner() if live else ReplayRunner(root / "commands.json")
+    ctx = _Ctx(root=root, runner=runner, live=live)
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "root": str(root), "live": live}
+    for key, collect in COLLECTORS.items():
+        try:
+            doc[key] = collect(ctx)
+        except Exception as e:  # one broken source must not lose the rest of the capture
+            doc[key] = {"_missing": {"*": f"collect_{key} failed: {type(e).__name__}: {e}"}}
+    return doc
+
+
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """Short view for meta blocks: host, kernel, CPU model, NICs with rate and NUMA node."""
+    nics = []
+    for d in doc.get("rdma", {}).get("devices", []):
+        p = (d.get("ports") or [{}])[0]
+        rate = p.get("rate") or {}
+        nics.append({"name": d.get("name"), "rate_gbps": rate.get("gbps"),
+                     "numa_node": d.get("numa_node"), "link_layer": p.get("link_layer"),
+                     "active_mtu": p.get("active_mtu"), "netdev": p.get("netdev"),
+                     "roce_v2_gid_index": p.get("roce_v2_ipv4_gid_index"),
+                     "fw_ver": d.get("fw_ver")})
+    host, cpu = doc.get("host", {}), doc.get("cpu", {})
+    return {"host": host.get("hostname"), "kernel": host.get("kernel"),
+            "cpu_model": cpu.get("model"), "sockets": cpu.get("sockets"),
+            "threads": cpu.get("threads"), "memory_bytes": doc.get("memory", {}).get("total_bytes"),
+            "numa_nodes": len(doc.get("numa", {}).get("nodes") or []), "nics": nics}

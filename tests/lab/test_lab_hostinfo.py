@@ -1,0 +1,120 @@
+"""Testbed capture against the 8 x ConnectX-7 fixture tree and on this machine."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from peercache.lab import hostinfo as hi
+from peercache.lab.sysroot import proc_path, read_attr, sysfs_path, using_root
+
+CX7 = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "hosts" / "cx7-8bond"
+
+
+@pytest.fixture(scope="module")
+def cx7() -> dict:
+    return hi.capture(CX7)
+
+
+def test_sysroot_paths_resolve_under_root():
+    assert sysfs_path("class", "infiniband", root=CX7) == CX7 / "sys" / "class" / "infiniband"
+    assert proc_path("meminfo", root="/") == Path("/proc/meminfo")
+    with using_root(CX7):
+        p = sysfs_path("class", "infiniband", "mlx5_bond_1", "ports", 1, "counters", "port_rcv_data")
+        assert read_attr(p) == ("1234567890123", None)
+    assert sysfs_path("x") == Path("/sys/x")
+    text, why = read_attr(CX7 / "sys" / "nope")
+    assert text is None and "does not exist" in why
+
+
+def test_eight_bonded_cx7_ports(cx7):
+    devs = cx7["rdma"]["devices"]
+    assert [d["name"] for d in devs] == [f"mlx5_bond_{i}" for i in range(1, 9)]
+    for i, d in enumerate(devs, 1):
+        assert d["board_id"] == "MT_0000000834" and d["fw_ver"] == "28.39.1002"
+        assert d["numa_node"] == (0 if i <= 4 else 1)
+        [p] = d["ports"]
+        assert p["state"] == "4: ACTIVE" and p["link_layer"] == "Ethernet"
+        assert p["rate"]["gbps"] == 400.0 and p["rate"]["width"] == 4
+        assert p["rate"]["lane_gbps"] == 100.0 and p["rate"]["speed"] == "NDR"
+        assert p["roce_v2_ipv4_gid_index"] == 3
+        assert p["gids"][3]["ipv4"] == f"10.0.1.{i}" and len(p["gids"]) == 4  # zero slot skipped
+        assert p["netdev"] == f"bond{i}" and p["bond_members"] == [f"ens{i}f0np0", f"ens{i}f1np1"]
+        assert p["active_mtu"] == 4096 and "iboe_get_mtu" in p["active_mtu_source"]
+        assert p["counters_present"]
+    assert cx7["rdma"]["pyverbs"]["used"] is False  # fixture: live sources not used
+
+
+def test_cpu_numa_memory_software(cx7):
+    assert cx7["cpu"] == {"threads": 384, "model": "AMD EPYC 9K84 96-Core Processor",
+                          "sockets": 2, "cores": 192}
+    nodes = cx7["numa"]["nodes"]
+    assert [n["distances"] for n in nodes] == [[10, 32], [32, 10]]
+    assert [n["cpu_count"] for n in nodes] == [192, 192]
+    assert cx7["memory"]["total_bytes"] == 2 * 1188366336 * 1024
+    sw = cx7["software"]
+    assert sw["mlnx_ofed"] == "MLNX_OFED_LINUX-5.8-2.0.3.0" and sw["glibc"] == "2.35"
+    assert sw["perftest"] == "6.06"
+    gpus = cx7["gpu"]["devices"]
+    assert len(gpus) == 8 and gpus[0]["pcie_link_gen_current"] == 5
+    assert cx7["tools"]["numactl"]["usable"] is True
+    assert cx7["host"]["kernel"] == "5.4.241-1-tlinux4-0017.7"
+
+
+def test_summary(cx7):
+    s = hi.summary(cx7)
+    assert s["host"] == "cx7-host-a" and s["sockets"] == 2 and s["numa_nodes"] == 2
+    assert {n["name"]: n["numa_node"] for n in s["nics"]} == {
+        f"mlx5_bond_{i}": (0 if i <= 4 else 1) for i in range(1, 9)}
+    assert {n["rate_gbps"] for n in s["nics"]} == {400.0}
+    json.dumps(s)
+
+
+def test_missing_files_give_null_with_reason(tmp_path):
+    root = tmp_path / "host"
+    shutil.copytree(CX7, root)
+    (root / "sys/class/infiniband/mlx5_bond_2/fw_ver").unlink()
+    (root / "sys/class/infiniband/mlx5_bond_3/device/numa_node").write_text("-1\n")
+    (root / "sys/class/infiniband/mlx5_bond_4/ports/1/rate").write_text("weird\n")
+    (root / "proc/cpuinfo").unlink()
+    (root / "commands.json").unlink()
+    doc = hi.capture(root)
+    d = {x["name"]: x for x in doc["rdma"]["devices"]}
+    assert d["mlx5_bond_2"]["fw_ver"] is None and "fw_ver" in d["mlx5_bond_2"]["_missing"]
+    assert d["mlx5_bond_3"]["numa_node"] is None and "-1" in d["mlx5_bond_3"]["_missing"]["numa_node"]
+    rate = d["mlx5_bond_4"]["ports"][0]["rate"]
+    assert rate["gbps"] is None and "unrecognised" in rate["_missing"]["gbps"]
+    assert doc["cpu"]["model"] is None and "cpuinfo" in doc["cpu"]["_missing"]["model"]
+    assert doc["software"]["perftest"] is None and doc["software"]["_missing"]["perftest"]
+    assert doc["gpu"]["devices"] is None and "nvidia-smi" in doc["gpu"]["_missing"]["devices"]
+
+
+def _nulls_have_reasons(obj, path="doc"):
+    if isinstance(obj, dict):
+        missing = obj.get("_missing", {})
+        for k, v in obj.items():
+            if v is None and k not in ("ipv4", "reason"):
+                assert k in missing, f"{path}.{k} is null without a reason"
+            _nulls_have_reasons(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _nulls_have_reasons(v, f"{path}[{i}]")
+
+
+def test_every_null_has_a_reason(cx7):
+    _nulls_have_reasons(cx7)
+
+
+def test_capture_on_this_machine():
+    doc = hi.capture("/")
+    json.dumps(doc)  # a valid JSON document
+    assert doc["live"] is True and doc["schema_version"] == hi.SCHEMA_VERSION
+    assert doc["host"]["kernel"] and doc["cpu"]["threads"] >= 1
+    assert doc["memory"]["total_bytes"] > 0
+    _nulls_have_reasons(doc)
+    if not Path("/sys/class/infiniband").is_dir():
+        assert doc["rdma"]["devices"] == [] and "no RDMA" in doc["rdma"]["note"]
+    s = hi.summary(doc)
+    assert s["kernel"] == doc["host"]["kernel"]
