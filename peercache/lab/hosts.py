@@ -118,6 +118,16 @@ class Handle:
         self._open_readers = len(self._readers)
         for t in self._readers:
             t.start()
+        # The end time is taken when the process exits, not when someone
+        # next looks: group windows are computed from it.
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        with self._cond:
+            if self.end is None:
+                self.end = time.time()
+            self._cond.notify_all()
 
     # --- output capture ---------------------------------------------------
     def _pump(self, name: str, pipe) -> None:

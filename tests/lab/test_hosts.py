@@ -1,0 +1,180 @@
+"""hosts: spec parsing, local/netns run and background handles, process-group cleanup."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from peercache.lab import netns
+from peercache.lab.hosts import (CommandTimeout, HostError, LocalHost, NetnsHost, ProcessExited,
+                                 ReadyTimeout, SshHost, listening_on, parse_host)
+
+
+def marker() -> str:
+    return f"pclab-test-{uuid.uuid4().hex[:12]}"
+
+
+def procs_with(mark: str) -> list[tuple[int, str]]:
+    """Live (non-zombie) processes whose argv contains ``mark``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark in cmd and state != "Z":
+            found.append((int(d.name), cmd))
+    return found
+
+
+def assert_none_left(mark: str, within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while procs_with(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert procs_with(mark) == [], f"processes left running: {procs_with(mark)}"
+
+
+def py(code: str, mark: str) -> list[str]:
+    """A Python one-liner whose argv carries ``mark`` (found later via /proc)."""
+    return [sys.executable, "-c", code, mark]
+
+
+# --- parsing --------------------------------------------------------------
+
+def test_parse_kinds():
+    assert isinstance(parse_host("local"), LocalHost)
+    h = parse_host("netns:pc0a")
+    assert isinstance(h, NetnsHost) and h.name == "pc0a" and h.spec == "netns:pc0a"
+    assert h.wrap(["true"]) == ["ip", "netns", "exec", "pc0a", "true"]
+    s = parse_host("ssh:alice@node1:2222", identity="/k", strict_host_key_checking="yes")
+    try:
+        assert isinstance(s, SshHost) and s.target == "alice@node1" and s.port == 2222
+        argv = s.wrap(["echo", "a b"])
+        for opt in ("BatchMode=yes", "StrictHostKeyChecking=yes", "ControlMaster=no"):
+            assert opt in argv
+        assert any(a.startswith("ControlPath=") for a in argv)
+        assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == "/k"
+        assert "'a b'" in argv[-1] and argv[-1].startswith("exec sh -c")
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("spec", ["", "  ", "remote", "netns:", "netns:a b", "ssh:",
+                                  "ssh:user@", "ssh:u@h:99999", "ssh:u@h;rm", "docker:x"])
+def test_bad_specs_say_what_to_use(spec):
+    with pytest.raises(HostError) as e:
+        parse_host(spec)
+    assert "ssh" in str(e.value) or "port" in str(e.value) or "namespace" in str(e.value)
+
+
+def test_ssh_refuses_prompting_host_key_mode():
+    with pytest.raises(HostError, match="prompt"):
+        SshHost("u@h", strict_host_key_checking="ask")
+
+
+def test_listening_on_parses_ss_output():
+    out = ("LISTEN 0 4096 127.0.0.1:5399 0.0.0.0:*\n"
+           "LISTEN 0 128 0.0.0.0:22 0.0.0.0:*\n"
+           "LISTEN 0 128 [::]:8080 [::]:*\n"
+           "LISTEN 0 10 127.0.0.53%lo:53 0.0.0.0:*\n")
+    assert listening_on(out, "127.0.0.1", 5399)
+    assert not listening_on(out, "198.18.0.1", 5399)
+    assert listening_on(out, "198.18.0.1", 22)          # wildcard
+    assert listening_on(out, None, 8080)
+    assert listening_on(out, "127.0.0.53", 53)
+    assert not listening_on(out, None, 539)
+
+
+# --- local ------------------------------------------------------------------
+
+def test_local_run_captures_everything():
+    c = LocalHost().run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    assert (c.rc, c.stdout, c.stderr) == (3, "out\n", "err\n")
+    assert c.argv == c.command and c.end >= c.start and c.start_iso.endswith("+00:00")
+
+
+def test_local_run_timeout_kills_the_group():
+    m = marker()
+    # The shell forks a child that would outlive a kill of the leader alone.
+    with pytest.raises(CommandTimeout) as e:
+        LocalHost().run(["sh", "-c", f"sleep 30 & {sys.executable} -c 'import time; time.sleep(30)' {m}; wait"],
+                        timeout=0.5)
+    assert e.value.completed.timed_out
+    assert_none_left(m)
+    assert_none_left("sleep 30 & ")
+
+
+def test_handle_wait_for_and_log(tmp_path):
+    m = marker()
+    log = tmp_path / "srv.log"
+    h = LocalHost().start(py("import sys,time; print('partial', end='', flush=True); time.sleep(0.3);"
+                             "print(' ready', flush=True); time.sleep(30)", m), log_path=log)
+    try:
+        match = h.wait_for(r"partial ready", timeout=5)
+        assert match and h.running and h.returncode is None
+    finally:
+        rc = h.stop(grace=1)
+    assert rc == -15 and h.stopped
+    assert "partial ready" in log.read_text()
+    assert_none_left(m)
+
+
+def test_wait_for_reports_early_exit_and_timeout():
+    h = LocalHost().start(["sh", "-c", "echo boom >&2; exit 4"])
+    with pytest.raises(ProcessExited, match="rc 4.*boom"):
+        h.wait_for("never", timeout=5)
+    m = marker()
+    h = LocalHost().start(py("import time; time.sleep(30)", m))
+    t = time.monotonic()
+    with pytest.raises(ReadyTimeout, match="within 0.3s"):
+        h.wait_for("never", timeout=0.3)
+    assert time.monotonic() - t < 2
+    h.stop(grace=0.5)
+    assert_none_left(m)
+
+
+def test_stop_escalates_to_sigkill():
+    m = marker()
+    h = LocalHost().start(py("import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                             "print('armed', flush=True); time.sleep(30)", m))
+    h.wait_for("armed", 5)
+    assert h.stop(grace=0.3) == -9
+    assert_none_left(m)
+
+
+def test_missing_program_is_a_clear_error():
+    with pytest.raises(HostError, match="install it"):
+        LocalHost().start(["pclab-no-such-tool"])
+
+
+def test_local_is_port_open(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert not LocalHost().is_port_open("127.0.0.1", port)
+        s.listen()
+        assert LocalHost().is_port_open("127.0.0.1", port)
+        assert LocalHost().is_port_open(None, port)
+
+
+# --- netns ------------------------------------------------------------------
+
+def test_netns_host_runs_inside_namespace():
+    ok, why = netns.available()
+    if not ok:
+        pytest.skip(why)
+    with netns.NetnsPair(tag=f"pch{os.getpid() % 10000}", index=231) as pair:
+        h = parse_host(f"netns:{pair.ns_a}")
+        c = h.run(["ip", "-o", "-4", "addr", "show"], timeout=10)
+        assert c.rc == 0 and pair.addr_a in c.stdout and pair.addr_b not in c.stdout
+        assert c.argv[:4] == ["ip", "netns", "exec", pair.ns_a]
+    with pytest.raises(HostError, match="does not exist"):
+        h.run(["true"], timeout=5)
