@@ -41,9 +41,25 @@ def test_loopback_serve_drive_verified_full_hit_rate(procs, port, tmp_path):
         assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0
         assert p["gb_per_s"] > 0 and p["bytes"] == p["objects_per_s"] * p["duration_s"] * 16384
         assert p["latency_us"]["p50"] <= p["latency_us"]["p99"] <= p["latency_us"]["p999"]
+        assert abs(p["window_end"] - p["window_start"] - 1.0) < 1e-3
     assert "GB/s" in r.stdout and "100.00" in r.stdout           # the console table
     assert "drive: point" in r.stderr                             # progress
     assert serve.wait(timeout=10) == 0                            # serve exits once its reader is done
+
+
+def test_start_at_sets_the_shared_window_and_refuses_the_past(procs, port, tmp_path):
+    addr = f"127.0.0.1:{port}"
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "2"])
+    procs.wait_line(serve, READY_LINE)
+    start = time.time() + 8
+    out = tmp_path / "d.json"
+    r = subprocess.run(drive_argv(addr, out, "--start-at", f"{start:.3f}"), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert abs(json.loads(out.read_text())["points"][0]["window_start"] - (start + 0.3)) < 1e-3
+    r = subprocess.run(drive_argv(addr, out, "--start-at", f"{time.time() - 5:.3f}"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "give a later start time" in r.stderr
 
 
 def test_exists_op_reports_rate_not_bandwidth(procs, port, tmp_path):

@@ -274,12 +274,20 @@ def run(args) -> tuple[int, dict]:
         say(f"drive: {args.processes} process(es) ready against {args.discovery_addr}")
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3
+            if k == 0 and args.start_at is not None:
+                if args.start_at < time.time():
+                    raise PeerCacheError(
+                        f"--start-at {args.start_at:.3f} passed {time.time() - args.start_at:.2f} s "
+                        "before the drivers were ready; give a later start time")
+                t0 = args.start_at
             for lv in lives:
                 lv.value = 0.0
             for c in conns:
                 c.send(("point", conc, t0))
             results = _collect(conns, lives, t0, conc, k, args, say)
             point = aggregate(conc, cfg, results)
+            point["window_start"] = round(t0 + args.warmup, 6)
+            point["window_end"] = round(t0 + args.warmup + args.duration, 6)
             doc["points"].append(point)
             if point["reason"] and any(w in point["reason"] for w in ("unreachable", "connection", "discovery")):
                 doc["status"], doc["error"] = "failed", point["reason"]

@@ -72,6 +72,9 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="random seed [%(default)s]")
     p.add_argument("--ready-timeout", type=float, default=30.0,
                    help="seconds to wait for serve and the working set [%(default)s]")
+    p.add_argument("--start-at", type=float, default=None,
+                   help="epoch seconds at which the first point starts (several drivers measuring "
+                        "one shared window, as the lab's group runner does)")
     p.add_argument("--out", default=None, help="write the JSON result document here")
 
 
