@@ -124,3 +124,15 @@ def test_mha_batch_into_offsets(cluster):
     assert r.status.tolist() == [Get.HIT, Get.HIT, Get.HIT, Get.MISS]
     assert r.lengths.tolist()[:3] == [10, 20, 30] and r.generations.tolist()[:3] == [1, 1, 1]
     assert bytes(dest[4096:4116]) == b"V" * 20 and bytes(dest[8192:8222]) == b"Q" * 30
+
+
+def test_standalone_meta_process(procs, port):
+    from conftest import BENCH
+    addr = f"127.0.0.1:{port}"
+    meta = procs.start([*BENCH, "meta", "--discovery-addr", addr])
+    procs.wait_line(meta, "ready")
+    with peercache.Client(addr, pool_bytes=8 * 4160, page_size=4096) as prod, \
+            peercache.Client(addr, page_size=4096) as cons:
+        prod.put("m", b"from a producer that does not host discovery")
+        assert cons.get("m") == b"from a producer that does not host discovery"
+        assert len(cons.node.members()) == 2
