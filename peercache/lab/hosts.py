@@ -239,8 +239,8 @@ class Handle:
     def _signal_group(self, sig: int) -> None:
         try:
             os.killpg(self.pgid, sig)
-        except ProcessLookupError:
-            pass
+        except (ProcessLookupError, PermissionError):
+            pass  # gone, or the number now belongs to someone else's group
 
     def _remote_stop(self, grace: float) -> None:
         """Hook for hosts whose processes live elsewhere (SSH)."""
