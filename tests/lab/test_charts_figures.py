@@ -1,0 +1,122 @@
+"""make_charts.py on fixture tidy data and on the published reference data."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from peercache.lab import charts, collect
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "tidy"
+TB = "fixture-2x-cx7"
+sys.path.insert(0, str(ROOT))
+import make_charts  # noqa: E402
+
+FIXTURE_CHARTS = ["msgsize_sweep_bw", "msgsize_sweep_counters", "multi_rail", "single_nic", "whole_machine"]
+
+
+@pytest.fixture(scope="module")
+def tidy_dir(tmp_path_factory):
+    """The fixture testbed as the pipeline leaves it: raw result.json -> collect -> Parquet."""
+    base = tmp_path_factory.mktemp("lab")
+    rows, runs = collect.load_tidy(FIX / TB)
+    collect.write_raw_from_tidy(rows, runs, base / "raw", TB)
+    collect.collect_testbed(base / "raw", base / "tidy", TB)
+    return base / "tidy"
+
+
+def _run(tmp_path, tidy_dir, *extra):
+    return make_charts.main(["--tidy-dir", str(tidy_dir), "--reference-dir", str(tmp_path / "no-refs"),
+                             "--references", str(FIX / "references.yaml"), "--out", str(tmp_path / "fig"),
+                             *extra])
+
+
+def test_writes_exactly_the_expected_files(tmp_path, tidy_dir, capsys):
+    assert _run(tmp_path, tidy_dir) == 0
+    files = sorted(p.relative_to(tmp_path / "fig").as_posix() for p in (tmp_path / "fig").rglob("*"))
+    assert files == [TB] + [f"{TB}/{c}.{ext}" for c in FIXTURE_CHARTS for ext in ("md", "png", "svg")]
+    out = capsys.readouterr().out
+    # gpudirect was skipped in the fixture: not drawn, and the reason is printed.
+    assert re.search(r"gpudirect: not drawn: .*skipped: no GPU on node-b", out)
+    assert "[1/1] fixture-2x-cx7" in out
+
+
+def test_from_scratch_and_png_only(tmp_path, tidy_dir):
+    stale = tmp_path / "fig" / TB / "gpudirect.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    assert _run(tmp_path, tidy_dir, "--format", "png") == 0
+    files = sorted(p.name for p in (tmp_path / "fig" / TB).iterdir())
+    assert files == sorted([f"{c}.png" for c in FIXTURE_CHARTS] + [f"{c}.md" for c in FIXTURE_CHARTS])
+
+
+def _md_table(path):
+    lines = [l for l in path.read_text().splitlines() if l.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
+
+
+def test_markdown_numbers_equal_the_data(tmp_path, tidy_dir):
+    assert _run(tmp_path, tidy_dir) == 0
+    rows, _ = collect.load_tidy(tidy_dir / TB)
+    d = tmp_path / "fig" / TB
+    single = {r["run"]: r for r in _md_table(d / "single_nic.md")}
+    for _, r in rows[rows["scenario"] == "single_nic"].iterrows():
+        assert float(single[r["run_id"]]["value"]) == r["value"]
+        assert single[r["run_id"]]["unit"] == r["unit"]
+    raw_gbs = 385.6 / 8  # the fixture's ib_read_bw row in Gbit/s
+    assert single["single_nic-peercache_p8_t4-rep0"]["% of raw"] == f"{100 * 45.3 / raw_gbs:.1f}%"
+    multi = _md_table(d / "multi_rail.md")
+    mr = rows[rows["scenario"] == "multi_rail"]
+    assert sorted(float(r["value"]) for r in multi) == sorted(mr["value"])
+    assert {(r["page size"], int(r["threads"])) for r in multi} == \
+        {(charts.fmt_size(s), int(t)) for s, t in zip(mr["size_bytes"], mr["threads"])}
+    whole = {r["NIC / figure"]: r for r in _md_table(d / "whole_machine.md")}
+    assert whole["mlx5_1"]["value"] == "52.5" and whole["mlx5_1"]["verdict"] == "above_line_rate"
+    assert whole["mlx5_0"]["verdict"] == "unchecked" and whole["mlx5_0"]["line rate (GB/s)"] == "50"
+    ctr = {(r["QPs"], r["size"]): r for r in _md_table(d / "msgsize_sweep_counters.md")}
+    sw = rows[(rows["scenario"] == "msgsize_sweep") & (rows["qps"] == 4)]
+    for _, r in sw[sw["metric"].isin(list(charts.COUNTERS))].iterrows():
+        cell = ctr[("4", charts.fmt_size(r["size_bytes"]))][r["metric"]]
+        if r["status"] == "ok":
+            assert float(cell) == r["value"]
+        else:
+            assert cell == "not_supported"   # drawn and tabled as missing, never 0
+    text = (d / "msgsize_sweep_counters.md").read_text()
+    assert "run msgsize_sweep-q4_s1024-rep0" in text and "revision 0123abcd" in text
+    assert "node-a" in text and "ConnectX-7" in text
+
+
+def test_no_data_scenario_not_drawn_and_reason_printed(tmp_path, tidy_dir, capsys):
+    rows, runs = collect.load_tidy(tidy_dir / TB)
+    keep = rows[rows["scenario"] != "whole_machine"]
+    collect.write_tidy(tmp_path / "t2", TB, keep, runs)
+    assert _run(tmp_path, tmp_path / "t2") == 0
+    out = capsys.readouterr().out
+    assert "whole_machine: not drawn: no rows for scenario whole_machine" in out
+    assert not (tmp_path / "fig" / TB / "whole_machine.png").exists()
+    assert (tmp_path / "fig" / TB / "single_nic.png").exists()
+
+
+def test_reference_testbeds_redrawn_with_flags(tmp_path, capsys):
+    ref = ROOT / "data" / "reference"
+    rc = make_charts.main(["--tidy-dir", str(tmp_path / "none"), "--reference-dir", str(ref),
+                           "--out", str(tmp_path / "fig"), "--format", "png"])
+    assert rc == 0
+    names = sorted(p.relative_to(tmp_path / "fig").as_posix() for p in (tmp_path / "fig").rglob("*.png"))
+    assert names == ["ib-write-bw-200gbe-qp-sweep/msgsize_sweep_bw.png",
+                     "ib-write-bw-200gbe-qp-sweep/msgsize_sweep_counters.png",
+                     "peercache-8xcx7-roce/gpudirect.png", "peercache-8xcx7-roce/multi_rail.png",
+                     "peercache-8xcx7-roce/single_nic.png", "peercache-8xcx7-roce/whole_machine.png"]
+    whole = {r["NIC / figure"]: r for r in _md_table(tmp_path / "fig" / "peercache-8xcx7-roce" / "whole_machine.md")}
+    assert whole["max of 8 NICs"]["value"] == "89.4" and whole["max of 8 NICs"]["verdict"] == "above_line_rate"
+    counters = (tmp_path / "fig" / "ib-write-bw-200gbe-qp-sweep" / "msgsize_sweep_counters.md").read_text()
+    assert "not_measured" in counters and "published as N/A" in counters
+
+
+def test_unknown_testbed_and_bad_format(tmp_path, tidy_dir, capsys):
+    assert _run(tmp_path, tidy_dir, "--testbed", "nope") == 2
+    assert "no data for testbed(s) nope" in capsys.readouterr().err
+    assert _run(tmp_path, tidy_dir, "--format", "jpg") == 2
+    assert "unsupported format" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""The report's content, and both notebooks executed with papermill on the fixture data."""
+import json
+from pathlib import Path
+
+import pytest
+
+from peercache.lab import collect, papermill_run, report
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "tidy"
+TB = "fixture-2x-cx7"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    base = tmp_path_factory.mktemp("lab")
+    rows, runs = collect.load_tidy(FIX / TB)
+    collect.write_raw_from_tidy(rows, runs, base / "raw", TB)
+    return base
+
+
+@pytest.mark.parametrize("name", ["collect", "report"])
+def test_source_notebooks_have_parameters_cell_and_no_outputs(name):
+    nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert any("parameters" in c["metadata"].get("tags", []) for c in code)
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in code)
+
+
+def test_notebooks_execute_with_papermill(lab):
+    params = dict(raw_dir=str(lab / "raw"), tidy_dir=str(lab / "tidy"), testbed=TB,
+                  references=str(FIX / "references.yaml"))
+    ipynb, html = papermill_run.run_notebook(ROOT / "notebooks" / "collect.ipynb", lab / "reports", params)
+    assert (lab / "tidy" / TB / "rows.parquet").exists()
+    text = html.read_text()
+    assert "above_line_rate" in text and "no GPU on node-b" in text
+    assert "collect_testbed(" not in text          # code cells are not shown
+    assert "collect_testbed(" in ipynb.read_text()  # ...but kept in the executed notebook
+
+    params = dict(tidy_dir=str(lab / "tidy"), figures_dir=str(lab / "figures"), testbed=TB,
+                  references=str(FIX / "references.yaml"), baseline="peercache-8xcx7-roce")
+    ipynb, html = papermill_run.run_notebook(ROOT / "notebooks" / "report.ipynb", lab / "reports", params)
+    text = html.read_text()
+    assert "build_report(" not in text
+    for needle in ("Overview", "fraction of raw single-NIC", "whole_machine", "above_line_rate",
+                   "Host + meta block", "revision 0123abcd", "Beside the published baseline", "413.1 GB/s"):
+        assert needle in text, needle
+    assert text.count("data:image/png;base64") >= 5
+    assert (lab / "figures" / TB / "single_nic.png").exists()
+
+
+def test_overview_and_sections(lab, tmp_path):
+    collect.collect_testbed(lab / "raw", tmp_path / "tidy", TB)
+    rep = report.build_report(tmp_path / "tidy", tmp_path / "fig", TB, FIX / "references.yaml")
+    ov = {r["scenario"]: r for r in rep.overview.to_dict("records")}
+    peer = ov["single_nic: peercache-bench 128 KiB 4 thr 8 proc"]
+    assert peer["GET throughput"] == "45.3 GB/s" and peer["fraction of raw single-NIC"] == "94%"
+    assert ov["gpudirect"]["GET throughput"] == "—" and "skipped" in ov["gpudirect"]["notes"]
+    assert ov["whole_machine: aggregate over 2 NICs"]["notes"] == "per NIC 47.5–52.5 GB/s"
+    assert rep.verdict_counts["above_line_rate"] == 1 and rep.verdict_counts["low"] == 1
+    assert [s.scenario for s in rep.sections] == ["single_nic", "multi_rail", "whole_machine", "gpudirect",
+                                                  "msgsize_sweep"]
+    md = report.report_markdown(rep)
+    assert "gpudirect: not drawn:" in md and "verdict_reason" in md
