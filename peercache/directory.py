@@ -11,6 +11,10 @@ import threading
 import time
 from typing import Iterable, NamedTuple, Sequence
 
+import numpy as np
+
+from .transport.base import ABSENT, LOC_DTYPE, native_module
+
 
 class Location(NamedTuple):
     """Where a published object lives."""
@@ -81,7 +85,13 @@ class Directory:
 
 
 class DirectoryCache:
-    """Client-side cache of lookups with a time-to-live (0 disables it)."""
+    """Client-side cache of lookups with a time-to-live (0 disables it).
+
+    Entries live in a native sharded hash map when the extension is built
+    (batch lookups without the GIL, one short lock per key and shard), else
+    in a dict. Node ids are interned to small integers so a cached location
+    is a fixed-size record the native read path consumes directly.
+    """
 
     def __init__(self, ttl: float, clock=time.monotonic, max_entries: int = 1 << 22):
         if ttl < 0:
@@ -89,16 +99,92 @@ class DirectoryCache:
         self.ttl = ttl
         self.clock = clock
         self.max_entries = max_entries
+        mod, _ = native_module()
+        self._native = mod.LocCache() if mod is not None else None
         self._map: dict[bytes, tuple[float, Location]] = {}
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        self._node_ids: list[str] = []
+        self._node_index: dict[str, int] = {}
+        self._hits = 0
+        self._misses = 0
 
+    # -- counters ---------------------------------------------------------------------
+    @property
+    def hits(self) -> int:
+        """Keys served from the cache so far."""
+        return self._hits + (self._native.hits if self._native is not None else 0)
+
+    @property
+    def misses(self) -> int:
+        """Keys the cache could not serve so far."""
+        return self._misses + (self._native.misses if self._native is not None else 0)
+
+    # -- node interning ---------------------------------------------------------------
+    def node_index(self, node_id: str) -> int:
+        """Small integer standing for ``node_id`` in location records."""
+        idx = self._node_index.get(node_id)
+        if idx is None:
+            with self._lock:
+                idx = self._node_index.get(node_id)
+                if idx is None:
+                    idx = len(self._node_ids)
+                    self._node_ids.append(node_id)
+                    self._node_index[node_id] = idx
+        return idx
+
+    def node_id(self, index: int) -> str:
+        """The node id an index stands for."""
+        return self._node_ids[index]
+
+    def rows(self, locs: Sequence[Location | None]) -> np.ndarray:
+        """Location records (LOC_DTYPE) of ``locs``; node = ABSENT where None."""
+        out = np.zeros(len(locs), dtype=LOC_DTYPE)
+        out["node"] = ABSENT
+        for i, loc in enumerate(locs):
+            if loc is not None:
+                out[i] = (self.node_index(loc.node_id), *loc[1:])
+        return out
+
+    def _location(self, row) -> Location:
+        return Location(self._node_ids[int(row["node"])], *(int(row[f]) for f in LOC_DTYPE.names[1:]))
+
+    # -- batch API used by the native read path -------------------------------------------
+    @property
+    def native(self) -> bool:
+        """Whether records live in the native map (lookup_into/put_rows are fast)."""
+        return self._native is not None
+
+    def lookup_into(self, keys: Sequence[bytes], out: np.ndarray) -> int:
+        """Fill ``out`` (LOC_DTYPE) for ``keys``; returns how many were cached and unexpired."""
+        if self.ttl == 0:
+            out["node"] = ABSENT
+            self._misses += len(keys)
+            return 0
+        if self._native is not None:
+            return self._native.lookup(keys, self.clock(), out)
+        locs = self.get_many(keys)
+        out[:] = self.rows(locs)
+        return sum(l is not None for l in locs)
+
+    def put_rows(self, keys: Sequence[bytes], rows: np.ndarray) -> None:
+        """Remember records (node != ABSENT) until now + ttl."""
+        if self.ttl == 0:
+            return
+        if self._native is not None:
+            self._native.put(keys, rows, self.clock() + self.ttl, self.max_entries)
+            return
+        self.put_many(keys, [None if r["node"] == ABSENT else self._location(r) for r in rows])
+
+    # -- the Python API -------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes]) -> list[Location | None]:
         """Cached, unexpired locations of ``keys`` (None where absent or expired)."""
         if self.ttl == 0:
-            self.misses += len(keys)
+            self._misses += len(keys)
             return [None] * len(keys)
+        if self._native is not None:
+            rows = np.empty(len(keys), dtype=LOC_DTYPE)
+            self._native.lookup(list(keys), self.clock(), rows)
+            return [None if r["node"] == ABSENT else self._location(r) for r in rows]
         now = self.clock()
         out: list[Location | None] = []
         with self._lock:
@@ -106,17 +192,20 @@ class DirectoryCache:
                 e = self._map.get(k)
                 if e is not None and e[0] > now:
                     out.append(e[1])
-                    self.hits += 1
+                    self._hits += 1
                 else:
                     if e is not None:
                         del self._map[k]
                     out.append(None)
-                    self.misses += 1
+                    self._misses += 1
         return out
 
     def put_many(self, keys: Sequence[bytes], locs: Sequence[Location | None]) -> None:
         """Remember found locations until now + ttl."""
         if self.ttl == 0:
+            return
+        if self._native is not None:
+            self._native.put(list(keys), self.rows(locs), self.clock() + self.ttl, self.max_entries)
             return
         expiry = self.clock() + self.ttl
         with self._lock:
@@ -128,12 +217,23 @@ class DirectoryCache:
 
     def invalidate(self, keys: Iterable[bytes]) -> None:
         """Forget ``keys`` (after a tag mismatch showed the location is stale)."""
+        if self._native is not None:
+            self._native.invalidate(list(keys))
+            return
         with self._lock:
             for k in keys:
                 self._map.pop(k, None)
 
     def drop_node(self, node_id: str) -> None:
         """Forget every location on ``node_id``."""
+        if self._native is not None:
+            idx = self._node_index.get(node_id)
+            if idx is not None:
+                self._native.drop_node(idx)
+            return
         with self._lock:
             for k in [k for k, (_, loc) in self._map.items() if loc.node_id == node_id]:
                 del self._map[k]
+
+    def __len__(self) -> int:
+        return len(self._native) if self._native is not None else len(self._map)

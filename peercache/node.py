@@ -23,7 +23,7 @@ from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
 from .rpc import RpcClient, RpcServer
 from .transport import make_transport
-from .transport.base import OP_DTYPE, STATUS_TEXT, Status
+from .transport.base import ABSENT, LOC_DTYPE, OP_DTYPE, STATUS_TEXT, Status, native_module
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,17 @@ class Node:
         self.meta: MetaService | None = None
         self.server: RpcServer | None = None
         self.pool: Pool | None = None
+        #: native peer handles indexed by the cache's node index (None = not connected)
+        self._handles: list = []
+        self._handles_lock = threading.Lock()
+        self._native = None
         self._stop = threading.Event()
         self._hb: threading.Thread | None = None
         try:
             self.transport = make_transport(protocol, max_channels=max_channels, **(transport_options or {}))
+            mod, _ = native_module()
+            if mod is not None and self.transport.native and self.cache.native:
+                self._native = mod
             if host_discovery:
                 self.meta = MetaService(heartbeat_timeout)
                 self.server = RpcServer(discovery_addr, self.meta.handlers()).start()
@@ -183,6 +190,8 @@ class Node:
         looked up once more without the cache; if it still does not match it
         is a miss. Bytes of a miss or an error in ``dest`` are unspecified.
         """
+        if self._native is not None:
+            return self._get_native(keys, dest, offsets, capacities)
         n = len(keys)
         offsets = np.asarray(offsets, dtype=np.uint64)
         status = np.full(n, int(Get.MISS), dtype=np.int8)
@@ -204,6 +213,104 @@ class Node:
             status[idx], lengths[idx], gens[idx] = sub_status, sub_len, sub_gen
             error = error or err2
         return BatchResult(status, lengths, gens, error)
+
+    # -- the native batch path ---------------------------------------------------------
+    def _get_native(self, keys, dest, offsets, capacities) -> BatchResult:
+        n = len(keys)
+        offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
+        caps = None if capacities is None else np.ascontiguousarray(capacities, dtype=np.uint64)
+        if len(offsets) != n or (caps is not None and len(caps) != n):
+            raise ConfigError(f"get_batch_into: {n} keys but {len(offsets)} offsets"
+                              + ("" if caps is None else f" and {len(caps)} capacities"))
+        if not isinstance(keys, list):
+            keys = list(keys)
+        locs = np.empty(n, dtype=LOC_DTYPE)
+        if self.cache.lookup_into(keys, locs) < n:
+            self._fill_from_directory(keys, locs)
+        status = np.empty(n, dtype=np.int8)
+        lengths = np.empty(n, dtype=np.uint64)
+        gens = np.empty(n, dtype=np.uint64)
+        codes = np.empty(n, dtype=np.int32)
+        error, stale = self._read_native(locs, dest, offsets, caps, status, lengths, gens, codes)
+        if stale:
+            # A tag mismatch: the slot was evicted, reused or torn. One fresh lookup, then a miss.
+            idx = np.flatnonzero(codes == self._native.TAG_MISMATCH)
+            skeys = [keys[i] for i in idx]
+            self.cache.invalidate(skeys)
+            sub = np.empty(len(idx), dtype=LOC_DTYPE)
+            sub["node"] = ABSENT
+            self._fill_from_directory(skeys, sub)
+            s_st, s_len = np.empty(len(idx), np.int8), np.empty(len(idx), np.uint64)
+            s_gen, s_code = np.empty(len(idx), np.uint64), np.empty(len(idx), np.int32)
+            err2, _ = self._read_native(sub, dest, offsets[idx], None if caps is None else caps[idx],
+                                        s_st, s_len, s_gen, s_code)
+            status[idx], lengths[idx], gens[idx] = s_st, s_len, s_gen
+            error = error or err2
+        return BatchResult(status, lengths, gens, error)
+
+    def _fill_from_directory(self, keys: list, locs: np.ndarray) -> None:
+        """Look up the rows of ``locs`` that are ABSENT with one directory RPC."""
+        miss = np.flatnonzero(locs["node"] == ABSENT)
+        mkeys = [keys[i] for i in miss]
+        reply = self.discovery.call("lookup", keys=mkeys)
+        self.peers.update(reply["nodes"])
+        if reply["epoch"] != self.epoch:
+            self.epoch = reply["epoch"]
+        rows = self.cache.rows([None if l is None else Location(*l) for l in reply["locs"]])
+        locs[miss] = rows
+        self.cache.put_rows(mkeys, rows)
+
+    def _read_native(self, locs, dest, offsets, caps, status, lengths, gens, codes) -> tuple[str | None, int]:
+        """One native batch (all nodes); returns (first error, number of stale tags)."""
+        mod = self._native
+        args = (locs, dest, offsets, caps, status, lengths, gens, codes)
+        hits, stale, need, errors, ecode, enode, etext = mod.read_slots(self._handles, *args)
+        error = None
+        if need:
+            error, made = self._connect_needed(locs, codes)
+            if made:
+                hits, stale, need, errors, ecode, enode, etext = mod.read_slots(self._handles, *args)
+            if need:
+                status[codes == mod.NEED_PEER] = Get.ERROR
+        if ecode:
+            node_id = self.cache.node_id(enode)
+            what = STATUS_TEXT.get(Status(ecode), f"status {ecode}") if ecode in Status._value2member_map_ \
+                else f"status {ecode}"
+            error = error or f"read from node {node_id} failed: {what}" + (f" ({etext})" if etext else "")
+            if ecode in (Status.PEER_GONE, Status.CONNECTION):
+                self._forget_node(node_id)
+        return error, stale
+
+    def _connect_needed(self, locs, codes) -> tuple[str | None, int]:
+        """Open native handles for the nodes a batch needs: (first failure's text, handles made)."""
+        error, made = None, 0
+        for idx in np.unique(locs["node"][codes == self._native.NEED_PEER]).tolist():
+            node_id = self.cache.node_id(idx)
+            info = self._data_endpoint(node_id)
+            if info is None:
+                error = error or f"no endpoint info for node {node_id}"
+                continue
+            try:
+                h = self.transport.native_peer(node_id, info)
+            except PeerCacheError as e:
+                error = error or f"read from node {node_id} failed: {STATUS_TEXT[Status.PEER_GONE]} ({e})"
+                self.cache.drop_node(node_id)
+                continue
+            with self._handles_lock:
+                # Grown in place: threads in read_slots hold their own references.
+                self._handles.extend([None] * (idx + 1 - len(self._handles)))
+                self._handles[idx] = h
+            made += 1
+        return error, made
+
+    def _forget_node(self, node_id: str) -> None:
+        """Drop cached locations and the connection of a node that failed."""
+        self.cache.drop_node(node_id)
+        idx = self.cache._node_index.get(node_id)
+        with self._handles_lock:
+            if idx is not None and idx < len(self._handles):
+                self._handles[idx] = None
+        self.transport.forget(node_id)
 
     def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens) -> str | None:
         n = len(keys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import importlib
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,40 @@ OP_DTYPE = np.dtype([
     ("length", "<u8"),
     ("local_offset", "<u8"),
 ])
+
+
+#: A cached directory location as the native path reads it (pc_loc in pc.h).
+LOC_DTYPE = np.dtype([
+    ("node", "<u4"),           # interned node index; ABSENT = no location
+    ("region", "<u4"),
+    ("rkey", "<u8"),
+    ("offset", "<u8"),         # slot (header) offset in the region
+    ("length", "<u8"),
+    ("capacity", "<u8"),
+    ("generation", "<u8"),
+    ("key_hash", "<u8"),
+])
+ABSENT = 0xFFFFFFFF
+
+_native_cache: list = []
+
+
+def native_module():
+    """``(peercache._native, None)``, or ``(None, why it is unavailable)``."""
+    if not _native_cache:
+        try:
+            mod = importlib.import_module("peercache._native")
+            if not hasattr(mod, "read_slots"):
+                # The source folder alone imports as an empty namespace package.
+                raise ImportError("the extension is not built")
+            if mod.OP_ITEMSIZE != OP_DTYPE.itemsize or mod.LOC_ITEMSIZE != LOC_DTYPE.itemsize:
+                raise ImportError(f"it was built from other sources (op {mod.OP_ITEMSIZE} B, "
+                                  f"location {mod.LOC_ITEMSIZE} B)")
+            _native_cache.append((mod, None))
+        except ImportError as e:
+            _native_cache.append((None, f"peercache._native is unavailable ({e}); rebuild it with "
+                                        "`pip install -e .` (needs a C compiler and python3-dev)"))
+    return _native_cache[0]
 
 
 class Status(enum.IntEnum):
@@ -75,6 +110,13 @@ class Transport(abc.ABC):
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray,
                    local: list) -> np.ndarray:
         """Execute ``ops`` against ``peer`` into the ``local`` buffers; int32 status per op."""
+
+    #: True when :meth:`native_peer` gives handles the native batch path can use.
+    native: bool = False
+
+    def native_peer(self, peer: str, info: dict[str, Any]):
+        """A connected ``peercache._native.Peer`` for ``peer`` (native transports only)."""
+        return None
 
     def forget(self, peer: str) -> None:
         """Drop any connection state for ``peer`` (it left or restarted)."""

@@ -1,0 +1,653 @@
+/* peercache._native: Python bindings of the GIL-free batch data path.
+ *
+ * Every call takes whole arrays (NumPy buffers) and creates no Python object
+ * per op or per key; the GIL is released while bytes move.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pc.h"
+
+#define ERRLEN 512
+
+/* ------------------------------------------------------------------ buffers */
+
+static int get_buf(PyObject *o, Py_buffer *v, int writable, const char *what, Py_ssize_t itemsize,
+                   Py_ssize_t n) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, v, flags) < 0) {
+        v->obj = NULL;  /* callers release zeroed views unconditionally */
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s buffer", what,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    if (itemsize && (n >= 0 ? v->len != n * itemsize : v->len % itemsize != 0)) {
+        PyErr_Format(PyExc_ValueError, "%s is %zd bytes; expected %s%zd items of %zd bytes", what,
+                     v->len, n >= 0 ? "" : "a multiple of ", n >= 0 ? n : 1, itemsize);
+        PyBuffer_Release(v);
+        v->obj = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------------------- Peer */
+
+typedef struct {
+    PyObject_HEAD
+    const pc_backend *be;
+    void *conn;
+    int closed;
+} PeerObject;
+
+static PyTypeObject PeerType;
+
+static void Peer_dealloc(PeerObject *self) {
+    /* Only here is the connection torn down: a batch in flight holds a reference. */
+    if (self->conn) self->be->close(self->conn);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *new_peer(const pc_backend *be, const void *params) {
+    char err[ERRLEN] = "";
+    void *conn;
+    Py_BEGIN_ALLOW_THREADS
+    conn = be->connect(params, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (!conn) {
+        PyErr_Format(PyExc_ConnectionError, "%s: %s", be->name, err);
+        return NULL;
+    }
+    PeerObject *p = PyObject_New(PeerObject, &PeerType);
+    if (!p) { be->close(conn); return NULL; }
+    p->be = be;
+    p->conn = conn;
+    p->closed = 0;
+    return (PyObject *)p;
+}
+
+/* Validate the local side, run the backend on the valid ops, scatter statuses. */
+static PyObject *Peer_read_batch(PeerObject *self, PyObject *args) {
+    PyObject *ops_o, *locals_o, *status_o;
+    if (!PyArg_ParseTuple(args, "OOO", &ops_o, &locals_o, &status_o)) return NULL;
+    if (self->closed) {
+        PyErr_SetString(PyExc_ValueError, "read_batch on a closed peer; connect again");
+        return NULL;
+    }
+    Py_buffer ops_v, st_v;
+    if (get_buf(ops_o, &ops_v, 0, "ops (OP_DTYPE array)", sizeof(pc_op), -1) < 0) return NULL;
+    Py_ssize_t n = ops_v.len / (Py_ssize_t)sizeof(pc_op);
+    if (get_buf(status_o, &st_v, 1, "status (int32 array)", 4, n) < 0) {
+        PyBuffer_Release(&ops_v);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(locals_o, "locals must be a sequence of writable buffers");
+    if (!seq) { PyBuffer_Release(&ops_v); PyBuffer_Release(&st_v); return NULL; }
+    Py_ssize_t nl = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer *lv = PyMem_Calloc((size_t)(nl ? nl : 1), sizeof(Py_buffer));
+    pc_local *locals = PyMem_Calloc((size_t)(nl ? nl : 1), sizeof(pc_local));
+    pc_op *valid = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(pc_op));
+    size_t *where = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(size_t));
+    int32_t *vst = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (!lv || !locals || !valid || !where || !vst) { PyErr_NoMemory(); goto done; }
+    for (; got < nl; got++) {
+        if (get_buf(PySequence_Fast_GET_ITEM(seq, got), &lv[got], 1, "local buffer", 0, -1) < 0) goto done;
+        locals[got].base = lv[got].buf;
+        locals[got].len = (uint64_t)lv[got].len;
+    }
+    const pc_op *ops = ops_v.buf;
+    int32_t *status = st_v.buf;
+    char err[ERRLEN] = "";
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    size_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const pc_op *op = &ops[i];
+        if (op->length == 0) { status[i] = PC_ZERO_LENGTH; continue; }
+        if (op->local_region >= (uint64_t)nl || op->local_offset > locals[op->local_region].len ||
+            op->length > locals[op->local_region].len - op->local_offset) {
+            status[i] = PC_LOCAL_RANGE;
+            continue;
+        }
+        valid[m] = *op;
+        where[m++] = (size_t)i;
+    }
+    if (m) {
+        rc = self->be->read_batch(self->conn, valid, m, locals, (size_t)nl, vst, err, sizeof err);
+        for (size_t j = 0; j < m; j++) status[where[j]] = vst[j];
+    }
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        result = PyUnicode_FromString(err[0] ? err : "batch failed");
+    } else {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&lv[i]);
+    PyMem_Free(lv); PyMem_Free(locals); PyMem_Free(valid); PyMem_Free(where); PyMem_Free(vst);
+    Py_DECREF(seq);
+    PyBuffer_Release(&ops_v);
+    PyBuffer_Release(&st_v);
+    return result;
+}
+
+static PyObject *Peer_alive(PeerObject *self, PyObject *unused) {
+    (void)unused;
+    int a = !self->closed && (!self->be->alive || self->be->alive(self->conn));
+    return PyBool_FromLong(a);
+}
+
+static PyObject *Peer_close(PeerObject *self, PyObject *unused) {
+    (void)unused;
+    self->closed = 1;  /* the connection itself goes when the last reference does */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Peer_backend(PeerObject *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(self->be->name);
+}
+
+static PyMethodDef Peer_methods[] = {
+    {"read_batch", (PyCFunction)Peer_read_batch, METH_VARARGS,
+     "read_batch(ops, locals, status) -> None or the error text; executes OP_DTYPE ops without the GIL."},
+    {"alive", (PyCFunction)Peer_alive, METH_NOARGS, "Whether the peer is still usable."},
+    {"close", (PyCFunction)Peer_close, METH_NOARGS, "Refuse further batches on this handle."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Peer_getset[] = {
+    {"backend", (getter)Peer_backend, NULL, "Name of the backend.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PeerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "peercache._native.Peer",
+    .tp_basicsize = sizeof(PeerObject),
+    .tp_dealloc = (destructor)Peer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A connection to one producer through one backend.",
+    .tp_methods = Peer_methods,
+    .tp_getset = Peer_getset,
+};
+
+static PyObject *py_shm_connect(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int pid;
+    unsigned long long start;
+    PyObject *regions;
+    if (!PyArg_ParseTuple(args, "iKO", &pid, &start, &regions)) return NULL;
+    PyObject *seq = PySequence_Fast(regions, "regions must be a sequence of (id, rkey, path, size)");
+    if (!seq) return NULL;
+    pc_shm_params p = {.pid = pid, .start_time = start, .nregions = 0};
+    Py_ssize_t nr = PySequence_Fast_GET_SIZE(seq);
+    if (nr > PC_SHM_MAX_REGIONS || nr == 0) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "an shm peer needs 1..%d regions, got %zd",
+                            PC_SHM_MAX_REGIONS, nr);
+    }
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        unsigned int id;
+        unsigned long long rkey, size;
+        const char *path;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IKsK", &id, &rkey, &path, &size)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        p.regions[i] = (pc_shm_region_param){id, rkey, path, size};
+        p.nregions++;
+    }
+    PyObject *r = new_peer(&pc_shm_backend, &p);  /* paths live while seq does */
+    Py_DECREF(seq);
+    return r;
+}
+
+static PyObject *py_tcp_connect(PyObject *mod, PyObject *args) {
+    (void)mod;
+    const char *host;
+    int port, maxch;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "siid", &host, &port, &maxch, &timeout)) return NULL;
+    pc_tcp_params p = {host, port, maxch, timeout};
+    return new_peer(&pc_tcp_backend, &p);
+}
+
+/* ----------------------------------------------------------------- LocCache */
+
+typedef struct {
+    PyObject_HEAD
+    pc_map *map;
+    atomic_ullong hits;
+    atomic_ullong misses;
+} LocCacheObject;
+
+static PyObject *LocCache_new(PyTypeObject *t, PyObject *a, PyObject *k) {
+    (void)a; (void)k;
+    LocCacheObject *self = (LocCacheObject *)t->tp_alloc(t, 0);
+    if (!self) return NULL;
+    self->map = pc_map_new();
+    if (!self->map) { Py_DECREF(self); return PyErr_NoMemory(); }
+    atomic_init(&self->hits, 0);
+    atomic_init(&self->misses, 0);
+    return (PyObject *)self;
+}
+
+static void LocCache_dealloc(LocCacheObject *self) {
+    pc_map_free(self->map);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+typedef struct { const uint8_t *p; size_t n; } keyref;
+
+/* Borrow the bytes of every key (with a reference held) so the GIL can go. */
+static PyObject *grab_keys(PyObject *keys, keyref **out, Py_ssize_t *n) {
+    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence of bytes");
+    if (!seq) return NULL;
+    *n = PySequence_Fast_GET_SIZE(seq);
+    *out = PyMem_Malloc((size_t)(*n ? *n : 1) * sizeof(keyref));
+    if (!*out) { Py_DECREF(seq); PyErr_NoMemory(); return NULL; }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        if (!PyBytes_Check(items[i])) {
+            PyErr_Format(PyExc_TypeError, "key %zd is %s, not bytes", i, Py_TYPE(items[i])->tp_name);
+            for (Py_ssize_t j = 0; j < i; j++) Py_DECREF(items[j]);
+            PyMem_Free(*out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        Py_INCREF(items[i]);
+        (*out)[i].p = (const uint8_t *)PyBytes_AS_STRING(items[i]);
+        (*out)[i].n = (size_t)PyBytes_GET_SIZE(items[i]);
+    }
+    return seq;
+}
+
+static void drop_keys(PyObject *seq, keyref *k, Py_ssize_t n) {
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(items[i]);
+    PyMem_Free(k);
+    Py_DECREF(seq);
+}
+
+static PyObject *LocCache_lookup(LocCacheObject *self, PyObject *args) {
+    PyObject *keys, *locs_o;
+    double now;
+    if (!PyArg_ParseTuple(args, "OdO", &keys, &now, &locs_o)) return NULL;
+    keyref *k;
+    Py_ssize_t n;
+    PyObject *seq = grab_keys(keys, &k, &n);
+    if (!seq) return NULL;
+    Py_buffer lv;
+    if (get_buf(locs_o, &lv, 1, "locs (LOC_DTYPE array)", sizeof(pc_loc), n) < 0) {
+        drop_keys(seq, k, n);
+        return NULL;
+    }
+    pc_loc *locs = lv.buf;
+    Py_ssize_t found = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pc_map_get(self->map, k[i].p, k[i].n, now, &locs[i])) found++;
+        else locs[i].node = PC_ABSENT;
+    }
+    Py_END_ALLOW_THREADS
+    atomic_fetch_add(&self->hits, (unsigned long long)found);
+    atomic_fetch_add(&self->misses, (unsigned long long)(n - found));
+    PyBuffer_Release(&lv);
+    drop_keys(seq, k, n);
+    return PyLong_FromSsize_t(found);
+}
+
+static PyObject *LocCache_put(LocCacheObject *self, PyObject *args) {
+    PyObject *keys, *locs_o;
+    double expiry;
+    Py_ssize_t max_entries;
+    if (!PyArg_ParseTuple(args, "OOdn", &keys, &locs_o, &expiry, &max_entries)) return NULL;
+    keyref *k;
+    Py_ssize_t n;
+    PyObject *seq = grab_keys(keys, &k, &n);
+    if (!seq) return NULL;
+    Py_buffer lv;
+    if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), n) < 0) {
+        drop_keys(seq, k, n);
+        return NULL;
+    }
+    const pc_loc *locs = lv.buf;
+    int fail = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if ((Py_ssize_t)pc_map_len(self->map) + n > max_entries) pc_map_clear(self->map);
+    for (Py_ssize_t i = 0; i < n && !fail; i++)
+        if (locs[i].node != PC_ABSENT && pc_map_put(self->map, k[i].p, k[i].n, &locs[i], expiry) < 0) fail = 1;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&lv);
+    drop_keys(seq, k, n);
+    if (fail) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *LocCache_invalidate(LocCacheObject *self, PyObject *keys) {
+    keyref *k;
+    Py_ssize_t n, removed = 0;
+    PyObject *seq = grab_keys(keys, &k, &n);
+    if (!seq) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) removed += pc_map_del(self->map, k[i].p, k[i].n);
+    Py_END_ALLOW_THREADS
+    drop_keys(seq, k, n);
+    return PyLong_FromSsize_t(removed);
+}
+
+static PyObject *LocCache_drop_node(LocCacheObject *self, PyObject *arg) {
+    unsigned long node = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = pc_map_drop_node(self->map, (uint32_t)node);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSize_t(n);
+}
+
+static PyObject *LocCache_clear(LocCacheObject *self, PyObject *unused) {
+    (void)unused;
+    pc_map_clear(self->map);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t LocCache_len(LocCacheObject *self) { return (Py_ssize_t)pc_map_len(self->map); }
+
+static PyObject *LocCache_get_hits(LocCacheObject *self, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(atomic_load(&self->hits));
+}
+
+static PyObject *LocCache_get_misses(LocCacheObject *self, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(atomic_load(&self->misses));
+}
+
+static PyObject *LocCache_count_miss(LocCacheObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n < 0 && PyErr_Occurred()) return NULL;
+    atomic_fetch_add(&self->misses, (unsigned long long)n);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef LocCache_methods[] = {
+    {"lookup", (PyCFunction)LocCache_lookup, METH_VARARGS,
+     "lookup(keys, now, locs) -> found; fills LOC_DTYPE rows, node=ABSENT where absent or expired."},
+    {"put", (PyCFunction)LocCache_put, METH_VARARGS,
+     "put(keys, locs, expiry, max_entries); rows with node=ABSENT are skipped."},
+    {"invalidate", (PyCFunction)LocCache_invalidate, METH_O, "invalidate(keys) -> removed."},
+    {"drop_node", (PyCFunction)LocCache_drop_node, METH_O, "drop_node(node_index) -> removed."},
+    {"clear", (PyCFunction)LocCache_clear, METH_NOARGS, "Forget everything."},
+    {"count_miss", (PyCFunction)LocCache_count_miss, METH_O, "Add to the miss counter."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef LocCache_getset[] = {
+    {"hits", (getter)LocCache_get_hits, NULL, "Keys found so far.", NULL},
+    {"misses", (getter)LocCache_get_misses, NULL, "Keys not found so far.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods LocCache_seq = {.sq_length = (lenfunc)LocCache_len};
+
+static PyTypeObject LocCacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "peercache._native.LocCache",
+    .tp_basicsize = sizeof(LocCacheObject),
+    .tp_dealloc = (destructor)LocCache_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Sharded hash map key bytes -> location with expiry.",
+    .tp_new = LocCache_new,
+    .tp_methods = LocCache_methods,
+    .tp_getset = LocCache_getset,
+    .tp_as_sequence = &LocCache_seq,
+};
+
+/* --------------------------------------------------------------- read_slots */
+
+enum { GET_HIT = 0, GET_MISS = 1, GET_ERROR = 2 };
+
+typedef struct nodework {
+    uint32_t node;
+    PeerObject *peer;    /* NULL: no handle yet */
+} nodework;
+
+static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *peers, *locs_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &peers, &locs_o, &dest_o, &off_o, &caps_o, &st_o, &len_o,
+                          &gen_o, &code_o))
+        return NULL;
+    if (!PyList_Check(peers)) return PyErr_Format(PyExc_TypeError, "peers must be a list");
+    /* Zeroed views: PyBuffer_Release ignores the ones never filled. */
+    Py_buffer lv = {0}, dv = {0}, ov = {0}, cv = {0}, sv = {0}, lnv = {0}, gv = {0}, kv = {0};
+    int have_caps = caps_o != Py_None;
+    if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
+    Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
+    if (get_buf(dest_o, &dv, 1, "dest", 0, -1) < 0 ||
+        get_buf(off_o, &ov, 0, "offsets (uint64 array)", 8, n) < 0 ||
+        (have_caps && get_buf(caps_o, &cv, 0, "capacities (uint64 array)", 8, n) < 0) ||
+        get_buf(st_o, &sv, 1, "status (int8 array)", 1, n) < 0 ||
+        get_buf(len_o, &lnv, 1, "lengths (uint64 array)", 8, n) < 0 ||
+        get_buf(gen_o, &gv, 1, "generations (uint64 array)", 8, n) < 0 ||
+        get_buf(code_o, &kv, 1, "codes (int32 array)", 4, n) < 0) {
+        PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
+        PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&lv);
+        return NULL;
+    }
+    const pc_loc *locs = lv.buf;
+    const uint64_t *offsets = ov.buf, *caps = have_caps ? cv.buf : NULL;
+    int8_t *status = sv.buf;
+    uint64_t *lengths = lnv.buf, *gens = gv.buf;
+    int32_t *codes = kv.buf;
+    uint8_t *dest = dv.buf;
+    uint64_t destlen = (uint64_t)dv.len;
+
+    /* Distinct nodes of the batch and their handles, taken while the GIL is held. */
+    size_t nn = 0, cap_nodes = 8;
+    nodework *nodes = PyMem_Malloc(cap_nodes * sizeof(nodework));
+    void *scratch = PyMem_Malloc((size_t)(n ? n : 1) * (PC_TAG_BYTES + 3 * sizeof(pc_op) + 3 * 4 + 4));
+    PyObject *result = NULL;
+    if (!nodes || !scratch) { PyErr_NoMemory(); goto out; }
+    Py_ssize_t npeers = PyList_GET_SIZE(peers);
+    uint32_t lastnode = PC_ABSENT;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t nd = locs[i].node;
+        if (nd == PC_ABSENT || nd == lastnode) continue;
+        size_t j = 0;
+        while (j < nn && nodes[j].node != nd) j++;
+        lastnode = nd;
+        if (j < nn) continue;
+        if (nn == cap_nodes) {
+            cap_nodes *= 2;
+            nodework *g = PyMem_Realloc(nodes, cap_nodes * sizeof(nodework));
+            if (!g) { PyErr_NoMemory(); goto out; }
+            nodes = g;
+        }
+        PyObject *p = (Py_ssize_t)nd < npeers ? PyList_GET_ITEM(peers, nd) : NULL;
+        if (p && Py_IS_TYPE(p, &PeerType) && !((PeerObject *)p)->closed) {
+            Py_INCREF(p);
+            nodes[nn].peer = (PeerObject *)p;
+        } else {
+            nodes[nn].peer = NULL;
+        }
+        nodes[nn++].node = nd;
+    }
+
+    uint64_t *tags = scratch;                                   /* n x 5 words */
+    pc_op *ops = (pc_op *)((uint8_t *)scratch + (size_t)n * PC_TAG_BYTES);  /* up to 3n */
+    int32_t *opst = (int32_t *)(ops + 3 * (size_t)n);
+    int32_t *first = opst + 3 * (size_t)n;                      /* op index of each key */
+    Py_ssize_t hits = 0, stale = 0, need = 0, errors = 0;
+    int32_t err_code = 0;
+    uint32_t err_node = PC_ABSENT;
+    char err[ERRLEN] = "";
+
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        status[i] = GET_MISS; codes[i] = 0; lengths[i] = 0; gens[i] = 0; first[i] = -1;
+    }
+    pc_local locals[2] = {{(uint8_t *)tags, (uint64_t)n * PC_TAG_BYTES}, {dest, destlen}};
+    for (size_t d = 0; d < nn; d++) {
+        uint32_t nd = nodes[d].node;
+        size_t m = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const pc_loc *l = &locs[i];
+            if (l->node != nd) continue;
+            if (!nodes[d].peer) { codes[i] = PC_NEED_PEER; need++; continue; }
+            if (caps && l->length > caps[i]) {
+                status[i] = GET_ERROR; codes[i] = PC_TOO_BIG; errors++;
+                continue;
+            }
+            if (offsets[i] > destlen || l->length > destlen - offsets[i]) {
+                status[i] = GET_ERROR; codes[i] = PC_LOCAL_RANGE; errors++;
+                continue;
+            }
+            first[i] = (int32_t)m;
+            uint64_t tag_off = (uint64_t)i * PC_TAG_BYTES;
+            ops[m++] = (pc_op){l->region, 0, l->rkey, l->offset, PC_HEADER_BYTES, tag_off};
+            if (l->length)  /* an empty object has no payload op to issue */
+                ops[m++] = (pc_op){l->region, 1, l->rkey, l->offset + PC_HEADER_BYTES, l->length, offsets[i]};
+            ops[m++] = (pc_op){l->region, 0, l->rkey, l->offset + PC_HEADER_BYTES + l->capacity,
+                               PC_TRAILER_BYTES, tag_off + PC_HEADER_BYTES};
+        }
+        if (!m) continue;
+        char berr[ERRLEN] = "";
+        PeerObject *p = nodes[d].peer;
+        p->be->read_batch(p->conn, ops, m, locals, 2, opst, berr, sizeof berr);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (locs[i].node != nd || first[i] < 0) continue;
+            const pc_loc *l = &locs[i];
+            int32_t k = first[i], nops = l->length ? 3 : 2, bad = PC_OK;
+            for (int32_t j = 0; j < nops; j++)
+                if (opst[k + j] != PC_OK) { bad = opst[k + j]; break; }
+            if (bad != PC_OK) {
+                status[i] = GET_ERROR; codes[i] = bad; errors++;
+                if (!err_code) {
+                    err_code = bad; err_node = nd;
+                    snprintf(err, sizeof err, "%s", berr);
+                }
+            } else if (pc_tag_ok(&tags[(size_t)i * 5], l)) {
+                status[i] = GET_HIT; lengths[i] = l->length; gens[i] = l->generation; hits++;
+            } else {
+                codes[i] = PC_TAG_MISMATCH; stale++;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(nnnniIs)", hits, stale, need, errors, (int)err_code, (unsigned)err_node, err);
+out:
+    for (size_t d = 0; d < nn; d++) Py_XDECREF(nodes[d].peer);
+    PyMem_Free(nodes);
+    PyMem_Free(scratch);
+    PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
+    PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&lv);
+    return result;
+}
+
+/* ------------------------------------------------------------ tag checking */
+
+static PyObject *py_check_tags(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *tags_o, *locs_o, *out_o;
+    if (!PyArg_ParseTuple(args, "OOO", &tags_o, &locs_o, &out_o)) return NULL;
+    Py_buffer tv, lv, ov;
+    if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
+    Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
+    if (get_buf(tags_o, &tv, 0, "tags ((n, 5) uint64 array)", PC_TAG_BYTES, n) < 0) {
+        PyBuffer_Release(&lv);
+        return NULL;
+    }
+    if (get_buf(out_o, &ov, 1, "out (bool array)", 1, n) < 0) {
+        PyBuffer_Release(&lv); PyBuffer_Release(&tv);
+        return NULL;
+    }
+    const uint64_t *t = tv.buf;
+    const pc_loc *l = lv.buf;
+    uint8_t *o = ov.buf;
+    Py_ssize_t good = 0;
+    for (Py_ssize_t i = 0; i < n; i++) good += (o[i] = (uint8_t)pc_tag_ok(&t[i * 5], &l[i]));
+    PyBuffer_Release(&lv); PyBuffer_Release(&tv); PyBuffer_Release(&ov);
+    return PyLong_FromSsize_t(good);
+}
+
+/* ------------------------------------------------------------- copy_pages */
+
+static PyObject *py_copy_pages(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *src_o, *dst_o, *so_o, *do_o;
+    unsigned long long length;
+    if (!PyArg_ParseTuple(args, "OOOOK", &src_o, &dst_o, &so_o, &do_o, &length)) return NULL;
+    Py_buffer sv, dv, sov, dov;
+    if (get_buf(src_o, &sv, 0, "src", 0, -1) < 0) return NULL;
+    if (get_buf(dst_o, &dv, 1, "dst", 0, -1) < 0) { PyBuffer_Release(&sv); return NULL; }
+    if (get_buf(so_o, &sov, 0, "src_offsets (uint64 array)", 8, -1) < 0) {
+        PyBuffer_Release(&sv); PyBuffer_Release(&dv);
+        return NULL;
+    }
+    Py_ssize_t n = sov.len / 8;
+    if (get_buf(do_o, &dov, 0, "dst_offsets (uint64 array)", 8, n) < 0) {
+        PyBuffer_Release(&sv); PyBuffer_Release(&dv); PyBuffer_Release(&sov);
+        return NULL;
+    }
+    const uint64_t *so = sov.buf, *dof = dov.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (so[i] > (uint64_t)sv.len || length > (uint64_t)sv.len - so[i] || dof[i] > (uint64_t)dv.len ||
+            length > (uint64_t)dv.len - dof[i]) {
+            PyBuffer_Release(&sv); PyBuffer_Release(&dv); PyBuffer_Release(&sov); PyBuffer_Release(&dov);
+            return PyErr_Format(PyExc_ValueError, "copy %zd is out of range", i);
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy((uint8_t *)dv.buf + dof[i], (const uint8_t *)sv.buf + so[i], length);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&sv); PyBuffer_Release(&dv); PyBuffer_Release(&sov); PyBuffer_Release(&dov);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef module_methods[] = {
+    {"shm_connect", py_shm_connect, METH_VARARGS,
+     "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
+    {"tcp_connect", py_tcp_connect, METH_VARARGS,
+     "tcp_connect(host, port, max_channels, timeout_s) -> Peer."},
+    {"read_slots", py_read_slots, METH_VARARGS,
+     "read_slots(peers, locs, dest, offsets, caps, status, lengths, gens, codes) -> "
+     "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text)."},
+    {"check_tags", py_check_tags, METH_VARARGS, "check_tags(tags, locs, out) -> count of good tags."},
+    {"copy_pages", py_copy_pages, METH_VARARGS,
+     "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "peercache._native", "GIL-free batch data path of PeerCache.", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&PeerType) < 0 || PyType_Ready(&LocCacheType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    Py_INCREF(&PeerType);
+    PyModule_AddObject(m, "Peer", (PyObject *)&PeerType);
+    Py_INCREF(&LocCacheType);
+    PyModule_AddObject(m, "LocCache", (PyObject *)&LocCacheType);
+    PyModule_AddIntConstant(m, "ABSENT", (long)PC_ABSENT);
+    PyModule_AddIntConstant(m, "NEED_PEER", PC_NEED_PEER);
+    PyModule_AddIntConstant(m, "TAG_MISMATCH", PC_TAG_MISMATCH);
+    PyModule_AddIntConstant(m, "TOO_BIG", PC_TOO_BIG);
+    PyModule_AddIntConstant(m, "OP_ITEMSIZE", (long)sizeof(pc_op));
+    PyModule_AddIntConstant(m, "LOC_ITEMSIZE", (long)sizeof(pc_loc));
+    return m;
+}

@@ -1,0 +1,207 @@
+/* shm backend: the producer's memfd pool mapped read-only, copied with memcpy.
+ *
+ * The mapping outlives the producer (the memfd stays alive while mapped), so
+ * liveness is checked separately: a pidfd opened at connect time, after which
+ * the producer's start time is compared to the one it published, so a reused
+ * pid is never mistaken for the producer. Every batch polls the pidfd after
+ * its copies; a producer that exited turns every op of the batch into
+ * PC_PEER_GONE instead of returning bytes nobody maintains any more.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "pc.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+/* Above this size glibc memcpy may use `rep movsb`, whose loads can be
+ * reordered with later loads; an lfence keeps the trailer read after it. */
+#define PC_FENCE_ABOVE 1024
+
+void pc_ordered_copy(uint8_t *dst, const uint8_t *src, uint64_t len) {
+    /* The first word (a header's seq) is loaded alone and first: a header copied
+     * in another order could pair an old key hash with a new seq. */
+    if (len >= 8 && ((uintptr_t)src & 7) == 0) {
+        uint64_t w = __atomic_load_n((const uint64_t *)src, __ATOMIC_ACQUIRE);
+        memcpy(dst, &w, 8);
+        atomic_thread_fence(memory_order_acquire);
+        memcpy(dst + 8, src + 8, len - 8);
+    } else {
+        memcpy(dst, src, len);
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    if (len > PC_FENCE_ABOVE) __builtin_ia32_lfence();
+#endif
+    atomic_thread_fence(memory_order_acquire);
+}
+
+int pc_tag_ok(const uint64_t tag[5], const pc_loc *loc) {
+    uint64_t seq = tag[0];
+    return seq != 0 && (seq & 1) == 0 && tag[4] == seq && tag[1] == loc->key_hash
+        && tag[2] == loc->generation && tag[3] == loc->length;
+}
+
+typedef struct shm_region {
+    uint32_t id;
+    uint64_t rkey;
+    const uint8_t *base;
+    uint64_t size;
+} shm_region;
+
+typedef struct shm_conn {
+    int pid;
+    int pidfd;
+    atomic_int gone;
+    size_t nregions;
+    shm_region regions[PC_SHM_MAX_REGIONS];
+} shm_conn;
+
+static int read_start_time(int pid, uint64_t *out) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t k = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (k <= 0) return -1;
+    buf[k] = 0;
+    char *p = strrchr(buf, ')');  /* the command name may hold spaces and ')' */
+    if (!p) return -1;
+    p += 2;  /* now at field 3 (state) */
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p) return -1;
+        p++;
+    }
+    *out = strtoull(p, NULL, 10);
+    return 0;
+}
+
+static void shm_close(void *c) {
+    shm_conn *s = c;
+    if (!s) return;
+    for (size_t i = 0; i < s->nregions; i++)
+        if (s->regions[i].base) munmap((void *)s->regions[i].base, s->regions[i].size);
+    if (s->pidfd >= 0) close(s->pidfd);
+    free(s);
+}
+
+static void *shm_connect(const void *params, char *err, size_t errlen) {
+    const pc_shm_params *p = params;
+    shm_conn *s = calloc(1, sizeof *s);
+    if (!s) { snprintf(err, errlen, "out of memory"); return NULL; }
+    s->pid = p->pid;
+    s->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+    if (s->pidfd < 0) {
+        snprintf(err, errlen, "producer pid %d is not running (pidfd_open: %s)", p->pid, strerror(errno));
+        shm_close(s);
+        return NULL;
+    }
+    uint64_t st = 0;
+    if (read_start_time(p->pid, &st) != 0 || st != p->start_time) {
+        snprintf(err, errlen, "producer pid %d was replaced by another process (start time %llu, "
+                 "published %llu); the producer exited", p->pid, (unsigned long long)st,
+                 (unsigned long long)p->start_time);
+        shm_close(s);
+        return NULL;
+    }
+    if (p->nregions > PC_SHM_MAX_REGIONS) {
+        snprintf(err, errlen, "%zu regions exceed the %d an shm peer may expose", p->nregions,
+                 PC_SHM_MAX_REGIONS);
+        shm_close(s);
+        return NULL;
+    }
+    for (size_t i = 0; i < p->nregions; i++) {
+        const pc_shm_region_param *r = &p->regions[i];
+        int fd = open(r->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            snprintf(err, errlen, "cannot open the producer's pool %s: %s (same user or root needed)",
+                     r->path, strerror(errno));
+            shm_close(s);
+            return NULL;
+        }
+        struct stat sb;
+        if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < r->size || r->size == 0) {
+            snprintf(err, errlen, "producer's pool %s is %lld bytes, endpoint info says %llu", r->path,
+                     (long long)sb.st_size, (unsigned long long)r->size);
+            close(fd);
+            shm_close(s);
+            return NULL;
+        }
+        void *base = mmap(NULL, r->size, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (base == MAP_FAILED) {
+            snprintf(err, errlen, "cannot map the producer's pool %s read-only: %s", r->path, strerror(errno));
+            shm_close(s);
+            return NULL;
+        }
+        s->regions[i] = (shm_region){r->id, r->rkey, base, r->size};
+        s->nregions = i + 1;
+    }
+    return s;
+}
+
+static int shm_alive(void *c) {
+    shm_conn *s = c;
+    if (atomic_load_explicit(&s->gone, memory_order_relaxed)) return 0;
+    struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
+    /* A pidfd becomes readable when its process exits. */
+    if (poll(&pfd, 1, 0) != 0) {
+        atomic_store(&s->gone, 1);
+        return 0;
+    }
+    return 1;
+}
+
+static int shm_read_batch(void *c, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
+                          int32_t *status, char *err, size_t errlen) {
+    shm_conn *s = c;
+    (void)nlocals;
+    const shm_region *last = s->nregions ? &s->regions[0] : NULL;
+    for (size_t i = 0; i < n; i++) {
+        const pc_op *op = &ops[i];
+        const shm_region *r = NULL;
+        if (last && last->id == op->region) {
+            r = last;
+        } else {
+            for (size_t j = 0; j < s->nregions; j++)
+                if (s->regions[j].id == op->region) { r = &s->regions[j]; break; }
+        }
+        if (!r || r->rkey != op->rkey) { status[i] = PC_BAD_REGION; continue; }
+        last = r;
+        if (op->remote_offset > r->size || op->length > r->size - op->remote_offset) {
+            status[i] = PC_OUT_OF_RANGE;
+            continue;
+        }
+        pc_ordered_copy(locals[op->local_region].base + op->local_offset, r->base + op->remote_offset,
+                        op->length);
+        status[i] = PC_OK;
+    }
+    /* Checked after the copies: alive now means alive while they ran. */
+    if (!shm_alive(s)) {
+        for (size_t i = 0; i < n; i++) status[i] = PC_PEER_GONE;
+        snprintf(err, errlen, "producer pid %d exited", s->pid);
+        return -1;
+    }
+    return 0;
+}
+
+const pc_backend pc_shm_backend = {
+    .name = "shm",
+    .connect = shm_connect,
+    .read_batch = shm_read_batch,
+    .alive = shm_alive,
+    .close = shm_close,
+};

@@ -1,0 +1,369 @@
+/* tcp backend (client side): pipelined range requests, payload received
+ * straight into the destination buffers.
+ *
+ * Wire format of peercache.transport.tcp (little endian):
+ *   request: "PCRQ" u32 flags, u32 n, u64 req_id, n x (u32 region, u32 pad,
+ *            u64 rkey, u64 offset, u64 length)
+ *   reply:   "PCRS" u32 code, u32 n, u64 req_id, n x i32 status, then the
+ *            payloads of the ok ops in order (code != 0: u32 len + reason).
+ * A batch is cut into requests of at most REQ_OPS ops / REQ_BYTES bytes and
+ * up to WINDOW of them are in flight on one channel, so the server always
+ * has the next request queued while the client drains the current reply.
+ * Each batch holds one channel of its own; the channel list's lock is held
+ * only to pop or push a socket, never during I/O.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pc.h"
+
+#define HEAD_BYTES 20
+#define WIRE_OP_BYTES 32
+#define REQ_OPS 256
+#define REQ_BYTES (8u << 20)
+#define WINDOW 4
+#define MAX_IOV 1024
+#define MAX_CHANNELS 256
+
+typedef struct tcp_conn {
+    char host[256];
+    char port[16];
+    int max_channels;
+    double timeout_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int nopen;
+    int nidle;
+    int idle[MAX_CHANNELS];
+    atomic_uint_fast64_t next_req;
+} tcp_conn;
+
+static void set_timeouts(int fd, double t) {
+    struct timeval tv = {.tv_sec = (time_t)t, .tv_usec = (suseconds_t)((t - (time_t)t) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+static int dial(tcp_conn *c, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(c->host, c->port, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot resolve %s: %s", c->host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1, last = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) { last = errno; continue; }
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+        if (errno == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            if (poll(&p, 1, (int)(c->timeout_s * 1000)) == 1 &&
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
+                break;
+            last = soerr ? soerr : ETIMEDOUT;
+        } else {
+            last = errno;
+        }
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot connect to %s:%s: %s", c->host, c->port, strerror(last));
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    set_timeouts(fd, c->timeout_s);
+    return fd;
+}
+
+static int acquire(tcp_conn *c, char *err, size_t errlen) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    double wait = c->timeout_s * 4;
+    dl.tv_sec += (time_t)wait;
+    dl.tv_nsec += (long)((wait - (time_t)wait) * 1e9);
+    if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        if (c->nidle > 0) {
+            int fd = c->idle[--c->nidle];
+            pthread_mutex_unlock(&c->mu);
+            return fd;
+        }
+        if (c->nopen < c->max_channels) {
+            c->nopen++;
+            pthread_mutex_unlock(&c->mu);
+            int fd = dial(c, err, errlen);
+            if (fd < 0) {
+                pthread_mutex_lock(&c->mu);
+                c->nopen--;
+                pthread_cond_signal(&c->cv);
+                pthread_mutex_unlock(&c->mu);
+            }
+            return fd;
+        }
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT) {
+            pthread_mutex_unlock(&c->mu);
+            snprintf(err, errlen, "no free data channel to %s:%s within %.0f s; raise --max-channels",
+                     c->host, c->port, wait);
+            return -2;
+        }
+    }
+}
+
+static void release(tcp_conn *c, int fd, int healthy) {
+    pthread_mutex_lock(&c->mu);
+    if (healthy && c->nidle < MAX_CHANNELS) {
+        c->idle[c->nidle++] = fd;
+    } else {
+        close(fd);
+        c->nopen--;
+    }
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *tcp_connect(const void *params, char *err, size_t errlen) {
+    const pc_tcp_params *p = params;
+    if (strlen(p->host) >= sizeof(((tcp_conn *)0)->host)) {
+        snprintf(err, errlen, "host name too long: %s", p->host);
+        return NULL;
+    }
+    tcp_conn *c = calloc(1, sizeof *c);
+    if (!c) { snprintf(err, errlen, "out of memory"); return NULL; }
+    snprintf(c->host, sizeof c->host, "%s", p->host);
+    snprintf(c->port, sizeof c->port, "%d", p->port);
+    c->max_channels = p->max_channels < 1 ? 1 : (p->max_channels > MAX_CHANNELS ? MAX_CHANNELS : p->max_channels);
+    c->timeout_s = p->timeout_s > 0 ? p->timeout_s : 5.0;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    atomic_init(&c->next_req, 1);
+    /* One channel now, so an unreachable peer is reported at connect time. */
+    int fd = dial(c, err, errlen);
+    if (fd < 0) {
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv);
+        free(c);
+        return NULL;
+    }
+    c->nopen = 1;
+    c->idle[c->nidle++] = fd;
+    return c;
+}
+
+static void tcp_close(void *p) {
+    tcp_conn *c = p;
+    if (!c) return;
+    for (int i = 0; i < c->nidle; i++) close(c->idle[i]);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+static int send_all(int fd, const uint8_t *buf, size_t len) {
+    while (len) {
+        ssize_t k = send(fd, buf, len, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        buf += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+static int recv_all(int fd, uint8_t *buf, size_t len) {
+    while (len) {
+        ssize_t k = recv(fd, buf, len, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (k == 0) { errno = ECONNRESET; return -1; }
+        buf += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Receive into the iovec list, advancing over partial reads. */
+static int recv_iov(int fd, struct iovec *iov, int cnt) {
+    while (cnt > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        ssize_t k = recvmsg(fd, &mh, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (k == 0) { errno = ECONNRESET; return -1; }
+        size_t got = (size_t)k;
+        while (cnt > 0 && got >= iov->iov_len) {
+            got -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + got;
+            iov->iov_len -= got;
+        }
+    }
+    return 0;
+}
+
+typedef struct chunk { size_t start, end; uint64_t req_id; } chunk;
+
+static size_t chunk_end(const pc_op *ops, size_t start, size_t n) {
+    size_t end = start;
+    uint64_t bytes = 0;
+    while (end < n && end - start < REQ_OPS && (end == start || bytes + ops[end].length <= REQ_BYTES)) {
+        bytes += ops[end].length;
+        end++;
+    }
+    return end;
+}
+
+static int send_chunk(int fd, const pc_op *ops, const chunk *ch) {
+    uint8_t buf[HEAD_BYTES + REQ_OPS * WIRE_OP_BYTES];
+    uint32_t flags = 0, m = (uint32_t)(ch->end - ch->start);
+    memcpy(buf, "PCRQ", 4);
+    memcpy(buf + 4, &flags, 4);
+    memcpy(buf + 8, &m, 4);
+    memcpy(buf + 12, &ch->req_id, 8);
+    uint8_t *w = buf + HEAD_BYTES;
+    for (size_t i = ch->start; i < ch->end; i++, w += WIRE_OP_BYTES) {
+        uint32_t pad = 0;
+        memcpy(w, &ops[i].region, 4);
+        memcpy(w + 4, &pad, 4);
+        memcpy(w + 8, &ops[i].rkey, 8);
+        memcpy(w + 16, &ops[i].remote_offset, 8);
+        memcpy(w + 24, &ops[i].length, 8);
+    }
+    return send_all(fd, buf, (size_t)(w - buf));
+}
+
+/* 0 ok; -1 socket failure (errno); -2 protocol error (err set); -3 refused (err set). */
+static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, const pc_local *locals,
+                      int32_t *status, char *err, size_t errlen) {
+    uint8_t head[HEAD_BYTES];
+    if (recv_all(fd, head, HEAD_BYTES) < 0) return -1;
+    uint32_t code, m;
+    uint64_t rid;
+    memcpy(&code, head + 4, 4);
+    memcpy(&m, head + 8, 4);
+    memcpy(&rid, head + 12, 8);
+    if (memcmp(head, "PCRS", 4) != 0 || rid != ch->req_id) {
+        snprintf(err, errlen, "unexpected reply from %s:%s (request %llu got %.4s/%llu); not a "
+                 "PeerCache data server?", c->host, c->port, (unsigned long long)ch->req_id,
+                 (const char *)head, (unsigned long long)rid);
+        return -2;
+    }
+    if (code != 0) {
+        uint32_t ln = 0;
+        char reason[256] = "";
+        if (recv_all(fd, (uint8_t *)&ln, 4) == 0) {
+            uint32_t keep = ln < sizeof reason - 1 ? ln : sizeof reason - 1;
+            if (recv_all(fd, (uint8_t *)reason, keep) == 0) reason[keep] = 0;
+        }
+        snprintf(err, errlen, "%s:%s refused a read request: %s", c->host, c->port, reason);
+        return -3;
+    }
+    size_t cnt = ch->end - ch->start;
+    if (m != cnt) {
+        snprintf(err, errlen, "reply from %s:%s carries %u statuses for %zu ops", c->host, c->port, m, cnt);
+        return -2;
+    }
+    if (recv_all(fd, (uint8_t *)(status + ch->start), cnt * 4) < 0) return -1;
+    struct iovec iov[MAX_IOV];
+    int k = 0;
+    for (size_t i = ch->start; i < ch->end; i++) {
+        if (status[i] != PC_OK) continue;
+        iov[k].iov_base = locals[ops[i].local_region].base + ops[i].local_offset;
+        iov[k].iov_len = ops[i].length;
+        if (++k == MAX_IOV) {
+            if (recv_iov(fd, iov, k) < 0) return -1;
+            k = 0;
+        }
+    }
+    if (k && recv_iov(fd, iov, k) < 0) return -1;
+    return 0;
+}
+
+static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
+                          int32_t *status, char *err, size_t errlen) {
+    tcp_conn *c = p;
+    (void)nlocals;
+    int fd = acquire(c, err, errlen);
+    if (fd < 0) {
+        for (size_t i = 0; i < n; i++) status[i] = fd == -1 ? PC_PEER_GONE : PC_CONNECTION;
+        return -1;
+    }
+    chunk win[WINDOW];
+    size_t head = 0, tail = 0;  /* chunks [tail, head) are in flight, ring-indexed */
+    size_t next = 0, done = 0;
+    int rc = 0;
+    while (done < n) {
+        while (next < n && head - tail < WINDOW) {
+            chunk *ch = &win[head % WINDOW];
+            ch->start = next;
+            ch->end = chunk_end(ops, next, n);
+            ch->req_id = atomic_fetch_add(&c->next_req, 1);
+            if (send_chunk(fd, ops, ch) < 0) {
+                snprintf(err, errlen, "sending a read request to %s:%s failed: %s", c->host, c->port,
+                         errno == EAGAIN ? "timed out" : strerror(errno));
+                rc = -1;
+                goto fail;
+            }
+            next = ch->end;
+            head++;
+        }
+        chunk *ch = &win[tail % WINDOW];
+        int r = recv_chunk(c, fd, ops, ch, locals, status, err, errlen);
+        if (r == -1) {
+            snprintf(err, errlen, "reading a reply from %s:%s failed: %s", c->host, c->port,
+                     errno == EAGAIN ? "timed out" : strerror(errno));
+        }
+        if (r < 0) {
+            rc = r;
+            goto fail;
+        }
+        done = ch->end;
+        tail++;
+    }
+    release(c, fd, 1);
+    return 0;
+fail:
+    /* Framing is lost for this channel: every op without a confirmed payload fails. */
+    for (size_t i = done; i < n; i++) status[i] = rc == -3 ? PC_REFUSED : PC_CONNECTION;
+    release(c, fd, 0);
+    return -1;
+}
+
+const pc_backend pc_tcp_backend = {
+    .name = "tcp",
+    .connect = tcp_connect,
+    .read_batch = tcp_read_batch,
+    .alive = NULL,
+    .close = tcp_close,
+};

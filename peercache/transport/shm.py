@@ -1,0 +1,139 @@
+"""shm transport: a consumer on the producer's host maps its pool read-only.
+
+The producer's pool is a memfd; its endpoint info names it by pid and fd
+(``/proc/<pid>/fd/<fd>``) together with the host's identity (boot id,
+hostname, pid namespace), so a consumer elsewhere refuses clearly instead of
+mapping some other process's file. Copies run in the native module with the
+same slot-tag check as every transport; the producer's liveness is checked
+per batch (a pidfd), so a producer that exited reads as PEER_GONE, never as
+its last bytes forever.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import TransportError, TransportUnavailable
+from .base import OP_DTYPE, Status, Transport, native_module
+
+log = logging.getLogger(__name__)
+
+
+def boot_id() -> str:
+    """This kernel's boot id (differs between hosts and across reboots)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """Identity of this process's pid namespace (pids mean nothing outside it)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def start_time(pid: int) -> int:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return int(text.rsplit(")", 1)[1].split()[19])
+
+
+def host_identity() -> dict[str, str]:
+    """What must match between producer and consumer for shm to work."""
+    return {"hostname": socket.gethostname(), "boot_id": boot_id(), "pidns": pid_namespace()}
+
+
+class ShmTransport(Transport):
+    """Same-host transport: read-only mapping of the producer's memfd pool."""
+
+    name = "shm"
+    native = True
+
+    def __init__(self, max_channels: int = 1, **_ignored: Any):
+        mod, why = native_module()
+        if mod is None:
+            raise TransportUnavailable(f"--protocol shm needs the native module: {why}")
+        self._mod = mod
+        self._regions: list[tuple[int, int, int, int]] = []   # (id, rkey, fd, size)
+        self._peers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- producer ----------------------------------------------------------------------
+    def expose(self, region_id: int, buffer, rkey: int, **info: Any) -> None:
+        fd, size = info.get("fd"), info.get("size")
+        if fd is None or size is None:
+            raise TransportError(f"shm can only expose a memfd-backed region (region {region_id} has "
+                                 "no fd); use a peercache Pool or --protocol tcp")
+        self._regions.append((int(region_id), int(rkey), int(fd), int(size)))
+
+    def start(self, bind_host: str) -> dict[str, Any]:
+        pid = os.getpid()
+        return {"pid": pid, "start_time": start_time(pid), **host_identity(),
+                "regions": [list(r) for r in self._regions]}
+
+    # -- consumer ----------------------------------------------------------------------
+    def native_peer(self, peer: str, info: dict[str, Any]):
+        with self._lock:
+            h = self._peers.get(peer)
+        if h is not None:
+            return h
+        h = self._connect(peer, info)
+        with self._lock:
+            return self._peers.setdefault(peer, h)
+
+    def _connect(self, peer: str, info: dict[str, Any]):
+        mine = host_identity()
+        for field in ("boot_id", "hostname", "pidns"):
+            if info.get(field) != mine[field]:
+                raise TransportError(
+                    f"shm peer {peer} runs on another host or pid namespace ({field} "
+                    f"{info.get(field)!r}, here {mine[field]!r}); shm works only between processes "
+                    "of one host: use --protocol tcp (or rdma) for this pair")
+        try:
+            regions = [(rid, rkey, f"/proc/{int(info['pid'])}/fd/{fd}", size)
+                       for rid, rkey, fd, size in info["regions"]]
+            return self._mod.shm_connect(int(info["pid"]), int(info["start_time"]), regions)
+        except (KeyError, TypeError, ValueError) as e:
+            raise TransportError(f"shm endpoint info of {peer} is incomplete ({e}); is the producer "
+                                 "running a PeerCache with --protocol shm?") from e
+        except ConnectionError as e:
+            raise TransportError(f"cannot attach to the shm pool of {peer}: {e}") from e
+
+    def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
+        ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
+        status = np.zeros(len(ops), dtype=np.int32)
+        try:
+            h = self.native_peer(peer, info)
+        except TransportError as e:
+            log.warning("%s", e)
+            status[:] = Status.PEER_GONE
+            return status
+        err = h.read_batch(ops, local, status)
+        if err:
+            log.warning("shm read from %s failed: %s", peer, err)
+            if (status == Status.PEER_GONE).any():
+                self.forget(peer)
+        return status
+
+    def forget(self, peer: str) -> None:
+        with self._lock:
+            h = self._peers.pop(peer, None)
+        if h is not None:
+            h.close()
+
+    def close(self) -> None:
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for h in peers:
+            h.close()
