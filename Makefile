@@ -46,8 +46,11 @@ $(VENV)/.installed: $(VENV)/.apt pyproject.toml setup.py $(NATIVE_SRC)
 test: setup
 	$(PY) -m pytest
 
+# The main job: the baseline pipeline on the built-in local testbed
+# (TESTBED=experiments/testbeds/<yours>.yaml for another one).
+TESTBED ?= experiments/testbeds/local.yaml
 run: setup
-	$(PY) -m peercache.bench.localrun
+	$(VENV)/bin/snakemake --cores $(CORES) --config testbed=$(TESTBED)
 
 bench: setup
 	$(PY) -m peercache.bench.ratios

@@ -23,6 +23,14 @@ def int_list(text: str) -> list[int]:
     return vals
 
 
+def start_time(text: str) -> float:
+    """'EPOCH' or 'EPOCH+SECONDS' -> epoch seconds (argparse type)."""
+    try:
+        return sum(float(x) for x in text.split("+"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not EPOCH or EPOCH+SECONDS")
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     """Flags shared by serve and drive (they must agree on the working set)."""
     p.add_argument("--discovery-addr", default=DEFAULT_DISCOVERY,
@@ -72,8 +80,8 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="random seed [%(default)s]")
     p.add_argument("--ready-timeout", type=float, default=30.0,
                    help="seconds to wait for serve and the working set [%(default)s]")
-    p.add_argument("--start-at", type=float, default=None,
-                   help="epoch seconds at which the first point starts (several drivers measuring "
+    p.add_argument("--start-at", type=start_time, default=None,
+                   help="EPOCH[+SECONDS] at which the first point starts (several drivers measuring "
                         "one shared window, as the lab's group runner does)")
     p.add_argument("--out", default=None, help="write the JSON result document here")
 

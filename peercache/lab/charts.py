@@ -26,7 +26,10 @@ from peercache.lab.references import (TestbedRefs, apply_verdicts, convert, line
 
 #: Scenarios that have charts, in drawing order.
 SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect", "msgsize_sweep")
-RAW_TOOLS = ("ib_read_bw", "ib_write_bw")
+RAW_TOOLS = ("ib_read_bw", "ib_write_bw", "iperf3", "memcpy")
+#: The raw figure a PeerCache GET over each protocol is compared with: RDMA
+#: READ for rdma, iperf3 on the same path for tcp, one-thread memcpy for shm.
+RAW_FOR_PROTOCOL = {"rdma": ("ib_read_bw",), "tcp": ("iperf3",), "shm": ("memcpy",)}
 BW_METRICS = ("bw", "get_throughput")
 #: perf stat counters drawn against message size: metric -> label.
 COUNTERS = {"ipc": "IPC", "l1_dcache_load_misses": "L1-dcache load misses",
@@ -232,6 +235,17 @@ def _clip(line: str, n: int = 150) -> str:
     return line if len(line) <= n else line[: n - 1] + "…"
 
 
+def raw_single_nic_gbs(rows: pd.DataFrame) -> dict[str, float]:
+    """Mean raw single-NIC figure (GB/s) per PeerCache protocol it is the limit for."""
+    out = {}
+    for proto, tools in RAW_FOR_PROTOCOL.items():
+        raw = rows[(rows["scenario"] == "single_nic") & rows["tool"].isin(tools)
+                   & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
+        if not raw.empty:
+            out[proto] = sum(_to_gbs(v) for _, v in raw.iterrows()) / len(raw)
+    return out
+
+
 def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
     """Single NIC: PeerCache vs the raw perftest figure, with the percentage."""
     sub = rows[rows["metric"].isin(BW_METRICS)]
@@ -243,14 +257,14 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     for _, g in ok.groupby(keys, dropna=False, sort=False):
         r = g.iloc[0].to_dict()
         groups.append((r, g))
-    raw = [_to_gbs(v) for r, g in groups if r["tool"] in RAW_TOOLS for _, v in g.iterrows()]
-    raw_gbs = sum(raw) / len(raw) if raw else None
+    raw_by_proto = raw_single_nic_gbs(ok)
     fig, axes = _new_fig()
     ax = axes[0][0]
     table, labels, heights, colors = [], [], [], []
     for r, g in groups:
         gbs = sum(_to_gbs(v) for _, v in g.iterrows()) / len(g)
         is_raw = r["tool"] in RAW_TOOLS
+        raw_gbs = None if is_raw else raw_by_proto.get(r.get("protocol"))
         pct = None if raw_gbs is None else 100.0 * gbs / raw_gbs
         label = f"{r['tool']}\n{_label(r, keys[1:])}"
         labels.append(label)
@@ -268,8 +282,10 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("GET / READ throughput (GB/s)")
     ax.set_ylim(0, max(heights) * 1.25)
-    notes = [] if raw_gbs is not None else ["no raw perftest row: percentage not computed"]
-    return Chart("single_nic", "Single NIC: PeerCache vs raw perftest", fig, table,
+    pcs = {r.get("protocol") for r, _ in groups if r["tool"] not in RAW_TOOLS}
+    notes = [f"no raw {'/'.join(RAW_FOR_PROTOCOL.get(p, ('?',)))} row for PeerCache over {p}: "
+             "percentage not computed" for p in sorted(x for x in pcs if x) if p not in raw_by_proto]
+    return Chart("single_nic", "Single NIC: PeerCache vs the raw limit", fig, table,
                  meta_block(ok, runs), notes)
 
 
@@ -571,10 +587,13 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
         dest = Path(out_dir) / name
         _clean(dest)
         files: list[Path] = []
+        index = [f"# {name}: charts\n", f"Regenerated from `{path}` by make_charts.py.\n"]
         for chart in build_charts(rows, runs, tb_refs):
             if isinstance(chart, NotDrawn):
                 log(f"  {chart.name}: not drawn: {chart.reason}")
+                index.append(f"- {chart.name}: not drawn: {chart.reason}")
                 continue
+            index.append(f"- [{chart.title}]({chart.name}.md)")
             dest.mkdir(parents=True, exist_ok=True)
             _stamp(chart.fig, f"{name} · {chart.title}", chart.meta)
             for fmt in formats:
@@ -588,5 +607,9 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
             md_path.write_text(chart_markdown(name, chart, formats))
             files.append(md_path)
             log(f"  {chart.name}: wrote " + ", ".join(p.name for p in files if p.stem == chart.name))
+        # The index is written even when nothing could be drawn: it says why.
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "index.md").write_text("\n".join(index) + "\n")
+        files.append(dest / "index.md")
         written[name] = files
     return written

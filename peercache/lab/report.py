@@ -69,16 +69,19 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Scenario, GET throughput, fraction of the raw single-NIC figure, notes."""
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
     bw = ok[ok["metric"].isin(charts.BW_METRICS)]
-    raw = bw[(bw["scenario"] == "single_nic") & bw["tool"].isin(charts.RAW_TOOLS)]
-    raw_gbs = raw.apply(_gbs, axis=1).mean() if not raw.empty else None
+    raw_by_proto = charts.raw_single_nic_gbs(bw)
     out: list[dict[str, Any]] = []
 
     def add(scenario, label, r, note=""):
         g = _gbs(r)
         # Only PeerCache GET scenarios compare with the raw single-NIC READ figure.
-        comparable = scenario in _GET_SCENARIOS
+        is_raw = r["tool"] in charts.RAW_TOOLS
+        comparable = scenario in _GET_SCENARIOS and not is_raw
+        raw_gbs = raw_by_proto.get(r.get("protocol"))
         frac = "—" if raw_gbs is None or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
-        if not comparable:
+        if is_raw and scenario == "single_nic":
+            frac = "raw limit (100%)"
+        elif not comparable:
             note = "; ".join(n for n in (note, f"{r['tool']} {r['metric']}, not a GET") if n)
         notes = [n for n in (note, row_extra(r).get("note")) if n]
         if r.get("verdict") not in (None, "ok", "unchecked"):

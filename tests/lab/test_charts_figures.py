@@ -35,7 +35,10 @@ def _run(tmp_path, tidy_dir, *extra):
 def test_writes_exactly_the_expected_files(tmp_path, tidy_dir, capsys):
     assert _run(tmp_path, tidy_dir) == 0
     files = sorted(p.relative_to(tmp_path / "fig").as_posix() for p in (tmp_path / "fig").rglob("*"))
-    assert files == [TB] + [f"{TB}/{c}.{ext}" for c in FIXTURE_CHARTS for ext in ("md", "png", "svg")]
+    assert files == sorted([TB, f"{TB}/index.md"] + [f"{TB}/{c}.{ext}" for c in FIXTURE_CHARTS
+                                                      for ext in ("md", "png", "svg")])
+    index = (tmp_path / "fig" / TB / "index.md").read_text()
+    assert "gpudirect: not drawn:" in index and "(single_nic.md)" in index
     out = capsys.readouterr().out
     # gpudirect was skipped in the fixture: not drawn, and the reason is printed.
     assert re.search(r"gpudirect: not drawn: .*skipped: no GPU on node-b", out)
@@ -48,7 +51,8 @@ def test_from_scratch_and_png_only(tmp_path, tidy_dir):
     stale.write_bytes(b"old")
     assert _run(tmp_path, tidy_dir, "--format", "png") == 0
     files = sorted(p.name for p in (tmp_path / "fig" / TB).iterdir())
-    assert files == sorted([f"{c}.png" for c in FIXTURE_CHARTS] + [f"{c}.md" for c in FIXTURE_CHARTS])
+    assert files == sorted([f"{c}.png" for c in FIXTURE_CHARTS] + [f"{c}.md" for c in FIXTURE_CHARTS]
+                           + ["index.md"])
 
 
 def _md_table(path):

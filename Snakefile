@@ -1,0 +1,44 @@
+# PeerCache Lab pipeline: capture -> run every point -> collect -> charts -> report.
+#
+#   snakemake --cores 2                                   # built-in local testbed
+#   snakemake --cores 4 --config testbed=experiments/testbeds/roce-8x-cx7.yaml
+#
+# Benchmark jobs hold the `testbed` resource (1 in profiles/default), so no two
+# measurements ever overlap whatever --cores says; only the analysis runs in
+# parallel. Definitions are validated before any rule runs.
+import sys
+from pathlib import Path
+
+from peercache.lab.pipeline import DEFAULT_TESTBED, Plan
+
+PLAN = Plan(config.get("testbed", DEFAULT_TESTBED), config.get("scenarios"))
+TB = PLAN.name
+RAW = PLAN.raw
+PY = sys.executable
+
+wildcard_constraints:
+    scenario="single_nic|multi_rail|whole_machine|gpudirect|msgsize_sweep",
+    point=PLAN.point_names(),
+    rep=r"\d+",
+
+
+rule all:
+    input:
+        f"reports/{TB}/report.html",
+        f"figures/{TB}/index.md",
+    localrule: True
+
+
+localrules: capture_host, run_point
+
+
+include: "rules/capture.smk"
+include: "rules/run.smk"
+include: "rules/collect.smk"
+include: "rules/report.smk"
+
+
+onsuccess:
+    print(f"\nPeerCache Lab: testbed {TB} done.\n  report:  reports/{TB}/report.html "
+          f"(and .ipynb)\n  figures: figures/{TB}/\n  tidy:    data/tidy/{TB}/rows.parquet, runs.parquet\n"
+          f"  raw:     {RAW}/")

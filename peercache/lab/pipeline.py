@@ -1,0 +1,103 @@
+"""Helpers the Snakefile uses: config -> testbed, points -> paths, host capture.
+
+Kept out of the Snakefile so they are importable and tested like any module.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import experiments, hostinfo
+
+DEFAULT_TESTBED = "experiments/testbeds/local.yaml"
+ROLES = ("producer", "consumer")
+
+
+class Plan:
+    """Everything the rules need to know about one testbed's run."""
+
+    def __init__(self, testbed_path: str, scenarios_path: str | None = None):
+        self.testbed_path = testbed_path
+        self.testbed = experiments.load_testbed(testbed_path)
+        sc = experiments.load_scenarios(scenarios_path) if scenarios_path else experiments.load_scenarios()
+        self.scenarios_path = scenarios_path
+        self.points = experiments.expand(self.testbed, sc)
+        self.name = self.testbed.name
+        self.raw = self.testbed["results"].rstrip("/")
+        if Path(self.raw).name != self.name:
+            raise experiments.DefinitionError(
+                f"{testbed_path}: field 'results': must end in the testbed name ({self.name!r}) so the "
+                f"collect stage finds it, e.g. data/raw/{self.name}")
+        self.raw_root = str(Path(self.raw).parent)
+        self.reps = range(int(self.testbed["repetitions"]))
+
+    def result_paths(self) -> list[str]:
+        """Every point's result.json, in run order."""
+        return [f"{self.raw}/{p.scenario}/{p.name}/rep{k}/result.json" for p in self.points for k in self.reps]
+
+    def capture_paths(self) -> list[str]:
+        return [f"{self.raw}/testbed/{role}.json" for role in ROLES]
+
+    def expected(self) -> list[str]:
+        """'scenario/point' names the collect checks expect."""
+        return [f"{p.scenario}/{p.name}" for p in self.points]
+
+    def expected_yaml(self) -> str:
+        """:meth:`expected` as one YAML flow list (a papermill -p value)."""
+        import yaml
+        return yaml.safe_dump(self.expected(), default_flow_style=True, width=1 << 20).strip()
+
+    def point_names(self) -> str:
+        """Regex alternation of point names (a wildcard constraint)."""
+        return "|".join(sorted({p.name for p in self.points})) or "^$"
+
+
+def capture(testbed_path: str, role: str, out: str) -> int:
+    """Capture one host's testbed block (hostinfo) into ``out``."""
+    from .runpoint import _python_tool, testbed_hosts
+
+    tb = experiments.load_testbed(testbed_path)
+    with testbed_hosts(tb) as th:
+        host = th.producer if role == "producer" else th.consumer
+        argv = [*_python_tool(host, tb, "peercache.lab.cli"), "hostinfo"]
+        r = host.run(argv, timeout=120)
+        if r.rc != 0:
+            print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
+                  "check that PeerCache is installed there", file=sys.stderr)
+            return 1
+        doc = json.loads(r.stdout)
+        block = {"role": role, "host_spec": str(host), "address": th.producer_addr if role == "producer"
+                 else th.consumer_addr, "note": th.note, "summary": hostinfo.summary(doc), "capture": doc}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(block, indent=1, default=str))
+    print(f"captured {role}: {block['summary'].get('host')} ({block['summary'].get('cpu_model')}), "
+          f"{len(block['summary'].get('nics') or [])} RDMA device(s)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture", help="capture a host's testbed block")
+    c.add_argument("--testbed", required=True)
+    c.add_argument("--role", choices=ROLES, required=True)
+    c.add_argument("--out", required=True)
+    v = sub.add_parser("validate", help="validate a testbed and list its points")
+    v.add_argument("--testbed", required=True)
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "capture":
+            return capture(a.testbed, a.role, a.out)
+        plan = Plan(a.testbed)
+        for pt in plan.points:
+            print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))
+        return 0
+    except experiments.DefinitionError as e:
+        print(f"invalid definition: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

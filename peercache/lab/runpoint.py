@@ -1,0 +1,420 @@
+"""Run one point of a testbed's scenarios and write its raw result folder.
+
+``python -m peercache.lab.runpoint --testbed T.yaml --scenario S --point P
+--rep K --out data/raw/<tb>/<S>/<P>/rep<K>/result.json`` starts the pair (or
+the per-NIC groups) on the testbed's hosts, keeps both sides' logs beside
+the result, parses the tools' output into tidy rows and writes
+``result.json`` with the run's meta block. A point whose hardware the
+testbed lacks is written as skipped with the reason; a point that fails is
+written as failed with the reason and its logs, so the report shows it
+instead of silently dropping it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import experiments, iperf3, netns, perfstat, perftest
+from .errors import ParseError, ToolError
+from .hosts import Host, parse_host
+from .launch import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
+                     Readiness, SideSpec, WindowBytes)
+from .tidy import Row, RunMeta, write_result
+from ..bench import meta as bench_meta
+
+READY_LINE = "peercache-bench serve: ready"
+#: Seconds from the group barrier to the shared measurement start (drivers need to spawn).
+GROUP_START_LEAD_S = 6.0
+WORKING_SET_BYTES = 256 << 20
+
+
+@dataclass
+class TestbedHosts:
+    """The two hosts of a point, their addresses, and why they differ from the definition."""
+
+    producer: Host
+    consumer: Host
+    producer_addr: str
+    consumer_addr: str
+    note: str | None
+
+
+@contextlib.contextmanager
+def testbed_hosts(tb: experiments.Testbed) -> Iterator[TestbedHosts]:
+    """Hosts of ``tb``; creates (and always removes) its network-namespace pair if it has one."""
+    hosts, pair, note = tb["hosts"], None, None
+    if tb.get("netns_pair"):
+        ok, why = netns.available()
+        if ok:
+            pair = netns.NetnsPair(tb["netns_pair"]["tag"], tb["netns_pair"]["index"]).create()
+        else:
+            hosts = tb.get("fallback_hosts") or hosts
+            note = f"network namespaces unavailable ({why}); producer and consumer share loopback"
+    try:
+        yield TestbedHosts(parse_host(hosts["producer"]["host"]), parse_host(hosts["consumer"]["host"]),
+                           hosts["producer"]["address"], hosts["consumer"]["address"], note)
+    finally:
+        if pair is not None:
+            pair.remove()
+
+
+def _python_tool(host: Host, tb: experiments.Testbed, module: str) -> list[str]:
+    # Hosts on this machine run our own interpreter; remote hosts their installed one.
+    if host.__class__.__name__ in ("LocalHost", "NetnsHost"):
+        return [sys.executable, "-m", module]
+    if module == "peercache.bench.cli":
+        return list(tb.get("bench_command") or ["peercache-bench"])
+    return ["python3", "-m", module]
+
+
+def _numa_of(tb: experiments.Testbed, devices: list[str]) -> int | None:
+    numa = tb.get("numa") or {}
+    nodes = {numa.get(d) for d in devices}
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def _fetch(host: Host, path: str) -> str:
+    r = host.run(["cat", path], timeout=30)
+    host.run(["rm", "-f", path], timeout=30)
+    if r.rc != 0:
+        raise ToolError(host=str(host), tool="cat", kind="failed", returncode=r.rc,
+                        detail=f"could not read {path}: {r.stderr.strip()}",
+                        check="the tool did not write its output file; read its log")
+    return r.stdout
+
+
+def canonical_metric(name: str) -> str:
+    """perf event names as tidy metric names: 'L1-dcache-load-misses' -> 'l1_dcache_load_misses'."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+class PointRun:
+    """Executes one point; collects rows, commands, bindings and notes for the meta block."""
+
+    def __init__(self, tb: experiments.Testbed, point: experiments.Point, rep: int, raw_dir: Path):
+        self.tb, self.point, self.rep, self.raw_dir = tb, point, rep, raw_dir
+        self.run_id = f"{tb.name}/{point.scenario}/{point.name}/rep{rep}"
+        self.rows: list[Row] = []
+        self.commands: dict[str, Any] = {}
+        self.numa: dict[str, Any] = {}
+        self.notes: list[str] = []
+        base = int(tb.get("base_port", 42000))
+        self.ports = PortAllocator(base, base + 499)
+        dur = float(tb["duration"])
+        self.duration, self.warmup = dur, float(tb["warmup"])
+        self.timeout = 60.0 + 4 * (dur + self.warmup)
+
+    def ctx(self, **kw: Any) -> dict[str, Any]:
+        """Row context common to every row of this point."""
+        base = {"experiment": self.tb.name, "testbed": self.tb.name, "scenario": self.point.scenario,
+                "run_id": self.run_id, "repetition": self.rep}
+        base.update(kw)
+        return base
+
+    def fail(self, metric: str, unit: str, reason: str, **kw: Any) -> None:
+        self.rows.append(Row(metric=metric, value=None, unit=unit, status="failed", reason=reason,
+                             **self.ctx(**kw)))
+
+    # -- kinds ----------------------------------------------------------------------
+    def skip(self, th: TestbedHosts | None) -> None:
+        p = self.point.params
+        tool = "peercache-bench" if self.point.name.startswith(("pc_", "group_")) else self.point.name.split("_")[0]
+        self.rows.append(Row(metric="get_throughput" if tool == "peercache-bench" else "bw", value=None,
+                             unit="GB/s", status="skipped", reason=self.point.skip_reason,
+                             **self.ctx(tool=tool, protocol=p.get("protocol", ""), layout=p.get("layout", ""),
+                                        size_bytes=p.get("page_size") or p.get("size"),
+                                        batch=p.get("batch_size"), threads=p.get("threads"),
+                                        processes=p.get("processes"),
+                                        extra={"destination": p.get("destination")})))
+
+    def _perf_wrap(self, argv: list[str]) -> tuple[list[str], str | None]:
+        if not self.point.params.get("perf_stat"):
+            return argv, None
+        path = f"/tmp/pclab-perf-{uuid.uuid4().hex[:10]}.csv"
+        return perfstat.wrap(argv, path), path
+
+    def _perf_rows(self, th: TestbedHosts, path: str | None, ctx: dict) -> None:
+        if path is None:
+            return
+        text = _fetch(th.consumer, path)
+        (self.raw_dir / "client.perf.csv").write_text(text)
+        for r in perfstat.to_rows(perfstat.parse_csv(text, source=str(self.raw_dir / "client.perf.csv")),
+                                  **ctx):
+            r.metric = canonical_metric(r.metric)
+            self.rows.append(r)
+
+    def _pair(self, server: list[str], client: list[str], ready: Readiness, th: TestbedHosts,
+              devices: list[str], server_exits: bool = True):
+        node = _numa_of(self.tb, devices)
+        dev = devices[0] if devices else None
+        runner = PairRunner(SideSpec(th.producer, server, node, dev), SideSpec(th.consumer, client, node, dev),
+                            ready, client_timeout=self.timeout, server_exits=server_exits,
+                            log_dir=self.raw_dir, name=self.point.name)
+        try:
+            res = runner.run()
+            return res, None
+        except PairFailed as e:
+            return e.result, str(e)
+        finally:
+            pass
+
+    def _record(self, res) -> None:
+        if res is None:
+            return
+        self.commands.update(res.commands())
+        self.numa.update(res.numa_bindings())
+
+    def iperf3(self, th: TestbedHosts) -> None:
+        p = self.point.params
+        port = self.ports.allocate()
+        server = iperf3.server_command(port, bind=th.producer_addr)
+        secs = max(1, math.ceil(self.duration))
+        client, perf_path = self._perf_wrap(iperf3.client_command(
+            th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs))
+        ctx = self.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"],
+                       host=str(th.consumer), peer=str(th.producer), side="client")
+        res, err = self._pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15), th, [])
+        self._record(res)
+        if err:
+            self.fail("bw", "B/s", err, **{k: v for k, v in ctx.items() if k not in self.ctx()})
+            return
+        result = iperf3.parse_json(res.client.stdout, source=f"{self.run_id}/client", host=str(th.consumer))
+        for r in iperf3.to_rows(result, **ctx):
+            if r.metric == "bw_received":
+                r.metric = "bw"   # what arrived is the figure comparable to a READ
+            self.rows.append(r)
+        self._perf_rows(th, perf_path, ctx)
+
+    def perftest(self, th: TestbedHosts) -> None:
+        p = self.point.params
+        devices = self.tb.devices[:1]
+        port = self.ports.allocate()
+        params = perftest.PerftestParams(tool=p["tool"], device=devices[0] if devices else None,
+                                         gid_index=self.tb.get("gid_index"), qps=p["qps"], size=p["size"],
+                                         duration=max(1, math.ceil(self.duration)), tx_depth=p.get("tx_depth"),
+                                         report_gbits=True, tcp_port=port)
+        client, perf_path = self._perf_wrap(perftest.client_command(params, th.producer_addr))
+        ctx = self.ctx(host=str(th.consumer), peer=str(th.producer), side="client",
+                       devices=",".join(devices), numa_node=_numa_of(self.tb, devices))
+        res, err = self._pair(perftest.server_command(params), client,
+                              Readiness(pattern=perftest.SERVER_READY_PATTERN.pattern, timeout=20), th, devices)
+        self._record(res)
+        if err:
+            text = (res.client.stdout + res.client.stderr) if res and res.client else ""
+            te = perftest.classify_failure(text, res.client.rc if res and res.client else None,
+                                           str(th.consumer), p["tool"])
+            self.fail("bw", "B/s", str(te) if te else err, tool=p["tool"], size_bytes=p["size"], qps=p["qps"])
+            return
+        result = perftest.parse_output(res.client.stdout, source=f"{self.run_id}/client")
+        for r in perftest.to_rows(result, **ctx):
+            if r.metric == "bw_average":
+                r.metric = "bw"
+            self.rows.append(r)
+        self._perf_rows(th, perf_path, dict(ctx, tool=p["tool"], size_bytes=p["size"], qps=p["qps"]))
+
+    def _serve_drive(self, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
+                     out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
+        bench_p = _python_tool(th.producer, self.tb, "peercache.bench.cli")
+        bench_c = _python_tool(th.consumer, self.tb, "peercache.bench.cli")
+        ws = max(4 * p["batch_size"], int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["page_size"])
+        common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
+                  "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
+        if p.get("devices"):
+            common += ["--devices", ",".join(p["devices"])]
+        serve = [*bench_p, "serve", *common, "--readers", "1", "--max-wait", str(int(self.timeout)), "--quiet"]
+        drive = [*bench_c, "drive", *common, "--batch-size", str(p["batch_size"]),
+                 "--concurrencies", str(threads), "--processes", str(processes),
+                 "--duration", str(self.duration), "--warmup", str(self.warmup), "--no-verify",
+                 "--out", out_path]
+        if start_at:
+            drive += ["--start-at", start_at]
+        if p.get("destination") == "gpu":
+            drive.append("--gpu")
+        return serve, drive
+
+    def _drive_rows(self, doc: dict, ctx: dict) -> None:
+        for pt in doc["points"]:
+            c = dict(ctx, threads=pt["concurrency"], processes=pt["processes"], batch=pt["batch_size"],
+                     size_bytes=pt["page_size"])
+            extra = {"verified": pt["verified"], "window_start": pt.get("window_start"),
+                     "window_end": pt.get("window_end"), "destination": ctx.get("extra", {}).get("destination")}
+            c.pop("extra", None)
+            status = "ok" if pt["status"] == "ok" else "failed"
+            def add(metric, value, unit, raw_unit=None):
+                if status == "ok" and value is None:
+                    self.rows.append(Row(metric=metric, value=None, unit=unit, status="not_measured",
+                                         reason="not reported for this op", extra=extra, **c))
+                else:
+                    self.rows.append(Row(metric=metric, value=value if status == "ok" else None, unit=unit,
+                                         status=status, reason=pt["reason"], raw_value=value,
+                                         raw_unit=raw_unit or unit, extra=extra, **c))
+            add("get_throughput", pt["gb_per_s"], "GB/s")
+            add("pages_per_s", pt["pages_per_s"], "pages/s")
+            for q in ("p50", "p99", "p999"):
+                add(f"latency_{q}", pt["latency_us"][q], "us")
+            add("hit_rate", pt["hit_rate"], "ratio")
+            self.rows.append(Row(metric="errors", value=float(pt["errors"]), unit="count", extra=extra, **c))
+
+    def peercache(self, th: TestbedHosts) -> None:
+        p = self.point.params
+        port = self.ports.allocate()
+        out = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
+        serve, drive = self._serve_drive(th, port, p, p["processes"], p["threads"], out)
+        ctx = self.ctx(tool="peercache-bench", side="client", host=str(th.consumer), peer=str(th.producer),
+                       protocol=p["protocol"], layout=p["layout"], devices=",".join(p.get("devices") or []),
+                       numa_node=_numa_of(self.tb, p.get("devices") or []),
+                       extra={"destination": p.get("destination", "host")})
+        res, err = self._pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60), th, p.get("devices") or [])
+        self._record(res)
+        try:
+            doc = json.loads(_fetch(th.consumer, out))
+            (self.raw_dir / "drive.json").write_text(json.dumps(doc, indent=1))
+        except (ToolError, json.JSONDecodeError) as e:
+            self.fail("get_throughput", "GB/s", err or f"drive wrote no result document: {e}",
+                      **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
+                      batch=p["batch_size"], threads=p["threads"], processes=p["processes"])
+            return
+        self._drive_rows(doc, ctx)
+        if err and doc.get("status") == "ok":
+            self.notes.append(f"pair reported a failure after a complete drive: {err}")
+
+    def group(self, th: TestbedHosts) -> None:
+        p = self.point.params
+        specs, outs = [], {}
+        for i, g in enumerate(p["groups"]):
+            port = self.ports.allocate()
+            outs[g] = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
+            gp = dict(p, devices=[g] if p["per_device"] else [])
+            serve, drive = self._serve_drive(th, port, gp, p["readers"], p["threads"], outs[g],
+                                             start_at=f"{{start_at}}+{GROUP_START_LEAD_S}")
+            node = _numa_of(self.tb, gp["devices"])
+            dev = g if p["per_device"] else None
+            specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, node, dev)],
+                                   SideSpec(th.producer, serve, node, dev), Readiness(pattern=READY_LINE, timeout=60)))
+        docs: dict[str, dict] = {}
+
+        def measure(gr) -> WindowBytes:
+            doc = json.loads(_fetch(th.consumer, outs[gr.name]))
+            (self.raw_dir / gr.name).mkdir(exist_ok=True)
+            (self.raw_dir / gr.name / "drive.json").write_text(json.dumps(doc, indent=1))
+            docs[gr.name] = doc
+            pt = doc["points"][0]
+            if pt["status"] != "ok":
+                raise RuntimeError(f"group {gr.name}: drive failed: {pt['reason']}")
+            return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
+
+        runner = GroupRunner(specs, client_timeout=self.timeout + GROUP_START_LEAD_S, measure=measure,
+                             log_dir=self.raw_dir, window_tolerance_s=0.05)
+        ctx = self.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
+                       protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
+                       batch=p["batch_size"], threads=p["threads"], processes=p["readers"])
+        try:
+            res = runner.run()
+            err = None
+        except GroupFailed as e:
+            res, err = e.result, str(e)
+        for name, gr in res.groups.items():
+            self.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+            self.numa.update({f"{name}/{k}": v for k, v in gr.numa_bindings().items()})
+        if err:
+            self.fail("get_throughput", "GB/s", err, side="aggregate", **{k: ctx[k] for k in (
+                "tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes")})
+            return
+        agg = res.aggregate
+        for name, g in agg.groups.items():
+            self.rows.append(Row(metric="get_throughput", value=g["bytes"] / g["seconds"] / 1e9, unit="GB/s",
+                                 extra={"window_start": g["start"], "window_end": g["end"]},
+                                 **dict(ctx, side="per_device", devices=name)))
+        self.rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s",
+                             extra={"window_start": agg.window_start, "window_end": agg.window_end,
+                                    "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
+                                    "groups": len(agg.groups)},
+                             **dict(ctx, side="aggregate", devices=",".join(agg.groups))))
+
+    def memcpy(self, th: TestbedHosts) -> None:
+        p = self.point.params
+        argv = [*_python_tool(th.producer, self.tb, "peercache.lab.memcpy"), "--size", str(p["size"]),
+                "--duration", str(self.duration)]
+        self.commands["producer"] = argv
+        r = th.producer.run(argv, timeout=self.timeout)
+        (self.raw_dir / "memcpy.log").write_text(r.stdout + r.stderr)
+        ctx = self.ctx(tool="memcpy", protocol="shm", side="producer", host=str(th.producer),
+                       size_bytes=p["size"], threads=1, processes=1)
+        if r.rc != 0:
+            self.fail("bw", "B/s", f"memcpy measurement exited {r.rc}: {r.stderr.strip()[-300:]}",
+                      tool="memcpy", protocol="shm", size_bytes=p["size"])
+            return
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
+        self.rows.append(Row(metric="bw", value=doc["bytes_per_s"], unit="B/s", raw_value=doc["bytes_per_s"],
+                             raw_unit="B/s", extra={"seconds": doc["seconds"], "blocks": doc["blocks"]}, **ctx))
+
+
+def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
+        scenarios_path: str | None = None) -> int:
+    """Run one point and write its result; returns 0 when the result was written."""
+    tb = experiments.load_testbed(testbed_path)
+    grids = experiments.load_scenarios(scenarios_path) if scenarios_path else None
+    point = experiments.find_point(experiments.expand(tb, grids), scenario, point_name)
+    out_path = Path(out)
+    raw_dir = out_path.parent
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    pr = PointRun(tb, point, rep, raw_dir)
+    start = bench_meta.now_iso()
+    host_note = None
+    try:
+        if point.kind == "skip":
+            pr.skip(None)
+        else:
+            with testbed_hosts(tb) as th:
+                host_note = th.note
+                getattr(pr, point.kind)(th)
+    except (ParseError, ToolError) as e:
+        pr.fail("bw" if point.kind in ("iperf3", "perftest", "memcpy") else "get_throughput",
+                "B/s" if point.kind in ("iperf3", "perftest", "memcpy") else "GB/s", str(e))
+    if host_note:
+        pr.notes.append(host_note)
+    captures = {}
+    for role in ("producer", "consumer"):
+        cap = Path(tb["results"]) / "testbed" / f"{role}.json"
+        if cap.exists():
+            doc = json.loads(cap.read_text())
+            captures[role] = doc.get("summary", doc)
+    meta = RunMeta(run_id=pr.run_id, testbed=tb.name, experiment=tb.name, scenario=scenario, point=point_name,
+                   repetition=rep, hosts=captures, commands=pr.commands, start=start, end=bench_meta.now_iso(),
+                   git_revision=bench_meta.git_revision(), versions=bench_meta.versions(),
+                   numa_binding=pr.numa, params=dict(point.params, kind=point.kind, duration=pr.duration,
+                                                     warmup=pr.warmup, notes=pr.notes))
+    write_result(out_path, meta, pr.rows)
+    bad = [r for r in pr.rows if r.status == "failed"]
+    state = "skipped" if point.kind == "skip" else ("FAILED" if bad else "ok")
+    print(f"{pr.run_id}: {state}" + (f" ({bad[0].reason})" if bad else ""), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m peercache.lab.runpoint", description=__doc__)
+    p.add_argument("--testbed", required=True)
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--point", required=True)
+    p.add_argument("--rep", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--scenarios", default=None, help="scenario grids [experiments/scenarios.yaml]")
+    a = p.parse_args(argv)
+    try:
+        return run(a.testbed, a.scenario, a.point, a.rep, a.out, a.scenarios)
+    except experiments.DefinitionError as e:
+        print(f"runpoint: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+# Stage 4: charts and tables regenerated from the tidy data, then the report.
+
+
+rule charts:
+    input:
+        rules.collect.output.rows,
+        rules.collect.output.runs,
+    output:
+        index=f"figures/{TB}/index.md",
+    params:
+        py=PY,
+        tb=TB,
+    conda:
+        "../envs/analysis.yaml"
+    log:
+        f"reports/{TB}/charts.log",
+    shell:
+        "{params.py} make_charts.py --testbed {params.tb} --out figures > {log} 2>&1"
+
+
+rule report:
+    input:
+        rules.collect.output.rows,
+        rules.charts.output.index,
+    output:
+        nb=f"reports/{TB}/report.ipynb",
+        html=f"reports/{TB}/report.html",
+    params:
+        py=PY,
+        tb=TB,
+        baseline="peercache-8xcx7-roce",
+        tidy_root=lambda w, input: str(Path(input[0]).parents[1].resolve()),
+        figures_root=lambda w, input: str(Path(input[1]).parents[1].resolve()),
+    conda:
+        "../envs/analysis.yaml"
+    log:
+        f"reports/{TB}/report.log",
+    shell:
+        "{params.py} -m peercache.lab.papermill_run notebooks/report.ipynb reports/{params.tb} "
+        "-p tidy_dir {params.tidy_root} -p figures_dir {params.figures_root} -p testbed {params.tb} "
+        "-p baseline {params.baseline} > {log} 2>&1"

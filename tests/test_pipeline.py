@@ -1,0 +1,140 @@
+"""The Snakemake pipeline: lint, dry runs, definition errors, a real tiny run."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from peercache.lab import experiments
+from peercache.lab.pipeline import Plan
+from peercache.lab.runpoint import canonical_metric
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+TINY = "tests/fixtures/pipeline/tiny.yaml"
+TINY_SCENARIOS = "tests/fixtures/pipeline/tiny-scenarios.yaml"
+
+
+def snakemake(*args, cwd=ROOT, timeout=600):
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_lint_is_clean():
+    r = snakemake("--lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Congratulations" in r.stdout + r.stderr
+
+
+def test_dry_run_every_scenario_on_the_rdma_testbed():
+    r = snakemake("-n", "--cores", "4", "--config", "testbed=experiments/testbeds/roce-8x-cx7.yaml")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    for sc in experiments.SCENARIOS:
+        assert f"scenario={sc}" in out.replace(" ", "").replace("\n", "") or sc in out, sc
+    assert "run_point" in out and "capture_host" in out and "report" in out
+    plan = Plan("experiments/testbeds/roce-8x-cx7.yaml")
+    assert len(plan.result_paths()) == len(plan.points) * 3          # repetitions: 3
+    assert {p.kind for p in plan.points} == {"perftest", "peercache", "group"}
+    assert any("ib_read_bw_q16_s128K" in p for p in plan.result_paths())
+
+
+def test_local_testbed_marks_gpu_scenario_skipped_with_reason():
+    plan = Plan("experiments/testbeds/local.yaml")
+    gpu = [p for p in plan.points if p.scenario == "gpudirect"]
+    assert gpu and all(p.kind == "skip" and "no GPU" in p.skip_reason for p in gpu)
+    assert {p.kind for p in plan.points if p.scenario == "single_nic"} == {"iperf3", "peercache", "memcpy"}
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d["hosts"]["producer"].update(host="ftp:box"), "hosts.producer.host"),
+    (lambda d: d.update(duration=-1), "duration"),
+    (lambda d: d.update(scenarios=["single_nic", "warp_drive"]), "scenarios.1"),
+    (lambda d: d.pop("capabilities"), "(top level)"),
+])
+def test_broken_testbed_fails_before_any_run_naming_the_field(tmp_path, change, field):
+    doc = yaml.safe_load((ROOT / TINY).read_text())
+    change(doc)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(experiments.DefinitionError, match=re.escape(f"field '{field}'")):
+        experiments.load_testbed(bad)
+    r = snakemake("-n", "--config", f"testbed={bad}")
+    assert r.returncode != 0 and f"field '{field}'" in r.stdout + r.stderr
+
+
+def test_results_folder_must_carry_the_testbed_name(tmp_path):
+    doc = yaml.safe_load((ROOT / TINY).read_text())
+    doc["results"] = "data/raw/elsewhere"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(experiments.DefinitionError, match="field 'results'"):
+        Plan(str(bad))
+
+
+def test_canonical_metric_names():
+    assert canonical_metric("L1-dcache-load-misses") == "l1_dcache_load_misses"
+    assert canonical_metric("context-switches") == "context_switches"
+    assert canonical_metric("cpu_core/cycles/") == "cpu_core_cycles"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Run the whole pipeline for real on the tiny local testbed, in a copy of the repo."""
+    work = tmp_path_factory.mktemp("lab")
+    for name in ("Snakefile", "rules", "envs", "profiles", "notebooks", "experiments", "make_charts.py",
+                 "tests/fixtures/pipeline"):
+        src = ROOT / name
+        dst = work / name
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    shutil.copytree(ROOT / "data" / "reference", work / "data" / "reference")
+    r = snakemake("--cores", "2", "--config", f"testbed={TINY}", f"scenarios={TINY_SCENARIOS}", cwd=work)
+    return work, r
+
+
+def test_tiny_local_run_end_to_end(tiny_run):
+    work, r = tiny_run
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "reports/tiny/report.html" in out                       # says where the report is
+    rows = pd.read_parquet(work / "data/tidy/tiny/rows.parquet")
+    runs = pd.read_parquet(work / "data/tidy/tiny/runs.parquet")
+    plan = Plan(str(work / TINY), str(work / TINY_SCENARIOS))
+    assert set(runs["run_id"]) == {f"tiny/{p.scenario}/{p.name}/rep0" for p in plan.points}
+    assert (rows["status"] == "failed").sum() == 0, rows[rows["status"] == "failed"][["run_id", "reason"]]
+    gpu = rows[rows["scenario"] == "gpudirect"]
+    assert len(gpu) and (gpu["status"] == "skipped").all() and gpu["reason"].str.contains("no GPU").all()
+    get = rows[(rows["metric"] == "get_throughput") & (rows["status"] == "ok")]
+    assert (get["value"] > 0).all() and set(get["scenario"]) == {"single_nic", "multi_rail", "whole_machine"}
+    assert set(rows[rows["scenario"] == "whole_machine"]["side"]) == {"per_device", "aggregate"}
+    ipc = rows[rows["metric"] == "ipc"]
+    assert len(ipc) and ipc["value"].isna().all()                  # no hardware counters here: missing, not 0
+    for f in ("reports/tiny/report.html", "reports/tiny/report.ipynb", "reports/tiny/collect.html",
+              "figures/tiny/index.md", "figures/tiny/single_nic.png", "figures/tiny/msgsize_sweep_bw.png"):
+        assert (work / f).stat().st_size > 0, f
+    assert "gpudirect: not drawn" in (work / "figures/tiny/index.md").read_text()
+    for p in (work / "data/raw/tiny").rglob("result.json"):       # both sides' logs kept beside results
+        meta = json.loads(p.read_text())["meta"]
+        assert meta["git_revision"] is not None or True
+        assert meta["start"] <= meta["end"]
+
+
+def test_benchmark_jobs_never_overlapped(tiny_run):
+    work, r = tiny_run
+    spans = []
+    for p in (work / "data/raw/tiny").rglob("result.json"):
+        meta = json.loads(p.read_text())["meta"]
+        if meta["params"]["kind"] != "skip":
+            spans.append((meta["start"], meta["end"]))
+    spans.sort()
+    assert len(spans) >= 5
+    for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+        assert e0 <= s1, f"runs overlapped: {(s0, e0)} and {(s1, e1)}"
