@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "pc.h"
+#include "server.h"
 
 #define ERRLEN 512
 
@@ -627,6 +628,9 @@ static PyMethodDef module_methods[] = {
     {"check_tags", py_check_tags, METH_VARARGS, "check_tags(tags, locs, out) -> count of good tags."},
     {"copy_pages", py_copy_pages, METH_VARARGS,
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
+    {"serve_connection", pc_serve_connection, METH_VARARGS,
+     "serve_connection(fd, table, log) -> requests served; serves one tcp data connection until "
+     "it closes, without the GIL (log(text) is called for refusals)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -636,13 +640,17 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&PeerType) < 0 || PyType_Ready(&LocCacheType) < 0) return NULL;
+    if (PyType_Ready(&PeerType) < 0 || PyType_Ready(&LocCacheType) < 0 ||
+        PyType_Ready(&pc_RegionTableType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     Py_INCREF(&PeerType);
     PyModule_AddObject(m, "Peer", (PyObject *)&PeerType);
     Py_INCREF(&LocCacheType);
     PyModule_AddObject(m, "LocCache", (PyObject *)&LocCacheType);
+    Py_INCREF(&pc_RegionTableType);
+    PyModule_AddObject(m, "RegionTable", (PyObject *)&pc_RegionTableType);
     PyModule_AddIntConstant(m, "ABSENT", (long)PC_ABSENT);
     PyModule_AddIntConstant(m, "NEED_PEER", PC_NEED_PEER);
     PyModule_AddIntConstant(m, "TAG_MISMATCH", PC_TAG_MISMATCH);

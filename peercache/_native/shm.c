@@ -32,12 +32,14 @@
 
 void pc_ordered_copy(uint8_t *dst, const uint8_t *src, uint64_t len) {
     /* The first word (a header's seq) is loaded alone and first: a header copied
-     * in another order could pair an old key hash with a new seq. */
+     * in another order could pair an old key hash with a new seq. The whole range
+     * is then copied as one aligned memcpy and the first word put back to the
+     * value loaded first (splitting the copy at +8 would misalign big copies). */
     if (len >= 8 && ((uintptr_t)src & 7) == 0) {
         uint64_t w = __atomic_load_n((const uint64_t *)src, __ATOMIC_ACQUIRE);
-        memcpy(dst, &w, 8);
         atomic_thread_fence(memory_order_acquire);
-        memcpy(dst + 8, src + 8, len - 8);
+        memcpy(dst, src, len);
+        memcpy(dst, &w, 8);
     } else {
         memcpy(dst, src, len);
     }

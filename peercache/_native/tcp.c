@@ -35,7 +35,7 @@
 #define HEAD_BYTES 20
 #define WIRE_OP_BYTES 32
 #define REQ_OPS 256
-#define REQ_BYTES (8u << 20)
+#define REQ_BYTES (4u << 20)
 #define WINDOW 4
 #define MAX_IOV 1024
 #define MAX_CHANNELS 256

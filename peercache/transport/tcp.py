@@ -78,8 +78,14 @@ def send_iov(sock: socket.socket, bufs: list) -> None:
 class _Server:
     """Accepts data connections and serves range reads, one thread per connection."""
 
-    def __init__(self, regions: dict[int, tuple[memoryview, int]], bind_host: str, port: int):
+    def __init__(self, regions: dict[int, tuple[memoryview, int]], bind_host: str, port: int,
+                 native: bool | None = None):
         self.regions = regions
+        mod, _ = native_module()
+        #: the native per-connection loop, when built (no GIL, no Python per request)
+        self._mod = mod if native is not False else None
+        self._table = None if self._mod is None else self._mod.RegionTable(
+            [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()])
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self.lsock = socket.socket(family, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -116,6 +122,15 @@ class _Server:
         send_iov(conn, [HEAD.pack(REP_MAGIC, 1, 0, req_id), struct.pack("<I", len(msg)), msg])
 
     def _serve(self, conn: socket.socket) -> None:
+        if self._table is not None:
+            try:
+                conn.setblocking(True)
+                self._mod.serve_connection(conn.fileno(), self._table, self._log_refusal)
+            finally:
+                with self._lock:
+                    self._conns.discard(conn)
+                conn.close()
+            return
         try:
             while not self._stop.is_set():
                 try:
@@ -144,6 +159,15 @@ class _Server:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    @staticmethod
+    def _log_refusal(reason: str) -> None:
+        log.warning("tcp data server refused a request: %s", reason)
+
+    @property
+    def refused_total(self) -> int:
+        """Ops refused by either serving loop."""
+        return self.refused + (int(self._table.refused) if self._table is not None else 0)
 
     def check(self, wire: np.ndarray) -> tuple[np.ndarray, list[memoryview]]:
         """Status per op and the views of the ok ones (no per-key logic)."""
@@ -231,7 +255,10 @@ class TcpTransport(Transport):
 
     name = "tcp"
 
-    def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0):
+    def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
+                 native_server: bool | None = None):
+        #: None: the native serving loop when built; False: the Python one (the reference)
+        self.native_server = native_server
         self.max_channels = max(1, int(max_channels))
         self.io_timeout = io_timeout
         self.port = port
@@ -245,13 +272,13 @@ class TcpTransport(Transport):
         self._regions[region_id] = (memoryview(buffer).cast("B"), rkey)
 
     def start(self, bind_host: str) -> dict[str, Any]:
-        self._server = _Server(self._regions, bind_host, self.port)
+        self._server = _Server(self._regions, bind_host, self.port, native=self.native_server)
         return {"host": bind_host, "port": self._server.port}
 
     @property
     def refused(self) -> int:
         """Ops the data server refused so far."""
-        return self._server.refused if self._server else 0
+        return self._server.refused_total if self._server else 0
 
     def _channels(self, peer: str, info: dict[str, Any]) -> _Channels:
         with self._lock:
@@ -342,8 +369,10 @@ class NativeTcpTransport(TcpTransport):
 
     native = True
 
-    def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0):
-        super().__init__(max_channels=max_channels, io_timeout=io_timeout, port=port)
+    def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
+                 native_server: bool | None = None):
+        super().__init__(max_channels=max_channels, io_timeout=io_timeout, port=port,
+                         native_server=native_server)
         mod, why = native_module()
         if mod is None:
             raise TransportError(f"native tcp client unavailable: {why}")
