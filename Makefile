@@ -53,7 +53,7 @@ run: setup
 	$(VENV)/bin/snakemake --cores $(CORES) --config testbed=$(TESTBED)
 
 bench: setup
-	$(PY) -m peercache.bench.ratios
+	$(PY) -m peercache.lab.ratios
 
 clean:
 	rm -rf $(VENV) build *.egg-info
