@@ -202,7 +202,8 @@ def _label(r: dict, keys: Iterable[str]) -> str:
         if k == "size_bytes":
             bits.append(fmt_size(v))
         else:
-            fmt = {"qps": "q{}", "threads": "{} thr", "processes": "{} proc", "batch": "batch {}"}
+            fmt = {"qps": "q{}", "threads": "{} thr", "processes": "{} proc", "batch": "batch {}",
+                   "protocol": "over {}"}
             bits.append(fmt.get(k, "{}").format(v))
     return " ".join(bits)
 
@@ -252,7 +253,8 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     ok = _ok(sub)
     if ok.empty:
         return NotDrawn("single_nic", _why_empty(sub, "single-NIC bandwidth"))
-    keys = ["tool", "size_bytes", "qps", "threads", "processes", "layout"]
+    # protocol keeps PeerCache over tcp and over shm apart (each has its own raw limit)
+    keys = ["tool", "protocol", "size_bytes", "qps", "threads", "processes", "layout"]
     groups = []
     for _, g in ok.groupby(keys, dropna=False, sort=False):
         r = g.iloc[0].to_dict()

@@ -87,7 +87,9 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         if r.get("verdict") not in (None, "ok", "unchecked"):
             notes.append(f"verdict {r['verdict']}")
         out.append({"scenario": f"{scenario}: {label}",
-                    "GET throughput": f"{charts.fmt_number(r['value'])} {r['unit']}",
+                    # one unit for the whole column; the tables keep the value as measured
+                    "GET throughput": f"{charts.fmt_number(r['value'])} {r['unit']}"
+                    if g is None or r["unit"] == "GB/s" else f"{g:.4g} GB/s",
                     "fraction of raw single-NIC": frac, "notes": "; ".join(notes)})
 
     scenarios = list(dict.fromkeys(list(charts.SCENARIOS) + list(rows["scenario"])))
@@ -104,7 +106,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
             continue
         if sc == "single_nic":
             for _, r in s.iterrows():
-                add(sc, f"{r['tool']} {charts._label(r, ['size_bytes', 'qps', 'threads', 'processes'])}", r)
+                add(sc, f"{r['tool']} {charts._label(r, ['protocol', 'size_bytes', 'qps', 'threads', 'processes'])}", r)
         elif sc == "whole_machine":
             for _, r in s[s["side"] == "aggregate"].iterrows():
                 per = s[s["side"] == "per_device"]

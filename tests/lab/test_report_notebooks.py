@@ -53,7 +53,7 @@ def test_overview_and_sections(lab, tmp_path):
     collect.collect_testbed(lab / "raw", tmp_path / "tidy", TB)
     rep = report.build_report(tmp_path / "tidy", tmp_path / "fig", TB, FIX / "references.yaml")
     ov = {r["scenario"]: r for r in rep.overview.to_dict("records")}
-    peer = ov["single_nic: peercache-bench 128 KiB 4 thr 8 proc"]
+    peer = ov["single_nic: peercache-bench over rdma 128 KiB 4 thr 8 proc"]
     assert peer["GET throughput"] == "45.3 GB/s" and peer["fraction of raw single-NIC"] == "94%"
     assert ov["gpudirect"]["GET throughput"] == "—" and "skipped" in ov["gpudirect"]["notes"]
     assert ov["whole_machine: aggregate over 2 NICs"]["notes"] == "per NIC 47.5–52.5 GB/s"
