@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -269,7 +270,7 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         raw_gbs = None if is_raw else raw_by_proto.get(r.get("protocol"))
         pct = None if raw_gbs is None else 100.0 * gbs / raw_gbs
         label = f"{r['tool']}\n{_label(r, keys[1:])}"
-        labels.append(label)
+        labels.append(textwrap.fill(label.replace("\n", " "), 16))  # several bars must not collide
         heights.append(gbs)
         colors.append("#777777" if is_raw else "#1f77b4")
         table.append({"measurement": label.replace("\n", " "), "value": g["value"].mean(),
