@@ -256,3 +256,20 @@ def test_make_transport_picks_native_tcp_when_built():
         assert isinstance(t, NativeTcpTransport) and t.native
     finally:
         t.close()
+
+
+def test_without_the_extension_tcp_falls_back_and_shm_says_how_to_build(monkeypatch):
+    import peercache.transport.base as base
+    from peercache.directory import DirectoryCache
+    from peercache.errors import TransportUnavailable
+
+    monkeypatch.setattr(base, "_native_cache", [(None, "peercache._native is unavailable (test); "
+                                                       "rebuild it with `pip install -e .`")])
+    t = make_transport("tcp")
+    try:
+        assert type(t) is TcpTransport and not t.native
+    finally:
+        t.close()
+    with pytest.raises(TransportUnavailable, match="pip install -e"):
+        make_transport("shm")
+    assert not DirectoryCache(5.0).native
