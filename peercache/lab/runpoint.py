@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import experiments, iperf3, netns, perfstat, perftest
+from . import crosscheck, experiments, iperf3, netns, perfstat, perftest
 from .errors import ParseError, ToolError
 from .hosts import Host, parse_host
 from .launch import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
@@ -123,6 +123,34 @@ class PointRun:
     def fail(self, metric: str, unit: str, reason: str, **kw: Any) -> None:
         self.rows.append(Row(metric=metric, value=None, unit=unit, status="failed", reason=reason,
                              **self.ctx(**kw)))
+
+    # -- port counters ------------------------------------------------------------------
+    def port_devices(self) -> list[str]:
+        """RDMA devices whose counters bound this point's figures (none for non-RDMA kinds)."""
+        p = self.point.params
+        if self.point.kind == "perftest":
+            return self.tb.devices[:1]
+        if self.point.kind == "peercache" and p.get("protocol") == "rdma":
+            return list(p.get("devices") or [])
+        if self.point.kind == "group" and p.get("per_device"):
+            return list(p["groups"])
+        return []
+
+    def check_counters(self, before, after, rates) -> None:
+        """Attach the counter cross-check to every measured bandwidth row; note what is flagged."""
+        for r in self.rows:
+            if r.metric not in ("bw", "get_throughput") or r.status != "ok" or r.value is None:
+                continue
+            devs = [r.devices] if r.side == "per_device" else list(before)
+            bps = r.value * {"GB/s": 1e9, "B/s": 1.0, "Gbit/s": 1e9 / 8}.get(r.unit, float("nan"))
+            pc = crosscheck.check({d: before[d] for d in devs if d in before},
+                                  {d: after[d] for d in devs if d in after},
+                                  {d: rates.get(d) for d in devs}, bps, self.duration)
+            r.extra = dict(r.extra, **pc.as_extra())
+            bad = [f for f in pc.flags if f in ("above_line_rate", "counter_disagreement")]
+            if bad:
+                self.notes.append(f"{r.metric} {r.side} {r.devices}: flagged {', '.join(bad)}: "
+                                  + "; ".join(pc.messages))
 
     # -- kinds ----------------------------------------------------------------------
     def skip(self, th: TestbedHosts | None) -> None:
@@ -376,7 +404,13 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
         else:
             with testbed_hosts(tb) as th:
                 host_note = th.note
+                devices = pr.port_devices()
+                port = int(tb.get("ib_port", 1))
+                before = crosscheck.sample_ports(th.consumer, devices, port) if devices else {}
                 getattr(pr, point.kind)(th)
+                if devices:
+                    pr.check_counters(before, crosscheck.sample_ports(th.consumer, devices, port),
+                                      crosscheck.line_rates(th.consumer, devices, port))
     except (ParseError, ToolError) as e:
         pr.fail("bw" if point.kind in ("iperf3", "perftest", "memcpy") else "get_throughput",
                 "B/s" if point.kind in ("iperf3", "perftest", "memcpy") else "GB/s", str(e))
@@ -396,7 +430,9 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
     write_result(out_path, meta, pr.rows)
     bad = [r for r in pr.rows if r.status == "failed"]
     state = "skipped" if point.kind == "skip" else ("FAILED" if bad else "ok")
-    print(f"{pr.run_id}: {state}" + (f" ({bad[0].reason})" if bad else ""), flush=True)
+    flagged = [n for n in pr.notes if "flagged" in n]
+    print(f"{pr.run_id}: {state}" + (f" ({bad[0].reason})" if bad else "")
+          + (f" [{'; '.join(flagged)}]" if flagged else ""), flush=True)
     return 0
 
 

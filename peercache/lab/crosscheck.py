@@ -1,0 +1,109 @@
+"""Port counters around a run: an independent check of the bytes a tool reports.
+
+Before and after each point that names RDMA devices, the consumer's
+``port_rcv_data`` / ``port_xmit_data`` counters (4-byte units) and the
+port's ``rate`` are read on the host that ran it — through the host, so an
+SSH host is read remotely. The counters span the whole run (warm-up and
+set-up included), so they bound the measured bytes from above: a figure
+that claims more bytes than the port moved, or a rate above the summed line
+rate, is flagged instead of reported silently.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .hosts import Host
+from .portcounters import COUNTER_UNIT_BYTES, PortDelta, PortSample, delta, parse_rate
+from .sysroot import sysfs_path
+
+#: Headers and retransmits make the counters exceed the payload; a figure may
+#: exceed the counters by at most this fraction before it is flagged.
+DEFAULT_TOLERANCE = 0.02
+
+
+def _port_dir(device: str, port: int):
+    return sysfs_path("class", "infiniband", device, "ports", str(port))
+
+
+def sample_ports(host: Host, devices: Sequence[str], port: int = 1) -> dict[str, PortSample]:
+    """Read each device's counters on ``host`` now (unreadable -> values None with the reason)."""
+    out = {}
+    for dev in devices:
+        base = _port_dir(dev, port) / "counters"
+        r = host.run(["cat", str(base / "port_rcv_data"), str(base / "port_xmit_data")], timeout=15)
+        vals = r.stdout.split()
+        if r.rc != 0 or len(vals) != 2 or not all(v.isdigit() for v in vals):
+            out[dev] = PortSample(dev, port, None, None, time.time(),
+                                  reason=f"cannot read counters of {dev}/{port} on {host}: "
+                                         f"{(r.stderr or r.stdout).strip()[:200]}")
+        else:
+            out[dev] = PortSample(dev, port, int(vals[0]), int(vals[1]), time.time())
+    return out
+
+
+def line_rates(host: Host, devices: Sequence[str], port: int = 1) -> dict[str, float | None]:
+    """Line rate of each device's port in bytes/s (None when unreadable)."""
+    rates: dict[str, float | None] = {}
+    for dev in devices:
+        r = host.run(["cat", str(_port_dir(dev, port) / "rate")], timeout=15)
+        try:
+            rates[dev] = parse_rate(r.stdout.strip()) / 8 if r.rc == 0 else None
+        except ValueError:
+            rates[dev] = None
+    return rates
+
+
+@dataclass
+class PortCheck:
+    """The counter window of one point and what it says about one figure."""
+
+    deltas: list[PortDelta]
+    line_rate_Bps: float | None
+    flags: list[str] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+    def as_extra(self) -> dict[str, Any]:
+        """JSON-able summary kept in the bandwidth row's ``extra``."""
+        return {"port_counters": {d.device: {"rcv_bytes": d.rcv_bytes, "xmit_bytes": d.xmit_bytes,
+                                             "seconds": d.seconds, "flags": d.flags} for d in self.deltas},
+                "line_rate_Bps": self.line_rate_Bps, "crosscheck_flags": self.flags,
+                "crosscheck": self.messages}
+
+
+def check(before: dict[str, PortSample], after: dict[str, PortSample], rates: dict[str, float | None],
+          figure_Bps: float | None, window_s: float | None, direction: str = "rcv",
+          tolerance: float = DEFAULT_TOLERANCE) -> PortCheck:
+    """Flag a figure above the summed line rate or above what the counters saw."""
+    ds = [delta(before[d], after[d]) for d in before if d in after]
+    known = [r for r in rates.values() if r]
+    line = sum(known) if known and len(known) == len(rates) else None
+    pc = PortCheck(ds, line)
+    if figure_Bps is None:
+        pc.flags.append("no_figure")
+        return pc
+    if line is None:
+        pc.flags.append("line_rate_unknown")
+        pc.messages.append("line rate of a port unknown: figure not checked against it")
+    elif figure_Bps > line:
+        pc.flags.append("above_line_rate")
+        pc.messages.append(f"{figure_Bps / 1e9:.3f} GB/s is above the summed line rate {line / 1e9:.3f} GB/s")
+    key = "rcv_bytes" if direction == "rcv" else "xmit_bytes"
+    vals = [getattr(d, key) for d in ds]
+    if not ds or any(v is None for v in vals):
+        pc.flags.append("counters_unusable")
+        pc.messages.append("port counters unreadable or unusable: " +
+                           "; ".join(f"{d.device}: {','.join(d.flags)}" for d in ds if d.flags) or "none sampled")
+        return pc
+    moved = float(sum(vals))
+    if window_s:
+        claimed = figure_Bps * window_s
+        if claimed > moved * (1 + tolerance):
+            pc.flags.append("counter_disagreement")
+            pc.messages.append(f"figure implies {claimed:.0f} B in its window but the ports moved only "
+                               f"{moved:.0f} B over the whole run")
+    return pc
+
+
+__all__ = ["sample_ports", "line_rates", "check", "PortCheck", "COUNTER_UNIT_BYTES"]
