@@ -8,6 +8,7 @@ slot) lives in Python and is never consulted per read.
 """
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -49,9 +50,12 @@ class Pool:
         self.region_id = region_id
         #: capability the data path checks before serving a range of this region
         self.rkey = secrets.randbits(63) | 1
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
+            # Consumers on this host map the region (shm transport): a size
+            # change would SIGBUS them, so the size is sealed for good.
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self.mm = mmap.mmap(self.fd, self.size)
         except OSError as e:
             os.close(self.fd)

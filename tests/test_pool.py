@@ -62,3 +62,11 @@ def test_fill_callback_gets_payload_view():
     page = pool.bytes[start:start + 32].reshape(1, 32)
     assert tags.verify_patterns(page, np.array([ref.key_hash], np.uint64), np.array([1], np.uint64))[0]
     pool.close()
+
+
+def test_region_size_is_sealed():
+    import os
+    pool = Pool(2, 64)
+    with pytest.raises(PermissionError):
+        os.ftruncate(pool.fd, 0)          # would SIGBUS consumers that map the pool
+    pool.close()
