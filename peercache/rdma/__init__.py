@@ -1,0 +1,1 @@
+"""The RDMA path: read planner, completion accounting, device discovery, GPU registration."""
