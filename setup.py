@@ -1,16 +1,45 @@
-"""Build configuration that pyproject.toml cannot express (the native module)."""
+"""Build configuration that pyproject.toml cannot express (the native modules)."""
+import os
+import sysconfig
 from glob import glob
 
 from setuptools import Extension, setup
 
+CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+          "-Wno-missing-field-initializers", "-fno-strict-aliasing"]
+NATIVE = "peercache/_native"
+
 # Plain C, no rdma-core: the verbs backend is its own module and optional.
 native = Extension(
     "peercache._native",
-    sources=sorted(glob("peercache/_native/*.c")),
-    depends=sorted(glob("peercache/_native/*.h")),
-    extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                        "-Wno-missing-field-initializers", "-fno-strict-aliasing"],
+    sources=sorted(p for p in glob(f"{NATIVE}/*.c") if not os.path.basename(p).startswith("verbs")),
+    depends=sorted(p for p in glob(f"{NATIVE}/*.h") if not os.path.basename(p).startswith("verbs")),
+    extra_compile_args=CFLAGS,
     libraries=["pthread"],
 )
 
-setup(ext_modules=[native])
+
+def verbs_headers() -> str | None:
+    """Directory holding infiniband/verbs.h (rdma-core / libibverbs-dev), or None."""
+    dirs = [os.environ.get("PEERCACHE_VERBS_INCLUDE", ""), sysconfig.get_config_var("INCLUDEDIR") or "",
+            "/usr/include", "/usr/local/include", "/opt/mellanox/include"]
+    return next((d for d in dirs if d and os.path.exists(os.path.join(d, "infiniband", "verbs.h"))), None)
+
+
+ext_modules = [native]
+_inc = None if os.environ.get("PEERCACHE_NO_VERBS") else verbs_headers()
+if _inc:
+    ext_modules.append(Extension(
+        "peercache._verbs",
+        sources=sorted(glob(f"{NATIVE}/verbs*.c")),
+        depends=sorted(glob(f"{NATIVE}/verbs*.h")) + [f"{NATIVE}/pc.h"],
+        include_dirs=[_inc],
+        define_macros=[("_GNU_SOURCE", None)],   # pthread_rwlock_t, getrandom, move_pages
+        extra_compile_args=CFLAGS,
+        libraries=["ibverbs", "pthread"],
+    ))
+else:
+    print("peercache: infiniband/verbs.h not found (or PEERCACHE_NO_VERBS set): building without the "
+          "RDMA verbs backend; install libibverbs-dev (rdma-core) and rebuild for --protocol rdma")
+
+setup(ext_modules=ext_modules)

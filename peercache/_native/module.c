@@ -220,6 +220,22 @@ static PyObject *py_tcp_connect(PyObject *mod, PyObject *args) {
     return new_peer(&pc_tcp_backend, &p);
 }
 
+/* A Peer around a connection another extension made (the verbs backend). */
+static PyObject *py_adopt(PyObject *mod, PyObject *cap) {
+    (void)mod;
+    pc_handoff *h = PyCapsule_GetPointer(cap, PC_HANDOFF_CAPSULE);
+    if (!h) return NULL;
+    if (!h->be || !h->conn)
+        return PyErr_Format(PyExc_ValueError, "this connection was already adopted by a Peer");
+    PeerObject *p = PyObject_New(PeerObject, &PeerType);
+    if (!p) return NULL;
+    p->be = h->be;
+    p->conn = h->conn;
+    p->closed = 0;
+    h->conn = NULL;  /* the Peer owns it now */
+    return (PyObject *)p;
+}
+
 /* ----------------------------------------------------------------- LocCache */
 
 typedef struct {
@@ -622,6 +638,8 @@ static PyMethodDef module_methods[] = {
      "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
     {"tcp_connect", py_tcp_connect, METH_VARARGS,
      "tcp_connect(host, port, max_channels, timeout_s) -> Peer."},
+    {"adopt", py_adopt, METH_O,
+     "adopt(capsule) -> Peer around a connection made by another backend module (peercache._verbs)."},
     {"read_slots", py_read_slots, METH_VARARGS,
      "read_slots(peers, locs, dest, offsets, caps, status, lengths, gens, codes) -> "
      "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text)."},

@@ -81,6 +81,16 @@ typedef struct pc_backend {
 } pc_backend;
 
 extern const pc_backend pc_shm_backend;
+
+/* A connection made by another extension (the verbs backend, peercache._verbs) and
+ * handed to peercache._native.adopt() inside a capsule of this name; adopt() takes
+ * the connection and sets conn to NULL, the capsule frees only what it still holds. */
+#define PC_HANDOFF_CAPSULE "peercache.backend_conn"
+typedef struct pc_handoff {
+    const pc_backend *be;
+    void *conn;
+} pc_handoff;
+
 extern const pc_backend pc_tcp_backend;
 
 /* Parameter blocks of the two backends built here. */
