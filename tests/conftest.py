@@ -68,6 +68,9 @@ class Procs:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
 
 
 @pytest.fixture

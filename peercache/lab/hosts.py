@@ -146,6 +146,7 @@ class Handle:
         except OSError:
             pass  # pipe closed under us by stop(); nothing more to read
         finally:
+            pipe.close()  # the reader owns its pipe: EOF (or error) means done with it
             with self._cond:
                 self._open_readers -= 1
                 self._cond.notify_all()
@@ -219,6 +220,11 @@ class Handle:
             self.end = time.time()
         for t in self._readers:
             t.join(_READER_JOIN_S)
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
         self._close_log()
 
     def _close_log(self) -> None:

@@ -45,9 +45,9 @@ def sshd(tmp_path_factory):
         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nPidFile none\n")
     os.makedirs("/run/sshd", exist_ok=True)  # privilege-separation dir sshd insists on
     port = _free_port()
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "wb"),
-                            start_new_session=True)
+    with open(d / "sshd.log", "wb") as log:  # the child keeps its own copy of the fd
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 10
     while not LocalHost().is_port_open("127.0.0.1", port) and time.monotonic() < deadline:
         if proc.poll() is not None:
