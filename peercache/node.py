@@ -79,6 +79,7 @@ class Node:
         self.epoch = 0
         self.meta: MetaService | None = None
         self.server: RpcServer | None = None
+        self.control: RpcServer | None = None
         self.pool: Pool | None = None
         #: native peer handles indexed by the cache's node index (None = not connected)
         self._handles: list = []
@@ -101,9 +102,16 @@ class Node:
                 self.transport.expose(POOL_REGION, self.pool.mm, self.pool.rkey,
                                       fd=self.pool.fd, size=self.pool.size)
                 data_info = self.transport.start(bind_host)
+                handlers = getattr(self.transport, "control_handlers", None)
+                if handlers is not None:
+                    # A producer whose transport needs set-up per consumer (rdma: QP
+                    # exchange) serves it on its own control endpoint on the bind host.
+                    self.control = RpcServer(f"{bind_host}:0", handlers()).start()
+                    data_info["control_port"] = self.control.port
+            control = self.control or self.server
             self.info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                          "protocol": protocol, "data": data_info,
-                         "control": self.server.address if self.server else None}
+                         "control": control.address if control else None}
             self._register()
         except BaseException:
             self.close(leave=False)
@@ -224,6 +232,9 @@ class Node:
                               + ("" if caps is None else f" and {len(caps)} capacities"))
         if not isinstance(keys, list):
             keys = list(keys)
+        prepare = getattr(self.transport, "prepare_local", None)
+        if prepare is not None:
+            prepare(dest)   # rdma: the destination must be registered on every rail (cached)
         locs = np.empty(n, dtype=LOC_DTYPE)
         if self.cache.lookup_into(keys, locs) < n:
             self._fill_from_directory(keys, locs)
@@ -277,9 +288,16 @@ class Node:
             what = STATUS_TEXT.get(Status(ecode), f"status {ecode}") if ecode in Status._value2member_map_ \
                 else f"status {ecode}"
             error = error or f"read from node {node_id} failed: {what}" + (f" ({etext})" if etext else "")
-            if ecode in (Status.PEER_GONE, Status.CONNECTION):
+            if ecode in (Status.PEER_GONE, Status.CONNECTION) or not self._handle_alive(enode):
+                # A dead handle (an rdma channel failed) is dropped: the next batch
+                # connects again, which resets the channels on both sides.
                 self._forget_node(node_id)
         return error, stale
+
+    def _handle_alive(self, idx: int) -> bool:
+        with self._handles_lock:
+            h = self._handles[idx] if idx < len(self._handles) else None
+        return h is None or h.alive()
 
     def _connect_needed(self, locs, codes) -> tuple[str | None, int]:
         """Open native handles for the nodes a batch needs: (first failure's text, handles made)."""
@@ -417,6 +435,9 @@ class Node:
         if tr is not None:
             tr.close()
             self.transport = None
+        if self.control is not None:
+            self.control.stop()
+            self.control = None
         if self.server is not None:
             self.server.stop()
             self.server = None

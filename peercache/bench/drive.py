@@ -54,10 +54,30 @@ class _Worker:
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
         self.node = Node(cfg["discovery_addr"], protocol=cfg["protocol"],
                          max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
-                         rpc_timeout=3.0, name=f"drive-{pidx}")
+                         rpc_timeout=3.0, name=f"drive-{pidx}",
+                         transport_options=cfg.get("transport_options"))
         per_batch = cfg["batch_size"] * self.objs * cfg["page_size"]
         self.slice_bytes = per_batch
-        self.recv = np.zeros(per_batch * max(cfg["concurrencies"]), dtype=np.uint8)
+        total = per_batch * max(cfg["concurrencies"])
+        self.gpu, self.gpu_method = None, None
+        if cfg.get("gpu"):
+            self._setup_gpu(total)
+        else:
+            self.recv = np.zeros(total, dtype=np.uint8)
+            self.dest = self.recv
+
+    def _setup_gpu(self, total: int) -> None:
+        """GPU receive buffer: GPUDirect with rdma, pinned host staging with tcp and shm."""
+        from .. import gpu
+        self.gpu = gpu.GpuBuffer(total, self.cfg.get("gpu_device", 0))
+        if self.cfg["protocol"] == "rdma":
+            self.gpu_method = gpu.register_for_rdma(self.node.transport, self.gpu)
+            self.recv = None
+            self.dest = self.gpu.dest()
+        else:
+            self.gpu_method = "pinned-staging"
+            self.recv = self.gpu.pinned(total)
+            self.dest = self.recv
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg["ready_timeout"]
@@ -118,8 +138,11 @@ class _Worker:
             t_s = time.perf_counter()
             try:
                 if get:
-                    r = self.node.get_batch_into(keys, self.recv, offsets, caps)
+                    r = self.node.get_batch_into(keys, self.dest, offsets, caps)
                     status, err = r.status, r.error
+                    if self.gpu is not None and self.recv is not None:
+                        # tcp/shm into GPU memory: staged in pinned host memory, then copied.
+                        self.gpu.upload(self.recv[base: base + len(keys) * page], base)
                 else:
                     present = self.node.exists_batch(keys)
                     status = np.where(present, int(Get.HIT), int(Get.MISS)).astype(np.int8)
@@ -134,7 +157,10 @@ class _Worker:
             n_hit, n_err = int(hits.sum()), int((status == Get.ERROR).sum())
             vfail = 0
             if get and cfg["verify"] and n_hit:
-                view = self.recv[base: base + len(keys) * page].reshape(len(keys), page)
+                if self.gpu is not None:
+                    view = self.gpu.download(base, len(keys) * page).reshape(len(keys), page)
+                else:
+                    view = self.recv[base: base + len(keys) * page].reshape(len(keys), page)
                 ok = tags.verify_patterns(view[hits], self.khash[idx][hits], r.generations[hits])
                 vfail = int((~ok).sum())
             if win_start <= done <= win_end:
@@ -165,7 +191,7 @@ def _worker_main(conn, cfg: dict, pidx: int, live) -> None:
     try:
         worker = _Worker(cfg, pidx, live)
         worker.wait_ready()
-        conn.send(("ready", None))
+        conn.send(("ready", worker.gpu_method))
         while True:
             if not conn.poll(cfg["ready_timeout"] + cfg["warmup"] + cfg["duration"] + 120):
                 return  # the parent went away
@@ -240,10 +266,12 @@ def format_table(doc: dict) -> str:
 def run(args) -> tuple[int, dict]:
     """Run every concurrency point; returns (exit status, result document)."""
     options.validate(args, "drive")
+    check_prerequisites(args)
     cfg = {k: getattr(args, k) for k in (
         "discovery_addr", "protocol", "layout", "page_size", "working_set", "max_channels",
         "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup",
-        "op", "verify", "access", "seed", "ready_timeout")}
+        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device")}
+    cfg["transport_options"] = options.transport_options(args)
     start = meta.now_iso()
     doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "drive",
            "meta": {**meta.host_block(), "command": meta.command_line(), "start": start, "end": None,
@@ -255,6 +283,9 @@ def run(args) -> tuple[int, dict]:
                     "working_set": args.working_set, "max_channels": args.max_channels,
                     "dir_cache_ttl": args.dir_cache_ttl, "duration": args.duration, "warmup": args.warmup,
                     "op": args.op, "verify": args.verify, "access": args.access,
+                    "gpu": args.gpu, "gpu_registration": None,
+                    "ib_port": args.ib_port if args.protocol == "rdma" else None,
+                    "gid_index": args.gid_index if args.protocol == "rdma" else None,
                     "versions": meta.versions(), "git_revision": meta.git_revision()},
            "points": [], "status": "ok", "error": None}
     ctx = mp.get_context("spawn")
@@ -271,6 +302,7 @@ def run(args) -> tuple[int, dict]:
             msg = _recv(c, args.ready_timeout + 30, f"driver process {i} did not get ready")
             if msg[0] == "error":
                 raise PeerCacheError(msg[1])
+            doc["meta"]["gpu_registration"] = msg[1]
         say(f"drive: {args.processes} process(es) ready against {args.discovery_addr}")
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3
@@ -312,6 +344,16 @@ def run(args) -> tuple[int, dict]:
                                             "errors during the run")
     _tell_serve(args, doc)
     return (0 if doc["status"] == "ok" else 1), doc
+
+
+def check_prerequisites(args) -> None:
+    """Fail before any process starts when --gpu or --protocol rdma cannot work here."""
+    if args.gpu:
+        from .. import gpu
+        gpu.require()
+    if args.protocol == "rdma":
+        from ..rdma import devices
+        devices.discover(options.devices(args), args.ib_port, args.gid_index)
 
 
 def _recv(conn, timeout: float, what: str):

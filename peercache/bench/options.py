@@ -38,6 +38,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", default="tcp", choices=PROTOCOLS, help="data transport [%(default)s]")
     p.add_argument("--device-name", default=None, help="one RDMA device (rdma protocol)")
     p.add_argument("--devices", default=None, help="comma-separated RDMA devices, one rail each (rdma)")
+    p.add_argument("--ib-port", type=int, default=1, help="RDMA port of each device (rdma) [%(default)s]")
+    p.add_argument("--gid-index", type=int, default=None,
+                   help="GID table index (rdma; RoCE v2 IPv4 entry found automatically when omitted)")
     p.add_argument("--layout", default="mla", choices=sorted(LAYOUTS),
                    help="mla: one object per page; mha: K and V objects [%(default)s]")
     p.add_argument("--page-size", type=int, default=131072, help="bytes per object [%(default)s]")
@@ -83,6 +86,10 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-at", type=start_time, default=None,
                    help="EPOCH[+SECONDS] at which the first point starts (several drivers measuring "
                         "one shared window, as the lab's group runner does)")
+    p.add_argument("--gpu", action="store_true",
+                   help="receive into GPU memory (PyTorch or CuPy): rdma registers it for GPUDirect "
+                        "(dma-buf, else nvidia-peermem); tcp and shm stage through pinned host memory")
+    p.add_argument("--gpu-device", type=int, default=0, help="CUDA device of --gpu [%(default)s]")
     p.add_argument("--out", default=None, help="write the JSON result document here")
 
 
@@ -91,6 +98,13 @@ def devices(args) -> list[str]:
     if args.devices:
         return [d for d in args.devices.split(",") if d]
     return [args.device_name] if args.device_name else []
+
+
+def transport_options(args) -> dict:
+    """Options of the transport named by --protocol (rdma: devices, port, GID index)."""
+    if args.protocol != "rdma":
+        return {}
+    return {"devices": devices(args), "ib_port": args.ib_port, "gid_index": args.gid_index}
 
 
 def objects_per_page(layout: str) -> int:
@@ -107,6 +121,10 @@ def validate(args, mode: str) -> None:
         raise ConfigError(f"--max-channels must be positive, got {args.max_channels}")
     if args.device_name and args.devices:
         raise ConfigError("give either --device-name or --devices, not both")
+    if args.ib_port < 1:
+        raise ConfigError(f"--ib-port must be >= 1, got {args.ib_port}")
+    if args.gid_index is not None and args.gid_index < 0:
+        raise ConfigError(f"--gid-index must be >= 0, got {args.gid_index}")
     if mode == "serve":
         if args.readers < 0:
             raise ConfigError(f"--readers must be >= 0, got {args.readers}")

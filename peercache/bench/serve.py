@@ -39,7 +39,8 @@ def run(args) -> int:
 
     node = Node(args.discovery_addr, protocol=args.protocol, bind_host=bind, host_discovery=True,
                 pool_slots=len(keys), slot_capacity=args.page_size, max_channels=args.max_channels,
-                heartbeat_timeout=args.heartbeat_timeout, name="serve")
+                heartbeat_timeout=args.heartbeat_timeout, name="serve",
+                transport_options=options.transport_options(args))
     try:
         node.add_handler("reader_done", reader_done)
         t0 = time.monotonic()
@@ -65,6 +66,8 @@ def run(args) -> int:
                             "end": meta.now_iso(), "protocol": args.protocol, "layout": args.layout,
                             "page_size": args.page_size, "objects": len(keys),
                             "devices": options.devices(args), "versions": meta.versions(),
+                            "rails": (node.transport.rail_info()
+                                      if hasattr(node.transport, "rail_info") else None),
                             "git_revision": meta.git_revision()},
                    "readers_done": readers_done,
                    "refused_ops": getattr(node.transport, "refused", None)}

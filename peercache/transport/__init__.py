@@ -36,8 +36,8 @@ def make_transport(protocol: str, native: bool | None = None, **options) -> Tran
         from .shm import ShmTransport
         return ShmTransport(**options)
     if protocol == "rdma":
-        raise TransportUnavailable(
-            "--protocol rdma is not available in this build yet; use --protocol tcp or shm")
+        from .rdma import RdmaTransport
+        return RdmaTransport(**options)
     raise ConfigError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
 
 

@@ -1,0 +1,264 @@
+"""rdma transport: RC QPs per rail and channel, one-sided READs into registered buffers.
+
+Producer: the pool is registered on every rail (one rkey per rail); its
+endpoint info carries the rails and the per-rail keys, and its control
+endpoint answers ``rdma_connect``: it creates one QP per (consumer rail,
+channel), brings them to RTS against the consumer's QPs and replies with
+its own QP numbers, PSNs, GIDs, LIDs and MTUs. Consumer: creates its QPs,
+exchanges that information, moves them INIT -> RTR -> RTS and hands the
+connection to the native batch path (``peercache._native.adopt``), which
+plans, posts and polls without the GIL. A channel that fails marks the
+connection dead; the node drops it and the next batch connects again with
+fresh QPs on both sides (the channel reset).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ..errors import PeerCacheError, TransportError, TransportUnavailable
+from ..rdma import devices
+from ..rpc import RpcClient
+from .base import OP_DTYPE, Status, Transport, native_module
+
+log = logging.getLogger(__name__)
+
+#: Consumer connections a producer keeps QPs for (oldest dropped beyond this).
+MAX_ACCEPTED = 1024
+#: Local buffers kept registered per process (least recently used dropped beyond this).
+MAX_LOCAL_REGISTRATIONS = 64
+#: Ops up to this size may land in unregistered memory (the native side bounces them).
+BOUNCE_MAX = 64
+
+
+def buffer_address(buf) -> tuple[int, int]:
+    """(address, bytes) of a C-contiguous buffer-protocol object."""
+    a = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+    return int(a.ctypes.data), int(a.nbytes)
+
+
+class RdmaTransport(Transport):
+    """RDMA READ transport over one or more rails (devices) in this process."""
+
+    name = "rdma"
+    native = True
+
+    def __init__(self, max_channels: int = 4, *, devices: list[str] | None = None, device_name: str | None = None, ib_port: int = 1,
+                 gid_index: int | None = None, sq_depth: int = 256, timeout_s: float = 5.0,
+                 signal_every: int = 16, max_chain: int = 64, connect_timeout: float = 5.0,
+                 **_ignored: Any):
+        names = list(devices or ([device_name] if device_name else []))
+        self.specs = _discover(names, ib_port, gid_index)
+        mod, why = native_module()
+        if mod is None:
+            raise TransportUnavailable(f"--protocol rdma needs the native module: {why}")
+        self._native = mod
+        self._verbs = devices_module().load_verbs()
+        self.channels = max(1, min(int(max_channels), self._verbs.MAX_CHANNELS))
+        self.sq_depth, self.timeout_s = sq_depth, timeout_s
+        self.signal_every, self.max_chain = signal_every, max_chain
+        self.connect_timeout = connect_timeout
+        self.id = uuid.uuid4().hex
+        self.rails = []
+        try:
+            for s in self.specs:
+                self.rails.append(self._verbs.Rail(s.device, s.port, s.gid_index, s.numa))
+        except OSError as e:
+            self.rails.clear()
+            raise TransportUnavailable(f"--protocol rdma: {e}") from e
+        self._regions: list[tuple[int, int, int, list[tuple[int, int]]]] = []
+        self._accepted: OrderedDict[str, Any] = OrderedDict()
+        self._peers: dict[str, Any] = {}
+        self._locals: OrderedDict[tuple[int, int], list] = OrderedDict()
+        self._lock = threading.Lock()
+        self._connecting = threading.Lock()
+
+    # -- description ---------------------------------------------------------------
+    def rail_info(self) -> list[dict[str, Any]]:
+        """Device, port, GID, MTU, NUMA node and limits of each rail."""
+        return [dict(r.info(), mtu_bytes=s.mtu) for r, s in zip(self.rails, self.specs)]
+
+    # -- producer ------------------------------------------------------------------
+    def expose(self, region_id: int, buffer, rkey: int, **info: Any) -> None:
+        keys = []
+        for r in self.rails:
+            try:
+                addr, _lkey, rk, _numa = r.register(buffer)
+            except OSError as e:
+                raise TransportError(f"cannot register region {region_id} for rdma: {e}") from e
+            keys.append((addr, rk))
+        size = buffer_address(buffer)[1]
+        self._regions.append((int(region_id), int(rkey), size, keys))
+
+    def start(self, bind_host: str) -> dict[str, Any]:
+        return {"host": bind_host, "rails": [{"device": s.device, "port": s.port, "numa": s.numa,
+                                              "link_layer": s.link_layer, "mtu": s.mtu} for s in self.specs],
+                "regions": [[rid, cap, size, [list(k) for k in keys]] for rid, cap, size, keys in self._regions]}
+
+    def control_handlers(self) -> dict:
+        """Control ops this transport serves on the node's control endpoint."""
+        return {"rdma_connect": self._accept, "rdma_disconnect": self._disconnect}
+
+    def _accept(self, msg: dict) -> dict:
+        """Create QPs for a consumer's (rail, channel) pairs and bring them to RTS."""
+        consumer, nrails, nchan = str(msg["consumer"]), int(msg["rails"]), int(msg["channels"])
+        qps = msg["qps"]
+        if not 1 <= nrails <= self._verbs.MAX_RAILS or not 1 <= nchan <= self._verbs.MAX_CHANNELS:
+            raise TransportError(f"rdma_connect asks for {nrails} rails x {nchan} channels; the limits "
+                                 f"are {self._verbs.MAX_RAILS} x {self._verbs.MAX_CHANNELS}")
+        # Consumer rail i talks to producer rail i mod n: equal counts pair one to one.
+        mine = [self.rails[i % len(self.rails)] for i in range(nrails)]
+        try:
+            ch = self._verbs.Channels(mine, nchan, self.sq_depth, self.timeout_s)
+            ch.connect(qps)
+        except (OSError, ValueError) as e:
+            raise TransportError(f"rdma_connect from {consumer}: {e}") from e
+        with self._lock:
+            old = self._accepted.pop(consumer, None)
+            self._accepted[consumer] = ch
+            while len(self._accepted) > MAX_ACCEPTED:
+                self._accepted.popitem(last=False)[1].close()
+        if old is not None:
+            old.close()
+        regions = [[rid, cap, size, [list(keys[i % len(keys)]) for i in range(nrails)]]
+                   for rid, cap, size, keys in self._regions]
+        return {"qps": ch.local_info(), "regions": regions}
+
+    def _disconnect(self, msg: dict) -> dict:
+        with self._lock:
+            ch = self._accepted.pop(str(msg["consumer"]), None)
+        if ch is not None:
+            ch.close()
+        return {"closed": ch is not None}
+
+    # -- consumer ------------------------------------------------------------------
+    def native_peer(self, peer: str, info: dict[str, Any]):
+        with self._lock:
+            h = self._peers.get(peer)
+        if h is not None and h.alive():
+            return h
+        with self._connecting:
+            with self._lock:
+                h = self._peers.get(peer)
+            if h is not None and h.alive():
+                return h
+            h = self._connect(peer, info)
+            with self._lock:
+                self._peers[peer] = h
+            return h
+
+    def _connect(self, peer: str, info: dict[str, Any], rkey_xor: int = 0):
+        """A connected native Peer (``rkey_xor`` corrupts the remote keys: fault injection in tests)."""
+        try:
+            host, port = info["host"], int(info["control_port"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise TransportError(f"rdma endpoint info of {peer} lacks its control endpoint ({e}); is the "
+                                 "producer running PeerCache with --protocol rdma?") from e
+        try:
+            ch = self._verbs.Channels(self.rails, self.channels, self.sq_depth, self.timeout_s)
+        except OSError as e:
+            raise TransportError(f"cannot create RC QPs for {peer}: {e}") from e
+        cli = RpcClient(f"{host}:{port}", timeout=self.connect_timeout, what=f"control endpoint of {peer}")
+        try:
+            reply = cli.call("rdma_connect", consumer=f"{self.id}/{peer}", rails=len(self.rails),
+                             channels=self.channels, qps=ch.local_info())
+            ch.connect(reply["qps"], self.signal_every, self.max_chain)
+            ch.set_regions([(rid, cap, size, [(addr, rk ^ rkey_xor) for addr, rk in keys])
+                            for rid, cap, size, keys in reply["regions"]])
+        except (PeerCacheError, OSError, ValueError, KeyError, TypeError) as e:
+            ch.close()
+            raise TransportError(f"rdma connection to {peer} at {host}:{port} failed: {e}") from e
+        finally:
+            cli.close()
+        return self._native.adopt(ch.handoff())
+
+    def prepare_local(self, buf) -> None:
+        """Register a destination buffer on every rail (kept, least recently used dropped)."""
+        key = buffer_address(buf)
+        with self._lock:
+            if key in self._locals:
+                self._locals.move_to_end(key)
+                return
+        regs = []
+        try:
+            for r in self.rails:
+                regs.append((r, r.register(buf)[0]))
+        except OSError as e:
+            for r, addr in regs:
+                r.deregister(addr)
+            raise TransportError(f"cannot register the receive buffer ({key[1]} bytes) for rdma: {e}") from e
+        with self._lock:
+            self._locals[key] = regs
+            while len(self._locals) > MAX_LOCAL_REGISTRATIONS:
+                for r, addr in self._locals.popitem(last=False)[1]:
+                    r.deregister(addr)
+
+    def prepare_device(self, addr: int, length: int, dmabuf_fd: int = -1, numa: int = -1) -> None:
+        """Register GPU memory on every rail: by dma-buf when ``dmabuf_fd`` >= 0, else by address."""
+        key = (int(addr), int(length))
+        regs = []
+        try:
+            for r in self.rails:
+                regs.append((r, r.register_device(addr, length, dmabuf_fd, 0, numa)[0]))
+        except OSError:
+            for r, a in regs:
+                r.deregister(a)
+            raise
+        with self._lock:
+            self._locals[key] = regs
+
+    def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
+        ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
+        status = np.zeros(len(ops), dtype=np.int32)
+        for j, buf in enumerate(local):
+            if (ops["length"][ops["local_region"] == j] > BOUNCE_MAX).any():
+                self.prepare_local(buf)
+        try:
+            h = self.native_peer(peer, info)
+        except TransportError as e:
+            log.warning("%s", e)
+            status[:] = Status.PEER_GONE
+            return status
+        err = h.read_batch(ops, local, status)
+        if err:
+            log.warning("rdma read from %s failed: %s", peer, err)
+            if not h.alive():
+                self.forget(peer)
+        return status
+
+    def forget(self, peer: str) -> None:
+        with self._lock:
+            h = self._peers.pop(peer, None)
+        if h is not None:
+            h.close()
+
+    def close(self) -> None:
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+            accepted, self._accepted = list(self._accepted.values()), OrderedDict()
+            locals_, self._locals = list(self._locals.values()), OrderedDict()
+        for h in peers:
+            h.close()
+        for ch in accepted:
+            ch.close()
+        for regs in locals_:
+            for r, addr in regs:
+                r.deregister(addr)
+        self.rails = []
+
+
+def devices_module():
+    """The device-discovery module (a seam for tests)."""
+    return devices
+
+
+def _discover(names: list[str], port: int, gid_index: int | None):
+    if port < 1:
+        raise TransportUnavailable(f"--ib-port must be >= 1, got {port}")
+    return devices_module().discover(names, port, gid_index)
+

@@ -1,0 +1,170 @@
+"""rdma without hardware: device discovery rules, and --protocol rdma / --gpu failing clearly."""
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import BENCH, free_port
+from peercache.errors import TransportUnavailable
+from peercache.rdma import devices as D
+
+ROCE_TABLE = [
+    D.GidEntry(0, "fe80:0000:0000:0000:0a5c:52ff:fe10:0001", D.GID_TYPE_ROCE_V1),
+    D.GidEntry(1, "fe80:0000:0000:0000:0a5c:52ff:fe10:0001", D.GID_TYPE_ROCE_V2),
+    D.GidEntry(2, "0000:0000:0000:0000:0000:ffff:0a00:0005", D.GID_TYPE_ROCE_V1),
+    D.GidEntry(3, "0000:0000:0000:0000:0000:ffff:0a00:0005", D.GID_TYPE_ROCE_V2),
+]
+
+
+def port_attr(state=D.PORT_ACTIVE, link=D.LINK_ETHERNET, mtu=5):
+    return SimpleNamespace(state=state, link_layer=link, active_mtu=mtu)
+
+
+def test_roce_v2_ipv4_gid_is_picked():
+    assert D.pick_gid_index(ROCE_TABLE) == 3
+    assert D.gid_ipv4(ROCE_TABLE[3].gid) == "10.0.0.5"
+    assert D.gid_ipv4(ROCE_TABLE[1].gid) is None
+
+
+def test_gid_preference_global_ipv6_over_link_local_and_none_without_v2():
+    table = [D.GidEntry(1, "fe80::1", D.GID_TYPE_ROCE_V2), D.GidEntry(4, "2001:db8::7", D.GID_TYPE_ROCE_V2),
+             D.GidEntry(5, "::", D.GID_TYPE_ROCE_V2)]
+    assert D.pick_gid_index(table) == 4
+    assert D.pick_gid_index([e for e in ROCE_TABLE if e.gid_type != D.GID_TYPE_ROCE_V2]) is None
+
+
+def test_rail_spec_roce_autodetects_and_honours_gid_index():
+    s = D.rail_spec("mlx5_0", 1, port_attr(), ROCE_TABLE, None, 1)
+    assert (s.gid_index, s.mtu, s.numa) == (3, 4096, 1)
+    assert D.rail_spec("mlx5_0", 1, port_attr(), ROCE_TABLE, 1, 1).gid_index == 1
+
+
+def test_rail_spec_infiniband_uses_lid_without_grh():
+    assert D.rail_spec("mlx5_0", 1, port_attr(link=D.LINK_IB), [], None, 0).gid_index == -1
+
+
+@pytest.mark.parametrize("attr,gids,gid_index,message", [
+    (port_attr(state=1), ROCE_TABLE, None, "port 1 of mlx5_0 is DOWN, not ACTIVE"),
+    (port_attr(), ROCE_TABLE[:1], None, "no RoCE v2 GID on mlx5_0 port 1"),
+    (port_attr(), ROCE_TABLE, 9, "--gid-index 9 is not populated on mlx5_0 port 1"),
+])
+def test_rail_spec_names_what_is_missing(attr, gids, gid_index, message):
+    with pytest.raises(TransportUnavailable, match=message):
+        D.rail_spec("mlx5_0", 1, attr, gids, gid_index, 0)
+
+
+def test_choose_devices():
+    assert D.choose([], ["mlx5_0", "mlx5_1"]) == ["mlx5_0"]
+    assert D.choose(["mlx5_1", "mlx5_0"], ["mlx5_0", "mlx5_1"]) == ["mlx5_1", "mlx5_0"]
+    with pytest.raises(TransportUnavailable, match="device mlx5_7 named in --devices/--device-name not found; "
+                                                   "this host has mlx5_0"):
+        D.choose(["mlx5_0", "mlx5_7"], ["mlx5_0"])
+    with pytest.raises(TransportUnavailable, match="twice"):
+        D.choose(["mlx5_0", "mlx5_0"], ["mlx5_0"])
+
+
+def test_sysfs_gid_table_and_numa_from_a_fixture_tree(tmp_path):
+    port = tmp_path / "class/infiniband/mlx5_3/ports/1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs/types").mkdir(parents=True)
+    for e in ROCE_TABLE:
+        (port / "gids" / str(e.index)).write_text(e.gid + "\n")
+        kind = {D.GID_TYPE_ROCE_V1: "IB/RoCE v1", D.GID_TYPE_ROCE_V2: "RoCE v2"}[e.gid_type]
+        (port / "gid_attrs/types" / str(e.index)).write_text(kind + "\n")
+    (port / "gids" / "7").write_text("0000:0000:0000:0000:0000:0000:0000:0000\n")   # unpopulated
+    (tmp_path / "class/infiniband/mlx5_3/device").mkdir()
+    (tmp_path / "class/infiniband/mlx5_3/device/numa_node").write_text("1\n")
+    got = D.sysfs_gids("mlx5_3", 1, str(tmp_path))
+    assert [(g.index, g.gid_type) for g in got] == [(e.index, e.gid_type) for e in ROCE_TABLE]
+    assert D.pick_gid_index(got) == 3
+    assert D.device_numa("mlx5_3", str(tmp_path)) == 1
+    assert D.device_numa("nope", str(tmp_path)) == -1
+
+
+def test_missing_pyverbs_and_missing_backend_are_named(monkeypatch):
+    real = importlib.import_module
+
+    def fake(name, *a):
+        if name in ("pyverbs.device", "peercache._verbs"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    with pytest.raises(TransportUnavailable, match="no pyverbs .*python3-pyverbs.*cython<3.1"):
+        D.discover(["mlx5_0"])
+    with pytest.raises(TransportUnavailable, match="verbs backend .* not built: install libibverbs-dev"):
+        D.load_verbs()
+
+
+def test_no_device_is_named_by_discovery():
+    try:
+        importlib.import_module("pyverbs.device")
+        names, why = importlib.import_module("peercache._verbs").devices()
+    except ImportError as e:
+        pytest.skip(f"pyverbs or the verbs backend is not available here ({e})")
+    if names:
+        pytest.skip(f"this host has RDMA devices ({', '.join(names)})")
+    with pytest.raises(TransportUnavailable, match="no RDMA device: ibv_get_device_list returned 0 devices"):
+        D.discover([])
+
+
+def _no_rdma_device() -> str | None:
+    """Why rdma cannot run here, or None when it can."""
+    try:
+        D.discover([])
+    except TransportUnavailable as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("mode", ["serve", "drive"])
+def test_protocol_rdma_fails_fast_naming_what_is_missing(mode):
+    why = _no_rdma_device()
+    if why is None:
+        pytest.skip("this host can run rdma; the failure path is not reachable")
+    addr = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    r = subprocess.run([*BENCH, mode, "--protocol", "rdma", "--discovery-addr", addr, "--working-set", "64"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert time.monotonic() - t0 < 20
+    assert f"peercache-bench {mode}: --protocol rdma:" in r.stderr
+    assert any(s in r.stderr for s in ("no RDMA device", "no pyverbs", "verbs backend"))
+    assert "Traceback" not in r.stderr
+
+
+def test_named_device_not_found_or_no_device(tmp_path):
+    why = _no_rdma_device()
+    addr = f"127.0.0.1:{free_port()}"
+    r = subprocess.run([*BENCH, "drive", "--protocol", "rdma", "--devices", "nosuchdev0,nosuchdev1",
+                        "--discovery-addr", addr, "--working-set", "4", "--batch-size", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    if why is None:
+        assert "nosuchdev0, nosuchdev1 named in --devices/--device-name not found" in r.stderr
+    else:
+        assert "--protocol rdma:" in r.stderr
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--ib-port", "0"], "--ib-port must be >= 1"),
+    (["--gid-index", "-2"], "--gid-index must be >= 0"),
+])
+def test_rdma_flags_are_validated(flags, message):
+    r = subprocess.run([*BENCH, "drive", "--protocol", "rdma", *flags], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and message in r.stderr
+
+
+def test_transport_options_only_for_rdma():
+    from peercache.bench import cli, options
+    p = cli.build_parser()
+    a = p.parse_args(["drive", "--protocol", "rdma", "--devices", "a,b", "--ib-port", "2", "--gid-index", "3"])
+    assert options.transport_options(a) == {"devices": ["a", "b"], "ib_port": 2, "gid_index": 3}
+    a = p.parse_args(["serve", "--device-name", "a"])
+    assert options.transport_options(a) == {}
