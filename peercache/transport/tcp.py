@@ -100,16 +100,19 @@ class _Server:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.refused = 0
+        # Set before the thread starts: close() may run before it is scheduled.
+        self.lsock.settimeout(0.2)
         self._thread = threading.Thread(target=self._accept, name="tcp-data-accept", daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
-        self.lsock.settimeout(0.2)
         while not self._stop.is_set():
             try:
                 conn, _ = self.lsock.accept()
-            except (socket.timeout, OSError):
+            except socket.timeout:
                 continue
+            except OSError:
+                return  # listening socket closed by close()
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._conns.add(conn)
