@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from enum import IntEnum
 from typing import Any, Callable, Sequence
 
@@ -140,8 +139,7 @@ class Node:
     def _republish(self) -> None:
         if self.pool is None:
             return
-        refs = [r for r in (self.pool.ref(k) for k in list(self.pool._refs)) if r is not None]
-        self._publish(refs, [])
+        self._publish(self.pool.refs(), [])
 
     # -- producing ------------------------------------------------------------------
     def _loc(self, ref: SlotRef) -> list:

@@ -135,6 +135,11 @@ class Pool:
         with self._lock:
             return self._refs.get(key)
 
+    def refs(self) -> list[SlotRef]:
+        """Every object currently in the pool (a snapshot)."""
+        with self._lock:
+            return list(self._refs.values())
+
     def __len__(self) -> int:
         return len(self._refs)
 

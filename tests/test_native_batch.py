@@ -11,7 +11,7 @@ from peercache import tags
 from peercache.node import Get, Node
 from peercache.pool import Pool
 from peercache.transport import make_transport
-from peercache.transport.base import LOC_DTYPE, OP_DTYPE, Status, make_ops, native_module
+from peercache.transport.base import LOC_DTYPE, Status, make_ops, native_module
 from peercache.transport.shm import ShmTransport
 from peercache.transport.tcp import NativeTcpTransport, TcpTransport
 

@@ -1,7 +1,5 @@
-import socket
 import time
 
-import msgpack
 import pytest
 import zmq
 

@@ -7,7 +7,6 @@ No measured number lives here: every value comes from the rows.
 """
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 from dataclasses import dataclass, field

@@ -300,12 +300,10 @@ class PairRunner:
         client = _Side("client", self.client, self.log_dir)
         sides = [server, client]
         error: str | None = None
-        started_client = False
         try:
             server.start()
             _await_ready(server, self.ready, time.monotonic() + self.ready.timeout)
             client.start()
-            started_client = True
             error = _wait_clients([server], [client], self.client_timeout, self.server_exits)
             if error is None:
                 error = _finish_servers([server], self.server_timeout, self.server_exits, self.grace)

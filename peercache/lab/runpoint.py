@@ -17,7 +17,7 @@ import json
 import math
 import re
 import sys
-import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +153,7 @@ class PointRun:
                                   + "; ".join(pc.messages))
 
     # -- kinds ----------------------------------------------------------------------
-    def skip(self, th: TestbedHosts | None) -> None:
+    def skip(self) -> None:
         p = self.point.params
         tool = "peercache-bench" if self.point.name.startswith(("pc_", "group_")) else self.point.name.split("_")[0]
         self.rows.append(Row(metric="get_throughput" if tool == "peercache-bench" else "bw", value=None,
@@ -188,12 +188,9 @@ class PointRun:
                             ready, client_timeout=self.timeout, server_exits=server_exits,
                             log_dir=self.raw_dir, name=self.point.name)
         try:
-            res = runner.run()
-            return res, None
+            return runner.run(), None
         except PairFailed as e:
             return e.result, str(e)
-        finally:
-            pass
 
     def _record(self, res) -> None:
         if res is None:
@@ -400,7 +397,7 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
     host_note = None
     try:
         if point.kind == "skip":
-            pr.skip(None)
+            pr.skip()
         else:
             with testbed_hosts(tb) as th:
                 host_note = th.note
@@ -411,9 +408,12 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
                 if devices:
                     pr.check_counters(before, crosscheck.sample_ports(th.consumer, devices, port),
                                       crosscheck.line_rates(th.consumer, devices, port))
-    except (ParseError, ToolError) as e:
-        pr.fail("bw" if point.kind in ("iperf3", "perftest", "memcpy") else "get_throughput",
-                "B/s" if point.kind in ("iperf3", "perftest", "memcpy") else "GB/s", str(e))
+    except Exception as e:  # recorded as a failed point (with its logs); the pipeline goes on
+        if not isinstance(e, (ParseError, ToolError)):
+            traceback.print_exc()
+        raw = point.kind in ("iperf3", "perftest", "memcpy")
+        pr.fail("bw" if raw else "get_throughput", "B/s" if raw else "GB/s",
+                str(e) if isinstance(e, (ParseError, ToolError)) else f"{type(e).__name__}: {e}")
     if host_note:
         pr.notes.append(host_note)
     captures = {}
