@@ -39,7 +39,7 @@ def test_full_slot_is_one_read_with_three_entries():
     w = plan.wrs[0]
     assert w.remote_offset == 0 and w.length == H + 4096 + T
     assert [(s.local, s.local_offset, s.length) for s in w.sges] == [(0, 0, H), (1, 0, 4096), (0, H, T)]
-    assert w.signaled
+    assert w.signaled and not w.fence
 
 
 def test_partial_slot_is_header_payload_read_then_trailer_read_on_one_channel():
@@ -49,8 +49,9 @@ def test_partial_slot_is_header_payload_read_then_trailer_read_on_one_channel():
     hp, tr = plan.wrs
     assert hp.remote_offset == 0 and hp.length == H + 1000
     assert tr.remote_offset == H + 4096 and tr.length == T
-    # The trailer must be read after the payload: same rail, same channel, later.
+    # The trailer must be read after the payload: same rail, same channel, later, fenced.
     assert (hp.rail, hp.channel) == (tr.rail, tr.channel) and hp.index < tr.index
+    assert not hp.fence and tr.fence
 
 
 def test_empty_object_is_header_and_trailer_in_one_unit():
@@ -299,9 +300,10 @@ def test_random_batches_read_every_op_once_in_ascending_order_per_unit():
         got = sorted(op for w in plan.wrs for op in w.ops)
         assert got == list(range(len(ops))), trial
         for u in P.units(ops):
-            chans = {(plan.wrs[i].rail, plan.wrs[i].channel) for i in range(len(plan.wrs))
-                     if set(plan.wrs[i].ops) & set(u)}
-            assert len(chans) == 1
+            mine = [w for w in plan.wrs if set(w.ops) & set(u)]
+            assert len({(w.rail, w.channel) for w in mine}) == 1
+            # Only the first READ of a unit starts unfenced.
+            assert [w.fence for w in mine] == [False] + [True] * (len(mine) - 1)
         for c in plan.chains:
             assert 1 <= len(c.wrs) <= P.chain_length(lim) and plan.wrs[c.wrs[-1]].signaled
         for w in plan.wrs:

@@ -168,3 +168,112 @@ def test_transport_options_only_for_rdma():
     assert options.transport_options(a) == {"devices": ["a", "b"], "ib_port": 2, "gid_index": 3}
     a = p.parse_args(["serve", "--device-name", "a"])
     assert options.transport_options(a) == {}
+
+
+# ------------------------------------------- control plane with a stand-in verbs module (no device)
+class FakeRail:
+    """Stands in for peercache._verbs.Rail: registrations get distinct keys per rail."""
+
+    count = 0
+
+    def __init__(self, name, port, gid_index, numa):
+        FakeRail.count += 1
+        self.name, self.id, self.regs = name, FakeRail.count, {}
+
+    def info(self):
+        return {"name": self.name, "gid": bytes(16), "mtu": 5}
+
+    def register(self, buf, numa=-1):
+        from peercache.transport.rdma import buffer_address
+        addr = buffer_address(buf)[0]
+        self.regs[addr] = True
+        return addr, 1, 1000 * self.id + len(self.regs), 0
+
+    def deregister(self, addr):
+        return self.regs.pop(addr, None) is not None
+
+
+class FakeChannels:
+    """Stands in for peercache._verbs.Channels: records the exchange."""
+
+    made: list = []
+
+    def __init__(self, rails, nchan, depth, timeout):
+        self.rails, self.nchan, self.remote, self.regions, self.closed = rails, nchan, None, None, False
+        self.base = 100 * (len(FakeChannels.made) + 1)
+        FakeChannels.made.append(self)
+
+    def local_info(self):
+        return [{"rail": r, "channel": c, "qpn": self.base + r * self.nchan + c, "psn": 7, "gid": bytes(16),
+                 "lid": 0, "mtu": 5, "rd_atom": 16} for r in range(len(self.rails)) for c in range(self.nchan)]
+
+    def connect(self, remote, *limits):
+        self.remote = remote
+
+    def set_regions(self, regions):
+        self.regions = regions
+
+    def handoff(self):
+        return self
+
+    def alive(self):
+        return not self.closed
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_verbs(monkeypatch):
+    fake = SimpleNamespace(Rail=FakeRail, Channels=FakeChannels, MAX_RAILS=16, MAX_CHANNELS=64)
+    FakeChannels.made = []
+    monkeypatch.setattr(D, "load_verbs", lambda: fake)
+    monkeypatch.setattr(D, "discover", lambda names, port=1, gid=None, root="/sys": [
+        D.RailSpec(n, port, 3, i % 2, D.LINK_ETHERNET, 4096) for i, n in enumerate(names or ["dev0"])])
+    return fake
+
+
+def test_qp_exchange_through_the_producers_control_endpoint(fake_verbs):
+    from peercache.node import Node
+    from peercache.transport.rdma import RdmaTransport
+    addr = f"127.0.0.1:{free_port()}"
+    prod = Node(addr, protocol="rdma", host_discovery=True, pool_slots=8, slot_capacity=4096, name="prod",
+                transport_options={"devices": ["p0", "p1"]})
+    cons = RdmaTransport(max_channels=3, devices=["c0"])
+    try:
+        info = prod.info["data"]
+        assert info["host"] == "127.0.0.1" and info["control_port"] == prod.control.port
+        assert [r["device"] for r in info["rails"]] == ["p0", "p1"]
+        (rid, cap, size, keys), = info["regions"]
+        assert rid == 1 and cap == prod.pool.rkey and size == prod.pool.size
+        assert len(keys) == 2 and keys[0][1] != keys[1][1]            # one rkey per rail
+        cons._native = SimpleNamespace(adopt=lambda capsule: capsule)
+        mine = cons._connect(prod.node_id, info)
+        theirs = prod.transport._accepted[f"{cons.id}/{prod.node_id}"]
+        # Consumer rail 0 pairs with producer rail 0; three channels each, QPs crossed over.
+        assert [r.name for r in theirs.rails] == ["p0"] and theirs.nchan == 3
+        assert theirs.remote == mine.local_info() and mine.remote == theirs.local_info()
+        assert mine.regions == [(1, cap, size, [tuple(keys[0])])]
+        bad = cons._connect(prod.node_id, info, rkey_xor=0xFF)       # fault injection replaces it
+        assert bad.regions[0][3][0][1] == keys[0][1] ^ 0xFF
+        assert theirs.closed and prod.transport._accepted[f"{cons.id}/{prod.node_id}"] is not theirs
+        cons._peers[prod.node_id] = bad
+        cons.close()                                                   # tells the producer to drop its QPs
+        assert f"{cons.id}/{prod.node_id}" not in prod.transport._accepted
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_connect_refusal_names_the_peer(fake_verbs):
+    from peercache.errors import TransportError
+    from peercache.transport.rdma import RdmaTransport
+    cons = RdmaTransport(devices=["c0"])
+    try:
+        with pytest.raises(TransportError, match="lacks its control endpoint"):
+            cons._connect("n1", {"host": "127.0.0.1"})
+        with pytest.raises(TransportError, match=r"rdma connection to n1 at 127.0.0.1:\d+ failed: no reply"):
+            cons.connect_timeout = 0.3
+            cons._connect("n1", {"host": "127.0.0.1", "control_port": free_port()})
+    finally:
+        cons.close()

@@ -82,8 +82,8 @@ def test_native_planner_matches_python_planner_on_random_batches():
         wrs, refused, new_load = v.plan(ops, local_numa, rail_numa, load,
                                         (lim.sq_depth, lim.max_rd_atom, lim.max_sge, lim.signal_every,
                                          lim.max_chain), ch)
-        got = [(w[0], w[1], w[2], w[3], w[4], bool(w[5]), w[6], tuple(w[7])) for w in wrs]
-        exp = [(w.rail, w.channel, w.region, w.remote_offset, w.length, w.signaled, w.chain, w.ops)
+        got = [(w[0], w[1], w[2], w[3], w[4], bool(w[5]), w[6], tuple(w[7]), bool(w[8])) for w in wrs]
+        exp = [(w.rail, w.channel, w.region, w.remote_offset, w.length, w.signaled, w.chain, w.ops, w.fence)
                for w in want.wrs]
         assert got == exp, f"trial {trial}: {lim} channels={ch}"
         assert new_load == want.load

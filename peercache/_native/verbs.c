@@ -529,7 +529,7 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
             struct ibv_send_wr *x = &sw[w];
             x->wr_id = ((uint64_t)u->ch->epoch << PV_WR_INDEX_BITS) | (uint64_t)w;
             x->opcode = IBV_WR_RDMA_READ;
-            x->send_flags = p->signaled ? IBV_SEND_SIGNALED : 0;
+            x->send_flags = (p->signaled ? IBV_SEND_SIGNALED : 0) | (p->fence ? IBV_SEND_FENCE : 0);
             x->wr.rdma.remote_addr = rg->addr[u->rail] + p->remote_offset;
             x->wr.rdma.rkey = rg->rkey[u->rail];
             x->sg_list = &sg[nsg];

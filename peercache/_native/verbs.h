@@ -26,6 +26,7 @@ typedef struct pv_limits {
 /* One planned READ (peercache.rdma.plan.WorkRequest). */
 typedef struct pv_wr {
     uint32_t rail, channel, region, nsge, signaled, chain;
+    uint32_t fence;        /* not the first READ of its unit: IBV_SEND_FENCE */
     uint64_t remote_offset, length;
     uint32_t op[PV_MAX_SGE];
 } pv_wr;

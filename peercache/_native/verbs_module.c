@@ -451,10 +451,10 @@ static PyObject *py_plan(PyObject *mod, PyObject *args) {
     for (size_t w = 0; wl && w < nw; w++) {
         PyObject *opsl = PyTuple_New(wrs[w].nsge);
         for (uint32_t s = 0; opsl && s < wrs[w].nsge; s++) PyTuple_SET_ITEM(opsl, s, PyLong_FromUnsignedLong(wrs[w].op[s]));
-        PyList_SET_ITEM(wl, (Py_ssize_t)w, Py_BuildValue("(IIIKKIIN)", wrs[w].rail, wrs[w].channel, wrs[w].region,
+        PyList_SET_ITEM(wl, (Py_ssize_t)w, Py_BuildValue("(IIIKKIINI)", wrs[w].rail, wrs[w].channel, wrs[w].region,
                                                          (unsigned long long)wrs[w].remote_offset,
                                                          (unsigned long long)wrs[w].length, wrs[w].signaled,
-                                                         wrs[w].chain, opsl));
+                                                         wrs[w].chain, opsl, wrs[w].fence));
     }
     for (size_t i = 0; rl && i < n; i++) PyList_SET_ITEM(rl, (Py_ssize_t)i, PyLong_FromLong(refused[i]));
     for (Py_ssize_t r = 0; ll && r < nr; r++) PyList_SET_ITEM(ll, r, PyLong_FromUnsignedLongLong(load[r]));

@@ -2,7 +2,8 @@
  *
  * Ops -> units (ops that must stay on one QP, in order) -> rails (NUMA of the
  * destination, then least outstanding bytes) -> channels (round-robin per
- * rail) -> READs with up to max_sge scatter entries -> chains of at most
+ * rail) -> READs with up to max_sge scatter entries (later READs of a unit
+ * fenced) -> chains of at most
  * pv_chain_length WRs, every k-th and the last of a chain signalled. WRs are
  * numbered channel by channel, so a channel's WRs are one contiguous range.
  * A test compares this with the Python planner on random batches.
@@ -37,6 +38,7 @@ static int continues(const pc_op *ops, size_t f, size_t p, size_t i) {
 
 typedef struct proto {
     uint32_t key;          /* channel ordinal in order of first use */
+    uint32_t fence;        /* a later READ of its unit */
     uint32_t nsge;
     uint32_t op[PV_MAX_SGE];
 } proto;
@@ -111,6 +113,7 @@ int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal
                 }
             }
             pr[npr].key = (uint32_t)keymap[kslot];
+            pr[npr].fence = j > 0;
             pr[npr].nsge = 1;
             pr[npr++].op[0] = (uint32_t)o;
         }
@@ -140,6 +143,7 @@ int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal
             }
             o->signaled = (pos + 1) % k == 0 || pos == len - 1;
             o->chain = chain;
+            o->fence = pr[g].fence;
             pos++;
             seen++;
         }

@@ -14,7 +14,10 @@ random batches). Everything here is pure: no device, no memory registration.
 2. *Work requests*: remote-contiguous ops of a unit share one READ with one
    scatter entry per op, up to ``max_sge`` (a full slot is one READ with three
    entries: tag scratch, destination, tag scratch; a partial slot is a
-   header+payload READ with two entries and a trailer READ).
+   header+payload READ with two entries and a trailer READ). Every READ of a
+   unit after its first is *fenced* (IBV_SEND_FENCE): it starts only once the
+   READs before it completed, so the trailer is read after the payload even
+   when the responder would serve pipelined READs in parallel.
 3. *Rails*: each unit goes to a rail on the NUMA node of its destination
    buffer (all rails when none is local or the node is unknown), then to the
    one with the least outstanding bytes, counting what this plan already gave
@@ -88,6 +91,7 @@ class WorkRequest:
     sges: tuple[Sge, ...]
     signaled: bool
     chain: int
+    fence: bool = False    #: wait for the unit's earlier READs (seqlock order)
 
     @property
     def length(self) -> int:
@@ -196,7 +200,7 @@ def plan_reads(ops: np.ndarray, rail_numa: list[int], local_numa: list[int],
     keep[list(plan.refused)] = False
     k, cmax = signal_cadence(lim), chain_length(lim)
     rr = [0] * len(rail_numa)
-    per_channel: dict[tuple[int, int], list[list[int]]] = {}
+    per_channel: dict[tuple[int, int], list[tuple[list[int], bool]]] = {}
     order: list[tuple[int, int]] = []
     for u in units(ops):
         u = [i for i in u if keep[i]]
@@ -213,19 +217,19 @@ def plan_reads(ops: np.ndarray, rail_numa: list[int], local_numa: list[int],
         if key not in per_channel:
             per_channel[key] = []
             order.append(key)
-        per_channel[key].extend(work_requests(ops, u, lim.max_sge))
+        per_channel[key].extend((g, j > 0) for j, g in enumerate(work_requests(ops, u, lim.max_sge)))
     for rail, ch in order:
         groups = per_channel[(rail, ch)]
         for start in range(0, len(groups), cmax):
             chunk = groups[start:start + cmax]
             cid = len(plan.chains)
             ids = []
-            for pos, g in enumerate(chunk):
+            for pos, (g, fence) in enumerate(chunk):
                 sig = (pos + 1) % k == 0 or pos == len(chunk) - 1
                 w = WorkRequest(index=len(plan.wrs), rail=rail, channel=ch, region=region[g[0]],
                                 remote_offset=off[g[0]],
                                 sges=tuple(Sge(i, local[i], loff[i], length[i]) for i in g),
-                                signaled=sig, chain=cid)
+                                signaled=sig, chain=cid, fence=fence)
                 plan.wrs.append(w)
                 ids.append(w.index)
             plan.chains.append(Chain(cid, rail, ch, tuple(ids)))

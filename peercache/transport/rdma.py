@@ -13,8 +13,10 @@ fresh QPs on both sides (the channel reset).
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -29,7 +31,9 @@ from .base import OP_DTYPE, Status, Transport, native_module
 log = logging.getLogger(__name__)
 
 #: Consumer connections a producer keeps QPs for (oldest dropped beyond this).
-MAX_ACCEPTED = 1024
+MAX_ACCEPTED = 256
+#: Total seconds close() spends telling producers to drop our QPs (best effort).
+DISCONNECT_BUDGET_S = 3.0
 #: Local buffers kept registered per process (least recently used dropped beyond this).
 MAX_LOCAL_REGISTRATIONS = 64
 #: Ops up to this size may land in unregistered memory (the native side bounces them).
@@ -74,14 +78,20 @@ class RdmaTransport(Transport):
         self._regions: list[tuple[int, int, int, list[tuple[int, int]]]] = []
         self._accepted: OrderedDict[str, Any] = OrderedDict()
         self._peers: dict[str, Any] = {}
+        self._ctl: dict[str, str] = {}     # peer -> control endpoint we connected through
         self._locals: OrderedDict[tuple[int, int], list] = OrderedDict()
         self._lock = threading.Lock()
         self._connecting = threading.Lock()
 
     # -- description ---------------------------------------------------------------
     def rail_info(self) -> list[dict[str, Any]]:
-        """Device, port, GID, MTU, NUMA node and limits of each rail."""
-        return [dict(r.info(), mtu_bytes=s.mtu) for r, s in zip(self.rails, self.specs)]
+        """Device, port, GID, MTU, NUMA node and limits of each rail (JSON-ready)."""
+        out = []
+        for r, s in zip(self.rails, self.specs):
+            d = r.info()
+            d["gid"] = str(ipaddress.IPv6Address(bytes(d["gid"])))
+            out.append(dict(d, mtu_bytes=s.mtu))
+        return out
 
     # -- producer ------------------------------------------------------------------
     def expose(self, region_id: int, buffer, rkey: int, **info: Any) -> None:
@@ -175,6 +185,8 @@ class RdmaTransport(Transport):
             raise TransportError(f"rdma connection to {peer} at {host}:{port} failed: {e}") from e
         finally:
             cli.close()
+        with self._lock:
+            self._ctl[peer] = f"{host}:{port}"
         return self._native.adopt(ch.handoff())
 
     def prepare_local(self, buf) -> None:
@@ -242,14 +254,32 @@ class RdmaTransport(Transport):
             peers, self._peers = list(self._peers.values()), {}
             accepted, self._accepted = list(self._accepted.values()), OrderedDict()
             locals_, self._locals = list(self._locals.values()), OrderedDict()
+            ctl, self._ctl = dict(self._ctl), {}
         for h in peers:
             h.close()
+        self._tell_producers(ctl)
         for ch in accepted:
             ch.close()
         for regs in locals_:
             for r, addr in regs:
                 r.deregister(addr)
         self.rails = []
+
+
+    def _tell_producers(self, ctl: dict[str, str]) -> None:
+        """Ask producers to destroy the QPs they keep for us (bounded, best effort)."""
+        deadline = time.monotonic() + DISCONNECT_BUDGET_S
+        for peer, addr in ctl.items():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            cli = RpcClient(addr, timeout=min(0.5, left), what=f"control endpoint of {peer}")
+            try:
+                cli.call("rdma_disconnect", consumer=f"{self.id}/{peer}")
+            except PeerCacheError:
+                pass   # gone already: it drops our QPs when it exits
+            finally:
+                cli.close()
 
 
 def devices_module():
