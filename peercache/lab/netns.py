@@ -71,7 +71,7 @@ class NetnsPair:
         if not 0 <= self.index <= 255:
             raise NetnsError(f"netns pair index {self.index} outside 0..255")
         self.remove()  # a stale pair from a killed run would block us
-        va, vb = f"{self.tag}va"[:15], f"{self.tag}vb"[:15]
+        va, vb = self.veth
         try:
             _ip("netns", "add", self.ns_a)
             _ip("netns", "add", self.ns_b)
@@ -87,10 +87,17 @@ class NetnsPair:
             raise
         return self
 
+    @property
+    def veth(self) -> tuple[str, str]:
+        """Names of the two veth ends (15 characters at most, the kernel's limit)."""
+        return f"{self.tag}va"[:15], f"{self.tag}vb"[:15]
+
     def remove(self) -> None:
-        """Remove both namespaces if they exist (idempotent)."""
+        """Remove both namespaces, and a veth end left in the root namespace (idempotent)."""
         for ns in (self.ns_a, self.ns_b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        # A run killed between `link add` and `link set netns` leaves the pair here.
+        subprocess.run(["ip", "link", "del", self.veth[0]], capture_output=True, timeout=30)
 
     def exec_prefix(self, side: str) -> list[str]:
         """argv prefix that runs a command inside namespace ``a`` or ``b``."""
