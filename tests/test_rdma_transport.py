@@ -257,7 +257,7 @@ def test_qp_exchange_through_the_producers_control_endpoint(fake_verbs):
         bad = cons._connect(prod.node_id, info, rkey_xor=0xFF)       # fault injection replaces it
         assert bad.regions[0][3][0][1] == keys[0][1] ^ 0xFF
         assert theirs.closed and prod.transport._accepted[f"{cons.id}/{prod.node_id}"] is not theirs
-        cons._peers[prod.node_id] = bad
+        cons.handles._handles[prod.node_id] = bad
         cons.close()                                                   # tells the producer to drop its QPs
         assert f"{cons.id}/{prod.node_id}" not in prod.transport._accepted
     finally:

@@ -26,7 +26,8 @@ import numpy as np
 from ..errors import PeerCacheError, TransportError, TransportUnavailable
 from ..rdma import devices
 from ..rpc import RpcClient
-from .base import OP_DTYPE, Status, Transport, native_module
+from .base import OP_DTYPE, Transport, native_module
+from .handles import PeerHandles
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +78,10 @@ class RdmaTransport(Transport):
             raise TransportUnavailable(f"--protocol rdma: {e}") from e
         self._regions: list[tuple[int, int, int, list[tuple[int, int]]]] = []
         self._accepted: OrderedDict[str, Any] = OrderedDict()
-        self._peers: dict[str, Any] = {}
+        self.handles = PeerHandles(self._connect, "rdma")
         self._ctl: dict[str, str] = {}     # peer -> control endpoint we connected through
         self._locals: OrderedDict[tuple[int, int], list] = OrderedDict()
         self._lock = threading.Lock()
-        self._connecting = threading.Lock()
 
     # -- description ---------------------------------------------------------------
     def rail_info(self) -> list[dict[str, Any]]:
@@ -148,19 +148,7 @@ class RdmaTransport(Transport):
 
     # -- consumer ------------------------------------------------------------------
     def native_peer(self, peer: str, info: dict[str, Any]):
-        with self._lock:
-            h = self._peers.get(peer)
-        if h is not None and h.alive():
-            return h
-        with self._connecting:
-            with self._lock:
-                h = self._peers.get(peer)
-            if h is not None and h.alive():
-                return h
-            h = self._connect(peer, info)
-            with self._lock:
-                self._peers[peer] = h
-            return h
+        return self.handles.get(peer, info)
 
     def _connect(self, peer: str, info: dict[str, Any], rkey_xor: int = 0):
         """A connected native Peer (``rkey_xor`` corrupts the remote keys: fault injection in tests)."""
@@ -226,37 +214,20 @@ class RdmaTransport(Transport):
 
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
         ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
-        status = np.zeros(len(ops), dtype=np.int32)
         for j, buf in enumerate(local):
             if (ops["length"][ops["local_region"] == j] > BOUNCE_MAX).any():
                 self.prepare_local(buf)
-        try:
-            h = self.native_peer(peer, info)
-        except TransportError as e:
-            log.warning("%s", e)
-            status[:] = Status.PEER_GONE
-            return status
-        err = h.read_batch(ops, local, status)
-        if err:
-            log.warning("rdma read from %s failed: %s", peer, err)
-            if not h.alive():
-                self.forget(peer)
-        return status
+        return self.handles.read(peer, info, ops, local)
 
     def forget(self, peer: str) -> None:
-        with self._lock:
-            h = self._peers.pop(peer, None)
-        if h is not None:
-            h.close()
+        self.handles.drop(peer)
 
     def close(self) -> None:
+        self.handles.close()
         with self._lock:
-            peers, self._peers = list(self._peers.values()), {}
             accepted, self._accepted = list(self._accepted.values()), OrderedDict()
             locals_, self._locals = list(self._locals.values()), OrderedDict()
             ctl, self._ctl = dict(self._ctl), {}
-        for h in peers:
-            h.close()
         self._tell_producers(ctl)
         for ch in accepted:
             ch.close()

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 from typing import Any
 
 import numpy as np
 
 from ..errors import TransportError, TransportUnavailable
-from .base import OP_DTYPE, Status, Transport, native_module
+from .base import Transport, native_module
+from .handles import PeerHandles
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,7 @@ class ShmTransport(Transport):
             raise TransportUnavailable(f"--protocol shm needs the native module: {why}")
         self._mod = mod
         self._regions: list[tuple[int, int, int, int]] = []   # (id, rkey, fd, size)
-        self._peers: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self.handles = PeerHandles(self._connect, "shm")
 
     # -- producer ----------------------------------------------------------------------
     def expose(self, region_id: int, buffer, rkey: int, **info: Any) -> None:
@@ -84,13 +83,7 @@ class ShmTransport(Transport):
 
     # -- consumer ----------------------------------------------------------------------
     def native_peer(self, peer: str, info: dict[str, Any]):
-        with self._lock:
-            h = self._peers.get(peer)
-        if h is not None:
-            return h
-        h = self._connect(peer, info)
-        with self._lock:
-            return self._peers.setdefault(peer, h)
+        return self.handles.get(peer, info)
 
     def _connect(self, peer: str, info: dict[str, Any]):
         mine = host_identity()
@@ -111,29 +104,10 @@ class ShmTransport(Transport):
             raise TransportError(f"cannot attach to the shm pool of {peer}: {e}") from e
 
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
-        ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
-        status = np.zeros(len(ops), dtype=np.int32)
-        try:
-            h = self.native_peer(peer, info)
-        except TransportError as e:
-            log.warning("%s", e)
-            status[:] = Status.PEER_GONE
-            return status
-        err = h.read_batch(ops, local, status)
-        if err:
-            log.warning("shm read from %s failed: %s", peer, err)
-            if (status == Status.PEER_GONE).any():
-                self.forget(peer)
-        return status
+        return self.handles.read(peer, info, ops, local)
 
     def forget(self, peer: str) -> None:
-        with self._lock:
-            h = self._peers.pop(peer, None)
-        if h is not None:
-            h.close()
+        self.handles.drop(peer)
 
     def close(self) -> None:
-        with self._lock:
-            peers, self._peers = list(self._peers.values()), {}
-        for h in peers:
-            h.close()
+        self.handles.close()

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import TransportError
 from .base import OP_DTYPE, Status, Transport, native_module
+from .handles import PeerHandles
 
 log = logging.getLogger(__name__)
 
@@ -380,48 +381,28 @@ class NativeTcpTransport(TcpTransport):
         if mod is None:
             raise TransportError(f"native tcp client unavailable: {why}")
         self._mod = mod
-        self._handles: dict[str, Any] = {}
+        self.handles = PeerHandles(self._connect_native, "tcp")
 
     def native_peer(self, peer: str, info: dict[str, Any]):
-        with self._lock:
-            h = self._handles.get(peer)
-        if h is not None:
-            return h
+        return self.handles.get(peer, info)
+
+    def _connect_native(self, peer: str, info: dict[str, Any]):
         try:
-            h = self._mod.tcp_connect(str(info["host"]), int(info["port"]), self.max_channels,
-                                      float(self.io_timeout))
+            return self._mod.tcp_connect(str(info["host"]), int(info["port"]), self.max_channels,
+                                         float(self.io_timeout))
         except (KeyError, TypeError, ValueError) as e:
             raise TransportError(f"tcp endpoint info of {peer} is incomplete ({e}); is the producer "
                                  "serving --protocol tcp?") from e
         except ConnectionError as e:
             raise TransportError(f"data endpoint of {peer} unreachable: {e}") from e
-        with self._lock:
-            return self._handles.setdefault(peer, h)
 
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
-        ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
-        status = np.zeros(len(ops), dtype=np.int32)
-        try:
-            h = self.native_peer(peer, info)
-        except TransportError as e:
-            log.warning("%s", e)
-            status[:] = Status.PEER_GONE
-            return status
-        err = h.read_batch(ops, local, status)
-        if err:
-            log.warning("data connection to %s failed: %s", peer, err)
-        return status
+        return self.handles.read(peer, info, ops, local)
 
     def forget(self, peer: str) -> None:
-        with self._lock:
-            h = self._handles.pop(peer, None)
-        if h is not None:
-            h.close()
+        self.handles.drop(peer)
         super().forget(peer)
 
     def close(self) -> None:
-        with self._lock:
-            handles, self._handles = list(self._handles.values()), {}
-        for h in handles:
-            h.close()
+        self.handles.close()
         super().close()
