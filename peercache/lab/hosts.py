@@ -9,6 +9,7 @@ whole process group — on an SSH host the remote group too.
 """
 from __future__ import annotations
 
+import abc
 import os
 import re
 import shlex
@@ -57,13 +58,28 @@ def iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="microseconds")
 
 
+class IsoTimes:
+    """``start_iso`` / ``end_iso`` of a record with epoch ``start`` and ``end``."""
+
+    start: float | None
+    end: float | None
+
+    @property
+    def start_iso(self) -> str | None:
+        return iso(self.start)
+
+    @property
+    def end_iso(self) -> str | None:
+        return iso(self.end)
+
+
 def _tail(text: str, n: int = 800) -> str:
     text = text.strip()
     return text if len(text) <= n else "..." + text[-n:]
 
 
 @dataclass
-class Completed:
+class Completed(IsoTimes):
     """A finished command: what was asked, what ran, what it printed, when."""
 
     host: str                 #: host spec, e.g. "netns:pc0a"
@@ -77,13 +93,6 @@ class Completed:
     timed_out: bool = False
     stopped: bool = False     #: ended by stop() rather than on its own
 
-    @property
-    def start_iso(self) -> str | None:
-        return iso(self.start)
-
-    @property
-    def end_iso(self) -> str | None:
-        return iso(self.end)
 
 
 class Handle:
@@ -294,7 +303,7 @@ class Handle:
         self.stop()
 
 
-class Host:
+class Host(abc.ABC):
     """Base of the three host kinds; subclasses say how an argv is executed."""
 
     kind = "?"
@@ -305,9 +314,9 @@ class Host:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec}>"
 
+    @abc.abstractmethod
     def wrap(self, argv: list[str]) -> list[str]:
         """The argv to execute on this machine so that ``argv`` runs on the host."""
-        raise NotImplementedError
 
     def _check(self) -> None:
         """Raise HostError if this host cannot be used right now."""

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .hosts import CommandTimeout, Handle, Host, HostError, iso
+from .hosts import CommandTimeout, Handle, Host, HostError, IsoTimes
 from .numa import numa_binding
 
 #: Poll period while waiting on several processes at once.
@@ -59,7 +59,7 @@ class Readiness:
 
 
 @dataclass
-class SideResult:
+class SideResult(IsoTimes):
     """What one process did: commands, output, exit status, times, binding."""
 
     role: str
@@ -74,14 +74,6 @@ class SideResult:
     end: float | None = None
     stopped: bool = False          #: ended by the runner rather than on its own
     log_path: str | None = None
-
-    @property
-    def start_iso(self) -> str | None:
-        return iso(self.start)
-
-    @property
-    def end_iso(self) -> str | None:
-        return iso(self.end)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, times also as ISO 8601."""
