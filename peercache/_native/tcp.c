@@ -35,8 +35,12 @@
 #define HEAD_BYTES 20
 #define WIRE_OP_BYTES 32
 #define REQ_OPS 256
-#define REQ_BYTES (4u << 20)
-#define WINDOW 4
+/* 1 MiB requests, 8 in flight: the first bytes of a batch leave the server
+ * after one small request rather than a 4 MiB one, and the tail of one
+ * request overlaps the next. Measured over a veth pair (make bench):
+ * 4 MiB x 4 gave 0.76-0.79 of iperf3 with one stream, 1 MiB x 8 gives 0.94. */
+#define REQ_BYTES (1u << 20)
+#define WINDOW 8
 #define MAX_IOV 1024
 #define MAX_CHANNELS 256
 
