@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import platform
 import signal
@@ -41,7 +40,7 @@ from peercache import tags
 from peercache.bench import meta
 from peercache.bench.options import page_keys
 from peercache.bench.serve import READY_LINE
-from peercache.lab import iperf3, netns
+from peercache.lab import iperf3, memcpy, netns
 
 TARGETS = {"shm_vs_memcpy_128k": 0.90, "tcp_vs_iperf3_128k": 0.90, "pages_per_s_64b": 3e6}
 PAGE_128K = 131072
@@ -150,34 +149,7 @@ def serve_argv(prefix: list[str], addr: str, protocol: str, page: int, ws: int, 
 
 def memcpy_rate(page: int, ws: int, batch: int, duration: float) -> float:
     """Bytes/s of one thread copying random slots of a pool-shaped memfd into a batch buffer."""
-    from peercache._native import copy_pages
-
-    stride = tags.slot_stride(page)
-    fd = os.memfd_create("peercache-bench-memcpy", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, stride * ws)
-        with mmap.mmap(fd, stride * ws) as mm:
-            src = np.frombuffer(mm, dtype=np.uint8)
-            src[:] = 1  # fault every page in, as serve's publish does
-            dst = np.zeros(batch * page, dtype=np.uint8)
-            dst_off = np.arange(batch, dtype=np.uint64) * page
-            rng = np.random.default_rng(1)
-            warm_end = time.perf_counter() + 0.5
-            copied, t0 = 0, None
-            deadline = warm_end + duration
-            while True:
-                now = time.perf_counter()
-                if t0 is None and now >= warm_end:
-                    t0, copied = now, 0
-                if now >= deadline:
-                    break
-                slots = rng.integers(0, ws, batch).astype(np.uint64)
-                copy_pages(src, dst, slots * np.uint64(stride) + np.uint64(tags.HEADER_BYTES), dst_off, page)
-                copied += batch * page
-            del src
-        return copied / (time.perf_counter() - t0)
-    finally:
-        os.close(fd)
+    return memcpy.measure(page, ws, batch, duration)["bytes_per_s"]
 
 
 def node_get_rate(addr: str, page: int, ws: int, batch: int, duration: float) -> tuple[float, dict]:

@@ -35,6 +35,10 @@ READY_LINE = "peercache-bench serve: ready"
 #: Seconds from the group barrier to the shared measurement start (drivers need to spawn).
 GROUP_START_LEAD_S = 6.0
 WORKING_SET_BYTES = 256 << 20
+#: --dir-cache-ttl of every drive, as in the published reproduction commands.
+DIR_CACHE_TTL_S = 5.0
+#: Batch of the memcpy limit: the batch of the PeerCache shm points it is compared with.
+MEMCPY_BATCH = 32
 
 
 @dataclass
@@ -259,6 +263,7 @@ class PointRun:
         drive = [*bench_c, "drive", *common, "--batch-size", str(p["batch_size"]),
                  "--concurrencies", str(threads), "--processes", str(processes),
                  "--duration", str(self.duration), "--warmup", str(self.warmup), "--no-verify",
+                 "--dir-cache-ttl", str(self.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)),
                  "--out", out_path]
         if start_at:
             drive += ["--start-at", start_at]
@@ -367,8 +372,10 @@ class PointRun:
 
     def memcpy(self, th: TestbedHosts) -> None:
         p = self.point.params
+        # Same region size and batch as the PeerCache points it is the limit for.
+        ws = max(4 * MEMCPY_BATCH, int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
         argv = [*_python_tool(th.producer, self.tb, "peercache.lab.memcpy"), "--size", str(p["size"]),
-                "--duration", str(self.duration)]
+                "--working-set", str(ws), "--batch", str(MEMCPY_BATCH), "--duration", str(self.duration)]
         self.commands["producer"] = argv
         r = th.producer.run(argv, timeout=self.timeout)
         (self.raw_dir / "memcpy.log").write_text(r.stdout + r.stderr)
@@ -380,7 +387,8 @@ class PointRun:
             return
         doc = json.loads(r.stdout.strip().splitlines()[-1])
         self.rows.append(Row(metric="bw", value=doc["bytes_per_s"], unit="B/s", raw_value=doc["bytes_per_s"],
-                             raw_unit="B/s", extra={"seconds": doc["seconds"], "blocks": doc["blocks"]}, **ctx))
+                             raw_unit="B/s", extra={"seconds": doc["seconds"], "pages": doc["pages"],
+                                                    "working_set": doc["working_set"]}, **ctx))
 
 
 def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
