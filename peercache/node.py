@@ -178,15 +178,18 @@ class Node:
         locs = self.cache.get_many(keys) if use_cache else [None] * len(keys)
         missing = [i for i, l in enumerate(locs) if l is None]
         if missing:
-            reply = self.discovery.call("lookup", keys=[keys[i] for i in missing])
-            self.peers.update(reply["nodes"])
-            if reply["epoch"] != self.epoch:
-                self.epoch = reply["epoch"]
-            fresh = [None if l is None else Location(*l) for l in reply["locs"]]
+            fresh = self._directory_lookup([keys[i] for i in missing])
             for i, l in zip(missing, fresh):
                 locs[i] = l
             self.cache.put_many([keys[i] for i in missing], fresh)
         return locs
+
+    def _directory_lookup(self, keys: Sequence[bytes]) -> list[Location | None]:
+        """One lookup RPC (no cache); remembers the endpoints and epoch the reply carries."""
+        reply = self.discovery.call("lookup", keys=list(keys))
+        self.peers.update(reply["nodes"])
+        self.epoch = reply["epoch"]
+        return [None if l is None else Location(*l) for l in reply["locs"]]
 
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
                        capacities: Sequence[int] | np.ndarray | None = None) -> BatchResult:
@@ -261,11 +264,7 @@ class Node:
         """Look up the rows of ``locs`` that are ABSENT with one directory RPC."""
         miss = np.flatnonzero(locs["node"] == ABSENT)
         mkeys = [keys[i] for i in miss]
-        reply = self.discovery.call("lookup", keys=mkeys)
-        self.peers.update(reply["nodes"])
-        if reply["epoch"] != self.epoch:
-            self.epoch = reply["epoch"]
-        rows = self.cache.rows([None if l is None else Location(*l) for l in reply["locs"]])
+        rows = self.cache.rows(self._directory_lookup(mkeys))
         locs[miss] = rows
         self.cache.put_rows(mkeys, rows)
 
@@ -283,8 +282,7 @@ class Node:
                 status[codes == mod.NEED_PEER] = Get.ERROR
         if ecode:
             node_id = self.cache.node_id(enode)
-            what = STATUS_TEXT.get(Status(ecode), f"status {ecode}") if ecode in Status._value2member_map_ \
-                else f"status {ecode}"
+            what = STATUS_TEXT.get(ecode, f"status {ecode}")  # IntEnum keys match plain ints
             error = error or f"read from node {node_id} failed: {what}" + (f" ({etext})" if etext else "")
             if ecode in (Status.PEER_GONE, Status.CONNECTION) or not self._handle_alive(enode):
                 # A dead handle (an rdma channel failed) is dropped: the next batch
@@ -322,9 +320,9 @@ class Node:
     def _forget_node(self, node_id: str) -> None:
         """Drop cached locations and the connection of a node that failed."""
         self.cache.drop_node(node_id)
-        idx = self.cache._node_index.get(node_id)
+        idx = self.cache.node_index(node_id)
         with self._handles_lock:
-            if idx is not None and idx < len(self._handles):
+            if idx < len(self._handles):
                 self._handles[idx] = None
         self.transport.forget(node_id)
 
