@@ -12,6 +12,42 @@ import pytest
 
 BENCH = [sys.executable, "-m", "peercache.bench.cli"]
 
+#: How much slower this machine runs than the one the timeouts were written on: the Soft-RoCE
+#: guest (emulated CPU) measures it at boot and exports it; 1 elsewhere.
+SLOWNESS = max(1.0, float(os.environ.get("PEERCACHE_SLOWNESS") or 1))
+
+
+def scaled(seconds: float) -> float:
+    """A timeout for this machine: ``seconds`` times the measured slowness (a real hang still fails)."""
+    return seconds * SLOWNESS
+
+
+def rdma_sides() -> tuple[list[str], list[str]]:
+    """(producer devices, consumer devices) usable for rdma here, or a skip that says why not.
+
+    In the Soft-RoCE guest the two hosts' devices come from the guest's
+    topology (PEERCACHE_RDMA_PRODUCER / _CONSUMER: one rxe device per rail on
+    each end of a veth pair), and a missing device fails the test instead of
+    skipping it (PEERCACHE_REQUIRE_RDMA=1, set by `make test-rdma`). On other
+    machines both sides use the devices discovery finds.
+    """
+    from peercache.errors import TransportUnavailable
+    from peercache.rdma import devices
+
+    prod = [d for d in os.environ.get("PEERCACHE_RDMA_PRODUCER", "").split(",") if d]
+    cons = [d for d in os.environ.get("PEERCACHE_RDMA_CONSUMER", "").split(",") if d]
+    try:
+        pv = devices.load_pyverbs()
+        devices.load_verbs()
+        usable = [s.device for s in devices.discover(prod + cons or devices.list_devices(pv))]
+    except TransportUnavailable as e:
+        if os.environ.get("PEERCACHE_REQUIRE_RDMA"):
+            pytest.fail(f"PEERCACHE_REQUIRE_RDMA is set but rdma cannot run: {e}")
+        pytest.skip(str(e))
+    if prod and cons:
+        return prod, cons
+    return usable, usable
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -50,10 +86,10 @@ class Procs:
             found.set()
 
         threading.Thread(target=pump, daemon=True).start()
-        found.wait(timeout)
+        found.wait(scaled(timeout))
         out = "".join(lines)
         if needle not in out:
-            raise AssertionError(f"{needle!r} not seen within {timeout}s; rc={p.poll()} out={out!r}")
+            raise AssertionError(f"{needle!r} not seen within {scaled(timeout):.0f}s; rc={p.poll()} out={out!r}")
         return out
 
     def cleanup(self):

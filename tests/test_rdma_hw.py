@@ -1,8 +1,10 @@
-"""rdma on a real device (a NIC, or Soft-RoCE: modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0).
+"""rdma on a real device: a NIC, or the Soft-RoCE guest of `make test-rdma`.
 
-Run automatically wherever ibv_get_device_list finds a device with an active
-port; skipped otherwise with the reason (for example "no RDMA device:
-ibv_get_device_list returned 0 devices (Function not implemented)").
+Run wherever ibv_get_device_list finds a device with an active port; skipped
+otherwise with the reason (for example "no RDMA device: ibv_get_device_list
+returned 0 devices (Function not implemented)"). In the guest the producer
+and the consumer use the devices on the two ends of each veth pair, so every
+READ crosses a link, and a missing device fails instead of skipping.
 """
 from __future__ import annotations
 
@@ -12,78 +14,65 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BENCH, free_port
+from conftest import BENCH, free_port, rdma_sides, scaled
 from peercache import tags
 from peercache.bench.serve import READY_LINE
-from peercache.errors import TransportUnavailable
 from peercache.node import Get, Node
 from peercache.transport.base import OP_DTYPE, Status
 
-
-def _rails() -> list[str]:
-    """Devices usable for rdma here, or pytest.skip with the reason."""
-    from peercache.rdma import devices
-    try:
-        pv = devices.load_pyverbs()
-        devices.load_verbs()
-        names = devices.list_devices(pv)
-        return [s.device for s in devices.discover(names)]
-    except TransportUnavailable as e:
-        pytest.skip(str(e))
-
+pytestmark = pytest.mark.rdma
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
 
 
-def _serve_drive(procs, tmp_path, dev_flags: list[str], extra: list[str] = ()):
+def _flags(devs: list[str]) -> list[str]:
+    return ["--device-name", devs[0]] if len(devs) == 1 else ["--devices", ",".join(devs)]
+
+
+def _serve_drive(procs, tmp_path, prod: list[str], cons: list[str], extra: list[str] = ()):
     addr = f"127.0.0.1:{free_port()}"
-    serve = procs.start([*BENCH, "serve", "--protocol", "rdma", *dev_flags, "--discovery-addr", addr, *SMALL,
+    serve = procs.start([*BENCH, "serve", "--protocol", "rdma", *_flags(prod), "--discovery-addr", addr, *SMALL,
                          "--readers", "1"])
-    procs.wait_line(serve, READY_LINE)
+    procs.wait_line(serve, READY_LINE, timeout=30)
     out = tmp_path / "drive.json"
-    r = subprocess.run([*BENCH, "drive", "--protocol", "rdma", *dev_flags, "--discovery-addr", addr, *SMALL,
-                        "--batch-size", "8", "--duration", "1", "--warmup", "0.3", "--ready-timeout", "10",
-                        "--out", str(out), *extra], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*BENCH, "drive", "--protocol", "rdma", *_flags(cons), "--discovery-addr", addr, *SMALL,
+                        "--batch-size", "8", "--duration", "1", "--warmup", "0.3",
+                        "--ready-timeout", f"{scaled(10):.0f}", "--out", str(out), *extra],
+                       capture_output=True, text=True, timeout=scaled(120))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
-    assert serve.wait(timeout=15) == 0
+    assert serve.wait(timeout=scaled(15)) == 0
     return doc
 
 
 def test_serve_drive_over_rdma_verified(procs, tmp_path):
-    dev = _rails()[0]
-    doc = _serve_drive(procs, tmp_path, ["--device-name", dev], ["--concurrencies", "1,2", "--max-channels", "2"])
-    assert doc["status"] == "ok" and doc["meta"]["protocol"] == "rdma" and doc["meta"]["devices"] == [dev]
+    prod, cons = rdma_sides()
+    doc = _serve_drive(procs, tmp_path, prod[:1], cons[:1], ["--concurrencies", "1,2", "--max-channels", "2"])
+    assert doc["status"] == "ok" and doc["meta"]["protocol"] == "rdma" and doc["meta"]["devices"] == cons[:1]
     for p in doc["points"]:
         assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0 and p["verify_failures"] == 0
 
 
 def test_multi_rail_in_one_process(procs, tmp_path):
-    from peercache.rdma import devices
-    _rails()
-    names = devices.list_devices(devices.load_pyverbs())
-    try:
-        usable = [s.device for s in devices.discover(names)]
-    except TransportUnavailable as e:
-        pytest.skip(f"multi-rail needs every listed device usable: {e}")
-    if len(usable) < 2:
-        pytest.skip(f"multi-rail needs 2 RDMA devices; this host has {', '.join(usable)} "
+    prod, cons = rdma_sides()
+    if len(prod) < 2 or len(cons) < 2:
+        pytest.skip(f"multi-rail needs 2 RDMA devices per side; this host has {', '.join(cons)} "
                     "(Soft-RoCE: add a second rxe link on another netdev)")
-    doc = _serve_drive(procs, tmp_path, ["--devices", ",".join(usable[:2])])
-    assert doc["status"] == "ok" and doc["meta"]["devices"] == usable[:2]
-    assert doc["points"][0]["hit_rate"] == 1.0
+    doc = _serve_drive(procs, tmp_path, prod[:2], cons[:2], ["--concurrencies", "2", "--max-channels", "2"])
+    assert doc["status"] == "ok" and doc["meta"]["devices"] == cons[:2]
+    assert doc["points"][0]["hit_rate"] == 1.0 and doc["points"][0]["verify_failures"] == 0
 
 
 @pytest.fixture
 def pair():
-    dev = _rails()[0]
+    prod_devs, cons_devs = rdma_sides()
     addr = f"127.0.0.1:{free_port()}"
-    opts = {"devices": [dev]}
     prod = Node(addr, protocol="rdma", host_discovery=True, pool_slots=64, slot_capacity=8192,
-                name="prod", transport_options=opts)
+                name="prod", transport_options={"devices": prod_devs[:1]})
     cons = None
     try:
-        cons = Node(addr, protocol="rdma", name="cons", transport_options=opts, max_channels=2)
+        cons = Node(addr, protocol="rdma", name="cons", transport_options={"devices": cons_devs[:1]},
+                    max_channels=2)
         yield prod, cons
     finally:
         if cons is not None:

@@ -12,6 +12,8 @@ from conftest import BENCH, free_port
 from peercache.errors import TransportUnavailable
 from peercache.rdma import devices as D
 
+pytestmark = pytest.mark.rdma    # also run in the Soft-RoCE guest by `make test-rdma`
+
 ROCE_TABLE = [
     D.GidEntry(0, "fe80:0000:0000:0000:0a5c:52ff:fe10:0001", D.GID_TYPE_ROCE_V1),
     D.GidEntry(1, "fe80:0000:0000:0000:0a5c:52ff:fe10:0001", D.GID_TYPE_ROCE_V2),

@@ -12,6 +12,8 @@ from peercache.rdma import plan as P
 from peercache.rdma.completion import WC, wc_status
 from peercache.transport.base import OP_DTYPE
 
+pytestmark = pytest.mark.rdma    # also run in the Soft-RoCE guest by `make test-rdma`
+
 HEADERS = os.path.exists("/usr/include/infiniband/verbs.h")
 
 

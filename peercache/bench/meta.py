@@ -31,7 +31,13 @@ def cpu_model() -> str | None:
 
 
 def git_revision() -> str | None:
-    """git revision of the checkout the package runs from (None outside one)."""
+    """git revision of the checkout the package runs from (None outside one).
+
+    ``PEERCACHE_GIT_REVISION`` overrides it: the Soft-RoCE guest sets it to
+    the host's answer, since git status over the guest's 9p root is slow.
+    """
+    if os.environ.get("PEERCACHE_GIT_REVISION"):
+        return os.environ["PEERCACHE_GIT_REVISION"]
     try:
         r = subprocess.run(["git", "-C", _PKG_DIR, "rev-parse", "HEAD"], capture_output=True,
                            text=True, timeout=5)
@@ -39,8 +45,11 @@ def git_revision() -> str | None:
         return None
     if r.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "-C", _PKG_DIR, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=5).stdout.strip()
+    try:
+        dirty = subprocess.run(["git", "-C", _PKG_DIR, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return r.stdout.strip() + "-status-unknown"
     return r.stdout.strip() + ("-dirty" if dirty else "")
 
 
