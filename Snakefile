@@ -29,11 +29,16 @@ rule all:
     localrule: True
 
 
-localrules: capture_host, run_point
+if PLAN.guest:
+    localrules: guest_measure
 
+    include: "rules/guest.smk"
+else:
+    localrules: capture_host, run_point
 
-include: "rules/capture.smk"
-include: "rules/run.smk"
+    include: "rules/capture.smk"
+    include: "rules/run.smk"
+
 include: "rules/collect.smk"
 include: "rules/report.smk"
 

@@ -113,3 +113,13 @@ def procs():
     pr = Procs()
     yield pr
     pr.cleanup()
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a slow machine (the Soft-RoCE guest) the per-test timeout stretches by the measured slowness."""
+    if SLOWNESS <= 1:
+        return
+    base = float(config.getini("timeout") or 300)
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(base * SLOWNESS))

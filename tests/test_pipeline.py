@@ -43,6 +43,50 @@ def test_dry_run_every_scenario_on_the_rdma_testbed():
     assert any("ib_read_bw_q16_s128K" in p for p in plan.result_paths())
 
 
+def test_softroce_testbed_runs_every_rdma_scenario_in_one_guest_job(tmp_path):
+    tb = "experiments/testbeds/softroce.yaml"
+    plan = Plan(tb)
+    assert plan.guest and plan.guest["rails"] == 2
+    kinds = {(p.scenario, p.kind) for p in plan.points}
+    assert {("single_nic", "perftest"), ("single_nic", "peercache"), ("multi_rail", "peercache"),
+            ("whole_machine", "group"), ("msgsize_sweep", "perftest")} <= kinds
+    assert all(p.kind == "skip" for p in plan.points if p.scenario == "gpudirect")
+    # The grid overrides cut the 8-NIC grids down to what 2 emulated CPUs can run.
+    single = [p for p in plan.points if p.scenario == "single_nic" and p.kind == "peercache"]
+    assert [(p.params["processes"], p.params["threads"]) for p in single] == [(1, 2)]
+    multi = [p for p in plan.points if p.scenario == "multi_rail"]
+    assert all(p.params["devices"] == ["rxe_b0", "rxe_b1"] for p in multi)
+    # Each host names its own devices: the producer's ends are rxe_a<i>.
+    assert plan.testbed.role_devices("producer", ["rxe_b1"]) == ["rxe_a1"]
+    assert plan.testbed.role_devices("consumer", ["rxe_b0", "rxe_b1"]) == ["rxe_b0", "rxe_b1"]
+    cmd = plan.guest_command()
+    assert "-m peercache.lab.guest --rails 2" in cmd and "peercache.lab.pipeline measure --testbed " + tb in cmd
+    doc = yaml.safe_load((ROOT / tb).read_text())
+    doc["results"] = str(tmp_path / "softroce")         # not the checkout's own data/raw/softroce
+    (tmp_path / "softroce.yaml").write_text(yaml.safe_dump(doc))
+    r = snakemake("-n", "--cores", "2", "--config", f"testbed={tmp_path / 'softroce.yaml'}")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "guest_measure" in out and "run_point" not in out and "capture_host" not in out
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(grid_overrides={"single_nic": {"warp": {"qps": [1]}}}),
+     "field 'grid_overrides.single_nic.warp': the rdma form of single_nic has no part 'warp'"),
+    (lambda d: d["hosts"]["producer"].update(devices=["rxe_a0"]),
+     "field 'hosts.producer.devices': 1 names for the 2 devices"),
+    (lambda d: d.update(guest={"rails": 0}), "field 'guest.rails'"),
+])
+def test_softroce_definition_errors_name_the_field(tmp_path, change, message):
+    doc = yaml.safe_load((ROOT / "experiments/testbeds/softroce.yaml").read_text())
+    change(doc)
+    path = tmp_path / "softroce.yaml"
+    doc["results"] = str(tmp_path / "softroce")
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(experiments.DefinitionError, match=re.escape(message)):
+        Plan(str(path))
+
+
 def test_local_testbed_marks_gpu_scenario_skipped_with_reason():
     plan = Plan("experiments/testbeds/local.yaml")
     gpu = [p for p in plan.points if p.scenario == "gpudirect"]

@@ -267,7 +267,7 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         gbs = sum(_to_gbs(v) for _, v in g.iterrows()) / len(g)
         is_raw = r["tool"] in RAW_TOOLS
         raw_gbs = None if is_raw else raw_by_proto.get(r.get("protocol"))
-        pct = None if raw_gbs is None else 100.0 * gbs / raw_gbs
+        pct = None if not raw_gbs else 100.0 * gbs / raw_gbs     # no (or a zero) raw figure: no %
         label = f"{r['tool']}\n{_label(r, keys[1:])}"
         labels.append(textwrap.fill(label.replace("\n", " "), 16))  # several bars must not collide
         heights.append(gbs)

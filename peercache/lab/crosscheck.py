@@ -27,19 +27,37 @@ def _port_dir(device: str, port: int):
     return sysfs_path("class", "infiniband", device, "ports", str(port))
 
 
+def _netdev_sample(host: Host, dev: str, port: int) -> PortSample | None:
+    """Bytes of the port's netdev, for ports without data counters (Soft-RoCE); None if unreadable."""
+    r = host.run(["cat", str(_port_dir(dev, port) / "gid_attrs" / "ndevs" / "0")], timeout=15)
+    ndev = r.stdout.strip()
+    if r.rc != 0 or not ndev or "/" in ndev:
+        return None
+    stats = sysfs_path("class", "net", ndev, "statistics")
+    r = host.run(["cat", str(stats / "rx_bytes"), str(stats / "tx_bytes")], timeout=15)
+    vals = r.stdout.split()
+    if r.rc != 0 or len(vals) != 2 or not all(v.isdigit() for v in vals):
+        return None
+    return PortSample(dev, port, int(vals[0]), int(vals[1]), time.time(), unit_bytes=1, source=f"netdev:{ndev}")
+
+
 def sample_ports(host: Host, devices: Sequence[str], port: int = 1) -> dict[str, PortSample]:
-    """Read each device's counters on ``host`` now (unreadable -> values None with the reason)."""
+    """Read each device's counters on ``host`` now (unreadable -> values None with the reason).
+
+    A port without ``counters/port_*_data`` (Soft-RoCE has none) is read
+    through its netdev's byte counters instead, which the sample records.
+    """
     out = {}
     for dev in devices:
         base = _port_dir(dev, port) / "counters"
         r = host.run(["cat", str(base / "port_rcv_data"), str(base / "port_xmit_data")], timeout=15)
         vals = r.stdout.split()
-        if r.rc != 0 or len(vals) != 2 or not all(v.isdigit() for v in vals):
-            out[dev] = PortSample(dev, port, None, None, time.time(),
-                                  reason=f"cannot read counters of {dev}/{port} on {host}: "
-                                         f"{(r.stderr or r.stdout).strip()[:200]}")
-        else:
+        if r.rc == 0 and len(vals) == 2 and all(v.isdigit() for v in vals):
             out[dev] = PortSample(dev, port, int(vals[0]), int(vals[1]), time.time())
+            continue
+        out[dev] = _netdev_sample(host, dev, port) or PortSample(
+            dev, port, None, None, time.time(),
+            reason=f"cannot read counters of {dev}/{port} on {host}: {(r.stderr or r.stdout).strip()[:200]}")
     return out
 
 
@@ -67,7 +85,8 @@ class PortCheck:
     def as_extra(self) -> dict[str, Any]:
         """JSON-able summary kept in the bandwidth row's ``extra``."""
         return {"port_counters": {d.device: {"rcv_bytes": d.rcv_bytes, "xmit_bytes": d.xmit_bytes,
-                                             "seconds": d.seconds, "flags": d.flags} for d in self.deltas},
+                                             "seconds": d.seconds, "flags": d.flags, "source": d.source}
+                                  for d in self.deltas},
                 "line_rate_Bps": self.line_rate_Bps, "crosscheck_flags": self.flags,
                 "crosscheck": self.messages}
 

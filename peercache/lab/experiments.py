@@ -44,7 +44,20 @@ class Testbed:
 
     @property
     def devices(self) -> list[str]:
+        """The RDMA devices, as the consumer names them (port counters are read there)."""
         return list(self.doc.get("devices") or [])
+
+    def role_devices(self, role: str, devices: list[str]) -> list[str]:
+        """``devices`` (consumer names) as host ``role`` names them (``hosts.<role>.devices``)."""
+        own = self.doc["hosts"][role].get("devices")
+        if not own:
+            return list(devices)
+        return [own[self.devices.index(d)] for d in devices]
+
+    @property
+    def guest(self) -> dict[str, Any] | None:
+        """The Soft-RoCE guest the measurements run in, or None (they run on the hosts)."""
+        return self.doc.get("guest")
 
     def __getitem__(self, key: str) -> Any:
         return self.doc[key]
@@ -93,6 +106,11 @@ def load_testbed(path: str | Path) -> Testbed:
     if doc["form"] == "rdma" and not doc["capabilities"]["rdma"]:
         raise DefinitionError(f"{path}: field 'form': rdma form on a testbed whose "
                               "capabilities.rdma is false; use form: local")
+    for role in ("producer", "consumer"):
+        own = doc["hosts"][role].get("devices")
+        if own is not None and len(own) != len(doc.get("devices") or []):
+            raise DefinitionError(f"{path}: field 'hosts.{role}.devices': {len(own)} names for the "
+                                  f"{len(doc.get('devices') or [])} devices of field 'devices' (one each, same order)")
     return Testbed(path, doc)
 
 
@@ -175,9 +193,16 @@ def expand(testbed: Testbed, scenarios: dict[str, Any] | None = None) -> list[Po
     """Every point of every scenario the testbed runs, in run order."""
     scenarios = scenarios or load_scenarios()
     points: list[Point] = []
+    overrides = testbed.get("grid_overrides") or {}
     for name in testbed["scenarios"]:
         sc = scenarios[name]
         grid = sc[testbed.form]
+        for part, changes in (overrides.get(name) or {}).items():
+            if part not in grid:
+                raise DefinitionError(f"{testbed.path}: field 'grid_overrides.{name}.{part}': the "
+                                      f"{testbed.form} form of {name} has no part {part!r} "
+                                      f"(it has {', '.join(grid)})")
+        grid = {part: {**g, **(overrides.get(name) or {}).get(part, {})} for part, g in grid.items()}
         pts: list[Point] = []
         for part, g in grid.items():
             if part in ("raw", "shm_limit"):

@@ -304,9 +304,9 @@ def _pyverbs_ports(ctx: _Ctx) -> tuple[dict[tuple[str, int], dict[str, Any]], st
                 for port in range(1, int(attr.phys_port_cnt) + 1):
                     pa = c.query_port(port)
                     out[(name, port)] = {"active_mtu": 128 << int(pa.active_mtu),
-                                         "fw_ver": attr.fw_ver}
+                                         "fw_ver": attr.fw_version}
         except Exception as e:  # a device that cannot be opened is reported, not fatal
-            out[(name, 0)] = {"error": str(e)}
+            out[(name, 0)] = {"error": f"{type(e).__name__}: {e}"}
     return out, None
 
 
@@ -316,6 +316,9 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
     base = sysfs_path("class", "infiniband", root=ctx.root)
     pv, pv_reason = _pyverbs_ports(ctx)
     s["pyverbs"] = {"used": not pv_reason, "reason": pv_reason}
+    pv_errors = {dev: v["error"] for (dev, port), v in pv.items() if port == 0 and "error" in v}
+    if pv_errors:
+        s["pyverbs"]["errors"] = pv_errors  # devices pyverbs could not open or query
     if not base.is_dir():
         s["devices"] = []
         s["note"] = f"{base} does not exist: no RDMA driver loaded, no RDMA devices"
@@ -325,7 +328,9 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
         ddir = base / name
         dev = _Section(name=name)
         for attr in ("board_id", "fw_ver", "hca_type", "node_desc", "node_guid"):
-            dev.put_attr(attr, ddir / attr)
+            if dev.put_attr(attr, ddir / attr) == "":
+                # e.g. rxe's fw_ver: the file exists and the driver writes nothing into it
+                dev.put(attr, None, f"{ddir / attr} is empty (the driver reports no value)")
         numa, why = read_attr(ddir / "device" / "numa_node")
         if numa is None:
             dev.put("numa_node", None, why)
@@ -367,6 +372,7 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
                 port.put("bond_members", None, "netdev unknown")
                 ndev_mtu, why = None, "netdev unknown"
             pinfo = pv.get((name, int(pname)))
+            pv_why = pv_reason or pv.get((name, 0), {}).get("error") or "no answer for this port"
             if pinfo and "active_mtu" in pinfo:
                 port.put("active_mtu", pinfo["active_mtu"])
                 port["active_mtu_source"] = "pyverbs query_port"
@@ -374,11 +380,10 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
                 port.put("active_mtu", _iboe_mtu(int(ndev_mtu)),
                          f"netdev MTU {ndev_mtu} is below the smallest RoCE MTU")
                 port["active_mtu_source"] = (f"derived from {netdev} MTU {ndev_mtu} by the kernel "
-                                             "rule iboe_get_mtu (pyverbs: "
-                                             f"{pv_reason or 'no answer for this port'})")
+                                             f"rule iboe_get_mtu (pyverbs: {pv_why})")
             else:
                 port.put("active_mtu", None, "sysfs has no active MTU for this link layer and "
-                         f"pyverbs gave none ({pv_reason or 'no answer for this port'})")
+                         f"pyverbs gave none ({pv_why})")
             port["counters_present"] = (pdir / "counters" / "port_rcv_data").exists()
             if problems:
                 port["gid_read_problems"] = problems[:8]

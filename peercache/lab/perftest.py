@@ -1,18 +1,25 @@
 """perftest (``ib_read_bw`` / ``ib_write_bw`` / ``ib_send_bw``): command builder and strict parsers.
 
 Units. perftest prints bandwidth in one of three labels. ``MB/sec`` (older
-releases) and ``MiB/sec`` (newer releases) are the same unit: perftest divides
-by 0x100000 for both, the label was corrected later. ``Gb/sec``
+releases, Debian 12's perftest 4.5+0.17 "Version: 6.06" among them) and
+``MiB/sec`` (newer releases) are the same unit: perftest divides by 0x100000
+for both, the label was corrected later. ``Gb/sec``
 (``--report_gbits``) divides by 125000000, i.e. 10^9 bit/s. Every value is
 kept as printed (``raw_*`` plus the label) and normalised to bytes/s and
 Gbit/s.
 
-Peak. In duration mode (``-D``) and with ``-N`` perftest does not measure the
-peak and prints ``0.00``; that is recorded as *not measured* (``None``), never
-as a zero bandwidth.
+Peak. In duration mode (``-D``), with ``-N``, and on the receiving (server)
+side of ``ib_send_bw`` perftest does not measure the peak and prints ``0.00``
+(``0.000000`` with ``--report_gbits``); that is recorded as *not measured*
+(``None``), never as a zero bandwidth.
+
+Sides. The server of ``ib_write_bw -a`` / ``ib_read_bw -a`` prints one row,
+the last size only; the client prints one row per size. With ``--report-both``
+the server's "Local" and "Remote" tables are the client's swapped.
 
 The ``--out_json`` file exists in two dialects: perftest up to 6.x writes
-unquoted keys and trailing commas (not JSON; linux-rdma/perftest#216), later
+unquoted keys and trailing commas (not JSON; linux-rdma/perftest#216; the real
+6.06 captures in tests/fixtures/lab/perftest/softroce are of this kind), later
 releases write standard JSON. :func:`parse_json` reads both. The file does not
 say its unit, so the caller passes it (or :func:`cross_check` takes it from
 the text output of the same run).
@@ -35,7 +42,9 @@ TOOLS = ("ib_read_bw", "ib_write_bw", "ib_send_bw")
 #: Bytes per second of one printed unit (see the module docstring).
 BW_UNITS = {"MB/sec": 1048576.0, "MiB/sec": 1048576.0, "Gb/sec": 125_000_000.0}
 
-#: What the server prints once it listens; the launcher waits for it before starting the client.
+#: What the server prints once it listens. Only for a server whose stdout is a terminal: into a
+#: pipe or a file perftest's stdout is block-buffered and this line shows only at its exit (real
+#: capture softroce/ready_probe.*), so a launcher waits for the listening TCP port instead.
 SERVER_READY_PATTERN = re.compile(
     r"Waiting for client to connect|Waiting for client rdma_cm QP to connect")
 
@@ -85,6 +94,9 @@ class PerftestParams:
             raise ValueError(f"message size must be >= 1 byte, got {self.size}")
         if self.duration is not None and self.iterations is not None:
             raise ValueError("give either duration (-D) or iterations (-n), not both")
+        if self.all_sizes and self.duration is not None:
+            # perftest: "Duration mode currently doesn't support running on all sizes." (exit 1)
+            raise ValueError("perftest does not run all sizes (-a) in duration mode (-D)")
         if self.duration is not None and self.duration < 1:
             raise ValueError(f"duration must be >= 1 s, got {self.duration}")
         if self.iterations is not None and self.iterations < 5:
@@ -274,7 +286,8 @@ class PerftestResult:
             "device": h.get("Device"), "qps": self._header_int("Number of qps"),
             "transport": h.get("Transport type"), "connection": h.get("Connection type"),
             "using_srq": h.get("Using SRQ"), "dual_port": h.get("Dual-port"),
-            "tx_depth": self._header_int("TX depth"), "cq_moderation": self._header_int("CQ Moderation"),
+            "tx_depth": self._header_int("TX depth"), "rx_depth": self._header_int("RX depth"),
+            "cq_moderation": self._header_int("CQ Moderation"),
             "mtu_bytes": self._header_int("Mtu"), "link_type": h.get("Link type"),
             "gid_index": self._header_int("GID index"),
             "max_inline_bytes": self._header_int("Max inline data"),
@@ -298,6 +311,9 @@ _LAT_HEADER = re.compile(r"^#bytes\s+#iterations\s+t_(min|avg)")
 _KV_PAIR = re.compile(r"([A-Za-z][^:\t]*?)\s*:\s*(.*?)\s*(?=\t+[A-Za-z]|$)")
 _TITLE = re.compile(r"^(?P<title>\S.*\bBW Test)$")
 _BOTH = re.compile(r"^(Local|Remote) results:$")
+# A result row with text run into its last number, e.g. "... 0.000299Error: BW result is below
+# bw limit" when stderr and stdout share one file.
+_GLUED = re.compile(r"^(?P<nums>[\d.\s]*\d)(?P<text>[A-Za-z].*)$")
 # Lines that real runs print between or inside tables; kept as notes.
 _NOISE = re.compile(
     r"^(Conflicting CPU frequency|CPU Frequency is not max|WARNING|Warning|"
@@ -381,6 +397,12 @@ def parse_output(text: str, source: str = "<text>") -> PerftestResult:
                 tokens = line.split()
                 want = 6 if table["cpu"] else 5
                 if len(tokens) != want:
+                    glued = _GLUED.match(line)
+                    if glued and len(glued.group("nums").split()) == want:
+                        raise ParseError(tool, f"text {glued.group('text')!r} is glued to the end of a "
+                                         "result row: stdout and stderr went into one log (stderr is "
+                                         "unbuffered, stdout is not); parse stdout alone",
+                                         source=source, line_no=line_no, line=raw)
                     raise ParseError(tool, f"result row has {len(tokens)} columns, the header at "
                                      f"line {table['start']} has {want}; line truncated or corrupt",
                                      source=source, line_no=line_no, line=raw)
@@ -429,7 +451,7 @@ def parse_output(text: str, source: str = "<text>") -> PerftestResult:
                          "classify_failure)", source=source,
                          line_no=last[0] or None, line=last[1] if last[0] else None)
     # The header block must be well-formed where it gives numbers the rows rely on.
-    for key in ("Number of qps", "Mtu", "GID index", "TX depth"):
+    for key in ("Number of qps", "Mtu", "GID index", "TX depth", "RX depth"):
         if key in res.header and res._header_int(key) is None:
             raise ParseError(tool, f"header field {key!r} is not a number: "
                              f"{res.header[key]!r}", source=source)
@@ -593,10 +615,13 @@ def cross_check(text_result: PerftestResult, json_result: PerftestResult) -> lis
 
 _FAILURES: list[tuple[str, re.Pattern[str], str, str]] = [
     ("unknown_option", re.compile(r"unrecognized option '?([^'\n]*)'?|invalid option -- '?(\w)'?|"
-                                  r"Invalid Command or flag"),
+                                  r"Invalid Command or flag|"
+                                  r"Duration mode currently doesn't support running on all sizes|"
+                                  r"please check that DURATION > 2\*MARGIN"),
      "perftest rejected its command line ({said})",
-     "the option may not exist in this perftest release: compare `{tool} --help` on that host "
-     "with the command, and keep both sides on the same perftest version"),
+     "the option, or this combination of options, may not exist in this perftest release: "
+     "compare `{tool} --help` on that host with the command, and keep both sides on the same "
+     "perftest version"),
     ("no_device", re.compile(r"Did not detect devices|No IB devices found|IB device \S+ not found|"
                              r"Unable to find the Infiniband/RoCE device|"
                              r"Couldn't get context for the device"),
@@ -609,7 +634,8 @@ _FAILURES: list[tuple[str, re.Pattern[str], str, str]] = [
      "another perftest server may still hold it: `ss -ltnp` there, end the stale process or "
      "use another -p port on both sides"),
     ("cannot_connect", re.compile(r"Couldn't connect to \S+|Unable to connect \(retries|"
-                                  r"Failed to connect RDMA CM|Problem in resolving basic address"),
+                                  r"Failed to connect RDMA CM|Problem in resolving basic address|"
+                                  r"Unable to perform rdma_client function"),
      "cannot connect to the server (perftest said '{said}')",
      "check that the server was started first and is still listening, that both sides use "
      "the same -p port, and that the address is reachable from this host"),
@@ -683,9 +709,9 @@ def to_rows(result: PerftestResult, **context: Any) -> list[Row]:
                         extra=dict(extra, gbit_per_s=r.bw_average_gbps), **common))
         if r.bw_peak_raw is None:
             rows.append(Row(metric="bw_peak", value=None, unit="B/s", status="not_measured",
-                            reason="perftest printed peak 0.00 (duration mode or -N): "
-                                   "peak not measured", raw_value=0.0, raw_unit=r.raw_unit,
-                            extra=dict(extra), **common))
+                            reason="perftest printed peak 0.00 (duration mode, -N, or the "
+                                   "receiving side of ib_send_bw): peak not measured",
+                            raw_value=0.0, raw_unit=r.raw_unit, extra=dict(extra), **common))
         else:
             rows.append(Row(metric="bw_peak", value=r.bw_peak_Bps, unit="B/s",
                             raw_value=r.bw_peak_raw, raw_unit=r.raw_unit,

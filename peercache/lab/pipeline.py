@@ -32,6 +32,18 @@ class Plan:
                 f"collect stage finds it, e.g. data/raw/{self.name}")
         self.raw_root = str(Path(self.raw).parent)
         self.reps = range(int(self.testbed["repetitions"]))
+        self.guest = self.testbed.guest
+
+    def guest_command(self) -> str:
+        """The shell command that runs every measurement of the testbed inside the Soft-RoCE guest."""
+        import shlex
+        g = self.guest or {}
+        scen = ["--scenarios", self.scenarios_path] if self.scenarios_path else []
+        argv = [sys.executable, "-m", "peercache.lab.guest", "--rails", str(g.get("rails", 2)),
+                "--mtu", str(g.get("mtu", 1500)), "--cpus", str(g.get("cpus", 2)),
+                "--memory", str(g.get("memory_mib", 4096)), "--timeout", str(g.get("timeout_s", 3600)), "--",
+                sys.executable, "-m", "peercache.lab.pipeline", "measure", "--testbed", self.testbed_path, *scen]
+        return shlex.join(argv)
 
     def result_paths(self) -> list[str]:
         """Every point's result.json, in run order."""
@@ -57,12 +69,13 @@ class Plan:
 def capture(testbed_path: str, role: str, out: str) -> int:
     """Capture one host's testbed block (hostinfo) into ``out``."""
     from .runpoint import _python_tool, testbed_hosts
+    from .runpoint import slowness as runpoint_slowness
 
     tb = experiments.load_testbed(testbed_path)
     with testbed_hosts(tb) as th:
         host = th.producer if role == "producer" else th.consumer
         argv = [*_python_tool(host, tb, "peercache.lab.cli"), "hostinfo"]
-        r = host.run(argv, timeout=120)
+        r = host.run(argv, timeout=120 * runpoint_slowness())
         if r.rc != 0:
             print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
                   "check that PeerCache is installed there", file=sys.stderr)
@@ -77,6 +90,22 @@ def capture(testbed_path: str, role: str, out: str) -> int:
     return 0
 
 
+def measure(testbed_path: str, scenarios_path: str | None = None) -> int:
+    """Capture both hosts, then run every point and repetition in order (the guest's whole job)."""
+    from . import runpoint
+
+    plan = Plan(testbed_path, scenarios_path)
+    rc = 0
+    for role, out in zip(ROLES, plan.capture_paths()):
+        rc |= capture(testbed_path, role, out)
+    todo = [(pt, k) for pt in plan.points for k in plan.reps]
+    for i, (pt, k) in enumerate(todo, 1):
+        out = f"{plan.raw}/{pt.scenario}/{pt.name}/rep{k}/result.json"
+        print(f"[{i}/{len(todo)}] {pt.scenario}/{pt.name} rep{k}", flush=True)
+        rc |= runpoint.run(testbed_path, pt.scenario, pt.name, k, out, scenarios_path)
+    return rc
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -86,10 +115,15 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True)
     v = sub.add_parser("validate", help="validate a testbed and list its points")
     v.add_argument("--testbed", required=True)
+    m = sub.add_parser("measure", help="capture both hosts and run every point (what the guest runs)")
+    m.add_argument("--testbed", required=True)
+    m.add_argument("--scenarios", default=None)
     a = p.parse_args(argv)
     try:
         if a.cmd == "capture":
             return capture(a.testbed, a.role, a.out)
+        if a.cmd == "measure":
+            return measure(a.testbed, a.scenarios)
         plan = Plan(a.testbed)
         for pt in plan.points:
             print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))

@@ -37,6 +37,10 @@ class PortSample:
     xmit_data: int | None       #: 4-byte units
     time: float                 #: epoch s
     reason: str | None = None
+    #: Bytes per counter unit: 4 for port_*_data; 1 where the port has no data counters (Soft-RoCE)
+    #: and the bytes of its netdev (``statistics/{rx,tx}_bytes``) stand in, headers included.
+    unit_bytes: int = COUNTER_UNIT_BYTES
+    source: str = "port_counters"   #: port_counters | netdev:<name>
 
 
 @dataclass
@@ -49,6 +53,7 @@ class PortDelta:
     xmit_bytes: int | None
     seconds: float
     flags: list[str] = field(default_factory=list)   #: counter problems (saturated, went backwards, unreadable)
+    source: str = "port_counters"                    #: where the bytes were read (see PortSample.source)
 
 
 @dataclass
@@ -102,7 +107,7 @@ def sample(ports: Iterable[tuple[str, int]], root: str | os.PathLike | None = No
 
 
 def _counter_delta(name: str, before: int | None, after: int | None,
-                   flags: list[str]) -> int | None:
+                   flags: list[str], unit_bytes: int = COUNTER_UNIT_BYTES) -> int | None:
     if before is None or after is None:
         flags.append(f"{name}_unreadable")
         return None
@@ -113,7 +118,7 @@ def _counter_delta(name: str, before: int | None, after: int | None,
     if after < before:
         flags.append(f"{name}_went_backwards")  # reset or wrap during the run
         return None
-    return (after - before) * COUNTER_UNIT_BYTES
+    return (after - before) * unit_bytes
 
 
 def delta(before: PortSample, after: PortSample) -> PortDelta:
@@ -122,9 +127,12 @@ def delta(before: PortSample, after: PortSample) -> PortDelta:
         raise ValueError(f"samples of different ports: {before.device}/{before.port} "
                          f"and {after.device}/{after.port}")
     flags: list[str] = []
-    rcv = _counter_delta("port_rcv_data", before.rcv_data, after.rcv_data, flags)
-    xmit = _counter_delta("port_xmit_data", before.xmit_data, after.xmit_data, flags)
-    return PortDelta(before.device, before.port, rcv, xmit, after.time - before.time, flags)
+    if (before.unit_bytes, before.source) != (after.unit_bytes, after.source):
+        flags.append("counter_source_changed")
+        return PortDelta(before.device, before.port, None, None, after.time - before.time, flags)
+    rcv = _counter_delta("port_rcv_data", before.rcv_data, after.rcv_data, flags, before.unit_bytes)
+    xmit = _counter_delta("port_xmit_data", before.xmit_data, after.xmit_data, flags, before.unit_bytes)
+    return PortDelta(before.device, before.port, rcv, xmit, after.time - before.time, flags, before.source)
 
 
 def deltas(before: dict, after: dict) -> list[PortDelta]:

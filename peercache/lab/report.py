@@ -6,6 +6,8 @@ text (used by tests and for a plain-text copy).
 """
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +80,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         is_raw = r["tool"] in charts.RAW_TOOLS
         comparable = scenario in _GET_SCENARIOS and not is_raw
         raw_gbs = raw_by_proto.get(r.get("protocol"))
-        frac = "—" if raw_gbs is None or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
+        frac = "—" if not raw_gbs or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
         if is_raw and scenario == "single_nic":
             frac = "raw limit (100%)"
         elif not comparable:
@@ -125,6 +127,26 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["scenario", "GET throughput", "fraction of raw single-NIC", "notes"])
 
 
+def guest_caveats(runs: pd.DataFrame) -> list[str]:
+    """The caveat of runs measured in the Soft-RoCE guest (said first in the report), once each."""
+    seen: dict[str, dict[str, set]] = {}
+    for text in runs.get("params", pd.Series(dtype=object)).dropna():
+        params = json.loads(text) if isinstance(text, str) else text
+        g = (params or {}).get("guest")
+        if g and g.get("caveat"):
+            d = seen.setdefault(g["caveat"], {"kernel": set(), "slowness": set()})
+            d["kernel"].add(str(g.get("kernel")))
+            if g.get("slowness") is not None:
+                d["slowness"].add(float(g["slowness"]))
+    out = []
+    for caveat, d in seen.items():
+        slow = sorted(d["slowness"])
+        how = (f", {slow[0]:.0f}-{slow[-1]:.0f} x slower than the host" if len(slow) > 1 and
+               round(slow[0]) != round(slow[-1]) else (f", {slow[0]:.0f} x slower than the host" if slow else ""))
+        out.append(f"**{caveat}** (guest kernel {', '.join(sorted(d['kernel']))}{how})")
+    return out
+
+
 def collect_devices(r: pd.Series) -> list[str]:
     """Device names of a row."""
     return [d for d in str(r.get("devices") or "").split(",") if d]
@@ -139,7 +161,7 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
     refs = load_references(resolve(references)) if references else {}
     from peercache.lab.references import apply_verdicts
     rows = apply_verdicts(rows, refs)
-    notes = []
+    notes = guest_caveats(runs)
     if testbed not in refs:
         notes.append("no references for this testbed: every verdict is 'unchecked' and line rates are unknown"
                      if references else "no references file given: every verdict is 'unchecked'")

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import re
 import sys
 import traceback
@@ -39,6 +41,14 @@ WORKING_SET_BYTES = 256 << 20
 DIR_CACHE_TTL_S = 5.0
 #: Batch of the memcpy limit: the batch of the PeerCache shm points it is compared with.
 MEMCPY_BATCH = 32
+
+
+def slowness() -> float:
+    """How much slower this machine is than a plain host: the Soft-RoCE guest measures and exports it."""
+    try:
+        return max(1.0, float(os.environ.get("PEERCACHE_SLOWNESS") or 1))
+    except ValueError:
+        return 1.0
 
 
 @dataclass
@@ -69,6 +79,19 @@ def testbed_hosts(tb: experiments.Testbed) -> Iterator[TestbedHosts]:
     finally:
         if pair is not None:
             pair.remove()
+
+
+def guest_block() -> dict[str, Any] | None:
+    """Where the run happened when it ran in the Soft-RoCE guest (None elsewhere): for the report's caveat."""
+    if not os.environ.get("PEERCACHE_GUEST"):
+        return None
+    return {"kind": "qemu-softroce", "kernel": os.uname().release, "slowness": slowness(),
+            "caveat": GUEST_CAVEAT}
+
+
+#: What every figure measured in the guest means, said at the top of its report.
+GUEST_CAVEAT = ("Soft-RoCE (rdma_rxe) in a QEMU guest with an emulated CPU: a functional check of the rdma "
+                "path, not a fabric figure; the numbers are CPU-bound MB/s and say nothing about a NIC")
 
 
 def _python_tool(host: Host, tb: experiments.Testbed, module: str) -> list[str]:
@@ -115,7 +138,9 @@ class PointRun:
         self.ports = PortAllocator(base, base + 499)
         dur = float(tb["duration"])
         self.duration, self.warmup = dur, float(tb["warmup"])
-        self.timeout = 60.0 + 4 * (dur + self.warmup)
+        #: Waits (never the measured window) stretch by the machine's slowness: a guest is slow, not hung.
+        self.slow = slowness()
+        self.timeout = (60.0 + 4 * (dur + self.warmup)) * self.slow
 
     def ctx(self, **kw: Any) -> dict[str, Any]:
         """Row context common to every row of this point."""
@@ -147,9 +172,11 @@ class PointRun:
                 continue
             devs = [r.devices] if r.side == "per_device" else list(before)
             bps = r.value * {"GB/s": 1e9, "B/s": 1.0, "Gbit/s": 1e9 / 8}.get(r.unit, float("nan"))
+            # The consumer (client) receives what a READ or a GET moves, and sends what a WRITE moves.
+            direction = "xmit" if r.tool == "ib_write_bw" else "rcv"
             pc = crosscheck.check({d: before[d] for d in devs if d in before},
                                   {d: after[d] for d in devs if d in after},
-                                  {d: rates.get(d) for d in devs}, bps, self.duration)
+                                  {d: rates.get(d) for d in devs}, bps, self.duration, direction=direction)
             r.extra = dict(r.extra, **pc.as_extra())
             bad = [f for f in pc.flags if f in ("above_line_rate", "counter_disagreement")]
             if bad:
@@ -211,7 +238,7 @@ class PointRun:
             th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs))
         ctx = self.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"],
                        host=str(th.consumer), peer=str(th.producer), side="client")
-        res, err = self._pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15), th, [])
+        res, err = self._pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15 * self.slow), th, [])
         self._record(res)
         if err:
             self.fail("bw", "B/s", err, **{k: v for k, v in ctx.items() if k not in self.ctx()})
@@ -234,8 +261,11 @@ class PointRun:
         client, perf_path = self._perf_wrap(perftest.client_command(params, th.producer_addr))
         ctx = self.ctx(host=str(th.consumer), peer=str(th.producer), side="client",
                        devices=",".join(devices), numa_node=_numa_of(self.tb, devices))
-        res, err = self._pair(perftest.server_command(params), client,
-                              Readiness(pattern=perftest.SERVER_READY_PATTERN.pattern, timeout=20), th, devices)
+        server_params = dataclasses.replace(params, device=(self.tb.role_devices("producer", devices) or [None])[0])
+        # Readiness is the server's listening exchange port (read with ss, never connected to): perftest's
+        # stdout is block-buffered into a pipe, so its "Waiting for client" line shows only at its exit.
+        res, err = self._pair(perftest.server_command(server_params), client,
+                              Readiness(port=port, timeout=20 * self.slow), th, devices)
         self._record(res)
         if err:
             text = (res.client.stdout + res.client.stderr) if res and res.client else ""
@@ -247,6 +277,12 @@ class PointRun:
         for r in perftest.to_rows(result, **ctx):
             if r.metric == "bw_average":
                 r.metric = "bw"
+            if r.extra.get("iterations") == 0 and r.status == "ok":
+                # Sanity: a run that completed nothing in its window measured nothing (it is not 0 B/s).
+                r.status, r.value = "failed", None
+                r.reason = (f"{p['tool']} completed 0 iterations in its {params.duration} s window: filling "
+                            f"{p['qps']} QPs x tx_depth {params.tx_depth or 'default'} x {p['size']} B takes "
+                            "longer than that here; lengthen the testbed's duration or lower tx_depth")
             self.rows.append(r)
         self._perf_rows(th, perf_path, dict(ctx, tool=p["tool"], size_bytes=p["size"], qps=p["qps"]))
 
@@ -257,14 +293,19 @@ class PointRun:
         ws = max(4 * p["batch_size"], int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["page_size"])
         common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
                   "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
+        serve_devs, drive_devs = [], []
         if p.get("devices"):
-            common += ["--devices", ",".join(p["devices"])]
-        serve = [*bench_p, "serve", *common, "--readers", "1", "--max-wait", str(int(self.timeout)), "--quiet"]
-        drive = [*bench_c, "drive", *common, "--batch-size", str(p["batch_size"]),
+            serve_devs = ["--devices", ",".join(self.tb.role_devices("producer", p["devices"]))]
+            drive_devs = ["--devices", ",".join(self.tb.role_devices("consumer", p["devices"]))]
+        serve = [*bench_p, "serve", *common, *serve_devs, "--readers", "1", "--max-wait", str(int(self.timeout)),
+                 "--quiet"]
+        drive = [*bench_c, "drive", *common, *drive_devs, "--batch-size", str(p["batch_size"]),
                  "--concurrencies", str(threads), "--processes", str(processes),
                  "--duration", str(self.duration), "--warmup", str(self.warmup), "--no-verify",
                  "--dir-cache-ttl", str(self.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)),
                  "--out", out_path]
+        if self.slow > 1:
+            drive += ["--ready-timeout", f"{30 * self.slow:.0f}"]
         if start_at:
             drive += ["--start-at", start_at]
         if p.get("destination") == "gpu":
@@ -279,13 +320,18 @@ class PointRun:
                      "window_end": pt.get("window_end"), "destination": ctx.get("extra", {}).get("destination")}
             c.pop("extra", None)
             status = "ok" if pt["status"] == "ok" else "failed"
+            reason = pt["reason"]
+            if status == "ok" and pt.get("batches") == 0:
+                # Sanity: a point that completed no batch in its window measured nothing (not 0 GB/s).
+                status, reason = "failed", (f"drive completed no batch in its {self.duration} s window (one batch "
+                                            "takes longer than that here); lengthen the testbed's duration")
             def add(metric, value, unit, raw_unit=None):
                 if status == "ok" and value is None:
                     self.rows.append(Row(metric=metric, value=None, unit=unit, status="not_measured",
                                          reason="not reported for this op", extra=extra, **c))
                 else:
                     self.rows.append(Row(metric=metric, value=value if status == "ok" else None, unit=unit,
-                                         status=status, reason=pt["reason"], raw_value=value,
+                                         status=status, reason=reason, raw_value=value,
                                          raw_unit=raw_unit or unit, extra=extra, **c))
             add("get_throughput", pt["gb_per_s"], "GB/s")
             add("pages_per_s", pt["pages_per_s"], "pages/s")
@@ -303,7 +349,7 @@ class PointRun:
                        protocol=p["protocol"], layout=p["layout"], devices=",".join(p.get("devices") or []),
                        numa_node=_numa_of(self.tb, p.get("devices") or []),
                        extra={"destination": p.get("destination", "host")})
-        res, err = self._pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60), th, p.get("devices") or [])
+        res, err = self._pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60 * self.slow), th, p.get("devices") or [])
         self._record(res)
         try:
             doc = json.loads(_fetch(th.consumer, out))
@@ -325,11 +371,11 @@ class PointRun:
             outs[g] = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
             gp = dict(p, devices=[g] if p["per_device"] else [])
             serve, drive = self._serve_drive(th, port, gp, p["readers"], p["threads"], outs[g],
-                                             start_at=f"{{start_at}}+{GROUP_START_LEAD_S}")
+                                             start_at=f"{{start_at}}+{GROUP_START_LEAD_S * self.slow}")
             node = _numa_of(self.tb, gp["devices"])
             dev = g if p["per_device"] else None
             specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, node, dev)],
-                                   SideSpec(th.producer, serve, node, dev), Readiness(pattern=READY_LINE, timeout=60)))
+                                   SideSpec(th.producer, serve, node, dev), Readiness(pattern=READY_LINE, timeout=60 * self.slow)))
         docs: dict[str, dict] = {}
 
         def measure(gr) -> WindowBytes:
@@ -342,7 +388,7 @@ class PointRun:
                 raise RuntimeError(f"group {gr.name}: drive failed: {pt['reason']}")
             return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
 
-        runner = GroupRunner(specs, client_timeout=self.timeout + GROUP_START_LEAD_S, measure=measure,
+        runner = GroupRunner(specs, client_timeout=self.timeout + GROUP_START_LEAD_S * self.slow, measure=measure,
                              log_dir=self.raw_dir, window_tolerance_s=0.05)
         ctx = self.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
                        protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
@@ -434,7 +480,7 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
                    repetition=rep, hosts=captures, commands=pr.commands, start=start, end=bench_meta.now_iso(),
                    git_revision=bench_meta.git_revision(), versions=bench_meta.versions(),
                    numa_binding=pr.numa, params=dict(point.params, kind=point.kind, duration=pr.duration,
-                                                     warmup=pr.warmup, notes=pr.notes))
+                                                     warmup=pr.warmup, notes=pr.notes, guest=guest_block()))
     write_result(out_path, meta, pr.rows)
     bad = [r for r in pr.rows if r.status == "failed"]
     state = "skipped" if point.kind == "skip" else ("FAILED" if bad else "ok")

@@ -21,23 +21,23 @@ def rows(out: str) -> list[dict]:
 
 
 def test_parse_perftest_rows():
-    p = run("parse", "perftest", str(FIX / "perftest" / "write_bw_d15_q4_gbits_cpu.txt"),
+    p = run("parse", "perftest", str(FIX / "perftest" / "softroce" / "write_d2_q4_gbits_cpu.client.stdout"),
             "--host", "A", "--side", "client")
     assert p.returncode == 0, p.stderr
     rs = rows(p.stdout)
     by = {r["metric"]: r for r in rs}
     assert by["bw_average"]["unit"] == "B/s" and by["bw_average"]["raw_unit"] == "Gb/sec"
-    assert by["bw_average"]["value"] == pytest.approx(52.39e9 / 8)
+    assert by["bw_average"]["value"] == pytest.approx(0.050243e9 / 8)
     assert by["bw_peak"]["status"] == "not_measured" and by["bw_peak"]["value"] is None
     assert {r["host"] for r in rs} == {"A"}
 
 
 def test_parse_perftest_json_needs_unit():
-    f = str(FIX / "perftest" / "read_bw_q16.legacy.json")
+    f = str(FIX / "perftest" / "softroce" / "read_s131072_q1_json.client.json")
     assert run("parse", "perftest", f, "--json").returncode == 2
-    p = run("parse", "perftest", f, "--json", "--bw-unit", "MiB/sec")
+    p = run("parse", "perftest", f, "--json", "--bw-unit", "MB/sec")
     assert p.returncode == 0, p.stderr
-    assert rows(p.stdout)[0]["value"] == pytest.approx(46730.04 * 2 ** 20)
+    assert rows(p.stdout)[0]["value"] == pytest.approx(39.38 * 2 ** 20)
 
 
 def test_parse_perfstat_and_iperf3():

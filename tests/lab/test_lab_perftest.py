@@ -11,10 +11,20 @@ from peercache.lab import perftest as pt
 from peercache.lab.errors import ParseError, ToolError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "perftest"
+#: Real captures (perftest 6.06 on Soft-RoCE in the QEMU guest); see softroce/README.md.
+SR = FIX / "softroce"
 
 
 def load(name: str) -> str:
     return (FIX / name).read_text()
+
+
+def real(name: str) -> str:
+    """A real capture: NAME.SIDE.stdout, or NAME.SIDE.stdout + .stderr for "NAME.SIDE+err"."""
+    if name.endswith("+err"):
+        stem = name[: -len("+err")]
+        return (SR / f"{stem}.stdout").read_text() + (SR / f"{stem}.stderr").read_text()
+    return (SR / name).read_text()
 
 
 # --- builder -----------------------------------------------------------------
@@ -54,6 +64,7 @@ def test_builder_all_sizes_bidir_cuda_json():
     (dict(report_both=True), "bidirectional"),
     (dict(tool="ib_write_bw", outs=16), "ib_read_bw only"),
     (dict(iterations=2), "at least 5"),
+    (dict(size=None, all_sizes=True, duration=2), "duration mode"),  # perftest exits 1 on it
 ])
 def test_builder_rejects_inconsistent_params(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
@@ -66,7 +77,9 @@ def test_client_needs_an_address():
 
 
 def test_server_ready_pattern():
-    assert pt.SERVER_READY_PATTERN.search(load("write_bw_mb_old.txt"))
+    assert pt.SERVER_READY_PATTERN.search(real("write_s131072_q1.server.stdout"))
+    assert pt.SERVER_READY_PATTERN.search(real("write_rdma_cm_s131072.server.stdout"))
+    assert not pt.SERVER_READY_PATTERN.search(real("write_s131072_q1.client.stdout"))
     assert not pt.SERVER_READY_PATTERN.search(load("read_bw_q16_mib.txt"))
 
 
@@ -96,52 +109,63 @@ def test_old_mb_label_is_the_same_binary_unit():
 
 
 def test_gbits_duration_mode_cpu_util():
-    r = pt.parse_output(load("write_bw_d15_q4_gbits_cpu.txt"))
+    # real: ib_write_bw -d rxe_b0 -x 1 -s 131072 -q 4 -D 2 --report_gbits --cpu_util 198.18.0.1
+    r = pt.parse_output(real("write_d2_q4_gbits_cpu.client.stdout"))
     [row] = r.rows
-    assert row.raw_unit == "Gb/sec" and row.bw_average_raw == 52.39
-    assert row.bw_average_Bps == pytest.approx(52.39e9 / 8)
-    assert row.bw_peak_raw is None and row.bw_peak_Bps is None  # printed 0.00: not measured
-    assert row.cpu_util_pct == 31.87 and row.iterations == 23988452
+    assert row.raw_unit == "Gb/sec" and row.bw_average_raw == 0.050243
+    assert row.bw_average_Bps == pytest.approx(0.050243e9 / 8)
+    assert row.bw_peak_raw is None and row.bw_peak_Bps is None  # printed 0.000000: not measured
+    assert row.cpu_util_pct == 0.0 and row.iterations == 96 and row.msg_rate_mpps == 0.000048
     rows = pt.to_rows(r, experiment="e", scenario="msgsize_sweep", run_id="r1", side="client")
     peak = [x for x in rows if x.metric == "bw_peak"][0]
     assert peak.status == "not_measured" and peak.value is None and "0.00" in peak.reason
     cpu = [x for x in rows if x.metric == "cpu_util"][0]
-    assert (cpu.value, cpu.unit) == (31.87, "%")
+    assert (cpu.value, cpu.unit) == (0.0, "%")
     assert {x.qps for x in rows} == {4} and {x.tool for x in rows} == {"ib_write_bw"}
 
 
 def test_all_sizes_sweep_one_row_per_size():
-    r = pt.parse_output(load("write_bw_all_gbits.txt"))
+    # real: ib_write_bw -d rxe_b0 -x 1 -a -q 1 -n 5 --report_gbits 198.18.0.1
+    r = pt.parse_output(real("write_all_gbits.client.stdout"))
     assert [x.size_bytes for x in r.rows] == [1 << i for i in range(1, 24)]
-    assert r.rows[0].bw_average_raw == 0.09  # printed with 6 decimals below 0.1 Gb/s
+    assert r.rows[0].bw_average_raw == 0.000081  # printed with 6 decimals below 0.1 Gb/s
+    assert r.rows[11].bw_average_raw == 0.17 and r.rows[11].size_bytes == 4096  # 2 decimals
     assert all(x.table == "main" for x in r.rows)
     rows = pt.to_rows(r, experiment="e", scenario="s", run_id="r")
     assert len(rows) == 23 * 3 and {x.size_bytes for x in rows} == {1 << i for i in range(1, 24)}
 
 
 def test_bidirectional_report_both_tables():
-    r = pt.parse_output(load("write_bw_bidir_report_both.txt"))
+    # real: ib_write_bw -d rxe_b0 -x 1 -s 65536 -q 1 -n 200 -b --report-both --report_gbits 198.18.0.1
+    r = pt.parse_output(real("write_bidir_s65536_report_both.client.stdout"))
     assert r.bidirectional
     assert [x.table for x in r.rows] == ["main", "local", "remote"]
     main, local, remote = r.rows
-    assert main.bw_average_raw == 784.71
-    assert local.bw_average_raw + remote.bw_average_raw == pytest.approx(784.71)
+    assert main.bw_average_raw == 0.57
+    assert (local.bw_average_raw, remote.bw_average_raw) == (0.30, 0.27)
+    assert local.bw_average_raw + remote.bw_average_raw == pytest.approx(0.57)
     rows = pt.to_rows(r, experiment="e", scenario="s", run_id="r")
     assert {x.extra["table"] for x in rows} == {"main", "local", "remote"}
 
 
 # --- JSON file -----------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["read_bw_q16.legacy.json", "read_bw_q16.json"])
-def test_json_file_both_dialects_cross_check(name):
-    j = pt.parse_json(load(name))
+@pytest.mark.parametrize("json_text, report, unit, qps, gid", [
+    # real perftest 6.06: the pre-standard dialect (unquoted keys, trailing commas)
+    (lambda: real("read_s131072_q1_json.client.json"),
+     lambda: real("read_s131072_q1_json.client.stdout"), "MB/sec", 1, 1),
+    # reconstructed: the standard JSON of later releases
+    (lambda: load("read_bw_q16.json"), lambda: load("read_bw_q16_mib.txt"), "MiB/sec", 16, 3),
+], ids=["legacy-real", "standard"])
+def test_json_file_both_dialects_cross_check(json_text, report, unit, qps, gid):
+    j = pt.parse_json(json_text())
     assert j.rows[0].raw_unit is None and j.rows[0].bw_average_Bps is None  # unit not in file
     with pytest.raises(ValueError, match="unit unknown"):
         pt.to_rows(j)
-    t = pt.parse_output(load("read_bw_q16_mib.txt"))
+    t = pt.parse_output(report())
     assert pt.cross_check(t, j) == []
-    assert j.rows[0].raw_unit == "MiB/sec"  # taken from the text of the same run
-    assert j.info["qps"] == 16 and j.info["gid_index"] == 3 and j.info["tool"] == "ib_read_bw"
+    assert j.rows[0].raw_unit == unit  # taken from the text of the same run
+    assert j.info["qps"] == qps and j.info["gid_index"] == gid and j.info["tool"] == "ib_read_bw"
 
 
 def test_json_cross_check_reports_mismatch():
@@ -153,13 +177,15 @@ def test_json_cross_check_reports_mismatch():
 
 @pytest.mark.parametrize("mutate, where", [
     (lambda s: s.replace("BW_average: ", "BW_avg: "), "BW_average"),
-    (lambda s: s.replace("MsgRate: 0.373840,", "MsgRate: fast,"), "MsgRate"),
+    (lambda s: s.replace("MsgRate: 0.000315,", "MsgRate: fast,"), "MsgRate"),
     (lambda s: s[: s.index("results")], "truncated"),
-    (lambda s: s.replace("Mtu: 4096,", "Mtu 4096"), "line 14"),
+    (lambda s: s.replace("Mtu: 1024,", "Mtu 1024"), "line 14"),
 ])
 def test_json_corrupt(mutate, where):
+    text = real("read_s131072_q1_json.client.json")
+    assert mutate(text) != text
     with pytest.raises(ParseError, match=where):
-        pt.parse_json(mutate(load("read_bw_q16.legacy.json")), "Gb/sec", source="x.json")
+        pt.parse_json(mutate(text), "Gb/sec", source="x.json")
 
 
 # --- corrupt / truncated text ----------------------------------------------------
@@ -178,8 +204,8 @@ def test_truncated_row_names_the_line():
 
 
 def test_table_without_closing_line_is_truncated():
-    text = load("write_bw_all_gbits.txt")
-    bad = _cut_after(text, " 65536      5000             395.73             391.81 \t\t   0.747323\n")
+    text = real("write_all_gbits.client.stdout")
+    bad = _cut_after(text, " 65536      5                0.31               0.29   \t\t   0.000562\n")
     with pytest.raises(ParseError, match="not closed"):
         pt.parse_output(bad)
 
@@ -215,15 +241,17 @@ def test_unknown_unit_is_an_error():
 
 # --- failure classification --------------------------------------------------
 
-@pytest.mark.parametrize("name, kind, needle", [
-    ("no_device.txt", "no_device", "ibv_devices"),
-    ("unknown_option.txt", "unknown_option", "--help"),
-    ("cannot_connect.txt", "cannot_connect", "server was started"),
-    ("port_in_use.txt", "port_in_use", "-p port"),
-    ("below_limit.txt", "below_limit", "limit"),
-])
-def test_classify_failure(name, kind, needle):
-    err = pt.classify_failure(load(name), 1, "B", "ib_read_bw")
+@pytest.mark.parametrize("text, kind, needle", [
+    (lambda: load("no_device.txt"), "no_device", "ibv_devices"),
+    (lambda: load("unknown_option.txt"), "unknown_option", "--help"),
+    # real captures in the Soft-RoCE guest, stdout + stderr as runpoint joins them
+    (lambda: real("err_no_device_server.server+err"), "no_device", "ibv_devices"),
+    (lambda: real("err_no_server.client+err"), "cannot_connect", "server was started"),
+    (lambda: real("err_port_in_use.server+err"), "port_in_use", "-p port"),
+    (lambda: real("read_below_limit.client+err"), "below_limit", "limit"),
+], ids=["no_device", "unknown_option", "no_device_rxe", "cannot_connect", "port_in_use", "below_limit"])
+def test_classify_failure(text, kind, needle):
+    err = pt.classify_failure(text(), 1, "B", "ib_read_bw")
     assert isinstance(err, ToolError) and err.kind == kind and err.host == "B"
     assert str(err).startswith("ib_read_bw on host B: ") and needle in str(err)
 

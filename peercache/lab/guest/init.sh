@@ -1,8 +1,8 @@
 #!/bin/busybox sh
 # Stage 1 of the PeerCache guest, /init of its initramfs (busybox only).
 # Loads the modules, mounts the host's / read-only over virtio-9p with a tmpfs
-# overlay on top, binds the run's control folder and the work folder (both
-# read-write 9p shares), then switch_roots into that tree to run stage 2.
+# overlay on top and the run's control folder (a read-write 9p share), then
+# switch_roots into that tree to run stage 2 (which mounts the work folder).
 # Any failure powers the guest off; the host runner then reports it.
 /bin/busybox mkdir -p /usr/bin /sbin /usr/sbin
 /bin/busybox --install -s
@@ -13,11 +13,6 @@ die() { echo "pcguest: stage 1: $*"; poweroff -f; sleep 5; }
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-
-work=""
-for arg in $(cat /proc/cmdline); do
-  case "$arg" in pcg_work=*) work="${arg#pcg_work=}";; esac
-done
 
 while read -r m; do
   insmod "/modules/$m.ko" 2>/tmp/insmod.err || { grep -q 'File exists' /tmp/insmod.err || die "insmod $m: $(cat /tmp/insmod.err)"; }
@@ -32,11 +27,6 @@ mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work 
 mkdir -p /newroot/mnt/pcguest
 mount -t 9p -o "trans=virtio,version=9p2000.L,msize=524288" ctl /newroot/mnt/pcguest \
   || die "cannot mount the control share (9p tag 'ctl')"
-if [ -n "$work" ]; then
-  mkdir -p "/newroot$work"
-  mount -t 9p -o "trans=virtio,version=9p2000.L,msize=524288" work "/newroot$work" \
-    || die "cannot mount the work folder $work (9p tag 'work')"
-fi
 mount --move /dev /newroot/dev
 umount /proc /sys 2>/dev/null
 exec switch_root /newroot /bin/sh /mnt/pcguest/stage2.sh

@@ -77,8 +77,6 @@ def missing() -> list[str]:
 def qemu_argv(kern: K.GuestKernel, spec: GuestSpec, accel: str, ctl: Path, work: Path | None) -> list[str]:
     """The qemu command line (pure): no NIC, serial console on stdio, the host's / read-only over 9p."""
     append = ["console=ttyS0", "panic=-1", "quiet", "loglevel=3", "mitigations=off", "nokaslr"]
-    if work is not None:
-        append.append(f"pcg_work={work}")
     argv = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
             "-smp", str(spec.cpus), "-m", str(spec.memory_mib),
             "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-monitor", "none",
@@ -166,7 +164,8 @@ def _boot(kern: K.GuestKernel, spec: GuestSpec, accel: str, command: str, *, cwd
         ctl = Path(tmp)
         shutil.copy2(STAGE2, ctl / "stage2.sh")
         rev = git_revision()
-        exports = {**T.environment(topo), **({"PEERCACHE_GIT_REVISION": rev} if rev else {}), **env, "PCG_CWD": str(cwd or "/"), "PEERCACHE_GUEST": "1",
+        exports = {**T.environment(topo), **({"PEERCACHE_GIT_REVISION": rev} if rev else {}), **env, "PCG_CWD": str(cwd or "/"), "PCG_WORK": str(cwd or ""),
+                   "PEERCACHE_GUEST": "1",
                    "PCG_PYTHON": sys.executable, "PCG_CALIB_CODE": CALIBRATION, "PCG_HOST_CALIB": f"{host_calibration():.6f}"}
         (ctl / "env.sh").write_text("".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in exports.items()))
         (ctl / "topology.sh").write_text(T.setup_script(topo))

@@ -30,6 +30,13 @@ ulimit -l unlimited          # registered memory: RDMA pins pages
 ulimit -n 65536
 
 . "$ctl/env.sh" || finish 125
+# The work folder (read-write, same path as on the host), mounted after /tmp and
+# /run so a folder under them is not hidden by their tmpfs.
+if [ -n "$PCG_WORK" ]; then
+  mkdir -p "$PCG_WORK"
+  mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 work "$PCG_WORK" \
+    || { echo "pcguest: cannot mount the work folder $PCG_WORK (9p tag 'work')"; finish 126; }
+fi
 guest_calib=$("$PCG_PYTHON" -c "$PCG_CALIB_CODE")
 export PEERCACHE_SLOWNESS=$(awk -v g="$guest_calib" -v h="$PCG_HOST_CALIB" 'BEGIN{f=g/h; if (f<1) f=1; printf "%.1f", f}')
 echo "pcguest: kernel $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB, slowness x$PEERCACHE_SLOWNESS"
