@@ -132,3 +132,22 @@ def test_a_hung_guest_is_killed_at_its_timeout_and_named():
     with pytest.raises(GuestTimeout):
         R.run("sleep 600", topology=T.Topology(rails=0), timeout=5)
     assert _qemu_pids() <= before
+
+
+@needs_guest
+def test_kernel_is_fetched_once_then_served_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PEERCACHE_GUEST_CACHE", str(tmp_path / "cache"))
+    said: list[str] = []
+    kern = K.prepare(progress=said.append)
+    assert any("apt-get download; nothing is installed" in s for s in said)
+    assert kern.vmlinuz.stat().st_size > 1 << 20 and kern.initrd.stat().st_size > 1 << 20
+    assert "rdma_rxe" in kern.modules and kern.modules.index("ib_core") < kern.modules.index("rdma_rxe")
+    assert not any(p.is_dir() for p in (tmp_path / "cache").glob("pcguest-kernel-*"))   # no leftovers
+
+    def no_apt(*a, **k):
+        raise AssertionError("a cached kernel must not ask apt anything")
+
+    monkeypatch.setattr(K, "_run", no_apt)
+    t0 = time.monotonic()
+    again = K.prepare(progress=said.append)
+    assert again == kern and time.monotonic() - t0 < 5

@@ -65,11 +65,24 @@ def _run(argv: list[str], *, what: str, todo: str, cwd: Path | None = None, time
     return r.stdout
 
 
-def image_package() -> str:
-    """The image package ``linux-image-amd64`` depends on now (for example linux-image-6.1.0-57-amd64)."""
-    out = _run(["apt-cache", "depends", META_PACKAGE], what="finding the guest kernel",
-               todo="run `apt-get update` (Debian's package lists are needed once)")
-    return parse_image_dependency(out)
+def image_package(progress=print) -> str:
+    """The image package ``linux-image-amd64`` depends on now (for example linux-image-6.1.0-57-amd64).
+
+    Without package lists (a fresh machine, or an image that cleaned them)
+    apt knows no such package; as root, the lists are fetched once
+    (``apt-get update``) and the question asked again.
+    """
+    todo = "run `apt-get update` (Debian's package lists are needed once)"
+    try:
+        return parse_image_dependency(_run(["apt-cache", "depends", META_PACKAGE],
+                                           what="finding the guest kernel", todo=todo))
+    except GuestUnavailable:
+        if os.geteuid() != 0:
+            raise
+    progress("peercache guest: apt has no package lists; running `apt-get update` once")
+    _run(["apt-get", "update", "-qq"], what="fetching Debian's package lists", todo=todo)
+    return parse_image_dependency(_run(["apt-cache", "depends", META_PACKAGE],
+                                       what="finding the guest kernel", todo=todo))
 
 
 def parse_image_dependency(text: str) -> str:
@@ -206,7 +219,7 @@ def prepare(*, progress=print) -> GuestKernel:
     hit = _load(root / release_of(wanted)) if wanted else _cached(root)
     if hit is not None:
         return hit
-    package = wanted or image_package()
+    package = wanted or image_package(progress)
     release = release_of(package)
     dest = root / release
     progress(f"peercache guest: fetching {package} (apt-get download; nothing is installed) into {dest}")
