@@ -26,6 +26,13 @@
 
 #include "verbs.h"
 
+#if defined(__has_include)
+#if __has_include(<rdma/ib_user_verbs.h>)
+#include <rdma/ib_user_verbs.h>
+#define PV_HAVE_DOORBELL 1
+#endif
+#endif
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -56,6 +63,7 @@ pv_rail *pv_rail_open(const char *name, int port, int gid_index, int32_t numa, c
     if (!r) { ibv_free_device_list(list); snprintf(err, errlen, "out of memory"); return NULL; }
     atomic_init(&r->refs, 1);
     atomic_init(&r->outstanding, 0);
+    atomic_init(&r->kicks, 0);
     snprintf(r->name, sizeof r->name, "%s", name);
     r->port = port;
     r->gid_index = gid_index;
@@ -71,6 +79,7 @@ pv_rail *pv_rail_open(const char *name, int port, int gid_index, int32_t numa, c
         snprintf(err, errlen, "ibv_query_device(%s): %s", name, strerror(errno));
         goto fail;
     }
+    r->soft_roce = r->dev.vendor_id == PV_RXE_VENDOR_ID;
     if (ibv_query_port(r->ctx, (uint8_t)port, &r->pattr) != 0) {
         snprintf(err, errlen, "%s has no port %d (ibv_query_port: %s); check --ib-port", name, port,
                  strerror(errno));
@@ -97,6 +106,23 @@ fail:
     pthread_rwlock_destroy(&r->mrlock);
     free(r);
     return NULL;
+}
+
+int pv_rail_port_now(pv_rail *r, int *mtu, uint16_t *lid, char *err, size_t errlen) {
+    struct ibv_port_attr pa;
+    if (ibv_query_port(r->ctx, (uint8_t)r->port, &pa) != 0) {
+        *mtu = (int)r->pattr.active_mtu;
+        *lid = r->pattr.lid;
+        return 0;
+    }
+    if (pa.state != IBV_PORT_ACTIVE) {
+        snprintf(err, errlen, "%s port %d is no longer ACTIVE (state %d); check the link (ibv_devinfo -d %s)",
+                 r->name, r->port, (int)pa.state, r->name);
+        return -1;
+    }
+    *mtu = (int)pa.active_mtu;
+    *lid = pa.lid;
+    return 0;
 }
 
 void pv_rail_ref(pv_rail *r) { atomic_fetch_add(&r->refs, 1); }
@@ -245,6 +271,8 @@ pv_conn *pv_conn_new(pv_rail **rails, size_t nrails, uint32_t nchan, uint32_t sq
         if ((uint32_t)rl->dev.max_sge < sge) sge = (uint32_t)rl->dev.max_sge;
     }
     c->lim = (pv_limits){sq_depth, rd ? rd : 1, sge ? sge : 1, 16, 64};
+    for (size_t r = 0; r < nrails; r++)
+        if (pv_rail_port_now(rails[r], &c->mtu[r], &c->lid[r], err, errlen) != 0) goto fail;
     for (size_t r = 0; r < nrails; r++) {
         for (uint32_t k = 0; k < nchan; k++) {
             pv_chan *ch = &c->chans[r * nchan + k];
@@ -290,8 +318,9 @@ int pv_conn_connect(pv_conn *c, const pv_remote_qp *remote, uint32_t signal_ever
         for (uint32_t k = 0; k < c->nchan; k++) {
             pv_chan *ch = &c->chans[r * c->nchan + k];
             const pv_remote_qp *q = &remote[r * c->nchan + k];
-            enum ibv_mtu mtu = rl->pattr.active_mtu < (enum ibv_mtu)q->mtu ? rl->pattr.active_mtu
-                                                                            : (enum ibv_mtu)q->mtu;
+            /* The smaller of the two ports' MTUs as they are now (both sides take the minimum). */
+            enum ibv_mtu mtu = (enum ibv_mtu)(c->mtu[r] < q->mtu ? c->mtu[r] : q->mtu);
+            if (mtu < IBV_MTU_256) mtu = IBV_MTU_256;
             /* Our READs may not exceed what the peer's QP accepts as responder. */
             uint32_t out = rd;
             if (q->rd_atom > 0 && (uint32_t)q->rd_atom < out) out = (uint32_t)q->rd_atom;
@@ -338,6 +367,38 @@ int pv_conn_connect(pv_conn *c, const pv_remote_qp *remote, uint32_t signal_ever
 }
 
 /* ---------------------------------------------------------------- data path */
+
+/* Soft-RoCE's requester can stall with WRs queued: it checks a condition (a fenced WR waiting
+ * for earlier READs, too many unacknowledged PSNs, no READ credit), the completer then retires
+ * what it waited for and finds no waiter flag set, and only then does the requester set the
+ * flag and go to sleep (rxe_req.c sets wait_fence / wait_psn after its check; nothing orders
+ * the two tasks). Nothing wakes it until the next post: the batch would sit until the poll
+ * timeout and reset a healthy connection. rdma-core's rxe provider rings its doorbell with an
+ * empty post_send command, which just reruns the requester; this sends the same command when
+ * a Soft-RoCE channel goes quiet with WRs outstanding. Never used on other devices. */
+static int rxe_doorbell(struct ibv_qp *qp) {
+#ifdef PV_HAVE_DOORBELL
+    struct ib_uverbs_cmd_hdr hdr;
+    struct ib_uverbs_post_send cmd;
+    struct ib_uverbs_post_send_resp resp;
+    uint8_t buf[sizeof hdr + sizeof cmd];
+    memset(&cmd, 0, sizeof cmd);
+    hdr.command = IB_USER_VERBS_CMD_POST_SEND;
+    hdr.in_words = (uint16_t)(sizeof buf / 4);
+    hdr.out_words = (uint16_t)(sizeof resp / 4);
+    cmd.response = (uint64_t)(uintptr_t)&resp;
+    cmd.qp_handle = qp->handle;
+    cmd.wr_count = 0;
+    cmd.sge_count = 0;
+    cmd.wqe_size = sizeof(struct ib_uverbs_send_wr);
+    memcpy(buf, &hdr, sizeof hdr);
+    memcpy(buf + sizeof hdr, &cmd, sizeof cmd);
+    return write(qp->context->cmd_fd, buf, sizeof buf) == (ssize_t)sizeof buf ? 0 : -1;
+#else
+    (void)qp;
+    return -1;
+#endif
+}
 
 static pv_chan *acquire(pv_conn *c, size_t rail, double deadline) {
     pthread_mutex_lock(&c->mu);
@@ -558,7 +619,7 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
     /* 5. Post chains within the send-queue window, poll completions in batches. */
     struct ibv_wc wc[PV_POLL_BATCH];
     uint32_t depth = c->lim.sq_depth;
-    double last_progress = now_s();
+    double last_progress = now_s(), last_kick = last_progress;
     unsigned spins = 0;
     for (;;) {
         int pending = 0, progress = 0;
@@ -637,6 +698,16 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
         }
         if (++spins % 256 == 0) {
             double t = now_s();
+            if (t - last_progress > PV_KICK_S && t - last_kick > PV_KICK_S) {
+                last_kick = t;
+                for (size_t k = 0; k < nruns; k++) {
+                    run *u = &runs[k];
+                    pv_rail *rl = c->rails[u->rail];
+                    if (rl->soft_roce && !u->quiet && !u->failed && u->posted > u->retired &&
+                        rxe_doorbell(u->ch->qp) == 0)
+                        atomic_fetch_add(&rl->kicks, 1);
+                }
+            }
             if (t - last_progress > c->timeout_s) {
                 /* Nothing moved for the whole timeout: fail the channels still busy, flush
                  * their QPs and give the flush a short bounded wait. */

@@ -17,6 +17,8 @@
 #define PV_WR_INDEX_BITS 48
 #define PV_MAX_READ (1ull << 31)
 #define PV_POLL_BATCH 32
+#define PV_RXE_VENDOR_ID 0xFFFFFF  /* Soft-RoCE (rdma_rxe) reports this vendor id */
+#define PV_KICK_S 0.01             /* Soft-RoCE: ring the doorbell after this long without a completion */
 
 /* Queue and device limits that shape chains and signalling (peercache.rdma.plan.Limits). */
 typedef struct pv_limits {
@@ -63,6 +65,8 @@ typedef struct pv_rail {
     size_t nmrs, capmrs;
     pv_mr *mrs;
     atomic_uint_fast64_t outstanding;  /* bytes in flight from every thread: the load */
+    int soft_roce;                     /* rdma_rxe: its requester can miss a wake-up (see verbs.c) */
+    atomic_uint_fast64_t kicks;        /* doorbells rung to restart a stalled requester */
 } pv_rail;
 
 pv_rail *pv_rail_open(const char *name, int port, int gid_index, int32_t numa, char *err, size_t errlen);
@@ -107,6 +111,10 @@ typedef struct pv_conn {
     size_t nrails;
     uint32_t nchan;
     pv_rail *rails[PV_MAX_RAILS];
+    /* Port attributes queried when the connection is made, not when the rail was opened:
+     * Soft-RoCE's active MTU follows its netdev's MTU, a LID can change. */
+    int mtu[PV_MAX_RAILS];         /* enum ibv_mtu */
+    uint16_t lid[PV_MAX_RAILS];
     pv_chan *chans;                /* nrails x nchan, rail-major */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -124,6 +132,9 @@ pv_conn *pv_conn_new(pv_rail **rails, size_t nrails, uint32_t nchan, uint32_t sq
 int pv_conn_connect(pv_conn *c, const pv_remote_qp *remote, uint32_t signal_every, uint32_t max_chain,
                     char *err, size_t errlen);
 void pv_conn_close(void *c);
+/* Current active MTU (enum ibv_mtu) and LID of a rail's port; the values cached at open if the
+ * query fails. 0, or -1 with err set when the port is no longer ACTIVE. */
+int pv_rail_port_now(pv_rail *r, int *mtu, uint16_t *lid, char *err, size_t errlen);
 
 extern const pc_backend pc_verbs_backend;
 

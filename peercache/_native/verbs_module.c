@@ -62,14 +62,23 @@ static void Rail_dealloc(RailObject *self) {
 static PyObject *Rail_info(RailObject *self, PyObject *unused) {
     (void)unused;
     pv_rail *r = self->r;
+    /* The port as it is now (Soft-RoCE's MTU follows the netdev); the cached one if that fails. */
+    struct ibv_port_attr pa = r->pattr;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ibv_query_port(r->ctx, (uint8_t)r->port, &pa);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) pa = r->pattr;
     return Py_BuildValue(
-        "{s:s,s:i,s:i,s:i,s:y#,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
+        "{s:s,s:i,s:i,s:i,s:y#,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:O,s:K}",
         "name", r->name, "port", r->port, "gid_index", r->gid_index, "numa", (int)r->numa,
-        "gid", (const char *)r->gid.raw, (Py_ssize_t)16, "lid", (int)r->pattr.lid,
-        "mtu", (int)r->pattr.active_mtu, "link_layer", (int)r->pattr.link_layer,
-        "state", (int)r->pattr.state, "max_qp_rd_atom", r->dev.max_qp_rd_atom,
+        "gid", (const char *)r->gid.raw, (Py_ssize_t)16, "lid", (int)pa.lid,
+        "mtu", (int)pa.active_mtu, "link_layer", (int)pa.link_layer,
+        "state", (int)pa.state, "max_qp_rd_atom", r->dev.max_qp_rd_atom,
         "max_qp_init_rd_atom", r->dev.max_qp_init_rd_atom, "max_qp_wr", r->dev.max_qp_wr,
-        "max_sge", r->dev.max_sge, "max_cqe", r->dev.max_cqe, "max_mr_size", (int)(r->dev.max_mr_size > 0x7fffffff ? 0x7fffffff : r->dev.max_mr_size));
+        "max_sge", r->dev.max_sge, "max_cqe", r->dev.max_cqe, "max_mr_size", (int)(r->dev.max_mr_size > 0x7fffffff ? 0x7fffffff : r->dev.max_mr_size),
+        "vendor_id", (unsigned)r->dev.vendor_id, "soft_roce", r->soft_roce ? Py_True : Py_False,
+        "doorbell_kicks", (unsigned long long)atomic_load(&r->kicks));
 }
 
 static PyObject *Rail_register(RailObject *self, PyObject *args) {
@@ -226,8 +235,8 @@ static PyObject *Channels_local_info(ChannelsObject *self, PyObject *unused) {
             pv_rail *rl = c->rails[r];
             PyObject *d = Py_BuildValue("{s:n,s:I,s:I,s:I,s:y#,s:i,s:i,s:i}", "rail", (Py_ssize_t)r,
                                         "channel", k, "qpn", ch->qp->qp_num, "psn", ch->psn, "gid",
-                                        (const char *)rl->gid.raw, (Py_ssize_t)16, "lid", (int)rl->pattr.lid,
-                                        "mtu", (int)rl->pattr.active_mtu, "rd_atom", rl->dev.max_qp_rd_atom);
+                                        (const char *)rl->gid.raw, (Py_ssize_t)16, "lid", (int)c->lid[r],
+                                        "mtu", c->mtu[r], "rd_atom", rl->dev.max_qp_rd_atom);
             if (!d || PyList_Append(out, d) < 0) { Py_XDECREF(d); Py_DECREF(out); return NULL; }
             Py_DECREF(d);
         }
@@ -341,6 +350,42 @@ static PyObject *Channels_limits(ChannelsObject *self, PyObject *unused) {
                          "cadence", pv_signal_cadence(l), "chain_length", pv_chain_length(l));
 }
 
+static PyObject *Channels_qp_info(ChannelsObject *self, PyObject *unused) {
+    (void)unused;
+    if (need_conn(self) < 0) return NULL;
+    pv_conn *c = self->c;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (size_t r = 0; r < c->nrails; r++)
+        for (uint32_t k = 0; k < c->nchan; k++) {
+            pv_chan *ch = &c->chans[r * c->nchan + k];
+            struct ibv_qp_attr a;
+            struct ibv_qp_init_attr ia;
+            memset(&a, 0, sizeof a);
+            int rc;
+            Py_BEGIN_ALLOW_THREADS
+            rc = ibv_query_qp(ch->qp, &a, IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                              IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_TIMEOUT |
+                              IBV_QP_RETRY_CNT | IBV_QP_CAP, &ia);
+            Py_END_ALLOW_THREADS
+            if (rc != 0) {
+                Py_DECREF(out);
+                return PyErr_Format(PyExc_OSError, "ibv_query_qp on %s: %s", c->rails[r]->name, strerror(rc));
+            }
+            int bytes = a.path_mtu >= IBV_MTU_256 && a.path_mtu <= IBV_MTU_4096 ? 128 << a.path_mtu : 0;
+            PyObject *d = Py_BuildValue(
+                "{s:n,s:I,s:s,s:I,s:I,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I}", "rail", (Py_ssize_t)r, "channel", k,
+                "device", c->rails[r]->name, "qpn", ch->qp->qp_num, "dest_qpn", a.dest_qp_num,
+                "state", (int)a.qp_state, "path_mtu", (int)a.path_mtu, "path_mtu_bytes", bytes,
+                "port_mtu", c->mtu[r], "max_rd_atomic", (int)a.max_rd_atomic,
+                "max_dest_rd_atomic", (int)a.max_dest_rd_atomic, "timeout", (int)a.timeout,
+                "max_send_wr", a.cap.max_send_wr);
+            if (!d || PyList_Append(out, d) < 0) { Py_XDECREF(d); Py_DECREF(out); return NULL; }
+            Py_DECREF(d);
+        }
+    return out;
+}
+
 static void handoff_destroy(PyObject *cap) {
     pc_handoff *h = PyCapsule_GetPointer(cap, PC_HANDOFF_CAPSULE);
     if (!h) { PyErr_Clear(); return; }
@@ -375,6 +420,9 @@ static PyMethodDef Channels_methods[] = {
     {"set_regions", (PyCFunction)Channels_set_regions, METH_O,
      "set_regions([(id, cap, size, [(addr, rkey) per rail]), ...]): what the peer exposes."},
     {"limits", (PyCFunction)Channels_limits, METH_NOARGS, "Queue limits, cadence and chain length in use."},
+    {"qp_info", (PyCFunction)Channels_qp_info, METH_NOARGS,
+     "ibv_query_qp of every (rail, channel): state, path MTU (enum and bytes), the port MTU the connection "
+     "was made with, READ limits as requester (max_rd_atomic) and responder (max_dest_rd_atomic)."},
     {"handoff", (PyCFunction)Channels_handoff, METH_NOARGS,
      "A capsule for peercache._native.adopt(); these channels are then owned by the Peer."},
     {"close", (PyCFunction)Channels_close, METH_NOARGS, "Destroy the QPs now."},

@@ -28,11 +28,14 @@ uint32_t pv_chain_length(const pv_limits *l) {
     return c > k ? c : k;
 }
 
-/* Whether op i continues the unit that starts at f and whose last op is p. */
+/* Whether op i continues the unit whose anchor is f and whose last op is p: 0 no, 1 yes,
+ * 2 yes and i becomes the anchor (it continues p remotely in the local buffer of p and f:
+ * the header of an adjacent slot, whose trailer must join this unit too; plan.py units()). */
 static int continues(const pc_op *ops, size_t f, size_t p, size_t i) {
     const pc_op *a = &ops[p], *b = &ops[i], *u = &ops[f];
     if (b->region != a->region || b->remote_offset < a->remote_offset + a->length) return 0;
-    if (b->remote_offset == a->remote_offset + a->length) return 1;
+    if (b->remote_offset == a->remote_offset + a->length)
+        return b->local_region == a->local_region && b->local_region == u->local_region ? 2 : 1;
     return b->local_region == u->local_region && b->local_offset == u->local_offset + u->length;
 }
 
@@ -67,9 +70,14 @@ int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal
     size_t i = 0;
     while (i < n) {
         /* One unit over all ops (refused ones included, as in plan.py), then filtered. */
-        size_t f = i, p = i, nu = 0;
+        size_t f = i, p = i, nu = 0;   /* f: the unit's anchor */
         unit[nu++] = i;
-        for (i = i + 1; i < n && continues(ops, f, p, i); p = i, i++) unit[nu++] = i;
+        for (i = i + 1; i < n; p = i, i++) {
+            int c = continues(ops, f, p, i);
+            if (!c) break;
+            if (c == 2) f = i;
+            unit[nu++] = i;
+        }
         size_t m = 0;
         for (size_t j = 0; j < nu; j++)
             if (refused[unit[j]] < 0) unit[m++] = unit[j];

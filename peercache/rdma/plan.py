@@ -10,7 +10,12 @@ random batches). Everything here is pure: no device, no memory registration.
    READs are ordered only within one QP. An op joins the current unit when it
    is on the same region, starts at or after the end of the op before, and
    either continues that op remotely or lands locally right after the unit's
-   first op (the tag scratch layout: header then trailer).
+   *anchor* (the tag scratch layout: header then trailer). The anchor is the
+   unit's first op, and moves to an op that continues the op before it
+   remotely in the same local buffer as both: the header of a slot that lies
+   right after the previous one in the region (capacity + 40 a multiple of
+   64) joins that slot's unit, and its trailer must then join too, not start
+   a unit of its own that another rail or channel may read before the payload.
 2. *Work requests*: remote-contiguous ops of a unit share one READ with one
    scatter entry per op, up to ``max_sge`` (a full slot is one READ with three
    entries: tag scratch, destination, tag scratch; a partial slot is a
@@ -135,16 +140,21 @@ def units(ops: np.ndarray) -> list[list[int]]:
     region, off, length = _field(ops, "region"), _field(ops, "remote_offset"), _field(ops, "length")
     local, loff = _field(ops, "local_region"), _field(ops, "local_offset")
     out: list[list[int]] = []
+    a = 0   # the current unit's anchor (see the module docstring)
     for i in range(len(ops)):
         if out:
             u, p = out[-1], out[-1][-1]
-            f = u[0]
-            if (region[i] == region[p] and off[i] >= off[p] + length[p]
-                    and (off[i] == off[p] + length[p]
-                         or (local[i] == local[f] and loff[i] == loff[f] + length[f]))):
-                u.append(i)
-                continue
+            if region[i] == region[p] and off[i] >= off[p] + length[p]:
+                if off[i] == off[p] + length[p]:
+                    u.append(i)
+                    if local[i] == local[p] == local[a]:
+                        a = i      # the next slot's header: its trailer lands after it
+                    continue
+                if local[i] == local[a] and loff[i] == loff[a] + length[a]:
+                    u.append(i)
+                    continue
         out.append([i])
+        a = i
     return out
 
 

@@ -79,7 +79,8 @@ class RdmaTransport(Transport):
         self._regions: list[tuple[int, int, int, list[tuple[int, int]]]] = []
         self._accepted: OrderedDict[str, Any] = OrderedDict()
         self.handles = PeerHandles(self._connect, "rdma")
-        self._ctl: dict[str, str] = {}     # peer -> control endpoint we connected through
+        self._ctl: dict[str, tuple[str, str]] = {}   # consumer id -> (peer, control endpoint) we connected with
+        self._paths: dict[str, list[dict[str, Any]]] = {}   # peer -> its QPs as connected (qp_info)
         self._locals: OrderedDict[tuple[int, int], list] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -90,7 +91,8 @@ class RdmaTransport(Transport):
         for r, s in zip(self.rails, self.specs):
             d = r.info()
             d["gid"] = str(ipaddress.IPv6Address(bytes(d["gid"])))
-            out.append(dict(d, mtu_bytes=s.mtu))
+            # The port's MTU now (Soft-RoCE's follows its netdev), not the one seen at discovery.
+            out.append(dict(d, mtu_bytes=devices.MTU_BYTES.get(int(d.get("mtu", 0)), s.mtu)))
         return out
 
     # -- producer ------------------------------------------------------------------
@@ -139,6 +141,18 @@ class RdmaTransport(Transport):
                    for rid, cap, size, keys in self._regions]
         return {"qps": ch.local_info(), "regions": regions}
 
+    def accepted_info(self) -> dict[str, list[dict[str, Any]]]:
+        """The QPs this producer holds for each consumer, as the device reports them now."""
+        with self._lock:
+            accepted = list(self._accepted.items())
+        out = {}
+        for consumer, ch in accepted:
+            try:
+                out[consumer] = _qp_info(ch)
+            except (OSError, ValueError):
+                pass    # closed meanwhile
+        return out
+
     def _disconnect(self, msg: dict) -> dict:
         with self._lock:
             ch = self._accepted.pop(str(msg["consumer"]), None)
@@ -150,8 +164,20 @@ class RdmaTransport(Transport):
     def native_peer(self, peer: str, info: dict[str, Any]):
         return self.handles.get(peer, info)
 
-    def _connect(self, peer: str, info: dict[str, Any], rkey_xor: int = 0):
-        """A connected native Peer (``rkey_xor`` corrupts the remote keys: fault injection in tests)."""
+    def connection_info(self, peer: str) -> list[dict[str, Any]] | None:
+        """The QPs of the last connection made to ``peer`` as they were at RTS (``Channels.qp_info``):
+        path MTU, READ limits, QP numbers; None if never connected."""
+        with self._lock:
+            return self._paths.get(peer)
+
+    def _connect(self, peer: str, info: dict[str, Any], rkey_xor: int = 0, *, regions=None,
+                 tag: str | None = None):
+        """A connected native Peer.
+
+        Fault injection in tests: ``rkey_xor`` corrupts the remote keys, ``regions`` maps the
+        producer's region list to the one the connection uses, and ``tag`` makes it a separate
+        consumer at the producer (so it does not replace the node's own QPs there).
+        """
         try:
             host, port = info["host"], int(info["control_port"])
         except (KeyError, TypeError, ValueError) as e:
@@ -161,20 +187,25 @@ class RdmaTransport(Transport):
             ch = self._verbs.Channels(self.rails, self.channels, self.sq_depth, self.timeout_s)
         except OSError as e:
             raise TransportError(f"cannot create RC QPs for {peer}: {e}") from e
+        consumer = f"{self.id}/{peer}" + (f"/{tag}" if tag else "")
         cli = RpcClient(f"{host}:{port}", timeout=self.connect_timeout, what=f"control endpoint of {peer}")
         try:
-            reply = cli.call("rdma_connect", consumer=f"{self.id}/{peer}", rails=len(self.rails),
+            reply = cli.call("rdma_connect", consumer=consumer, rails=len(self.rails),
                              channels=self.channels, qps=ch.local_info())
             ch.connect(reply["qps"], self.signal_every, self.max_chain)
-            ch.set_regions([(rid, cap, size, [(addr, rk ^ rkey_xor) for addr, rk in keys])
-                            for rid, cap, size, keys in reply["regions"]])
+            regs = [(rid, cap, size, [(addr, rk ^ rkey_xor) for addr, rk in keys])
+                    for rid, cap, size, keys in reply["regions"]]
+            ch.set_regions(regions(regs) if regions is not None else regs)
+            qps = _qp_info(ch)
         except (PeerCacheError, OSError, ValueError, KeyError, TypeError) as e:
             ch.close()
             raise TransportError(f"rdma connection to {peer} at {host}:{port} failed: {e}") from e
         finally:
             cli.close()
         with self._lock:
-            self._ctl[peer] = f"{host}:{port}"
+            self._ctl[consumer] = (peer, f"{host}:{port}")
+            if tag is None:
+                self._paths[peer] = qps
         return self._native.adopt(ch.handoff())
 
     def prepare_local(self, buf) -> None:
@@ -237,20 +268,26 @@ class RdmaTransport(Transport):
         self.rails = []
 
 
-    def _tell_producers(self, ctl: dict[str, str]) -> None:
+    def _tell_producers(self, ctl: dict[str, tuple[str, str]]) -> None:
         """Ask producers to destroy the QPs they keep for us (bounded, best effort)."""
         deadline = time.monotonic() + DISCONNECT_BUDGET_S
-        for peer, addr in ctl.items():
+        for consumer, (peer, addr) in ctl.items():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             cli = RpcClient(addr, timeout=min(0.5, left), what=f"control endpoint of {peer}")
             try:
-                cli.call("rdma_disconnect", consumer=f"{self.id}/{peer}")
+                cli.call("rdma_disconnect", consumer=consumer)
             except PeerCacheError:
                 pass   # gone already: it drops our QPs when it exits
             finally:
                 cli.close()
+
+
+def _qp_info(ch) -> list[dict[str, Any]]:
+    """``ch.qp_info()``, or [] from a verbs module without it (an older build, a stand-in)."""
+    fn = getattr(ch, "qp_info", None)
+    return fn() if fn is not None else []
 
 
 def devices_module():
