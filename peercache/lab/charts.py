@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.transforms as mtransforms  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache.lab import collect  # noqa: E402
@@ -61,16 +62,18 @@ class NotDrawn:
 
 # --- formatting -----------------------------------------------------------------
 
-def fmt_number(v: Any) -> str:
-    """A number as written in tables: exact (shortest repr), integers without '.0'."""
+def fmt_number(v: Any, digits: int = 4) -> str:
+    """A number as shown to people: measured floats to ``digits`` significant figures, integers exact.
+
+    The exact value stays in the tidy data (``value`` / ``raw_value``).
+    """
     if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
         return "—"
     if isinstance(v, str):
         return v
-    f = float(v)
-    if f.is_integer() and abs(f) < 1e15:
-        return str(int(f))
-    return repr(f)
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return str(int(v))
+    return f"{float(v):.{digits}g}"
 
 
 def fmt_size(n: Any) -> str:
@@ -236,6 +239,30 @@ def _clip(line: str, n: int = 150) -> str:
     return line if len(line) <= n else line[: n - 1] + "…"
 
 
+def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], testbed: str) -> pd.DataFrame:
+    """Rows with their verdict (references) and what limited them (attribution rules), for every view."""
+    from peercache.lab import attribution
+
+    rows = apply_verdicts(rows, refs)
+    tb = refs.get(testbed)
+    raw = {proto: (gbs * 1e9, RAW_FOR_PROTOCOL[proto][0]) for proto, gbs in raw_single_nic_gbs(rows).items()}
+    rows = attribution.attribute(rows, runs, raw, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
+                                 else (lambda r: None))
+    # A value above the line rate is a measurement error first: that verdict stays.
+    above = (rows["limit"] == "above_raw") & (rows["verdict"] != "above_line_rate")
+    rows.loc[above, "verdict"] = "above_raw"
+    rows.loc[above, "verdict_reason"] = rows.loc[above, "limited_by"]
+    return rows
+
+
+def limit_text(g: pd.DataFrame) -> str:
+    """The "limited by" of a group of rows (one sentence; the distinct ones joined if they differ)."""
+    if "limited_by" not in g:
+        return "—"
+    said = [t for t in dict.fromkeys(g["limited_by"].dropna()) if t]
+    return " / ".join(said) or "—"
+
+
 def raw_single_nic_gbs(rows: pd.DataFrame) -> dict[str, float]:
     """Mean raw single-NIC figure (GB/s) per PeerCache protocol it is the limit for."""
     out = {}
@@ -274,9 +301,9 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         colors.append("#777777" if is_raw else "#1f77b4")
         table.append({"measurement": label.replace("\n", " "), "value": g["value"].mean(),
                       "unit": r["unit"], "n": len(g),
-                      "% of raw": "—" if pct is None else f"{pct:.1f}%",
+                      "% of raw": "—" if pct is None else ("above raw" if pct > 100 else f"{pct:.1f}%"),
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
-                      "run": ",".join(dict.fromkeys(g["run_id"]))})
+                      "limited by": limit_text(g), "run": ",".join(dict.fromkeys(g["run_id"]))})
     bars = ax.bar(range(len(heights)), heights, color=colors)
     for b, t, h in zip(bars, table, heights):
         ax.annotate(f"{h:.1f} GB/s\n{t['% of raw']} of raw" if t["% of raw"] != "—" else f"{h:.1f} GB/s",
@@ -313,7 +340,7 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
                           "value": gg["value"].mean(), "unit": gg["unit"].iloc[0], "n": len(gg),
                           "statistic": ",".join(sorted(stat)) or "—",
                           "verdict": ",".join(sorted(set(gg["verdict"]))) if "verdict" in gg else "unchecked",
-                          "run": ",".join(dict.fromkeys(gg["run_id"]))})
+                          "limited by": limit_text(gg), "run": ",".join(dict.fromkeys(gg["run_id"]))})
         peak_only = all(row_extra(v).get("statistic") == "peak" for _, v in g.iterrows())
         label = f"{fmt_size(size)}, batch {fmt_number(batch)}" + (" (peak only)" if peak_only else "")
         ax.plot(xs, ys, marker="o", label=label)
@@ -348,7 +375,8 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
                 ax.hlines(cap / 8e9, i - 0.45, i + 0.45, colors="black", linestyles="--", linewidth=1)
             table.append({"NIC / figure": label_of(r), "value": r["value"], "unit": r["unit"],
                           "line rate (GB/s)": "unknown" if cap is None else fmt_number(cap / 8e9),
-                          "verdict": r.get("verdict") or "unchecked", "run": r["run_id"]})
+                          "verdict": r.get("verdict") or "unchecked", "limited by": r.get("limited_by") or "—",
+                          "run": r["run_id"]})
         ax.set_xticks(range(len(frame)), [label_of(r) for _, r in frame.iterrows()], fontsize=7,
                       rotation=30, ha="right")
         ax.set_ylim(bottom=0)
@@ -397,7 +425,7 @@ def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | 
         labels.append(f"{dest}\n{_label(r, ['size_bytes', 'processes'])}")
         table.append({"destination": dest, "value": r["value"], "unit": r["unit"],
                       "page size": fmt_size(r["size_bytes"]), "verdict": r.get("verdict") or "unchecked",
-                      "run": r["run_id"]})
+                      "limited by": r.get("limited_by") or "—", "run": r["run_id"]})
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("GET throughput (GB/s)")
     ax.set_ylim(bottom=0)
@@ -446,7 +474,8 @@ def chart_msgsize_bw(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     for _, r in sub.sort_values(["qps", "size_bytes", "metric"]).iterrows():
         table.append({"QPs": r["qps"], "size": fmt_size(r["size_bytes"]), "metric": r["metric"],
                       "value": r["value"] if r["status"] == "ok" else f"{r['status']}",
-                      "unit": r["unit"], "verdict": r.get("verdict") or "unchecked", "run": r["run_id"]})
+                      "unit": r["unit"], "verdict": r.get("verdict") or "unchecked",
+                      "limited by": r.get("limited_by") or "—", "run": r["run_id"]})
     return Chart("msgsize_sweep_bw", "Message-size sweep: bandwidth and message rate, QP 1 vs QP 4",
                  fig, table, meta_block(ok, runs))
 
@@ -585,7 +614,7 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
         except (ValueError, KeyError) as e:
             raise ValueError(f"testbed {name}: cannot read {path}: {e}") from e
         tb_refs = refs.get(name)
-        rows = apply_verdicts(rows, refs)
+        rows = judge(rows, runs, refs, name)
         dest = Path(out_dir) / name
         _clean(dest)
         files: list[Path] = []

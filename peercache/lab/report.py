@@ -19,7 +19,7 @@ from peercache.lab.references import convert, load_references, row_extra
 
 #: Columns of a scenario's table in the report.
 SECTION_COLUMNS = ["run_id", "metric", "side", "devices", "size_bytes", "batch", "qps", "threads",
-                   "processes", "value", "unit", "status", "reason", "verdict", "verdict_reason"]
+                   "processes", "value", "unit", "status", "reason", "verdict", "verdict_reason", "limited_by"]
 
 
 def repo_root() -> Path:
@@ -81,6 +81,8 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         comparable = scenario in _GET_SCENARIOS and not is_raw
         raw_gbs = raw_by_proto.get(r.get("protocol"))
         frac = "—" if not raw_gbs or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
+        if comparable and raw_gbs and g is not None and g > raw_gbs:
+            frac = "above raw"      # never a bare percentage above 100: the "raw" figure did not bound this
         if is_raw and scenario == "single_nic":
             frac = "raw limit (100%)"
         elif not comparable:
@@ -91,8 +93,9 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         out.append({"scenario": f"{scenario}: {label}",
                     # one unit for the whole column; the tables keep the value as measured
                     "GET throughput": f"{charts.fmt_number(r['value'])} {r['unit']}"
-                    if g is None or r["unit"] == "GB/s" else f"{g:.4g} GB/s",
-                    "fraction of raw single-NIC": frac, "notes": "; ".join(notes)})
+                    if g is None else f"{charts.fmt_number(g)} GB/s",
+                    "fraction of raw single-NIC": frac, "limited by": r.get("limited_by") or "—",
+                    "notes": "; ".join(notes)})
 
     scenarios = list(dict.fromkeys(list(charts.SCENARIOS) + list(rows["scenario"])))
     for sc in scenarios:
@@ -104,7 +107,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
             reasons = sorted({f"{st}: {rs}" for st, rs in zip(s_all["status"], s_all["reason"].fillna(""))
                               if st != "ok"})
             out.append({"scenario": sc, "GET throughput": "—", "fraction of raw single-NIC": "—",
-                        "notes": "; ".join(reasons) or "no bandwidth metric in this scenario"})
+                        "limited by": "—", "notes": "; ".join(reasons) or "no bandwidth metric in this scenario"})
             continue
         if sc == "single_nic":
             for _, r in s.iterrows():
@@ -124,7 +127,8 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
             # Headline = the best point of the scenario; the section has them all.
             r = s.loc[s.apply(_gbs, axis=1).idxmax()]
             add(sc, "best point " + charts._label(r, ["size_bytes", "batch", "qps", "threads", "processes"]), r)
-    return pd.DataFrame(out, columns=["scenario", "GET throughput", "fraction of raw single-NIC", "notes"])
+    return pd.DataFrame(out, columns=["scenario", "GET throughput", "fraction of raw single-NIC", "limited by",
+                                      "notes"])
 
 
 def guest_caveats(runs: pd.DataFrame) -> list[str]:
@@ -159,8 +163,7 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
     path = tidy_dir / testbed
     rows, runs = collect.load_tidy(path)
     refs = load_references(resolve(references)) if references else {}
-    from peercache.lab.references import apply_verdicts
-    rows = apply_verdicts(rows, refs)
+    rows = charts.judge(rows, runs, refs, testbed)
     notes = guest_caveats(runs)
     if testbed not in refs:
         notes.append("no references for this testbed: every verdict is 'unchecked' and line rates are unknown"

@@ -19,13 +19,14 @@ import math
 import os
 import re
 import sys
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import crosscheck, experiments, iperf3, netns, perfstat, perftest
+from . import cpusample, crosscheck, experiments, iperf3, netns, perfstat, perftest
 from .errors import ParseError, ToolError
 from .hosts import Host, parse_host
 from .launch import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
@@ -34,6 +35,8 @@ from .tidy import Row, RunMeta, write_result
 from ..bench import meta as bench_meta
 
 READY_LINE = "peercache-bench serve: ready"
+#: Labels of the CPU evidence of a pair -> the role whose process tree was sampled.
+PAIR_SIDES = {"consumer": "consumer", "producer": "producer"}
 #: Seconds from the group barrier to the shared measurement start (drivers need to spawn).
 GROUP_START_LEAD_S = 6.0
 WORKING_SET_BYTES = 256 << 20
@@ -131,6 +134,7 @@ class PointRun:
         self.tb, self.point, self.rep, self.raw_dir = tb, point, rep, raw_dir
         self.run_id = f"{tb.name}/{point.scenario}/{point.name}/rep{rep}"
         self.rows: list[Row] = []
+        self.cpu_files: dict[str, tuple[Host, str]] = {}   #: role -> where its CPU samples are written
         self.commands: dict[str, Any] = {}
         self.numa: dict[str, Any] = {}
         self.notes: list[str] = []
@@ -152,6 +156,44 @@ class PointRun:
     def fail(self, metric: str, unit: str, reason: str, **kw: Any) -> None:
         self.rows.append(Row(metric=metric, value=None, unit=unit, status="failed", reason=reason,
                              **self.ctx(**kw)))
+
+    # -- CPU evidence -------------------------------------------------------------------
+    def cpu_wrap(self, role: str, host: Host, argv: list[str]) -> list[str]:
+        """``argv`` under the CPU sampler on ``host``; its samples are read back by :meth:`cpu_usage`."""
+        path = f"/tmp/pclab-cpu-{uuid.uuid4().hex[:10]}.jsonl"
+        self.cpu_files[role] = (host, path)
+        return cpusample.wrap(argv, path, _python_tool(host, self.tb, "peercache.lab.cpusample"))
+
+    def cpu_usage(self, roles: dict[str, str], start: float | None, end: float | None) -> dict[str, Any]:
+        """{label: usage over [start, end]} for the wrapped ``roles`` ({label: role}); files kept in raw_dir."""
+        out: dict[str, Any] = {}
+        for label, role in roles.items():
+            if role not in self.cpu_files:
+                continue
+            host, path = self.cpu_files.pop(role)
+            try:
+                text = _fetch(host, path)
+            except ToolError as e:
+                out[label] = {"reason": f"no CPU samples: {e}"}
+                continue
+            (self.raw_dir / f"{role.replace('/', '_')}.cpu.jsonl").write_text(text)
+            use = cpusample.window_usage(cpusample.read_samples(text), start, end) if start and end else None
+            out[label] = use.as_dict() if use else {"reason": "fewer than two CPU samples inside the window"}
+        return out
+
+    def attach_cpu(self, usage: dict[str, Any]) -> None:
+        """Put the CPU evidence in the ``extra`` of the point's throughput rows."""
+        for r in self.rows:
+            if r.metric in ("bw", "get_throughput"):
+                r.extra = dict(r.extra, cpu=usage)
+
+    def _side_window(self, res) -> tuple[float | None, float | None]:
+        """The middle of the client's run (tools that report no window of their own)."""
+        c = getattr(res, "client", None)
+        if c is None or c.start is None or c.end is None:
+            return None, None
+        span = c.end - c.start
+        return c.start + 0.2 * span, c.end - 0.2 * span
 
     # -- port counters ------------------------------------------------------------------
     def port_devices(self) -> list[str]:
@@ -215,6 +257,8 @@ class PointRun:
               devices: list[str], server_exits: bool = True):
         node = _numa_of(self.tb, devices)
         dev = devices[0] if devices else None
+        server = self.cpu_wrap("producer", th.producer, server)
+        client = self.cpu_wrap("consumer", th.consumer, client)
         runner = PairRunner(SideSpec(th.producer, server, node, dev), SideSpec(th.consumer, client, node, dev),
                             ready, client_timeout=self.timeout, server_exits=server_exits,
                             log_dir=self.raw_dir, name=self.point.name)
@@ -248,6 +292,7 @@ class PointRun:
             if r.metric == "bw_received":
                 r.metric = "bw"   # what arrived is the figure comparable to a READ
             self.rows.append(r)
+        self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
         self._perf_rows(th, perf_path, ctx)
 
     def perftest(self, th: TestbedHosts) -> None:
@@ -284,6 +329,7 @@ class PointRun:
                             f"{p['qps']} QPs x tx_depth {params.tx_depth or 'default'} x {p['size']} B takes "
                             "longer than that here; lengthen the testbed's duration or lower tx_depth")
             self.rows.append(r)
+        self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
         self._perf_rows(th, perf_path, dict(ctx, tool=p["tool"], size_bytes=p["size"], qps=p["qps"]))
 
     def _serve_drive(self, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
@@ -360,6 +406,8 @@ class PointRun:
                       batch=p["batch_size"], threads=p["threads"], processes=p["processes"])
             return
         self._drive_rows(doc, ctx)
+        first = (doc.get("points") or [{}])[0]
+        self.attach_cpu(self.cpu_usage(PAIR_SIDES, first.get("window_start"), first.get("window_end")))
         if err and doc.get("status") == "ok":
             self.notes.append(f"pair reported a failure after a complete drive: {err}")
 
@@ -374,6 +422,8 @@ class PointRun:
                                              start_at=f"{{start_at}}+{GROUP_START_LEAD_S * self.slow}")
             node = _numa_of(self.tb, gp["devices"])
             dev = g if p["per_device"] else None
+            drive = self.cpu_wrap(f"{g}/consumer", th.consumer, drive)
+            serve = self.cpu_wrap(f"{g}/producer", th.producer, serve)
             specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, node, dev)],
                                    SideSpec(th.producer, serve, node, dev), Readiness(pattern=READY_LINE, timeout=60 * self.slow)))
         docs: dict[str, dict] = {}
@@ -406,14 +456,17 @@ class PointRun:
                 "tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes")})
             return
         agg = res.aggregate
+        cpu: dict[str, Any] = {}
         for name, g in agg.groups.items():
+            cpu[name] = self.cpu_usage({"consumer": f"{name}/consumer", "producer": f"{name}/producer"},
+                                       g["start"], g["end"])
             self.rows.append(Row(metric="get_throughput", value=g["bytes"] / g["seconds"] / 1e9, unit="GB/s",
-                                 extra={"window_start": g["start"], "window_end": g["end"]},
+                                 extra={"window_start": g["start"], "window_end": g["end"], "cpu": cpu[name]},
                                  **dict(ctx, side="per_device", devices=name)))
         self.rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s",
                              extra={"window_start": agg.window_start, "window_end": agg.window_end,
                                     "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
-                                    "groups": len(agg.groups)},
+                                    "groups": len(agg.groups), "cpu": cpusample.combine(cpu)},
                              **dict(ctx, side="aggregate", devices=",".join(agg.groups))))
 
     def memcpy(self, th: TestbedHosts) -> None:
@@ -423,7 +476,10 @@ class PointRun:
         argv = [*_python_tool(th.producer, self.tb, "peercache.lab.memcpy"), "--size", str(p["size"]),
                 "--working-set", str(ws), "--batch", str(MEMCPY_BATCH), "--duration", str(self.duration)]
         self.commands["producer"] = argv
+        argv = self.cpu_wrap("producer", th.producer, argv)
+        t0 = time.time()
         r = th.producer.run(argv, timeout=self.timeout)
+        t1 = time.time()
         (self.raw_dir / "memcpy.log").write_text(r.stdout + r.stderr)
         ctx = self.ctx(tool="memcpy", protocol="shm", side="producer", host=str(th.producer),
                        size_bytes=p["size"], threads=1, processes=1)
@@ -435,6 +491,8 @@ class PointRun:
         self.rows.append(Row(metric="bw", value=doc["bytes_per_s"], unit="B/s", raw_value=doc["bytes_per_s"],
                              raw_unit="B/s", extra={"seconds": doc["seconds"], "pages": doc["pages"],
                                                     "working_set": doc["working_set"]}, **ctx))
+        span = t1 - t0
+        self.attach_cpu(self.cpu_usage({"producer": "producer"}, t0 + 0.2 * span, t1 - 0.2 * span))
 
 
 def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
@@ -458,10 +516,14 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
                 devices = pr.port_devices()
                 port = int(tb.get("ib_port", 1))
                 before = crosscheck.sample_ports(th.consumer, devices, port) if devices else {}
-                getattr(pr, point.kind)(th)
-                if devices:
-                    pr.check_counters(before, crosscheck.sample_ports(th.consumer, devices, port),
-                                      crosscheck.line_rates(th.consumer, devices, port))
+                try:
+                    getattr(pr, point.kind)(th)
+                    if devices:
+                        pr.check_counters(before, crosscheck.sample_ports(th.consumer, devices, port),
+                                          crosscheck.line_rates(th.consumer, devices, port))
+                finally:
+                    for host, path in pr.cpu_files.values():   # a failed point leaves its samples unread
+                        host.run(["rm", "-f", path], timeout=30)
     except Exception as e:  # recorded as a failed point (with its logs); the pipeline goes on
         if not isinstance(e, (ParseError, ToolError)):
             traceback.print_exc()

@@ -18,7 +18,7 @@ SCHEMA_VERSION = 1
 STATUSES = ("ok", "skipped", "failed", "not_measured", "not_supported", "not_counted")
 
 #: Allowed values of ``Row.verdict`` (set against references, see references.py).
-VERDICTS = ("ok", "low", "high", "unchecked", "above_line_rate")
+VERDICTS = ("ok", "low", "high", "unchecked", "above_line_rate", "above_raw")
 
 
 @dataclass

@@ -1,0 +1,177 @@
+"""What limited each measurement: evidence from the run, rules from data, a "limited by" with reasons.
+
+The runner records evidence beside each throughput row (CPU use of each
+side's process tree over the measured window, port counters and line rates,
+NUMA bindings); :func:`evidence` gathers it, with the raw limit of the same
+path from the same run, into one flat dict. The rules
+(``data/reference/attribution.yaml``) are tried in order; :func:`limited_by`
+returns the first that holds, formatted with the evidence, for example
+``one core (consumer thread at 0.98 of a core)``. Nothing here is measured
+or guessed: a field that was not recorded is absent, and a rule that needs
+it does not fire.
+"""
+from __future__ import annotations
+
+import json
+import math
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from peercache.lab.references import convert, row_devices, row_extra
+
+RULES_FILE = Path(__file__).resolve().parents[2] / "data" / "reference" / "attribution.yaml"
+SCHEMA_VERSION = 1
+
+#: Evidence fields a rule may test (see the rules file for their meaning).
+EVIDENCE = ("fraction_of_raw", "raw_tool", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
+            "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
+            "numa_remote", "memory_node", "nic_node")
+_OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq}
+
+
+class RulesError(ValueError):
+    """The rules file is malformed; the message names the rule and field."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: conditions on evidence fields, and the sentence it says."""
+
+    id: str
+    when: dict[str, tuple[str, Any]]     #: field -> (op, value)
+    says: str
+
+    def holds(self, ev: dict[str, Any]) -> bool:
+        for name, (op, want) in self.when.items():
+            have = ev.get(name)
+            if have is None:
+                return False
+            try:
+                if not _OPS[op](have, want):
+                    return False
+            except TypeError:
+                return False
+        return True
+
+
+def load_rules(path: str | Path = RULES_FILE) -> list[Rule]:
+    """The rules of ``path``, checked; RulesError names what is wrong."""
+    import yaml
+
+    path = Path(path)
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        raise RulesError(f"{path}: needs schema_version: {SCHEMA_VERSION} and a rules list")
+    rules = []
+    for i, r in enumerate(doc.get("rules") or []):
+        where = f"{path}: rule {i} ({r.get('id', '?') if isinstance(r, dict) else r!r})"
+        if not isinstance(r, dict) or not {"id", "when", "says"} <= set(r):
+            raise RulesError(f"{where}: needs id, when and says")
+        when = {}
+        for field_name, cond in (r["when"] or {}).items():
+            if field_name not in EVIDENCE:
+                raise RulesError(f"{where}: unknown evidence field {field_name!r} (known: {', '.join(EVIDENCE)})")
+            if not isinstance(cond, dict) or len(cond) != 1 or next(iter(cond)) not in _OPS:
+                raise RulesError(f"{where}: condition on {field_name!r} must be one of "
+                                 f"{{{', '.join(_OPS)}: value}}, got {cond!r}")
+            (op, val), = cond.items()
+            when[field_name] = (op, val)
+        rules.append(Rule(str(r["id"]), when, str(r["says"])))
+    if not rules or rules[-1].when:
+        raise RulesError(f"{path}: the last rule must have no conditions (what to say when nothing holds)")
+    return rules
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: str | None = None,
+             line_rate_Bps: float | None = None, host_cores: int | None = None,
+             shared_host: bool = False, numa: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The evidence of one throughput row (pure): what was recorded, nothing filled in."""
+    ex = row_extra(row)
+    ev: dict[str, Any] = {}
+    try:
+        bps = convert(float(row["value"]), str(row["unit"]), "B/s")
+    except (TypeError, ValueError):
+        bps = None
+    if bps is not None and raw_Bps:
+        ev["fraction_of_raw"], ev["raw_tool"] = bps / raw_Bps, raw_tool
+    line = _num(ex.get("line_rate_Bps")) or line_rate_Bps
+    if bps is not None and line:
+        ev["line_fraction"], ev["line_rate_gbps"] = bps / line, line * 8 / 1e9
+    cpu = ex.get("cpu") or {}
+    used = 0.0
+    for side in ("consumer", "producer"):
+        u = cpu.get(side) or {}
+        if _num(u.get("cores")) is not None:
+            ev[f"{side}_cores"] = float(u["cores"])
+            ev[f"{side}_busiest_thread"] = float(u.get("busiest_thread") or 0.0)
+            if side == "consumer" or shared_host:
+                used += float(u["cores"])
+    if host_cores and ("consumer_cores" in ev or "producer_cores" in ev):
+        ev["host_cores"], ev["cpu_fraction"] = int(host_cores), used / host_cores
+    if numa and numa.get("memory_node") is not None and numa.get("nic_node") is not None:
+        ev.update(memory_node=numa["memory_node"], nic_node=numa["nic_node"],
+                  numa_remote=numa["memory_node"] != numa["nic_node"])
+    return ev
+
+
+def limited_by(ev: dict[str, Any], rules: list[Rule]) -> tuple[str, str]:
+    """(rule id, sentence) of the first rule that holds for ``ev``."""
+    for rule in rules:
+        if rule.holds(ev):
+            try:
+                return rule.id, rule.says.format(**ev)
+            except (KeyError, ValueError, IndexError) as e:
+                return rule.id, f"{rule.says} (cannot fill in {e})"
+    raise RulesError("no rule held; the last rule must have no conditions")
+
+
+def host_cores_of(runs: pd.DataFrame, run_id: str) -> tuple[int | None, bool]:
+    """(logical CPUs of the consumer's machine, whether producer and consumer share it) of one run."""
+    m = runs[runs["run_id"] == run_id]
+    if m.empty:
+        return None, False
+    hosts = m.iloc[0]["hosts"]
+    hosts = json.loads(hosts) if isinstance(hosts, str) else (hosts or {})
+    cons, prod = hosts.get("consumer") or {}, hosts.get("producer") or {}
+    threads = cons.get("threads") or prod.get("threads")
+    shared = bool(cons.get("host")) and cons.get("host") == prod.get("host")
+    return (int(threads) if threads else None), shared
+
+
+def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_by_protocol: dict[str, tuple[float, str]],
+              rules: list[Rule] | None = None, line_rate_of=lambda row: None) -> pd.DataFrame:
+    """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
+
+    ``raw_by_protocol``: protocol -> (raw limit in B/s, its tool), measured in
+    the same run; ``line_rate_of(row)``: the row's summed line rate in bit/s
+    from the references, or None (the runner's port rates are used first).
+    """
+    rules = rules or load_rules()
+    out = rows.copy()
+    out["limited_by"], out["limit"] = None, None
+    raw_tools = {t for _, t in raw_by_protocol.values()}
+    for i, r in out.iterrows():
+        if r["metric"] not in ("bw", "get_throughput") or r["status"] != "ok" or pd.isna(r["value"]):
+            continue
+        raw = None if r["tool"] in raw_tools else raw_by_protocol.get(r.get("protocol"))
+        # A figure over n NICs (multi-rail, an aggregate of n groups) is bounded by n single-NIC limits.
+        n = int(row_extra(r).get("groups") or 0) or max(1, len(row_devices(r)))
+        cores, shared = host_cores_of(runs, r["run_id"])
+        bits = line_rate_of(r)
+        ev = evidence(r, raw_Bps=raw[0] * n if raw else None, raw_tool=(raw[1] if n == 1 else f"{n} x {raw[1]}")
+                      if raw else None,
+                      line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared)
+        out.at[i, "limit"], out.at[i, "limited_by"] = limited_by(ev, rules)
+    return out

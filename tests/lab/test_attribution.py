@@ -1,0 +1,87 @@
+"""What limited a point: the rules file, each rule on evidence, and the fixture run end to end."""
+import json
+from pathlib import Path
+
+import pytest
+
+from peercache.lab import attribution as A
+from peercache.lab import report
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "tidy"
+RULES = A.load_rules()
+
+
+def row(value=1.0, unit="GB/s", **extra):
+    return {"value": value, "unit": unit, "extra": json.dumps(extra), "devices": "", "side": "client"}
+
+
+def cpu(consumer=None, producer=None):
+    out = {}
+    for side, use in (("consumer", consumer), ("producer", producer)):
+        if use is not None:
+            out[side] = {"cores": use[0], "busiest_thread": use[1]}
+    return out
+
+
+@pytest.mark.parametrize("ev_args, rule, text", [
+    # 95 % of a 400 Gb/s port
+    (dict(r=row(47.5), line_rate_Bps=50e9), "line_rate", "line rate (95% of 400 Gb/s)"),
+    # PeerCache at 1.56 x an iperf3 figure that ran in one thread
+    (dict(r=row(5.0), raw_Bps=3.2e9, raw_tool="iperf3"), "above_raw", "raw baseline is not a limit (156% of iperf3"),
+    (dict(r=row(2.0, cpu=cpu(consumer=(1.1, 0.98))), raw_Bps=4e9, raw_tool="iperf3"), "consumer_core",
+     "one core (consumer thread at 0.98 of a core)"),
+    (dict(r=row(2.0, cpu=cpu(consumer=(0.5, 0.4), producer=(0.95, 0.93)))), "producer_core",
+     "one core (producer thread at 0.93 of a core)"),
+    # both sides on one 2-CPU machine, 1.9 CPUs busy in all
+    (dict(r=row(2.0, cpu=cpu(consumer=(1.0, 0.6), producer=(0.9, 0.5))), host_cores=2, shared_host=True),
+     "machine_cpu", "CPU (95% of the machine's 2 logical CPUs busy)"),
+    (dict(r=row(2.0), numa={"memory_node": 1, "nic_node": 0}), "remote_numa",
+     "remote NUMA (memory on node 1, NIC on node 0)"),
+    (dict(r=row(4.0), raw_Bps=4.6e9, raw_tool="ib_read_bw"), "raw_path", "the path itself (87% of ib_read_bw"),
+    (dict(r=row(1.0, cpu=cpu(consumer=(0.5, 0.5))), raw_Bps=4e9, raw_tool="iperf3", line_rate_Bps=50e9),
+     "unknown", "unknown (nothing above 80 %)"),
+])
+def test_each_rule_fires_on_its_evidence(ev_args, rule, text):
+    r = ev_args.pop("r")
+    got_rule, got_text = A.limited_by(A.evidence(r, **ev_args), RULES)
+    assert got_rule == rule and got_text.startswith(text), got_text
+
+
+def test_evidence_that_was_not_recorded_is_absent_not_guessed():
+    ev = A.evidence(row(2.0))
+    assert ev == {}
+    # The consumer alone counts on its own machine; the producer's CPU only where they share one.
+    ev = A.evidence(row(2.0, cpu=cpu(consumer=(1.0, 0.9), producer=(1.0, 0.9))), host_cores=4)
+    assert ev["cpu_fraction"] == 0.25
+
+
+@pytest.mark.parametrize("doc, message", [
+    ("schema_version: 2\nrules: []\n", "needs schema_version: 1"),
+    ("schema_version: 1\nrules:\n  - {id: x, when: {warp: {ge: 1}}, says: s}\n  - {id: u, when: {}, says: u}\n",
+     "unknown evidence field 'warp'"),
+    ("schema_version: 1\nrules:\n  - {id: x, when: {line_fraction: {about: 1}}, says: s}\n"
+     "  - {id: u, when: {}, says: u}\n", "must be one of"),
+    ("schema_version: 1\nrules:\n  - {id: x, when: {line_fraction: {ge: 1}}, says: s}\n",
+     "the last rule must have no conditions"),
+])
+def test_malformed_rules_are_refused_naming_the_rule(tmp_path, doc, message):
+    p = tmp_path / "rules.yaml"
+    p.write_text(doc)
+    with pytest.raises(A.RulesError, match=message):
+        A.load_rules(p)
+
+
+def test_the_fixture_run_says_what_limited_every_throughput_row(tmp_path):
+    rep = report.build_report(FIX, tmp_path / "fig", "fixture-2x-cx7", FIX / "references.yaml")
+    ov = {r["scenario"]: r for r in rep.overview.to_dict("records")}
+    peer = ov["single_nic: peercache-bench over rdma 128 KiB 4 thr 8 proc"]
+    assert peer["limited by"] == "line rate (91% of 400 Gb/s)"        # 45.3 GB/s on a 50 GB/s port
+    sections = {s.scenario: s.table for s in rep.sections}
+    single = sections["single_nic"]
+    ok_bw = single[(single["status"] == "ok") & single["metric"].isin(["bw", "get_throughput"])]
+    assert len(ok_bw) and ok_bw["limited_by"].notna().all()
+    # A per-NIC figure above its 400 Gb/s port keeps above_line_rate and is attributed to the line rate.
+    whole = sections["whole_machine"]
+    over = whole[whole["verdict"] == "above_line_rate"]
+    assert len(over) == 1 and over.iloc[0]["limited_by"].startswith("line rate (105% of 400 Gb/s)")
