@@ -15,6 +15,8 @@ TOOL_ERROR_KINDS = (
     "port_in_use",      # server could not bind / listen
     "below_limit",      # perftest -w / -y verifier limit not reached
     "unknown_option",   # the tool rejected its command line
+    "completion_error", # a work completion came back with an error status (ibv_wc_status)
+    "resource_error",   # the tool could not create its verbs resources (MR, QP, CQ, hugepages)
     "not_installed",    # the executable is not on PATH
     "failed",           # anything else: non-zero exit without a known cause
 )
