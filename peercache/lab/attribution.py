@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 #: Evidence fields a rule may test (see the rules file for their meaning).
 EVIDENCE = ("fraction_of_raw", "raw_tool", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
-            "numa_remote", "memory_node", "nic_node")
+            "numa_remote", "memory_node", "nic_node", "summed_windows")
 _OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq}
 
 
@@ -109,6 +109,8 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
     line = _num(ex.get("line_rate_Bps")) or line_rate_Bps
     if bps is not None and line:
         ev["line_fraction"], ev["line_rate_gbps"] = bps / line, line * 8 / 1e9
+    if ex.get("aggregate") == "sum_of_windows":
+        ev["summed_windows"] = True
     cpu = ex.get("cpu") or {}
     used = 0.0
     for side in ("consumer", "producer"):

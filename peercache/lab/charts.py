@@ -301,7 +301,8 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         colors.append("#777777" if is_raw else "#1f77b4")
         table.append({"measurement": label.replace("\n", " "), "value": g["value"].mean(),
                       "unit": r["unit"], "n": len(g),
-                      "% of raw": "—" if pct is None else ("above raw" if pct > 100 else f"{pct:.1f}%"),
+                      "% of raw": "—" if pct is None else ("above raw" if "above_raw" in set(g.get("limit", []))
+                                                          else f"{pct:.1f}%"),
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
                       "limited by": limit_text(g), "run": ",".join(dict.fromkeys(g["run_id"]))})
     bars = ax.bar(range(len(heights)), heights, color=colors)

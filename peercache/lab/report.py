@@ -81,8 +81,8 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         comparable = scenario in _GET_SCENARIOS and not is_raw
         raw_gbs = raw_by_proto.get(r.get("protocol"))
         frac = "—" if not raw_gbs or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
-        if comparable and raw_gbs and g is not None and g > raw_gbs:
-            frac = "above raw"      # never a bare percentage above 100: the "raw" figure did not bound this
+        if comparable and r.get("limit") == "above_raw":
+            frac = "above raw"      # never a bare percentage above its limit: the "raw" figure did not bound it
         if is_raw and scenario == "single_nic":
             frac = "raw limit (100%)"
         elif not comparable:

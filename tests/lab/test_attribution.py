@@ -39,6 +39,9 @@ def cpu(consumer=None, producer=None):
     (dict(r=row(2.0), numa={"memory_node": 1, "nic_node": 0}), "remote_numa",
      "remote NUMA (memory on node 1, NIC on node 0)"),
     (dict(r=row(4.0), raw_Bps=4.6e9, raw_tool="ib_read_bw"), "raw_path", "the path itself (87% of ib_read_bw"),
+    (dict(r=row(60.0), line_rate_Bps=50e9), "above_line_rate", "nothing: not a valid measurement (120% of the 400"),
+    (dict(r=row(300.0, aggregate="sum_of_windows"), line_rate_Bps=400e9), "summed_windows",
+     "not one window: a sum of per-NIC figures"),
     (dict(r=row(1.0, cpu=cpu(consumer=(0.5, 0.5))), raw_Bps=4e9, raw_tool="iperf3", line_rate_Bps=50e9),
      "unknown", "unknown (nothing above 80 %)"),
 ])
@@ -81,7 +84,20 @@ def test_the_fixture_run_says_what_limited_every_throughput_row(tmp_path):
     single = sections["single_nic"]
     ok_bw = single[(single["status"] == "ok") & single["metric"].isin(["bw", "get_throughput"])]
     assert len(ok_bw) and ok_bw["limited_by"].notna().all()
-    # A per-NIC figure above its 400 Gb/s port keeps above_line_rate and is attributed to the line rate.
+    # A per-NIC figure above its 400 Gb/s port keeps above_line_rate and no limit is read from it.
     whole = sections["whole_machine"]
     over = whole[whole["verdict"] == "above_line_rate"]
-    assert len(over) == 1 and over.iloc[0]["limited_by"].startswith("line rate (105% of 400 Gb/s)")
+    assert len(over) == 1 and over.iloc[0]["limited_by"].startswith("nothing: not a valid measurement (105% of the 400")
+
+
+def test_the_published_baseline_is_judged_by_the_same_rules(tmp_path):
+    rep = report.build_report(ROOT / "data" / "reference", tmp_path / "fig", "peercache-8xcx7-roce",
+                              ROOT / "data" / "reference" / "references.yaml")
+    ov = {r["scenario"]: r for r in rep.overview.to_dict("records")}
+    agg = ov["whole_machine: aggregate over 8 NICs"]
+    # 413.1 GB/s is 3305 Gb/s over 8 x 400 Gb/s: above what the ports carry, and a sum of per-NIC windows.
+    assert agg["limited by"].startswith("nothing: not a valid measurement (103% of the 3200 Gb/s")
+    assert "verdict above_line_rate" in agg["notes"]
+    whole = {s.scenario: s.table for s in rep.sections}["whole_machine"]
+    top = whole[whole["value"] == 89.4].iloc[0]        # one NIC at 89.4 GB/s on a 50 GB/s port
+    assert top["verdict"] == "above_line_rate" and top["limited_by"].startswith("nothing: not a valid")
