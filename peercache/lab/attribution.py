@@ -152,22 +152,22 @@ def host_cores_of(runs: pd.DataFrame, run_id: str) -> tuple[int | None, bool]:
     return (int(threads) if threads else None), shared
 
 
-def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_by_protocol: dict[str, tuple[float, str]],
-              rules: list[Rule] | None = None, line_rate_of=lambda row: None) -> pd.DataFrame:
+def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] | None = None,
+              line_rate_of=lambda row: None) -> pd.DataFrame:
     """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
 
-    ``raw_by_protocol``: protocol -> (raw limit in B/s, its tool), measured in
-    the same run; ``line_rate_of(row)``: the row's summed line rate in bit/s
+    ``raw_of(row)``: (raw limit in B/s, its tool) of the same path measured the
+    same way in the same run, or None (raw rows themselves, or nothing
+    comparable); ``line_rate_of(row)``: the row's summed line rate in bit/s
     from the references, or None (the runner's port rates are used first).
     """
     rules = rules or load_rules()
     out = rows.copy()
     out["limited_by"], out["limit"] = None, None
-    raw_tools = {t for _, t in raw_by_protocol.values()}
     for i, r in out.iterrows():
         if r["metric"] not in ("bw", "get_throughput") or r["status"] != "ok" or pd.isna(r["value"]):
             continue
-        raw = None if r["tool"] in raw_tools else raw_by_protocol.get(r.get("protocol"))
+        raw = raw_of(r)
         # A figure over n NICs (multi-rail, an aggregate of n groups) is bounded by n single-NIC limits.
         n = int(row_extra(r).get("groups") or 0) or max(1, len(row_devices(r)))
         cores, shared = host_cores_of(runs, r["run_id"])

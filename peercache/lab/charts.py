@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache.lab import collect  # noqa: E402
-from peercache.lab.references import (TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
+from peercache.lab.references import (UNITS, TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
                                       row_extra)
 
 #: Scenarios that have charts, in drawing order.
@@ -74,6 +74,19 @@ def fmt_number(v: Any, digits: int = 4) -> str:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return str(int(v))
     return f"{float(v):.{digits}g}"
+
+
+#: The one unit each dimension is shown in (tables, report, charts); tidy data keeps the tool's own.
+DISPLAY_UNITS = {"bandwidth": "GB/s", "time": "us"}
+
+
+def display(value: Any, unit: str) -> tuple[Any, str]:
+    """(value, unit) as shown: bandwidth in GB/s, latency in us, anything else as recorded."""
+    dim = UNITS.get(unit, (None,))[0]
+    want = DISPLAY_UNITS.get(dim)
+    if want is None or value is None or isinstance(value, str) or pd.isna(value):
+        return value, unit
+    return convert(float(value), unit, want), want
 
 
 def fmt_size(n: Any) -> str:
@@ -245,8 +258,15 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
 
     rows = apply_verdicts(rows, refs)
     tb = refs.get(testbed)
-    raw = {proto: (gbs * 1e9, RAW_FOR_PROTOCOL[proto][0]) for proto, gbs in raw_single_nic_gbs(rows).items()}
-    rows = attribution.attribute(rows, runs, raw, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
+    limits = raw_limits(rows)
+
+    def raw_of(r):
+        if r["tool"] in RAW_TOOLS:
+            return None
+        got = raw_for(r, limits)
+        return (got[0] * 1e9, got[1]) if got else None
+
+    rows = attribution.attribute(rows, runs, raw_of, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
                                  else (lambda r: None))
     # A value above the line rate is a measurement error first: that verdict stays.
     above = (rows["limit"] == "above_raw") & (rows["verdict"] != "above_line_rate")
@@ -263,15 +283,42 @@ def limit_text(g: pd.DataFrame) -> str:
     return " / ".join(said) or "—"
 
 
-def raw_single_nic_gbs(rows: pd.DataFrame) -> dict[str, float]:
-    """Mean raw single-NIC figure (GB/s) per PeerCache protocol it is the limit for."""
-    out = {}
+def _raw_readers(r) -> int | None:
+    """How many readers a raw figure stands for: iperf3 client processes, memcpy threads; None for perftest."""
+    if r["tool"] == "iperf3":
+        return int(r["processes"]) if not pd.isna(r.get("processes")) else 1
+    if r["tool"] == "memcpy":
+        return int(r["threads"]) if not pd.isna(r.get("threads")) else 1
+    return None
+
+
+def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None], tuple[float, str]]:
+    """Raw single-NIC limits of the run: (protocol, readers) -> (mean GB/s, tool).
+
+    On RDMA testbeds the one ib_read_bw figure (readers None) bounds every
+    PeerCache point, as published; on the local testbed each reader count has
+    its own iperf3 figure with as many client processes.
+    """
+    out: dict[tuple[str, int | None], list] = {}
     for proto, tools in RAW_FOR_PROTOCOL.items():
         raw = rows[(rows["scenario"] == "single_nic") & rows["tool"].isin(tools)
                    & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
-        if not raw.empty:
-            out[proto] = sum(_to_gbs(v) for _, v in raw.iterrows()) / len(raw)
-    return out
+        for _, r in raw.iterrows():
+            out.setdefault((proto, _raw_readers(r)), [r["tool"]]).append(_to_gbs(r))
+    return {k: (sum(v[1:]) / len(v[1:]), v[0]) for k, v in out.items()}
+
+
+def raw_for(r, limits: dict[tuple[str, int | None], tuple[float, str]]) -> tuple[float, str] | None:
+    """The raw limit (GB/s, tool) measured the same way as PeerCache row ``r``, or None."""
+    proto = r.get("protocol")
+    try:
+        readers = int(r["processes"]) * int(r["threads"])
+    except (TypeError, ValueError, KeyError):
+        readers = None
+    if (proto, readers) in limits:
+        return limits[(proto, readers)]
+    keys = [k for k in limits if k[0] == proto]
+    return limits[keys[0]] if keys == [(proto, None)] else None
 
 
 def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
@@ -286,21 +333,22 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     for _, g in ok.groupby(keys, dropna=False, sort=False):
         r = g.iloc[0].to_dict()
         groups.append((r, g))
-    raw_by_proto = raw_single_nic_gbs(ok)
+    limits = raw_limits(ok)
     fig, axes = _new_fig()
     ax = axes[0][0]
     table, labels, heights, colors = [], [], [], []
     for r, g in groups:
         gbs = sum(_to_gbs(v) for _, v in g.iterrows()) / len(g)
         is_raw = r["tool"] in RAW_TOOLS
-        raw_gbs = None if is_raw else raw_by_proto.get(r.get("protocol"))
+        raw = None if is_raw else raw_for(r, limits)
+        raw_gbs = raw[0] if raw else None
         pct = None if not raw_gbs else 100.0 * gbs / raw_gbs     # no (or a zero) raw figure: no %
         label = f"{r['tool']}\n{_label(r, keys[1:])}"
         labels.append(textwrap.fill(label.replace("\n", " "), 16))  # several bars must not collide
         heights.append(gbs)
         colors.append("#777777" if is_raw else "#1f77b4")
-        table.append({"measurement": label.replace("\n", " "), "value": g["value"].mean(),
-                      "unit": r["unit"], "n": len(g),
+        value, unit = display(g["value"].mean(), r["unit"])
+        table.append({"measurement": label.replace("\n", " "), "value": value, "unit": unit, "n": len(g),
                       "% of raw": "—" if pct is None else ("above raw" if "above_raw" in set(g.get("limit", []))
                                                           else f"{pct:.1f}%"),
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
@@ -314,7 +362,7 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     ax.set_ylim(0, max(heights) * 1.25)
     pcs = {r.get("protocol") for r, _ in groups if r["tool"] not in RAW_TOOLS}
     notes = [f"no raw {'/'.join(RAW_FOR_PROTOCOL.get(p, ('?',)))} row for PeerCache over {p}: "
-             "percentage not computed" for p in sorted(x for x in pcs if x) if p not in raw_by_proto]
+             "percentage not computed" for p in sorted(x for x in pcs if x) if p not in {k[0] for k in limits}]
     return Chart("single_nic", "Single NIC: PeerCache vs the raw limit", fig, table,
                  meta_block(ok, runs), notes)
 
@@ -338,7 +386,8 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
             ys.append(gbs)
             stat = {row_extra(v).get("statistic") for _, v in gg.iterrows()} - {None}
             table.append({"page size": fmt_size(size), "batch": batch, "threads": int(thr),
-                          "value": gg["value"].mean(), "unit": gg["unit"].iloc[0], "n": len(gg),
+                          **dict(zip(("value", "unit"), display(gg["value"].mean(), gg["unit"].iloc[0]))),
+                          "n": len(gg),
                           "statistic": ",".join(sorted(stat)) or "—",
                           "verdict": ",".join(sorted(set(gg["verdict"]))) if "verdict" in gg else "unchecked",
                           "limited by": limit_text(gg), "run": ",".join(dict.fromkeys(gg["run_id"]))})
@@ -374,7 +423,7 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
             ax.annotate(f"{gbs:.1f}", (i, gbs), ha="center", va="bottom", fontsize=7)
             if cap is not None:
                 ax.hlines(cap / 8e9, i - 0.45, i + 0.45, colors="black", linestyles="--", linewidth=1)
-            table.append({"NIC / figure": label_of(r), "value": r["value"], "unit": r["unit"],
+            table.append({"NIC / figure": label_of(r), **dict(zip(("value", "unit"), display(r["value"], r["unit"]))),
                           "line rate (GB/s)": "unknown" if cap is None else fmt_number(cap / 8e9),
                           "verdict": r.get("verdict") or "unchecked", "limited by": r.get("limited_by") or "—",
                           "run": r["run_id"]})
@@ -424,7 +473,7 @@ def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | 
         ax.bar(i, gbs, color="#2ca02c" if dest == "gpu" else "#777777")
         ax.annotate(f"{gbs:.1f} GB/s", (i, gbs), ha="center", va="bottom", fontsize=8)
         labels.append(f"{dest}\n{_label(r, ['size_bytes', 'processes'])}")
-        table.append({"destination": dest, "value": r["value"], "unit": r["unit"],
+        table.append({"destination": dest, **dict(zip(("value", "unit"), display(r["value"], r["unit"]))),
                       "page size": fmt_size(r["size_bytes"]), "verdict": r.get("verdict") or "unchecked",
                       "limited by": r.get("limited_by") or "—", "run": r["run_id"]})
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
@@ -474,8 +523,9 @@ def chart_msgsize_bw(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
             ax.set_ylim(bottom=0)
     for _, r in sub.sort_values(["qps", "size_bytes", "metric"]).iterrows():
         table.append({"QPs": r["qps"], "size": fmt_size(r["size_bytes"]), "metric": r["metric"],
-                      "value": r["value"] if r["status"] == "ok" else f"{r['status']}",
-                      "unit": r["unit"], "verdict": r.get("verdict") or "unchecked",
+                      **dict(zip(("value", "unit"), display(r["value"], r["unit"]) if r["status"] == "ok"
+                                 else (r["status"], r["unit"]))),
+                      "verdict": r.get("verdict") or "unchecked",
                       "limited by": r.get("limited_by") or "—", "run": r["run_id"]})
     return Chart("msgsize_sweep_bw", "Message-size sweep: bandwidth and message rate, QP 1 vs QP 4",
                  fig, table, meta_block(ok, runs))

@@ -141,9 +141,14 @@ def _raw_points(scenario: str, grid: dict) -> list[Point]:
     tool = grid["tool"]
     pts = []
     if tool == "iperf3":
-        for streams, length in itertools.product(grid["streams"], grid["length"]):
-            pts.append(Point(scenario, f"iperf3_P{streams}_l{_sizes(length)}", "iperf3",
-                             {"streams": streams, "length": length, "perf_stat": bool(grid.get("perf_stat"))}))
+        # processes: parallel client processes, each with its own server port (iperf3 3.x runs all
+        # -P streams of one process in one thread, so one process is no limit for several readers).
+        for procs, streams, length in itertools.product(grid.get("processes", [1]), grid["streams"],
+                                                        grid["length"]):
+            name = f"iperf3_P{streams}_l{_sizes(length)}" if procs == 1 else \
+                f"iperf3_x{procs}_P{streams}_l{_sizes(length)}"
+            pts.append(Point(scenario, name, "iperf3", {"streams": streams, "length": length, "processes": procs,
+                                                        "perf_stat": bool(grid.get("perf_stat"))}))
     elif tool == "memcpy":
         for size in grid["size"]:
             pts.append(Point(scenario, f"memcpy_s{_sizes(size)}", "memcpy", {"size": size}))

@@ -71,7 +71,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Scenario, GET throughput, fraction of the raw single-NIC figure, notes."""
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
     bw = ok[ok["metric"].isin(charts.BW_METRICS)]
-    raw_by_proto = charts.raw_single_nic_gbs(bw)
+    limits = charts.raw_limits(bw)
     out: list[dict[str, Any]] = []
 
     def add(scenario, label, r, note=""):
@@ -79,7 +79,8 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         # Only PeerCache GET scenarios compare with the raw single-NIC READ figure.
         is_raw = r["tool"] in charts.RAW_TOOLS
         comparable = scenario in _GET_SCENARIOS and not is_raw
-        raw_gbs = raw_by_proto.get(r.get("protocol"))
+        raw = charts.raw_for(r, limits)
+        raw_gbs = raw[0] if raw else None
         frac = "—" if not raw_gbs or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
         if comparable and r.get("limit") == "above_raw":
             frac = "above raw"      # never a bare percentage above its limit: the "raw" figure did not bound it
@@ -189,6 +190,11 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
             sec_notes.append("figure(s) not found: " + ", ".join(str(m) for m in missing)
                              + "; run `python make_charts.py --testbed " + testbed + "`")
         table = sub[SECTION_COLUMNS].reset_index(drop=True)
+        # One unit per dimension, 4 significant figures (fmt_number); the tidy data keeps the exact value.
+        shown = [charts.display(v, u) for v, u in zip(table["value"], table["unit"])]
+        table["value"] = [v for v, _ in shown]
+        table["unit"] = [u for _, u in shown]
+        table["size_bytes"] = [charts.fmt_size(n) for n in table["size_bytes"]]
         sections.append(Section(sc, table, [f for f in figs if f.exists()],
                                 charts.meta_block(sub, runs), sec_notes))
     counts = rows["verdict"].value_counts().to_dict()

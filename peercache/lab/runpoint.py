@@ -275,6 +275,8 @@ class PointRun:
 
     def iperf3(self, th: TestbedHosts) -> None:
         p = self.point.params
+        if int(p.get("processes", 1)) > 1:
+            return self.iperf3_processes(th)
         port = self.ports.allocate()
         server = iperf3.server_command(port, bind=th.producer_addr)
         secs = max(1, math.ceil(self.duration))
@@ -294,6 +296,55 @@ class PointRun:
             self.rows.append(r)
         self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
         self._perf_rows(th, perf_path, ctx)
+
+    def iperf3_processes(self, th: TestbedHosts) -> None:
+        """N iperf3 client processes, each against its own server, released together; bytes over one window."""
+        p = self.point.params
+        n, secs = int(p["processes"]), max(1, math.ceil(self.duration))
+        omit = max(0, math.ceil(self.warmup))
+        specs = []
+        for i in range(n):
+            port = self.ports.allocate()
+            name = f"proc{i}"
+            server = self.cpu_wrap(f"{name}/producer", th.producer, iperf3.server_command(port, bind=th.producer_addr))
+            client = self.cpu_wrap(f"{name}/consumer", th.consumer, iperf3.client_command(
+                th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit)
+                + ["-O", str(omit)])
+            specs.append(GroupSpec(name, [SideSpec(th.consumer, client)], SideSpec(th.producer, server),
+                                   Readiness(port=port, addr=th.producer_addr, timeout=15 * self.slow)))
+        results: dict[str, Any] = {}
+
+        def measure(gr) -> WindowBytes:
+            c = gr.clients[0]
+            r = iperf3.parse_json(c.stdout, source=f"{self.run_id}/{gr.name}", host=str(th.consumer))
+            results[gr.name] = r
+            start = c.start + omit            # the omitted warm-up seconds are not in the sums
+            return WindowBytes(r.received_bytes, start, start + r.received_seconds)
+
+        runner = GroupRunner(specs, client_timeout=self.timeout, measure=measure, log_dir=self.raw_dir,
+                             window_tolerance_s=0.5)
+        ctx = self.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"], processes=n,
+                       host=str(th.consumer), peer=str(th.producer), side="client")
+        try:
+            res, err = runner.run(), None
+        except GroupFailed as e:
+            res, err = e.result, str(e)
+        for name, gr in res.groups.items():
+            self.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+        if err:
+            self.fail("bw", "B/s", err, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "qps",
+                                                                "processes")})
+            return
+        agg = res.aggregate
+        cpu = {g: self.cpu_usage({"consumer": f"{g}/consumer", "producer": f"{g}/producer"},
+                                 w.start, w.end) for g, w in res.windows.items()}
+        self.rows.append(Row(metric="bw", value=agg.rate_Bps, unit="B/s", raw_value=agg.rate_Bps * 8,
+                             raw_unit="bit/s",
+                             extra={"window_start": agg.window_start, "window_end": agg.window_end,
+                                    "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
+                                    "client_processes": n, "cpu": cpusample.combine(cpu),
+                                    "per_process_Bps": {g: r.received_bps / 8 for g, r in results.items()}},
+                             **ctx))
 
     def perftest(self, th: TestbedHosts) -> None:
         p = self.point.params

@@ -62,3 +62,20 @@ def test_overview_and_sections(lab, tmp_path):
                                                   "msgsize_sweep"]
     md = report.report_markdown(rep)
     assert "gpudirect: not drawn:" in md and "verdict_reason" in md
+
+
+def _sig_figs(token: str) -> int:
+    mant = token.lower().split("e")[0].lstrip("-").replace(".", "").lstrip("0")
+    return len(mant.rstrip("0")) if "." not in token.lower().split("e")[0] else len(mant)
+
+
+def test_no_number_in_the_report_has_more_than_4_significant_figures(lab, tmp_path):
+    import re
+    collect.collect_testbed(lab / "raw", tmp_path / "tidy", TB)
+    text = report.report_markdown(report.build_report(tmp_path / "tidy", tmp_path / "fig", TB,
+                                                      FIX / "references.yaml"))
+    cells = [c.strip() for line in text.splitlines() if line.startswith("|") for c in line.strip("|").split("|")]
+    numbers = [m.group(1) for c in cells for m in [re.fullmatch(r"(-?[\d.]+(?:e[+-]?\d+)?)(?: \S+)?", c)] if m]
+    assert len(numbers) > 50
+    wide = [n for n in numbers if _sig_figs(n) > 4]
+    assert not wide, wide[:10]
