@@ -29,7 +29,8 @@ SCHEMA_VERSION = 1
 #: Evidence fields a rule may test (see the rules file for their meaning).
 EVIDENCE = ("fraction_of_raw", "raw_tool", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
-            "numa_remote", "memory_node", "nic_node", "summed_windows")
+            "numa_remote", "memory_node", "nic_node", "summed_windows", "pcie_fraction", "pcie_GBps",
+            "pcie_gen", "pcie_width")
 _OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq}
 
 
@@ -96,7 +97,8 @@ def _num(v: Any) -> float | None:
 
 def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: str | None = None,
              line_rate_Bps: float | None = None, host_cores: int | None = None,
-             shared_host: bool = False, numa: dict[str, Any] | None = None) -> dict[str, Any]:
+             shared_host: bool = False, numa: dict[str, Any] | None = None,
+             pcie: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The evidence of one throughput row (pure): what was recorded, nothing filled in."""
     ex = row_extra(row)
     ev: dict[str, Any] = {}
@@ -109,6 +111,9 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
     line = _num(ex.get("line_rate_Bps")) or line_rate_Bps
     if bps is not None and line:
         ev["line_fraction"], ev["line_rate_gbps"] = bps / line, line * 8 / 1e9
+    if bps is not None and pcie and all(p and p.get("GBps") for p in pcie):
+        ev["pcie_GBps"] = sum(p["GBps"] for p in pcie)
+        ev.update(pcie_fraction=bps / 1e9 / ev["pcie_GBps"], pcie_gen=pcie[0]["gen"], pcie_width=pcie[0]["width"])
     if ex.get("aggregate") == "sum_of_windows":
         ev["summed_windows"] = True
     cpu = ex.get("cpu") or {}
@@ -139,17 +144,19 @@ def limited_by(ev: dict[str, Any], rules: list[Rule]) -> tuple[str, str]:
     raise RulesError("no rule held; the last rule must have no conditions")
 
 
-def host_cores_of(runs: pd.DataFrame, run_id: str) -> tuple[int | None, bool]:
-    """(logical CPUs of the consumer's machine, whether producer and consumer share it) of one run."""
+def host_of(runs: pd.DataFrame, run_id: str) -> tuple[int | None, bool, dict[str, dict]]:
+    """Of one run: (the consumer machine's logical CPUs, whether producer and consumer share it,
+    the consumer's NICs by name from its testbed capture)."""
     m = runs[runs["run_id"] == run_id]
     if m.empty:
-        return None, False
+        return None, False, {}
     hosts = m.iloc[0]["hosts"]
     hosts = json.loads(hosts) if isinstance(hosts, str) else (hosts or {})
     cons, prod = hosts.get("consumer") or {}, hosts.get("producer") or {}
     threads = cons.get("threads") or prod.get("threads")
     shared = bool(cons.get("host")) and cons.get("host") == prod.get("host")
-    return (int(threads) if threads else None), shared
+    nics = {n.get("name"): n for n in cons.get("nics") or [] if isinstance(n, dict)}
+    return (int(threads) if threads else None), shared, nics
 
 
 def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] | None = None,
@@ -170,10 +177,12 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
         raw = raw_of(r)
         # A figure over n NICs (multi-rail, an aggregate of n groups) is bounded by n single-NIC limits.
         n = int(row_extra(r).get("groups") or 0) or max(1, len(row_devices(r)))
-        cores, shared = host_cores_of(runs, r["run_id"])
+        cores, shared, nics = host_of(runs, r["run_id"])
+        devs = row_devices(r)
         bits = line_rate_of(r)
         ev = evidence(r, raw_Bps=raw[0] * n if raw else None, raw_tool=(raw[1] if n == 1 else f"{n} x {raw[1]}")
                       if raw else None,
-                      line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared)
+                      line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
+                      pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None)
         out.at[i, "limit"], out.at[i, "limited_by"] = limited_by(ev, rules)
     return out

@@ -310,6 +310,31 @@ def _pyverbs_ports(ctx: _Ctx) -> tuple[dict[tuple[str, int], dict[str, Any]], st
     return out, None
 
 
+#: PCIe transfer rate (GT/s) -> (generation, usable GB/s per lane after line coding:
+#: 8b/10b up to Gen2, 128b/130b for Gen3-5, FLIT 242/256 for Gen6).
+PCIE_LANE = {2.5: (1, 0.25), 5.0: (2, 0.5), 8.0: (3, 8 * 128 / 130 / 8), 16.0: (4, 16 * 128 / 130 / 8),
+             32.0: (5, 32 * 128 / 130 / 8), 64.0: (6, 64 * 242 / 256 / 8)}
+
+
+def pcie_link(speed: str, width: str, max_speed: str | None = None, max_width: str | None = None) -> dict[str, Any]:
+    """A PCIe link from sysfs text ("32.0 GT/s PCIe", "16"): generation, width, usable GB/s per direction."""
+    def parse(sp: str) -> float:
+        try:
+            return float(sp.split()[0])
+        except (ValueError, IndexError):
+            raise ValueError(f"PCIe link speed {sp!r} is not '<N> GT/s ...'") from None
+    gt = parse(speed)
+    if gt not in PCIE_LANE or not str(width).strip().isdigit():
+        raise ValueError(f"PCIe link {speed!r} x{width!r}: unknown speed or width")
+    gen, per_lane = PCIE_LANE[gt]
+    out = {"gen": gen, "width": int(width), "gt_per_s": gt, "GBps": round(per_lane * int(width), 3)}
+    if max_speed and max_width and str(max_width).strip().isdigit():
+        out["max_gen"] = PCIE_LANE.get(parse(max_speed), (None,))[0]
+        out["max_width"] = int(max_width)
+        out["degraded"] = out["max_gen"] is not None and (out["max_gen"], out["max_width"]) != (gen, int(width))
+    return out
+
+
 def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
     """RDMA devices and ports (sysfs, pyverbs when importable)."""
     s = _Section()
@@ -338,6 +363,16 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
             dev.put("numa_node", None, "kernel reports numa_node -1 (no NUMA affinity known)")
         else:
             dev.put("numa_node", int(numa))
+        speed, why_s = read_attr(ddir / "device" / "current_link_speed")
+        width, why_w = read_attr(ddir / "device" / "current_link_width")
+        if speed is None or width is None:
+            dev.put("pcie", None, why_s or why_w)          # virtual devices (rxe) have no PCIe link
+        else:
+            try:
+                dev.put("pcie", pcie_link(speed, width, *(read_attr(ddir / "device" / f)[0]
+                                                          for f in ("max_link_speed", "max_link_width"))))
+            except ValueError as e:
+                dev.put("pcie", None, str(e))
         ports = []
         for pname in [p for p in _list_dir(ddir / "ports") if p.isdigit()]:
             pdir = ddir / "ports" / pname
@@ -511,7 +546,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
                      "numa_node": d.get("numa_node"), "link_layer": p.get("link_layer"),
                      "active_mtu": p.get("active_mtu"), "netdev": p.get("netdev"),
                      "roce_v2_gid_index": p.get("roce_v2_ipv4_gid_index"),
-                     "fw_ver": d.get("fw_ver")})
+                     "fw_ver": d.get("fw_ver"), "pcie": d.get("pcie")})
     host, cpu = doc.get("host", {}), doc.get("cpu", {})
     return {"host": host.get("hostname"), "kernel": host.get("kernel"),
             "cpu_model": cpu.get("model"), "sockets": cpu.get("sockets"),

@@ -39,6 +39,11 @@ def cpu(consumer=None, producer=None):
     (dict(r=row(2.0), numa={"memory_node": 1, "nic_node": 0}), "remote_numa",
      "remote NUMA (memory on node 1, NIC on node 0)"),
     (dict(r=row(4.0), raw_Bps=4.6e9, raw_tool="ib_read_bw"), "raw_path", "the path itself (87% of ib_read_bw"),
+    # 8 rails into one GPU's Gen5 x16 link: 49.5 GB/s of 63.02
+    (dict(r=row(49.5), line_rate_Bps=400e9, pcie=[{"gen": 5, "width": 16, "GBps": 63.015}]), "unknown",
+     "unknown"),
+    (dict(r=row(58.0), line_rate_Bps=400e9, pcie=[{"gen": 5, "width": 16, "GBps": 63.015}]), "pcie",
+     "PCIe Gen5 x16 (92% of 63.02 GB/s)"),
     (dict(r=row(60.0), line_rate_Bps=50e9), "above_line_rate", "nothing: not a valid measurement (120% of the 400"),
     (dict(r=row(300.0, aggregate="sum_of_windows"), line_rate_Bps=400e9), "summed_windows",
      "not one window: a sum of per-NIC figures"),

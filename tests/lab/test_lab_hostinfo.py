@@ -118,3 +118,18 @@ def test_capture_on_this_machine():
         assert doc["rdma"]["devices"] == [] and "no RDMA" in doc["rdma"]["note"]
     s = hi.summary(doc)
     assert s["kernel"] == doc["host"]["kernel"]
+
+
+def test_pcie_link_of_each_rdma_device_from_sysfs():
+    pcie_link = hi.pcie_link
+    assert pcie_link("32.0 GT/s PCIe", "16") == {"gen": 5, "width": 16, "gt_per_s": 32.0, "GBps": 63.015}
+    assert pcie_link("16.0 GT/s PCIe", "8", "32.0 GT/s PCIe", "16")["degraded"] is True
+    assert pcie_link("8.0 GT/s PCIe", "16")["GBps"] == 15.754
+    with pytest.raises(ValueError, match="unknown speed or width"):
+        pcie_link("3.0 GT/s PCIe", "16")
+    doc = hi.capture(CX7)
+    devs = {d["name"]: d for d in doc["rdma"]["devices"]}
+    assert devs["mlx5_bond_1"]["pcie"]["GBps"] == 63.015 and devs["mlx5_bond_1"]["pcie"]["degraded"] is False
+    assert devs["mlx5_bond_8"]["pcie"]["width"] == 8 and devs["mlx5_bond_8"]["pcie"]["degraded"] is True
+    nics = {n["name"]: n for n in hi.summary(doc)["nics"]}
+    assert nics["mlx5_bond_8"]["pcie"]["GBps"] == 31.508
