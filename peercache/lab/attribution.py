@@ -144,6 +144,15 @@ def limited_by(ev: dict[str, Any], rules: list[Rule]) -> tuple[str, str]:
     raise RulesError("no rule held; the last rule must have no conditions")
 
 
+def _numa(row, devs: list[str], nics: dict[str, dict]) -> dict[str, Any] | None:
+    """Where the consumer's memory sat (cpusample's numa_maps reading) and its NICs' node, when both are known."""
+    mem = ((row_extra(row).get("cpu") or {}).get("consumer") or {}).get("memory_node")
+    nodes = {(nics.get(d) or {}).get("numa_node") for d in devs}
+    if mem is None or len(nodes) != 1 or None in nodes:
+        return None
+    return {"memory_node": int(mem), "nic_node": int(nodes.pop())}
+
+
 def host_of(runs: pd.DataFrame, run_id: str) -> tuple[int | None, bool, dict[str, dict]]:
     """Of one run: (the consumer machine's logical CPUs, whether producer and consumer share it,
     the consumer's NICs by name from its testbed capture)."""
@@ -183,6 +192,7 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
         ev = evidence(r, raw_Bps=raw[0] * n if raw else None, raw_tool=(raw[1] if n == 1 else f"{n} x {raw[1]}")
                       if raw else None,
                       line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
-                      pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None)
+                      pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None,
+                      numa=_numa(r, devs, nics))
         out.at[i, "limit"], out.at[i, "limited_by"] = limited_by(ev, rules)
     return out

@@ -27,6 +27,8 @@ from .sysroot import proc_path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_INTERVAL_S = 0.25
+#: Every how many samples the resident pages per NUMA node are read too.
+NUMA_EVERY = 4
 
 
 def _stat_fields(text: str) -> list[str]:
@@ -56,11 +58,29 @@ def tree(pid: int) -> list[int]:
     return seen
 
 
-def sample(pid: int) -> dict:
-    """One sample of the tree under ``pid``: time, processes, CPU seconds in all and per thread."""
+def numa_pages(pids: list[int]) -> dict[str, int]:
+    """Resident pages per NUMA node of ``pids`` (``/proc/<pid>/numa_maps`` ``N<node>=<pages>`` fields)."""
+    out: dict[str, int] = {}
+    for p in pids:
+        try:
+            text = proc_path(p, "numa_maps").read_text()
+        except OSError:
+            continue
+        for tok in text.split():
+            if tok[:1] == "N" and "=" in tok and tok[1:tok.index("=")].isdigit():
+                node, pages = tok[1:].split("=", 1)
+                if pages.isdigit():
+                    out[node] = out.get(node, 0) + int(pages)
+    return out
+
+
+def sample(pid: int, with_numa: bool = False) -> dict:
+    """One sample of the tree under ``pid``: time, processes, CPU seconds in all and per thread
+    (and, when asked, resident pages per NUMA node)."""
     threads: dict[str, float] = {}
     procs = 0
-    for p in tree(pid):
+    pids = tree(pid)
+    for p in pids:
         tasks = list(proc_path(p, "task").glob("*"))
         if tasks:
             procs += 1
@@ -71,8 +91,11 @@ def sample(pid: int) -> dict:
                 continue
             # fields after comm: state(0) ppid ... utime(11) stime(12)
             threads[f"{p}/{task.name}"] = (int(f[11]) + int(f[12])) / CLK_TCK
-    return {"t": time.time(), "procs": procs, "cpu_s": round(sum(threads.values()), 3),
-            "threads": {k: round(v, 3) for k, v in threads.items()}}
+    out = {"t": time.time(), "procs": procs, "cpu_s": round(sum(threads.values()), 3),
+           "threads": {k: round(v, 3) for k, v in threads.items()}}
+    if with_numa:
+        out["numa_pages"] = numa_pages(pids)
+    return out
 
 
 @dataclass
@@ -84,10 +107,19 @@ class Usage:
     busiest: str | None          #: that thread, as pid/tid
     seconds: float               #: the window actually covered by samples
     samples: int
+    numa_pages: dict[str, int] | None = None   #: resident pages per NUMA node, last sample in the window
+
+    @property
+    def memory_node(self) -> int | None:
+        """The NUMA node holding most of the tree's resident pages."""
+        if not self.numa_pages:
+            return None
+        return int(max(self.numa_pages, key=self.numa_pages.get))
 
     def as_dict(self) -> dict:
         return {"cores": round(self.cores, 3), "busiest_thread": round(self.busiest_thread, 3),
-                "busiest": self.busiest, "seconds": round(self.seconds, 3), "samples": self.samples}
+                "busiest": self.busiest, "seconds": round(self.seconds, 3), "samples": self.samples,
+                "numa_pages": self.numa_pages, "memory_node": self.memory_node}
 
 
 def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
@@ -103,8 +135,9 @@ def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
     # (it then under-counts, never over-counts).
     per = {k: v - a["threads"].get(k, 0.0) for k, v in b["threads"].items()}
     busiest = max(per, key=per.get) if per else None
+    numa = [x["numa_pages"] for x in inside if x.get("numa_pages")]
     return Usage(max(0.0, sum(per.values()) / dt), (per[busiest] / dt) if busiest else 0.0, busiest, dt,
-                 len(inside))
+                 len(inside), numa[-1] if numa else None)
 
 
 def combine(usages: dict[str, dict[str, dict]]) -> dict[str, dict]:
@@ -163,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     with open(a.out, "a") as f:
+        n = 0
         while child.poll() is None:
-            f.write(json.dumps(sample(child.pid)) + "\n")
+            # numa_maps is costly to read for a big process: every NUMA_EVERY-th sample only.
+            f.write(json.dumps(sample(child.pid, with_numa=n % NUMA_EVERY == NUMA_EVERY - 1)) + "\n")
+            n += 1
             f.flush()
             try:
                 child.wait(timeout=a.interval)

@@ -106,3 +106,34 @@ def test_the_published_baseline_is_judged_by_the_same_rules(tmp_path):
     whole = {s.scenario: s.table for s in rep.sections}["whole_machine"]
     top = whole[whole["value"] == 89.4].iloc[0]        # one NIC at 89.4 GB/s on a 50 GB/s port
     assert top["verdict"] == "above_line_rate" and top["limited_by"].startswith("nothing: not a valid")
+
+
+def test_cpu_sampler_measures_a_busy_thread_and_where_its_memory_sits(tmp_path):
+    import subprocess
+    import sys
+
+    from peercache.lab import cpusample
+    out = tmp_path / "cpu.jsonl"
+    spin = "import time\nx=bytearray(64<<20)\nt=time.time()\nwhile time.time()-t<1.6: pass"
+    argv = cpusample.wrap([sys.executable, "-c", spin], str(out), interval=0.1)
+    assert subprocess.run(argv, timeout=60).returncode == 0
+    samples = cpusample.read_samples(out.read_text())
+    use = cpusample.window_usage(samples, samples[2]["t"], samples[-1]["t"])
+    assert use is not None and use.samples >= 5
+    # one spinning thread: close to one core, and it is the busiest (shared 2-CPU machine: allow load)
+    assert 0.5 < use.busiest_thread <= 1.1 and use.cores >= use.busiest_thread - 1e-6
+    assert use.memory_node == 0 and sum(use.numa_pages.values()) > (64 << 20) // 4096 // 2
+    assert subprocess.run(cpusample.wrap([sys.executable, "-c", "raise SystemExit(3)"], str(out)),
+                          timeout=60).returncode == 3
+
+
+def test_memory_on_another_node_than_the_nic_is_remote_numa():
+    import pandas as pd
+    runs = pd.DataFrame([{"run_id": "r", "hosts": json.dumps({"consumer": {
+        "host": "b", "threads": 384, "nics": [{"name": "mlx5_0", "numa_node": 0}]}})}])
+    r = dict(row(20.0, cpu={"consumer": {"cores": 1.0, "busiest_thread": 0.5, "memory_node": 1}}),
+             metric="get_throughput", status="ok", tool="peercache-bench", protocol="rdma", run_id="r",
+             devices="mlx5_0")
+    got = A.attribute(pd.DataFrame([r]), runs, lambda row: None)
+    assert got.iloc[0]["limit"] == "remote_numa"
+    assert got.iloc[0]["limited_by"] == "remote NUMA (memory on node 1, NIC on node 0)"
