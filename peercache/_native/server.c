@@ -1,19 +1,50 @@
-/* tcp data server, one connection per call: range reads served without the GIL.
+/* tcp data server: range reads served by a few epoll workers, without the GIL.
  *
  * Same wire format and checks as the Python server in
  * peercache/transport/tcp.py: each op must name an exposed region with its
  * key and lie inside it; anything else gets an error status and the server
- * keeps serving. Only a lost framing (bad magic, too many ops) ends the
- * connection, after a refusal that says why.
+ * keeps serving. A request without ops, or one whose reply would exceed
+ * MAX_REPLY_BYTES, is refused whole and the connection goes on; only a lost
+ * framing (bad magic, too many ops) ends the connection, after a refusal
+ * that says why.
+ *
+ * RegionTable.serve() is one worker: it runs an epoll loop until the stop
+ * fd becomes readable. Every worker of one server shares its listening
+ * socket (EPOLLEXCLUSIVE: one worker woken per connection) and the table's
+ * counters; each owns the connections it accepted. Sockets are
+ * non-blocking, so a connection costs a small struct and no thread, and a
+ * reply larger than the socket buffer is sent in pieces between the other
+ * connections' work. Limits, all counted in the table's stats():
+ *   - at most max_connections open at once: an extra one is closed at once;
+ *   - a connection with no request under way is closed after idle_timeout;
+ *   - a request (header and body) must arrive within request_timeout of its
+ *     first byte, and a reply must make progress at least that often;
+ *   - an accept error (EMFILE, ENFILE, ENOBUFS...) takes the listening
+ *     socket out of the worker's epoll for 10 ms, doubling up to 100 ms,
+ *     then accepting resumes: the loop never ends on it.
+ * Nothing here logs: the Python side reads stats() and writes rate-limited
+ * summaries, so a flood of bad requests costs a counter increment each.
+ *
+ * A connection starts in the greeting stage: its first message goes
+ * through greet(), which is where a future "hello" with a cluster token
+ * will be checked before any request is served. Today greet() accepts any
+ * well-formed request as the first message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "pc.h"
 #include "server.h"
@@ -23,6 +54,27 @@
 #define MAX_OPS (1u << 16)
 #define MAX_REPLY_BYTES (1ull << 31)
 #define SEND_IOV 1024
+/* Ops whose buffers a connection keeps between requests; bigger requests get
+ * mmap'ed buffers that are unmapped when the reply is out. */
+#define SMALL_OPS 256u
+#define ACCEPT_BURST 64
+#define EVENTS 64
+/* Requests one connection may complete per wakeup before the others get a turn. */
+#define REQ_BURST 16
+#define BACKOFF_MIN 0.010
+#define BACKOFF_MAX 0.100
+
+/* Counters of stats(), in this order. */
+enum {
+    ST_ACCEPTED, ST_SERVED, ST_OPS_BAD_REGION, ST_OPS_OUT_OF_RANGE, ST_OPS_ZERO_LENGTH,
+    ST_REQ_BAD_MAGIC, ST_REQ_TOO_MANY_OPS, ST_REQ_NO_OPS, ST_REQ_TOO_LARGE, ST_CONN_OVER_LIMIT,
+    ST_CONN_IDLE, ST_CONN_SLOW, ST_ACCEPT_ERRORS, ST_NOMEM, N_STATS
+};
+static const char *const stat_names[N_STATS] = {
+    "accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
+    "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
+    "conn_idle", "conn_slow", "accept_errors", "nomem",
+};
 
 typedef struct {
     PyObject_HEAD
@@ -31,6 +83,10 @@ typedef struct {
     uint64_t rkeys[PC_SHM_MAX_REGIONS];
     Py_buffer views[PC_SHM_MAX_REGIONS];
     atomic_ullong refused;
+    atomic_ullong stats[N_STATS];
+    atomic_long nconns;        /* open connections over all workers */
+    atomic_int accept_errno;   /* last accept error */
+    atomic_int accept_failing; /* 1 from an accept error until the next accepted connection */
 } RegionTableObject;
 
 static void RegionTable_dealloc(RegionTableObject *self) {
@@ -52,6 +108,10 @@ static PyObject *RegionTable_new(PyTypeObject *t, PyObject *args, PyObject *kw) 
     RegionTableObject *self = (RegionTableObject *)t->tp_alloc(t, 0);
     if (!self) { Py_DECREF(seq); return NULL; }
     atomic_init(&self->refused, 0);
+    for (int i = 0; i < N_STATS; i++) atomic_init(&self->stats[i], 0);
+    atomic_init(&self->nconns, 0);
+    atomic_init(&self->accept_errno, 0);
+    atomic_init(&self->accept_failing, 0);
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned int id;
         unsigned long long rkey;
@@ -75,21 +135,155 @@ static PyObject *RegionTable_get_refused(RegionTableObject *self, void *c) {
     return PyLong_FromUnsignedLongLong(atomic_load(&self->refused));
 }
 
-static PyGetSetDef RegionTable_getset[] = {
-    {"refused", (getter)RegionTable_get_refused, NULL, "Ops refused so far.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
+static PyObject *RegionTable_get_connections(RegionTableObject *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(atomic_load(&self->nconns));
+}
 
-PyTypeObject pc_RegionTableType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "peercache._native.RegionTable",
-    .tp_basicsize = sizeof(RegionTableObject),
-    .tp_dealloc = (destructor)RegionTable_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RegionTable([(id, rkey, buffer), ...]): what a native data server may serve.",
-    .tp_new = RegionTable_new,
-    .tp_getset = RegionTable_getset,
-};
+static inline void count(RegionTableObject *t, int which, unsigned long long k) {
+    atomic_fetch_add_explicit(&t->stats[which], k, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------------- the checks */
+
+/* Status of each of the n wire ops; an iovec (from iov[0]) onto the bytes of
+ * each ok one. Returns the count of ok ops; *total: their bytes (saturating);
+ * bad[3]: ops refused as bad region/key, out of range, zero length. */
+static size_t check_ops(RegionTableObject *t, const uint8_t *wire, uint32_t n, int32_t *status,
+                        struct iovec *iov, uint64_t *total, uint64_t bad[3]) {
+    size_t k = 0;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *w = wire + (size_t)i * WIRE_OP_BYTES;
+        uint32_t region;
+        uint64_t rkey, off, len;
+        memcpy(&region, w, 4);
+        memcpy(&rkey, w + 8, 8);
+        memcpy(&off, w + 16, 8);
+        memcpy(&len, w + 24, 8);
+        Py_ssize_t r = 0;
+        while (r < t->n && t->ids[r] != region) r++;
+        if (r == t->n || t->rkeys[r] != rkey) { status[i] = PC_BAD_REGION; bad[0]++; continue; }
+        uint64_t size = (uint64_t)t->views[r].len;
+        if (len == 0) { status[i] = PC_ZERO_LENGTH; bad[2]++; continue; }
+        if (off > size || len > size - off) { status[i] = PC_OUT_OF_RANGE; bad[1]++; continue; }
+        status[i] = PC_OK;
+        iov[k].iov_base = (uint8_t *)t->views[r].buf + off;
+        iov[k].iov_len = len;
+        sum = sum + len < sum ? UINT64_MAX : sum + len;
+        k++;
+    }
+    *total = sum;
+    return k;
+}
+
+static void count_bad(RegionTableObject *t, const uint64_t bad[3]) {
+    uint64_t all = bad[0] + bad[1] + bad[2];
+    if (!all) return;
+    atomic_fetch_add(&t->refused, all);
+    if (bad[0]) count(t, ST_OPS_BAD_REGION, bad[0]);
+    if (bad[1]) count(t, ST_OPS_OUT_OF_RANGE, bad[1]);
+    if (bad[2]) count(t, ST_OPS_ZERO_LENGTH, bad[2]);
+}
+
+/* What to do with a request header: 0 = read n ops; else the refusal (reason
+ * in why) and whether the framing is lost (*fatal). */
+static int check_head(RegionTableObject *t, const uint8_t *head, uint32_t *n, uint64_t *req_id,
+                      char *why, size_t whylen, int *fatal) {
+    memcpy(n, head + 8, 4);
+    memcpy(req_id, head + 12, 8);
+    *fatal = 0;
+    if (memcmp(head, "PCRQ", 4) != 0) {
+        char m[4 * 4 + 1];
+        size_t o = 0;
+        m[0] = 0;
+        for (int i = 0; i < 4; i++) {
+            unsigned char ch = head[i];
+            if (ch >= 0x20 && ch < 0x7f && ch != '\\' && ch != '\'') m[o++] = (char)ch;
+            else o += (size_t)snprintf(m + o, sizeof m - o, "\\x%02x", ch);
+        }
+        m[o] = 0;
+        snprintf(why, whylen, "bad request magic '%s'; not a PeerCache client?", m);
+        count(t, ST_REQ_BAD_MAGIC, 1);
+        *fatal = 1;
+        return -1;
+    }
+    if (*n > MAX_OPS) {
+        snprintf(why, whylen, "%u ops in one request exceeds %u; split the batch", *n, MAX_OPS);
+        count(t, ST_REQ_TOO_MANY_OPS, 1);
+        *fatal = 1;
+        return -1;
+    }
+    if (*n == 0) {
+        snprintf(why, whylen, "request carries no ops");
+        count(t, ST_REQ_NO_OPS, 1);
+        return -1;
+    }
+    return 0;
+}
+
+static void too_large(RegionTableObject *t, uint64_t total, char *why, size_t whylen) {
+    snprintf(why, whylen, "request asks for %llu bytes, more than %llu; split the batch",
+             (unsigned long long)total, MAX_REPLY_BYTES);
+    count(t, ST_REQ_TOO_LARGE, 1);
+}
+
+static void fill_head(uint8_t *h, uint32_t code, uint32_t n, uint64_t req_id) {
+    memcpy(h, "PCRS", 4);
+    memcpy(h + 4, &code, 4);
+    memcpy(h + 8, &n, 4);
+    memcpy(h + 12, &req_id, 8);
+}
+
+/* ------------------------------------------------------------- buffers */
+
+/* The three per-request arrays of one connection, in one allocation. */
+typedef struct opbuf {
+    uint8_t *wire;        /* cap * WIRE_OP_BYTES */
+    int32_t *status;      /* cap */
+    struct iovec *iov;    /* cap + 2: reply head, statuses, then the payloads */
+    size_t cap, bytes;
+    int mapped;
+} opbuf;
+
+static size_t opbuf_bytes(size_t cap) {
+    return cap * WIRE_OP_BYTES + cap * sizeof(int32_t) + (cap + 2) * sizeof(struct iovec);
+}
+
+static void opbuf_free(opbuf *b) {
+    if (!b->cap) return;
+    if (b->mapped) munmap(b->iov, b->bytes);
+    else free(b->iov);
+    memset(b, 0, sizeof *b);
+}
+
+/* Room for n ops: small requests reuse one malloc'ed block; a big one gets
+ * its own mapping, whose pages cost memory only as the ops arrive. */
+static int opbuf_reserve(opbuf *b, size_t n) {
+    if (n <= b->cap) return 0;
+    opbuf_free(b);
+    size_t cap = n <= SMALL_OPS ? SMALL_OPS : n;
+    size_t bytes = opbuf_bytes(cap);
+    void *p;
+    int mapped = cap > SMALL_OPS;
+    if (mapped) {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return -1;
+    } else {
+        p = malloc(bytes);
+        if (!p) return -1;
+    }
+    /* iovecs first (the base, and the strictest alignment), then statuses, then the wire ops */
+    b->iov = p;
+    b->status = (int32_t *)((uint8_t *)p + (cap + 2) * sizeof(struct iovec));
+    b->wire = (uint8_t *)(b->status + cap);
+    b->cap = cap;
+    b->bytes = bytes;
+    b->mapped = mapped;
+    return 0;
+}
+
+/* ------------------------------------------------------------- legacy: one blocking connection */
 
 static int recv_all(int fd, void *buf, size_t len) {
     uint8_t *p = buf;
@@ -103,7 +297,7 @@ static int recv_all(int fd, void *buf, size_t len) {
     return 0;
 }
 
-static int send_iov(int fd, struct iovec *iov, size_t cnt) {
+static int send_iov_blocking(int fd, struct iovec *iov, size_t cnt) {
     while (cnt) {
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt > SEND_IOV ? SEND_IOV : cnt};
         ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL);
@@ -125,20 +319,13 @@ static int send_iov(int fd, struct iovec *iov, size_t cnt) {
     return 0;
 }
 
-/* Called without the GIL: PyGILState takes it for this thread just for the call. */
-static void log_refusal(PyObject *log, const char *msg);
-
-/* Send a refusal; the caller decides whether the connection goes on. */
-static int refuse(int fd, uint64_t req_id, const char *reason) {
+static int refuse_blocking(int fd, uint64_t req_id, const char *reason) {
     uint8_t head[HEAD_BYTES + 4];
-    uint32_t code = 1, zero = 0, len = (uint32_t)strlen(reason);
-    memcpy(head, "PCRS", 4);
-    memcpy(head + 4, &code, 4);
-    memcpy(head + 8, &zero, 4);
-    memcpy(head + 12, &req_id, 8);
-    memcpy(head + 20, &len, 4);
+    uint32_t len = (uint32_t)strlen(reason);
+    fill_head(head, 1, 0, req_id);
+    memcpy(head + HEAD_BYTES, &len, 4);
     struct iovec iov[2] = {{head, sizeof head}, {(void *)reason, len}};
-    return send_iov(fd, iov, 2);
+    return send_iov_blocking(fd, iov, 2);
 }
 
 static void log_refusal(PyObject *log, const char *msg) {
@@ -150,16 +337,15 @@ static void log_refusal(PyObject *log, const char *msg) {
     PyGILState_Release(g);
 }
 
+/* serve_connection(fd, table, log): the former one-thread-per-connection
+ * loop, kept for callers of the module API; the data server uses serve(). */
 PyObject *pc_serve_connection(PyObject *mod, PyObject *args) {
     (void)mod;
     int fd;
     PyObject *table_o, *log;
     if (!PyArg_ParseTuple(args, "iO!O", &fd, &pc_RegionTableType, &table_o, &log)) return NULL;
     RegionTableObject *t = (RegionTableObject *)table_o;
-    size_t cap = 0;
-    uint8_t *wire = NULL;
-    int32_t *status = NULL;
-    struct iovec *iov = NULL;
+    opbuf b = {0};
     uint64_t served = 0;
     char why[256];
     Py_INCREF(t);
@@ -169,87 +355,405 @@ PyObject *pc_serve_connection(PyObject *mod, PyObject *args) {
         if (recv_all(fd, head, HEAD_BYTES) < 0) break;
         uint32_t n;
         uint64_t req_id;
-        memcpy(&n, head + 8, 4);
-        memcpy(&req_id, head + 12, 8);
-        if (memcmp(head, "PCRQ", 4) != 0) {
-            snprintf(why, sizeof why, "bad request magic %.4s; not a PeerCache client?", (const char *)head);
-            refuse(fd, req_id, why);
+        int fatal;
+        if (check_head(t, head, &n, &req_id, why, sizeof why, &fatal) < 0) {
             atomic_fetch_add(&t->refused, 1);
+            int rc = refuse_blocking(fd, req_id, why);
             log_refusal(log, why);
-            break;
+            if (fatal || rc < 0) break;
+            continue;
         }
-        if (n > MAX_OPS) {
-            snprintf(why, sizeof why, "%u ops in one request exceeds %u; split the batch", n, MAX_OPS);
-            refuse(fd, req_id, why);
-            atomic_fetch_add(&t->refused, 1);
-            log_refusal(log, why);
-            break;
-        }
-        if (n > cap) {
-            size_t c = n < 256 ? 256 : n;
-            uint8_t *w = realloc(wire, c * WIRE_OP_BYTES);
-            if (w) wire = w;
-            int32_t *s = realloc(status, c * 4);
-            if (s) status = s;
-            struct iovec *v = realloc(iov, (c + 2) * sizeof *iov);
-            if (v) iov = v;
-            if (!w || !s || !v) break;
-            cap = c;
-        }
-        if (n && recv_all(fd, wire, (size_t)n * WIRE_OP_BYTES) < 0) break;
-        size_t k = 2, bad = 0;
-        uint64_t total = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            const uint8_t *w = wire + (size_t)i * WIRE_OP_BYTES;
-            uint32_t region;
-            uint64_t rkey, off, len;
-            memcpy(&region, w, 4);
-            memcpy(&rkey, w + 8, 8);
-            memcpy(&off, w + 16, 8);
-            memcpy(&len, w + 24, 8);
-            Py_ssize_t r = 0;
-            while (r < t->n && t->ids[r] != region) r++;
-            if (r == t->n || t->rkeys[r] != rkey) { status[i] = PC_BAD_REGION; bad++; continue; }
-            uint64_t size = (uint64_t)t->views[r].len;
-            if (len == 0) { status[i] = PC_ZERO_LENGTH; bad++; continue; }
-            if (off > size || len > size - off) { status[i] = PC_OUT_OF_RANGE; bad++; continue; }
-            status[i] = PC_OK;
-            iov[k].iov_base = (uint8_t *)t->views[r].buf + off;
-            iov[k].iov_len = len;
-            total += len;
-            k++;
-        }
-        if (bad) {
-            atomic_fetch_add(&t->refused, bad);
-            snprintf(why, sizeof why, "tcp data server refused %zu of %u ops (bad region/key, zero "
-                     "length or out of range)", bad, n);
-            log_refusal(log, why);
-        }
+        if (opbuf_reserve(&b, n) < 0) break;
+        if (recv_all(fd, b.wire, (size_t)n * WIRE_OP_BYTES) < 0) break;
+        uint64_t total, bad[3] = {0, 0, 0};
+        size_t k = check_ops(t, b.wire, n, b.status, b.iov + 2, &total, bad);
+        count_bad(t, bad);
         if (total > MAX_REPLY_BYTES) {
-            snprintf(why, sizeof why, "request asks for %llu bytes, more than %llu; split the batch",
-                     (unsigned long long)total, MAX_REPLY_BYTES);
-            if (refuse(fd, req_id, why) < 0) break;
+            too_large(t, total, why, sizeof why);
             atomic_fetch_add(&t->refused, 1);
+            if (refuse_blocking(fd, req_id, why) < 0) break;
             log_refusal(log, why);
             continue;
         }
         uint8_t rhead[HEAD_BYTES];
-        uint32_t zero = 0;
-        memcpy(rhead, "PCRS", 4);
-        memcpy(rhead + 4, &zero, 4);
-        memcpy(rhead + 8, &n, 4);
-        memcpy(rhead + 12, &req_id, 8);
-        iov[0].iov_base = rhead;
-        iov[0].iov_len = HEAD_BYTES;
-        iov[1].iov_base = status;
-        iov[1].iov_len = (size_t)n * 4;
-        if (send_iov(fd, iov, k) < 0) break;
+        fill_head(rhead, 0, n, req_id);
+        b.iov[0] = (struct iovec){rhead, HEAD_BYTES};
+        b.iov[1] = (struct iovec){b.status, (size_t)n * 4};
+        if (send_iov_blocking(fd, b.iov, k + 2) < 0) break;
         served++;
+        count(t, ST_SERVED, 1);
+        if (b.mapped) opbuf_free(&b);
     }
     Py_END_ALLOW_THREADS
-    free(wire);
-    free(status);
-    free(iov);
+    opbuf_free(&b);
     Py_DECREF(t);
     return PyLong_FromUnsignedLongLong(served);
 }
+
+/* ------------------------------------------------------------- the event loop */
+
+enum { C_HEAD, C_BODY, C_SEND };
+enum { STAGE_GREETING, STAGE_SERVING };
+
+typedef struct conn {
+    struct conn *prev, *next;
+    int fd;
+    int state;           /* C_HEAD, C_BODY or C_SEND */
+    int stage;           /* STAGE_GREETING until greet() accepted the first message */
+    int close_after;     /* framing lost: close once the refusal is out */
+    int refusal;         /* the reply under way is a refusal */
+    int polling_out;     /* registered for EPOLLOUT (a reply is waiting for room) */
+    size_t got;          /* bytes of the current header or body received */
+    uint32_t n;
+    uint64_t req_id;
+    double deadline;     /* idle, request or send-progress deadline (monotonic s) */
+    struct iovec *cur;   /* reply still to send */
+    size_t left;
+    opbuf b;
+    uint8_t head[HEAD_BYTES];
+    uint8_t rhead[HEAD_BYTES + 4];
+    struct iovec riov[2];
+    char why[200];
+} conn;
+
+typedef struct worker {
+    RegionTableObject *t;
+    int ep, lfd, stopfd;
+    long max_conns;
+    double idle_s, request_s, tick_s;
+    conn *conns;
+    int listening;
+    double resume_at, backoff;
+} worker;
+
+static char LISTEN_TAG, STOP_TAG;
+
+static double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void conn_close(worker *w, conn *c) {
+    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->prev) c->prev->next = c->next;
+    else w->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    opbuf_free(&c->b);
+    free(c);
+    atomic_fetch_sub(&w->t->nconns, 1);
+}
+
+static int want(worker *w, conn *c, int out) {
+    if (c->polling_out == out) return 0;
+    struct epoll_event ev = {.events = out ? EPOLLOUT : EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(w->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0) return -1;
+    c->polling_out = out;
+    return 0;
+}
+
+/* The first message of a connection. This is where a hello carrying the
+ * cluster token will be checked (and answered) before anything is served;
+ * until then every connection is admitted and its first message is an
+ * ordinary request. 0: go on with the message as a request. */
+static int greet(worker *w, conn *c) {
+    (void)w;
+    c->stage = STAGE_SERVING;
+    return 0;
+}
+
+static void start_refusal(conn *c, const char *why, int fatal) {
+    if (why != c->why) snprintf(c->why, sizeof c->why, "%s", why);
+    uint32_t len = (uint32_t)strlen(c->why);
+    fill_head(c->rhead, 1, 0, c->req_id);
+    memcpy(c->rhead + HEAD_BYTES, &len, 4);
+    c->riov[0] = (struct iovec){c->rhead, HEAD_BYTES + 4};
+    c->riov[1] = (struct iovec){c->why, len};
+    c->cur = c->riov;
+    c->left = 2;
+    c->close_after = fatal;
+    c->refusal = 1;
+    c->state = C_SEND;
+}
+
+/* Body complete: check the ops and set up the reply. */
+static void start_reply(worker *w, conn *c) {
+    RegionTableObject *t = w->t;
+    uint64_t total, bad[3] = {0, 0, 0};
+    size_t k = check_ops(t, c->b.wire, c->n, c->b.status, c->b.iov + 2, &total, bad);
+    count_bad(t, bad);
+    if (total > MAX_REPLY_BYTES) {
+        too_large(t, total, c->why, sizeof c->why);
+        atomic_fetch_add(&t->refused, 1);
+        start_refusal(c, c->why, 0);
+        return;
+    }
+    fill_head(c->rhead, 0, c->n, c->req_id);
+    c->b.iov[0] = (struct iovec){c->rhead, HEAD_BYTES};
+    c->b.iov[1] = (struct iovec){c->b.status, (size_t)c->n * 4};
+    c->cur = c->b.iov;
+    c->left = k + 2;
+    c->close_after = 0;
+    c->refusal = 0;
+    c->state = C_SEND;
+}
+
+/* Header complete. */
+static void on_head(worker *w, conn *c) {
+    int fatal;
+    if (c->stage == STAGE_GREETING && greet(w, c) < 0) return;
+    if (check_head(w->t, c->head, &c->n, &c->req_id, c->why, sizeof c->why, &fatal) < 0) {
+        atomic_fetch_add(&w->t->refused, 1);
+        start_refusal(c, c->why, fatal);
+        return;
+    }
+    if (opbuf_reserve(&c->b, c->n) < 0) {
+        count(w->t, ST_NOMEM, 1);
+        start_refusal(c, "the data server is out of memory", 1);
+        return;
+    }
+    c->state = C_BODY;
+    c->got = 0;
+}
+
+/* Send what the socket takes: 1 reply out, 0 wait for room, -1 close. */
+static int conn_send(worker *w, conn *c, double now) {
+    while (c->left) {
+        struct msghdr mh = {.msg_iov = c->cur, .msg_iovlen = c->left > SEND_IOV ? SEND_IOV : c->left};
+        ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            return -1;
+        }
+        c->deadline = now + w->request_s;  /* progress */
+        size_t sent = (size_t)k;
+        while (c->left && sent >= c->cur->iov_len) {
+            sent -= c->cur->iov_len;
+            c->cur++;
+            c->left--;
+        }
+        if (c->left) {
+            c->cur->iov_base = (uint8_t *)c->cur->iov_base + sent;
+            c->cur->iov_len -= sent;
+        }
+    }
+    return 1;
+}
+
+/* Work on c until it would block: 0 keep it, -1 close it. */
+static int conn_run(worker *w, conn *c, double now) {
+    for (int done = 0; done < REQ_BURST;) {
+        if (c->state == C_SEND) {
+            int r = conn_send(w, c, now);
+            if (r < 0) return -1;
+            if (r == 0) return want(w, c, 1);
+            if (c->close_after) return -1;
+            if (c->b.mapped) opbuf_free(&c->b);
+            if (!c->refusal) count(w->t, ST_SERVED, 1);
+            c->state = C_HEAD;
+            c->got = 0;
+            c->deadline = now + w->idle_s;
+            done++;
+            if (want(w, c, 0) < 0) return -1;
+            continue;
+        }
+        uint8_t *dst;
+        size_t need;
+        if (c->state == C_HEAD) {
+            dst = c->head + c->got;
+            need = HEAD_BYTES - c->got;
+        } else {
+            dst = c->b.wire + c->got;
+            need = (size_t)c->n * WIRE_OP_BYTES - c->got;
+        }
+        ssize_t k = recv(c->fd, dst, need, MSG_DONTWAIT);
+        if (k == 0) return -1;
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            return -1;
+        }
+        if (c->state == C_HEAD && c->got == 0) c->deadline = now + w->request_s;  /* a request began */
+        c->got += (size_t)k;
+        if ((size_t)k < need) continue;
+        if (c->state == C_HEAD) {
+            on_head(w, c);
+        } else {
+            start_reply(w, c);
+        }
+    }
+    return 0;  /* more may be queued: level-triggered epoll calls again */
+}
+
+static void do_accept(worker *w, double now) {
+    RegionTableObject *t = w->t;
+    for (int i = 0; i < ACCEPT_BURST; i++) {
+        int fd = accept4(w->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK) return;
+            /* errors of the one connection that was pending: try the next one */
+            if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == EPERM || e == ENETDOWN ||
+                e == ENOPROTOOPT || e == EHOSTDOWN || e == ENONET || e == EHOSTUNREACH ||
+                e == EOPNOTSUPP || e == ENETUNREACH)
+                continue;
+            /* out of fds or memory: stop polling the listener for a while, never for good */
+            count(t, ST_ACCEPT_ERRORS, 1);
+            atomic_store(&t->accept_errno, e);
+            atomic_store(&t->accept_failing, 1);
+            epoll_ctl(w->ep, EPOLL_CTL_DEL, w->lfd, NULL);
+            w->listening = 0;
+            w->resume_at = now + w->backoff;
+            w->backoff = w->backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : w->backoff * 2;
+            return;
+        }
+        w->backoff = BACKOFF_MIN;
+        if (atomic_load_explicit(&t->accept_failing, memory_order_relaxed))
+            atomic_store(&t->accept_failing, 0);
+        if (atomic_fetch_add(&t->nconns, 1) >= w->max_conns) {
+            atomic_fetch_sub(&t->nconns, 1);
+            close(fd);
+            count(t, ST_CONN_OVER_LIMIT, 1);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn *c = calloc(1, sizeof *c);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (!c || epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            count(t, ST_NOMEM, 1);
+            free(c);
+            close(fd);
+            atomic_fetch_sub(&t->nconns, 1);
+            continue;
+        }
+        c->fd = fd;
+        c->state = C_HEAD;
+        c->stage = STAGE_GREETING;
+        c->deadline = now + w->idle_s;
+        c->next = w->conns;
+        if (w->conns) w->conns->prev = c;
+        w->conns = c;
+        count(t, ST_ACCEPTED, 1);
+    }
+}
+
+static int listen_on(worker *w) {
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = &LISTEN_TAG};
+    if (epoll_ctl(w->ep, EPOLL_CTL_ADD, w->lfd, &ev) < 0) return -1;
+    w->listening = 1;
+    return 0;
+}
+
+static void expire(worker *w, double now) {
+    for (conn *c = w->conns, *next; c; c = next) {
+        next = c->next;
+        if (now < c->deadline) continue;
+        count(w->t, c->state == C_HEAD && c->got == 0 ? ST_CONN_IDLE : ST_CONN_SLOW, 1);
+        conn_close(w, c);
+    }
+}
+
+/* RegionTable.serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout) */
+static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
+    worker w = {.t = t, .backoff = BACKOFF_MIN};
+    if (!PyArg_ParseTuple(args, "iildd", &w.lfd, &w.stopfd, &w.max_conns, &w.idle_s, &w.request_s))
+        return NULL;
+    if (w.max_conns < 1 || !(w.idle_s > 0) || !(w.request_s > 0))
+        return PyErr_Format(PyExc_ValueError, "max_connections, idle_timeout and request_timeout must "
+                            "be positive");
+    double least = w.idle_s < w.request_s ? w.idle_s : w.request_s;
+    w.tick_s = least / 8 < 0.005 ? 0.005 : (least / 8 > 0.25 ? 0.25 : least / 8);
+    w.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (w.ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &STOP_TAG};
+    if (epoll_ctl(w.ep, EPOLL_CTL_ADD, w.stopfd, &sev) < 0 || listen_on(&w) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        close(w.ep);
+        return NULL;
+    }
+    Py_INCREF(t);
+    Py_BEGIN_ALLOW_THREADS
+    struct epoll_event evs[EVENTS];
+    double now = mono(), next_scan = now + w.tick_s;
+    for (int stop = 0; !stop;) {
+        double until = next_scan;
+        if (!w.listening && w.resume_at < until) until = w.resume_at;
+        int ms = (int)((until - now) * 1000) + 1;
+        int got = epoll_wait(w.ep, evs, EVENTS, ms < 1 ? 1 : ms);
+        now = mono();
+        for (int i = 0; i < got; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &STOP_TAG) { stop = 1; break; }
+            if (p == &LISTEN_TAG) { do_accept(&w, now); continue; }
+            conn *c = p;
+            if ((evs[i].events & (EPOLLERR | EPOLLHUP)) && !(evs[i].events & EPOLLIN)) {
+                conn_close(&w, c);
+                continue;
+            }
+            if (conn_run(&w, c, now) < 0) conn_close(&w, c);
+        }
+        if (!w.listening && now >= w.resume_at && listen_on(&w) < 0) w.resume_at = now + w.backoff;
+        if (now >= next_scan) {
+            expire(&w, now);
+            next_scan = now + w.tick_s;
+        }
+    }
+    while (w.conns) conn_close(&w, w.conns);
+    close(w.ep);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *RegionTable_stats(RegionTableObject *t, PyObject *unused) {
+    (void)unused;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int i = 0; i < N_STATS; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(atomic_load(&t->stats[i]));
+        if (!v || PyDict_SetItemString(d, stat_names[i], v) < 0) { Py_XDECREF(v); Py_DECREF(d); return NULL; }
+        Py_DECREF(v);
+    }
+    PyObject *c = PyLong_FromLong(atomic_load(&t->nconns));
+    PyObject *e = PyLong_FromLong(atomic_load(&t->accept_errno));
+    PyObject *f = PyBool_FromLong(atomic_load(&t->accept_failing));
+    int bad = !c || !e || !f || PyDict_SetItemString(d, "connections", c) < 0 ||
+              PyDict_SetItemString(d, "accept_errno", e) < 0 || PyDict_SetItemString(d, "accept_failing", f) < 0;
+    Py_XDECREF(c);
+    Py_XDECREF(e);
+    Py_XDECREF(f);
+    if (bad) { Py_DECREF(d); return NULL; }
+    return d;
+}
+
+static PyMethodDef RegionTable_methods[] = {
+    {"serve", (PyCFunction)RegionTable_serve, METH_VARARGS,
+     "serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout): one worker of the "
+     "data server; accepts on the non-blocking listen_fd (shared by all workers) and serves its "
+     "connections without the GIL until stop_fd becomes readable, then closes them."},
+    {"stats", (PyCFunction)RegionTable_stats, METH_NOARGS,
+     "stats() -> dict of the counters of every worker of this table (accepted, served, refusals "
+     "by kind, connections closed idle or slow, accept errors, open connections)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef RegionTable_getset[] = {
+    {"refused", (getter)RegionTable_get_refused, NULL, "Ops and requests refused so far.", NULL},
+    {"connections", (getter)RegionTable_get_connections, NULL, "Connections open now.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject pc_RegionTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "peercache._native.RegionTable",
+    .tp_basicsize = sizeof(RegionTableObject),
+    .tp_dealloc = (destructor)RegionTable_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RegionTable([(id, rkey, buffer), ...]): what a native data server may serve.",
+    .tp_new = RegionTable_new,
+    .tp_methods = RegionTable_methods,
+    .tp_getset = RegionTable_getset,
+};

@@ -101,7 +101,9 @@ static int dial(tcp_conn *c, char *err, size_t errlen) {
     return fd;
 }
 
-static int acquire(tcp_conn *c, char *err, size_t errlen) {
+/* A channel: a pooled one (*pooled = 1; the server may have closed it while
+ * it sat idle) or a new one. */
+static int acquire(tcp_conn *c, int *pooled, char *err, size_t errlen) {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     double wait = c->timeout_s * 4;
@@ -113,10 +115,12 @@ static int acquire(tcp_conn *c, char *err, size_t errlen) {
         if (c->nidle > 0) {
             int fd = c->idle[--c->nidle];
             pthread_mutex_unlock(&c->mu);
+            *pooled = 1;
             return fd;
         }
         if (c->nopen < c->max_channels) {
             c->nopen++;
+            *pooled = 0;
             pthread_mutex_unlock(&c->mu);
             int fd = dial(c, err, errlen);
             if (fd < 0) {
@@ -212,6 +216,19 @@ static int recv_all(int fd, uint8_t *buf, size_t len) {
     return 0;
 }
 
+/* The header of a reply: -4 (errno ECONNRESET) when the peer closed before
+ * sending any of it, as a server does with a connection idle too long. */
+static int recv_reply_head(int fd, uint8_t *head) {
+    ssize_t k;
+    do k = recv(fd, head, HEAD_BYTES, 0); while (k < 0 && errno == EINTR);
+    if (k == 0 || (k < 0 && (errno == ECONNRESET || errno == EPIPE))) {
+        errno = ECONNRESET;
+        return -4;
+    }
+    if (k < 0) return -1;
+    return recv_all(fd, head + k, HEAD_BYTES - (size_t)k);
+}
+
 /* Receive into the iovec list, advancing over partial reads. */
 static int recv_iov(int fd, struct iovec *iov, int cnt) {
     while (cnt > 0) {
@@ -267,11 +284,13 @@ static int send_chunk(int fd, const pc_op *ops, const chunk *ch) {
     return send_all(fd, buf, (size_t)(w - buf));
 }
 
-/* 0 ok; -1 socket failure (errno); -2 protocol error (err set); -3 refused (err set). */
+/* 0 ok; -1 socket failure (errno); -2 protocol error (err set); -3 refused (err set);
+ * -4 the peer closed the connection before replying (errno). */
 static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, const pc_local *locals,
                       int32_t *status, char *err, size_t errlen) {
     uint8_t head[HEAD_BYTES];
-    if (recv_all(fd, head, HEAD_BYTES) < 0) return -1;
+    int hr = recv_reply_head(fd, head);
+    if (hr < 0) return hr;
     uint32_t code, m;
     uint64_t rid;
     memcpy(&code, head + 4, 4);
@@ -318,15 +337,18 @@ static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *l
                           int32_t *status, char *err, size_t errlen) {
     tcp_conn *c = p;
     (void)nlocals;
-    int fd = acquire(c, err, errlen);
+    int pooled = 0;
+    int fd = acquire(c, &pooled, err, errlen);
     if (fd < 0) {
         for (size_t i = 0; i < n; i++) status[i] = fd == -1 ? PC_PEER_GONE : PC_CONNECTION;
         return -1;
     }
     chunk win[WINDOW];
-    size_t head = 0, tail = 0;  /* chunks [tail, head) are in flight, ring-indexed */
-    size_t next = 0, done = 0;
-    int rc = 0;
+    size_t head, tail, next, done;
+    int rc;
+again:
+    head = tail = next = done = 0;  /* chunks [tail, head) are in flight, ring-indexed */
+    rc = 0;
     while (done < n) {
         while (next < n && head - tail < WINDOW) {
             chunk *ch = &win[head % WINDOW];
@@ -334,6 +356,7 @@ static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *l
             ch->end = chunk_end(ops, next, n);
             ch->req_id = atomic_fetch_add(&c->next_req, 1);
             if (send_chunk(fd, ops, ch) < 0) {
+                if (pooled && tail == 0 && (errno == EPIPE || errno == ECONNRESET)) goto redial;
                 snprintf(err, errlen, "sending a read request to %s:%s failed: %s", c->host, c->port,
                          errno == EAGAIN ? "timed out" : strerror(errno));
                 rc = -1;
@@ -344,7 +367,8 @@ static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *l
         }
         chunk *ch = &win[tail % WINDOW];
         int r = recv_chunk(c, fd, ops, ch, locals, status, err, errlen);
-        if (r == -1) {
+        if (r == -4 && pooled && tail == 0) goto redial;
+        if (r == -1 || r == -4) {
             snprintf(err, errlen, "reading a reply from %s:%s failed: %s", c->host, c->port,
                      errno == EAGAIN ? "timed out" : strerror(errno));
         }
@@ -357,6 +381,22 @@ static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *l
     }
     release(c, fd, 1);
     return 0;
+redial:
+    /* A pooled channel the server closed while it sat idle (nothing of this
+     * batch was received): the same batch once more, on a new connection in
+     * the same slot. */
+    close(fd);
+    pooled = 0;
+    fd = dial(c, err, errlen);
+    if (fd < 0) {
+        pthread_mutex_lock(&c->mu);
+        c->nopen--;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        for (size_t i = 0; i < n; i++) status[i] = PC_PEER_GONE;
+        return -1;
+    }
+    goto again;
 fail:
     /* Framing is lost for this channel: every op without a confirmed payload fails. */
     for (size_t i = done; i < n; i++) status[i] = rc == -3 ? PC_REFUSED : PC_CONNECTION;

@@ -2,9 +2,9 @@
 
 The producer's data server knows nothing of keys: it checks that each
 requested range lies inside an exposed region with the right key and sends
-the bytes. Anything else gets an error status, is logged, and the server
-keeps serving. This is for functional checks across hosts, never a
-performance claim for RDMA.
+the bytes. Anything else gets an error status, is counted (and logged in
+rate-limited summaries), and the server keeps serving. This is for
+functional checks across hosts, never a performance claim for RDMA.
 
 Wire format (little endian)::
 
@@ -13,14 +13,32 @@ Wire format (little endian)::
     reply   : "PCRS" u32 code, u32 n, u64 req_id, then n x i32 status and the
               payloads of the ok ops in order; code != 0 means the whole
               request was refused and a u32-length UTF-8 reason follows.
+
+A request without ops or one asking for more than MAX_REPLY_BYTES is refused
+whole and the connection goes on; a bad magic or more than MAX_OPS ops loses
+the framing, so the refusal is followed by a close. The server holds at most
+``max_connections`` connections (one more is closed at once), closes one
+idle for ``idle_timeout``, and one whose request does not arrive whole, or
+whose reply makes no progress, within ``request_timeout``; clients redial a
+pooled channel the server closed while it sat idle. Refusals are counted and
+logged as one summary line per ``log_interval``.
+
+Every connection starts in a greeting stage: its first message goes through
+``_Server._greet`` (``greet()`` in the native loop), the place where a hello
+carrying a cluster token is to be checked before any request is served.
+Today every connection is admitted and its first message is a request.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
+import selectors
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -76,14 +94,169 @@ def send_iov(sock: socket.socket, bufs: list) -> None:
                 sent = 0
 
 
+#: Limits of the data server (TcpTransport arguments). A process started by another tool can
+#: change the defaults with PEERCACHE_TCP_MAX_CONNECTIONS, PEERCACHE_TCP_IDLE_TIMEOUT,
+#: PEERCACHE_TCP_REQUEST_TIMEOUT, PEERCACHE_TCP_SERVER_WORKERS and PEERCACHE_TCP_LOG_INTERVAL.
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_IDLE_TIMEOUT = 60.0      #: s without a request before a connection is closed
+DEFAULT_REQUEST_TIMEOUT = 10.0   #: s for a request to arrive whole, and between two reply sends
+DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
+LISTEN_BACKLOG = 512
+_ACCEPT_BURST = 64
+_REQ_BURST = 16
+_BACKOFF_MIN, _BACKOFF_MAX = 0.010, 0.100
+#: accept() errors that concern only the connection that was pending: try the next one.
+_ACCEPT_RETRY = {errno.EINTR, errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ENETDOWN,
+                 errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH,
+                 errno.EOPNOTSUPP, errno.ENETUNREACH}
+
+#: The counters of both serving loops (the native one: RegionTable.stats()).
+STAT_NAMES = ("accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
+              "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
+              "conn_idle", "conn_slow", "accept_errors", "nomem")
+#: Counters of refused ops and requests: the ``refused`` total.
+_REFUSALS = ("ops_bad_region", "ops_out_of_range", "ops_zero_length", "req_bad_magic",
+             "req_too_many_ops", "req_no_ops", "req_too_large")
+
+
+def _env_default(name: str, value, kind):
+    raw = os.environ.get(name)
+    if not raw:
+        return value
+    try:
+        return kind(raw)
+    except ValueError:
+        raise TransportError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+class _Reporter:
+    """Turns the server's counters into rate-limited log lines.
+
+    Refusals and dropped connections: one WARNING line per interval at most,
+    with the counts by kind (the first right away, within a poll period).
+    Accept failures: one WARNING when they start, one INFO when accepting
+    works again, whatever their number.
+    """
+
+    POLL = 0.25
+
+    def __init__(self, stats, interval: float, limits: dict):
+        self._stats = stats
+        self.interval = interval
+        self._limits = limits
+        self._logged = dict.fromkeys(STAT_NAMES, 0)
+        self._last_log = float("-inf")   # the first refusal is logged at once
+        self._since = time.monotonic()   # start of the span the next summary covers
+        self._accept_warned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tcp-data-log", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(self.POLL, self.interval)):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - the reporter must not die
+                log.exception("tcp data server: reporting failed")
+
+    def poll(self, final: bool = False) -> None:
+        s = self._stats()
+        now = time.monotonic()
+        d = {k: s[k] - self._logged[k] for k in STAT_NAMES}
+        kinds = [("ops_bad_region", "ops with a bad region or key"),
+                 ("ops_out_of_range", "ops out of range"),
+                 ("ops_zero_length", "zero-length ops"),
+                 ("req_no_ops", "requests without ops"),
+                 ("req_too_large", f"requests for more than {MAX_REPLY_BYTES} bytes"),
+                 ("req_bad_magic", "requests with a bad magic (connection closed)"),
+                 ("req_too_many_ops", f"requests of more than {MAX_OPS} ops (connection closed)"),
+                 ("conn_slow", f"connections closed for a request or reply slower than "
+                               f"{self._limits['request_timeout']:g} s"),
+                 ("conn_over_limit", f"connections over the {self._limits['max_connections']}-connection "
+                                     "limit closed at once"),
+                 ("nomem", "connections closed out of memory")]
+        parts = [f"{d[k]} {what}" for k, what in kinds if d[k]]
+        if parts and (final or now - self._last_log >= self.interval):
+            log.warning("tcp data server refused in the last %.1f s: %s", now - self._since, ", ".join(parts))
+            for k, _ in kinds:
+                self._logged[k] = s[k]
+            self._last_log = self._since = now
+        elif not parts:
+            self._since = now
+        if d["conn_idle"]:
+            log.debug("tcp data server closed %d idle connections", d["conn_idle"])
+            self._logged["conn_idle"] = s["conn_idle"]
+        errs = d["accept_errors"]
+        why = os.strerror(s["accept_errno"]) if s["accept_errno"] else "?"
+        if errs and not self._accept_warned:
+            if s["accept_failing"]:
+                log.warning("tcp data server cannot accept connections: %s; retrying every %d-%d ms "
+                            "(logged once until it recovers)", why, _BACKOFF_MIN * 1000, _BACKOFF_MAX * 1000)
+                self._accept_warned = True  # the count goes with the recovery line
+            else:
+                log.warning("tcp data server could not accept connections %d times (%s), and accepts "
+                            "again", errs, why)
+                self._logged["accept_errors"] = s["accept_errors"]
+        elif self._accept_warned and not s["accept_failing"]:
+            log.info("tcp data server accepts connections again, after %d failed accept calls (%s)",
+                     errs, why)
+            self._accept_warned = False
+            self._logged["accept_errors"] = s["accept_errors"]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.poll(final=True)
+
+
+_HEAD_WAIT, _BODY_WAIT = 0, 1
+
+
+class _Conn:
+    """One connection of the Python serving loop."""
+
+    __slots__ = ("sock", "state", "buf", "need", "n", "req_id", "deadline", "out", "oi",
+                 "close_after", "refusal", "greeted", "writing")
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.state = _HEAD_WAIT
+        self.buf = bytearray()
+        self.need = HEAD.size
+        self.n = self.req_id = 0
+        self.deadline = deadline
+        self.out: list | None = None      # reply views still to send
+        self.oi = 0
+        self.close_after = self.refusal = self.greeted = self.writing = False
+
+
 class _Server:
-    """Accepts data connections and serves range reads, one thread per connection."""
+    """Accepts data connections and serves range reads without a thread per connection.
+
+    The native loop: ``workers`` threads, each running ``RegionTable.serve``
+    (epoll, no GIL) on the shared non-blocking listening socket. The Python
+    loop (the reference, and the fallback without the native module): one
+    thread with a selector. Both bound the open connections, close idle and
+    slow ones, keep accepting after accept errors (backing off 10-100 ms),
+    count what they refuse, and leave the logging to a :class:`_Reporter`.
+    """
 
     def __init__(self, regions: dict[int, tuple[memoryview, int]], bind_host: str, port: int,
-                 native: bool | None = None):
+                 native: bool | None = None, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 workers: int | None = None, log_interval: float = DEFAULT_LOG_INTERVAL):
+        if max_connections < 1 or not idle_timeout > 0 or not request_timeout > 0 or not log_interval > 0:
+            raise TransportError("tcp data server limits must be positive: max_connections="
+                                 f"{max_connections}, idle_timeout={idle_timeout}, "
+                                 f"request_timeout={request_timeout}, log_interval={log_interval}")
         self.regions = regions
+        self.max_connections = int(max_connections)
+        self.idle_timeout = float(idle_timeout)
+        self.request_timeout = float(request_timeout)
         mod, _ = native_module()
-        #: the native per-connection loop, when built (no GIL, no Python per request)
+        #: the native serving loop, when built (no GIL, no Python per request)
         self._mod = mod if native is not False else None
         self._table = None if self._mod is None else self._mod.RegionTable(
             [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()])
@@ -95,86 +268,253 @@ class _Server:
         except OSError as e:
             self.lsock.close()
             raise TransportError(f"tcp data server cannot bind {bind_host}:{port}: {e}") from e
-        self.lsock.listen(128)
+        self.lsock.listen(LISTEN_BACKLOG)
+        self.lsock.setblocking(False)
         self.port = self.lsock.getsockname()[1]
-        self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self.refused = 0
-        # Set before the thread starts: close() may run before it is scheduled.
-        self.lsock.settimeout(0.2)
-        self._thread = threading.Thread(target=self._accept, name="tcp-data-accept", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return  # listening socket closed by close()
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="tcp-data-conn", daemon=True).start()
-
-    def _refuse(self, conn: socket.socket, req_id: int, reason: str) -> None:
-        self.refused += 1
-        log.warning("tcp data server refused a request: %s", reason)
-        msg = reason.encode()
-        send_iov(conn, [HEAD.pack(REP_MAGIC, 1, 0, req_id), struct.pack("<I", len(msg)), msg])
-
-    def _serve(self, conn: socket.socket) -> None:
+        # Readable once close() wrote to it: wakes every worker.
+        self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._stats = dict.fromkeys(STAT_NAMES, 0)
+        self._accept_errno = 0
+        self._accept_failing = False
+        self._nconns = 0
+        self.refused = 0  # refusals counted outside the serving loops (check() called directly)
         if self._table is not None:
-            try:
-                conn.setblocking(True)
-                self._mod.serve_connection(conn.fileno(), self._table, self._log_refusal)
-            finally:
-                with self._lock:
-                    self._conns.discard(conn)
-                conn.close()
-            return
-        try:
-            while not self._stop.is_set():
-                try:
-                    head = recv_exact(conn, HEAD.size)
-                except ConnectionError:
-                    return
-                magic, _flags, n, req_id = HEAD.unpack(head)
-                if magic != REQ_MAGIC:
-                    # Framing is lost: say why, then drop only this connection.
-                    self._refuse(conn, req_id, f"bad request magic {magic!r}; not a PeerCache client?")
-                    return
-                if n > MAX_OPS:
-                    self._refuse(conn, req_id, f"{n} ops in one request exceeds {MAX_OPS}; split the batch")
-                    return
-                wire = np.frombuffer(recv_exact(conn, n * WIRE_OP.itemsize), dtype=WIRE_OP)
-                status, views = self.check(wire)
-                total = sum(len(v) for v in views)
-                if total > MAX_REPLY_BYTES:
-                    self._refuse(conn, req_id, f"request asks for {total} bytes, more than "
-                                 f"{MAX_REPLY_BYTES}; split the batch")
-                    continue
-                send_iov(conn, [HEAD.pack(REP_MAGIC, 0, n, req_id), status, *views])
-        except (OSError, ConnectionError) as e:
-            log.info("tcp data connection closed: %s", e)
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
+            n = int(workers or min(4, os.cpu_count() or 1))
+            self._threads = [threading.Thread(target=self._native_worker, name=f"tcp-data-{i}", daemon=True)
+                             for i in range(max(1, n))]
+        else:
+            self._threads = [threading.Thread(target=self._py_loop, name="tcp-data", daemon=True)]
+        self._reporter = _Reporter(self.stats, log_interval, {"max_connections": self.max_connections,
+                                                              "request_timeout": self.request_timeout})
+        for t in self._threads:
+            t.start()
+        self._reporter.start()
 
-    @staticmethod
-    def _log_refusal(reason: str) -> None:
-        log.warning("tcp data server refused a request: %s", reason)
+    # ---------------------------------------------------------------- counters
+
+    def stats(self) -> dict:
+        """Counters of the serving loop (see STAT_NAMES), open connections, accept state."""
+        if self._table is not None:
+            return self._table.stats()
+        return {**self._stats, "connections": self._nconns, "accept_errno": self._accept_errno,
+                "accept_failing": self._accept_failing}
 
     @property
     def refused_total(self) -> int:
-        """Ops refused by either serving loop."""
-        return self.refused + (int(self._table.refused) if self._table is not None else 0)
+        """Ops and requests refused by the serving loop."""
+        s = self.stats()
+        return self.refused + sum(s[k] for k in _REFUSALS)
+
+    # ---------------------------------------------------------------- native loop
+
+    def _native_worker(self) -> None:
+        try:
+            self._table.serve(self.lsock.fileno(), self._stop_r, self.max_connections, self.idle_timeout,
+                              self.request_timeout)
+        except Exception:  # noqa: BLE001 - say why this worker is gone
+            log.exception("tcp data server worker failed")
+
+    # ---------------------------------------------------------------- Python loop
+
+    def _py_loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.lsock, selectors.EVENT_READ, "listen")
+        sel.register(self._stop_r, selectors.EVENT_READ, "stop")
+        conns: set[_Conn] = set()
+        listening, resume_at, backoff = True, 0.0, _BACKOFF_MIN
+        tick = min(0.25, max(0.005, min(self.idle_timeout, self.request_timeout) / 8))
+        next_scan = time.monotonic() + tick
+        try:
+            while True:
+                now = time.monotonic()
+                until = next_scan if listening else min(next_scan, resume_at)
+                events = sel.select(max(0.0, until - now))
+                now = time.monotonic()
+                for key, _mask in events:
+                    c = key.data
+                    if c == "stop":
+                        return
+                    if c == "listen":
+                        err = self._py_accept(sel, conns, now)
+                        if err:  # out of fds or memory: stop polling the listener for a while
+                            sel.unregister(self.lsock)
+                            listening, resume_at = False, now + backoff
+                            backoff = min(backoff * 2, _BACKOFF_MAX)
+                        else:
+                            backoff = _BACKOFF_MIN
+                        continue
+                    try:
+                        keep = self._py_run(sel, c, now)
+                    except OSError:
+                        keep = False
+                    if not keep:
+                        self._py_close(sel, conns, c)
+                if not listening and now >= resume_at:
+                    sel.register(self.lsock, selectors.EVENT_READ, "listen")
+                    listening = True
+                if now >= next_scan:
+                    for c in [c for c in conns if now >= c.deadline]:
+                        idle = c.state == _HEAD_WAIT and not c.buf and c.out is None
+                        self._stats["conn_idle" if idle else "conn_slow"] += 1
+                        self._py_close(sel, conns, c)
+                    next_scan = now + tick
+        except Exception:  # noqa: BLE001
+            log.exception("tcp data server loop failed")
+        finally:
+            for c in list(conns):
+                self._py_close(sel, conns, c)
+            sel.close()
+
+    def _py_accept(self, sel, conns: set, now: float) -> bool:
+        """Accept what is pending; True when accept failed for lack of fds or memory."""
+        for _ in range(_ACCEPT_BURST):
+            try:
+                sock, _ = self.lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError as e:
+                if e.errno in _ACCEPT_RETRY:
+                    continue
+                self._stats["accept_errors"] += 1
+                self._accept_errno = e.errno or 0
+                self._accept_failing = True
+                return True
+            self._accept_failing = False
+            if len(conns) >= self.max_connections:
+                sock.close()
+                self._stats["conn_over_limit"] += 1
+                continue
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                c = _Conn(sock, now + self.idle_timeout)
+                sel.register(sock, selectors.EVENT_READ, c)
+            except OSError:
+                sock.close()
+                continue
+            conns.add(c)
+            self._nconns = len(conns)
+            self._stats["accepted"] += 1
+        return False
+
+    def _py_close(self, sel, conns: set, c: _Conn) -> None:
+        try:
+            sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        conns.discard(c)
+        self._nconns = len(conns)
+
+    def _py_run(self, sel, c: _Conn, now: float) -> bool:
+        """Work on ``c`` until it would block; False: close it."""
+        done = 0
+        while done < _REQ_BURST:
+            if c.out is not None:
+                if not self._py_send(c, now):
+                    if not c.writing:
+                        sel.modify(c.sock, selectors.EVENT_WRITE, c)
+                        c.writing = True
+                    return True
+                if c.close_after:
+                    return False
+                if not c.refusal:
+                    self._stats["served"] += 1
+                c.out, c.state, c.buf, c.need = None, _HEAD_WAIT, bytearray(), HEAD.size
+                c.deadline = now + self.idle_timeout
+                if c.writing:
+                    sel.modify(c.sock, selectors.EVENT_READ, c)
+                    c.writing = False
+                done += 1
+                continue
+            try:
+                data = c.sock.recv(min(c.need - len(c.buf), 1 << 18))
+            except (BlockingIOError, InterruptedError):
+                return True
+            if not data:
+                return False
+            if c.state == _HEAD_WAIT and not c.buf:
+                c.deadline = now + self.request_timeout  # a request began
+            c.buf += data
+            if len(c.buf) < c.need:
+                continue
+            if c.state == _HEAD_WAIT:
+                self._on_head(c)
+            else:
+                self._on_body(c)
+        return True
+
+    def _greet(self, c: _Conn) -> bool:
+        """The first message of a connection. A hello with the cluster token will be checked
+        here before anything is served; until then every connection is admitted and its first
+        message is an ordinary request."""
+        c.greeted = True
+        return True
+
+    def _refusal(self, c: _Conn, reason: str, fatal: bool) -> None:
+        msg = reason.encode()
+        c.out = [memoryview(HEAD.pack(REP_MAGIC, 1, 0, c.req_id) + struct.pack("<I", len(msg)) + msg)]
+        c.oi, c.close_after, c.refusal = 0, fatal, True
+
+    def _on_head(self, c: _Conn) -> None:
+        if not c.greeted and not self._greet(c):
+            return
+        magic, _flags, n, req_id = HEAD.unpack(c.buf)
+        c.req_id = req_id
+        if magic != REQ_MAGIC:
+            # Framing is lost: say why, then drop only this connection.
+            self._stats["req_bad_magic"] += 1
+            return self._refusal(c, f"bad request magic {magic!r}; not a PeerCache client?", True)
+        if n > MAX_OPS:
+            self._stats["req_too_many_ops"] += 1
+            return self._refusal(c, f"{n} ops in one request exceeds {MAX_OPS}; split the batch", True)
+        if n == 0:
+            self._stats["req_no_ops"] += 1
+            return self._refusal(c, "request carries no ops", False)
+        c.state, c.n, c.need, c.buf = _BODY_WAIT, n, n * WIRE_OP.itemsize, bytearray()
+
+    def _on_body(self, c: _Conn) -> None:
+        wire = np.frombuffer(c.buf, dtype=WIRE_OP)
+        status, views = self._check(wire, self._stats)
+        total = sum(len(v) for v in views)
+        if total > MAX_REPLY_BYTES:
+            self._stats["req_too_large"] += 1
+            return self._refusal(c, f"request asks for {total} bytes, more than {MAX_REPLY_BYTES}; "
+                                    "split the batch", False)
+        c.out = [memoryview(HEAD.pack(REP_MAGIC, 0, c.n, c.req_id)), memoryview(status).cast("B"),
+                 *(v for v in views)]
+        c.oi, c.close_after, c.refusal = 0, False, False
+
+    def _py_send(self, c: _Conn, now: float) -> bool:
+        """Send what the socket takes; True once the whole reply is out."""
+        out = c.out
+        while c.oi < len(out):
+            try:
+                sent = c.sock.sendmsg(out[c.oi:c.oi + _IOV_MAX])
+            except (BlockingIOError, InterruptedError):
+                return False
+            c.deadline = now + self.request_timeout  # progress
+            while sent:
+                if sent >= len(out[c.oi]):
+                    sent -= len(out[c.oi])
+                    c.oi += 1
+                else:
+                    out[c.oi] = out[c.oi][sent:]
+                    sent = 0
+            while c.oi < len(out) and not len(out[c.oi]):
+                c.oi += 1
+        return True
+
+    # ---------------------------------------------------------------- checks
 
     def check(self, wire: np.ndarray) -> tuple[np.ndarray, list[memoryview]]:
         """Status per op and the views of the ok ones (no per-key logic)."""
+        counts = dict.fromkeys(_REFUSALS, 0)
+        status, views = self._check(wire, counts)
+        self.refused += sum(counts.values())
+        return status, views
+
+    def _check(self, wire: np.ndarray, counts: dict) -> tuple[np.ndarray, list[memoryview]]:
         n = len(wire)
         status = np.full(n, int(Status.BAD_REGION), dtype="<i4")
         size = np.zeros(n, dtype=np.uint64)
@@ -194,23 +534,28 @@ class _Server:
         regions = self.regions
         views = [regions[r][0][o:o + k] for r, o, k in
                  zip(wire["region"][good].tolist(), off[good].tolist(), ln[good].tolist())]
-        bad = n - len(views)
-        if bad:
-            self.refused += bad
-            log.warning("tcp data server refused %d of %d ops (first status %s)", bad, n,
-                        Status(int(status[~good][0])).name)
+        if len(views) < n:
+            counts["ops_bad_region"] += n - int(np.count_nonzero(known))
+            counts["ops_zero_length"] += int(np.count_nonzero(zero))
+            counts["ops_out_of_range"] += int(np.count_nonzero(outside))
         return status, views
 
     def close(self) -> None:
-        self._stop.set()
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        alive = False
+        for t in self._threads:
+            t.join(timeout=10)
+            alive |= t.is_alive()
+        self._reporter.close()
+        if alive:  # never close fds under a loop still using them
+            log.warning("tcp data server: a serving thread did not stop; leaving its sockets open")
+            return
         self.lsock.close()
-        with self._lock:
-            for c in list(self._conns):
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self._thread.join(timeout=2)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
 
 
 class _Channels:
@@ -222,14 +567,16 @@ class _Channels:
         self.idle: queue.LifoQueue[socket.socket] = queue.LifoQueue()
         self.slots = threading.Semaphore(max_channels)
 
-    def acquire(self) -> socket.socket:
+    def acquire(self, fresh: bool = False) -> tuple[socket.socket, bool]:
+        """A channel and whether it was pooled (the server may have closed it while idle)."""
         if not self.slots.acquire(timeout=self.timeout * 4):
             raise TransportError(f"no free data channel to {self.addr} within "
                                  f"{self.timeout * 4:.0f} s; raise --max-channels")
-        try:
-            return self.idle.get_nowait()
-        except queue.Empty:
-            pass
+        if not fresh:
+            try:
+                return self.idle.get_nowait(), True
+            except queue.Empty:
+                pass
         try:
             s = socket.create_connection(self.addr, timeout=self.timeout)
         except OSError:
@@ -237,7 +584,7 @@ class _Channels:
             raise
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.settimeout(self.timeout)
-        return s
+        return s, False
 
     def release(self, s: socket.socket, healthy: bool) -> None:
         if healthy:
@@ -260,12 +607,27 @@ class TcpTransport(Transport):
     name = "tcp"
 
     def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
-                 native_server: bool | None = None):
+                 native_server: bool | None = None, max_connections: int | None = None,
+                 idle_timeout: float | None = None, request_timeout: float | None = None,
+                 server_workers: int | None = None, log_interval: float | None = None):
         #: None: the native serving loop when built; False: the Python one (the reference)
         self.native_server = native_server
         self.max_channels = max(1, int(max_channels))
         self.io_timeout = io_timeout
         self.port = port
+        #: limits of the data server started by start() (see DEFAULT_MAX_CONNECTIONS...)
+        self.server_limits = {
+            "max_connections": max_connections if max_connections is not None else _env_default(
+                "PEERCACHE_TCP_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS, int),
+            "idle_timeout": idle_timeout if idle_timeout is not None else _env_default(
+                "PEERCACHE_TCP_IDLE_TIMEOUT", DEFAULT_IDLE_TIMEOUT, float),
+            "request_timeout": request_timeout if request_timeout is not None else _env_default(
+                "PEERCACHE_TCP_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT, float),
+            "workers": server_workers if server_workers is not None else _env_default(
+                "PEERCACHE_TCP_SERVER_WORKERS", 0, int) or None,
+            "log_interval": log_interval if log_interval is not None else _env_default(
+                "PEERCACHE_TCP_LOG_INTERVAL", DEFAULT_LOG_INTERVAL, float),
+        }
         self._regions: dict[int, tuple[memoryview, int]] = {}
         self._server: _Server | None = None
         self._peers: dict[str, _Channels] = {}
@@ -276,7 +638,8 @@ class TcpTransport(Transport):
         self._regions[region_id] = (memoryview(buffer).cast("B"), rkey)
 
     def start(self, bind_host: str) -> dict[str, Any]:
-        self._server = _Server(self._regions, bind_host, self.port, native=self.native_server)
+        self._server = _Server(self._regions, bind_host, self.port, native=self.native_server,
+                               **self.server_limits)
         return {"host": bind_host, "port": self._server.port}
 
     @property
@@ -314,37 +677,51 @@ class TcpTransport(Transport):
         wire["region"], wire["rkey"] = sel["region"], sel["rkey"]
         wire["offset"], wire["length"] = sel["remote_offset"], sel["length"]
         ch = self._channels(peer, info)
-        try:
-            sock = ch.acquire()
-        except OSError:
-            status[send_idx] = Status.PEER_GONE
-            return status
-        healthy = False
-        try:
-            with self._lock:
-                self._req += 1
-                req_id = self._req
-            send_iov(sock, [HEAD.pack(REQ_MAGIC, 0, len(wire), req_id), wire])
-            magic, code, m, rid = HEAD.unpack(recv_exact(sock, HEAD.size))
-            if magic != REP_MAGIC or rid != req_id:
-                raise ConnectionError(f"unexpected reply {magic!r}/{rid} to request {req_id}")
-            if code:
-                (ln,) = struct.unpack("<I", recv_exact(sock, 4))
-                log.warning("peer %s refused a read batch: %s", peer, recv_exact(sock, ln).decode(errors="replace"))
-                status[send_idx] = Status.REFUSED
+        for attempt in range(2):
+            try:
+                sock, pooled = ch.acquire(fresh=attempt > 0)
+            except OSError:
+                status[send_idx] = Status.PEER_GONE
                 return status
-            got = np.frombuffer(recv_exact(sock, 4 * m), dtype="<i4")
-            status[send_idx] = got
-            for j, i in enumerate(send_idx):
-                if got[j] == Status.OK:
-                    lr, lo, ln = int(ops["local_region"][i]), int(ops["local_offset"][i]), int(ops["length"][i])
-                    recv_into_exact(sock, views[lr][lo:lo + ln])
-            healthy = True
-        except (OSError, ConnectionError) as e:
-            log.warning("data connection to %s failed: %s", peer, e)
-            status[send_idx] = Status.CONNECTION
-        finally:
-            ch.release(sock, healthy)
+            healthy, replied = False, False
+            try:
+                with self._lock:
+                    self._req += 1
+                    req_id = self._req
+                send_iov(sock, [HEAD.pack(REQ_MAGIC, 0, len(wire), req_id), wire])
+                first = sock.recv(HEAD.size)
+                if not first:
+                    raise ConnectionError("peer closed the data connection")
+                replied = True
+                head = first + recv_exact(sock, HEAD.size - len(first)) if len(first) < HEAD.size else first
+                magic, code, m, rid = HEAD.unpack(head)
+                if magic != REP_MAGIC or rid != req_id:
+                    raise ConnectionError(f"unexpected reply {magic!r}/{rid} to request {req_id}")
+                if code:
+                    (ln,) = struct.unpack("<I", recv_exact(sock, 4))
+                    log.warning("peer %s refused a read batch: %s", peer,
+                                recv_exact(sock, ln).decode(errors="replace"))
+                    status[send_idx] = Status.REFUSED
+                    healthy = True
+                    return status
+                got = np.frombuffer(recv_exact(sock, 4 * m), dtype="<i4")
+                status[send_idx] = got
+                for j, i in enumerate(send_idx):
+                    if got[j] == Status.OK:
+                        lr, lo, ln = int(ops["local_region"][i]), int(ops["local_offset"][i]), int(ops["length"][i])
+                        recv_into_exact(sock, views[lr][lo:lo + ln])
+                healthy = True
+                return status
+            except (OSError, ConnectionError) as e:
+                if pooled and not replied and not isinstance(e, TimeoutError) and attempt == 0:
+                    # A pooled channel the server closed while it sat idle: once more on a new one.
+                    log.debug("pooled data connection to %s was closed (%s); reconnecting", peer, e)
+                    continue
+                log.warning("data connection to %s failed: %s", peer, e)
+                status[send_idx] = Status.CONNECTION
+                return status
+            finally:
+                ch.release(sock, healthy)
         return status
 
     def forget(self, peer: str) -> None:

@@ -1,0 +1,446 @@
+"""The tcp data server under hostile or careless clients: malformed requests, fd exhaustion,
+idle and slow connections, floods of bad requests, too many connections.
+
+Each server runs in its own process (``DataServer``) so that a crash, its threads, its open
+files and its log are those of the server alone. Every load loop is bounded in count and time,
+and only loopback is contacted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from peercache.transport.base import Status, make_ops, native_module
+from peercache.transport.tcp import HEAD, REP_MAGIC, REQ_MAGIC, WIRE_OP, NativeTcpTransport, TcpTransport
+
+from conftest import scaled
+
+REGION = 3
+RKEY = 0x1234_5678_9ABC_DEF0
+SIZE = 1 << 20
+
+_SERVER = r"""
+import json, logging, signal, sys, threading
+import numpy as np
+from peercache.transport.tcp import TcpTransport
+cfg = json.loads(sys.argv[1])
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+region = (np.arange(cfg["size"]) % 251).astype(np.uint8)
+t = TcpTransport(native_server=cfg["native"], **cfg["opts"])
+t.expose(cfg["region"], region, rkey=cfg["rkey"])
+info = t.start("127.0.0.1")
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+print("port", info["port"], flush=True)
+stop.wait(cfg["max_s"])
+t.close()
+print("closed", flush=True)
+"""
+
+mod, _why = native_module()
+#: The two data servers: the native event loop and the pure-Python fallback.
+KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(mod is None, reason=str(_why))),
+         pytest.param(False, id="python")]
+
+
+def pattern(off: int, ln: int) -> bytes:
+    """The bytes the test server holds at [off, off + ln)."""
+    return ((np.arange(off, off + ln) % 251).astype(np.uint8)).tobytes()
+
+
+class DataServer:
+    """A TcpTransport data server in a child process; its log goes to a file."""
+
+    def __init__(self, native: bool, opts: dict | None = None, nofile: int | None = None,
+                 max_s: float = 120.0):
+        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="dataserver-", suffix=".log")
+        cfg = {"native": native, "opts": opts or {}, "size": SIZE, "region": REGION, "rkey": RKEY,
+               "max_s": max_s}
+
+        def limits():
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.p = subprocess.Popen([sys.executable, "-c", _SERVER, json.dumps(cfg)], stdout=subprocess.PIPE,
+                                  stderr=self.log_file, text=True, start_new_session=True,
+                                  preexec_fn=limits)
+        ready, _, _ = select.select([self.p.stdout], [], [], scaled(20))
+        line = self.p.stdout.readline() if ready else ""
+        if not line.startswith("port "):
+            log = self.log()
+            self.kill()
+            raise AssertionError(f"data server did not start: {line!r} {log!r}")
+        self.port = int(line.split()[1])
+        self.pid = self.p.pid
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def threads(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            return int(next(ln for ln in f if ln.startswith("Threads:")).split()[1])
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            return int(next(ln for ln in f if ln.startswith("VmRSS:")).split()[1])
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def log(self) -> str:
+        self.log_file.flush()
+        with open(self.log_file.name) as f:
+            return f.read()
+
+    def stop(self) -> str:
+        """SIGTERM, wait for the clean close, return the whole log."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.p.wait(timeout=scaled(10))
+            except subprocess.TimeoutExpired:
+                pass
+        return self.log()
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.p.wait(timeout=5)
+        self.p.stdout.close()
+        self.log_file.close()
+
+
+@pytest.fixture
+def servers():
+    """Start DataServers with ``servers(native, opts)``; all are killed at teardown."""
+    started: list[DataServer] = []
+
+    def start(native: bool, opts: dict | None = None, **kw) -> DataServer:
+        s = DataServer(native, opts, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.kill()
+
+
+def wire_req(req_id: int, ops=(), n: int | None = None, magic: bytes = REQ_MAGIC) -> bytes:
+    """One raw request; ``ops`` are (region, rkey, offset, length) and ``n`` may lie."""
+    w = np.zeros(len(ops), dtype=WIRE_OP)
+    for i, (r, k, o, ln) in enumerate(ops):
+        w[i] = (r, 0, k, o, ln)
+    return HEAD.pack(magic, 0, len(ops) if n is None else n, req_id) + w.tobytes()
+
+
+def recv_n(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        k = s.recv(n - len(buf))
+        if not k:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += k
+    return bytes(buf)
+
+
+def read_reply(s: socket.socket, lengths: list[int] | None = None):
+    """(code, req_id, statuses, payloads) or (code, req_id, reason, None) of one reply."""
+    magic, code, n, rid = HEAD.unpack(recv_n(s, HEAD.size))
+    assert magic == REP_MAGIC, magic
+    if code:
+        (ln,) = np.frombuffer(recv_n(s, 4), "<u4")
+        return code, rid, recv_n(s, int(ln)).decode(), None
+    st = np.frombuffer(recv_n(s, 4 * n), "<i4").tolist()
+    lengths = lengths or [0] * n
+    return code, rid, st, [recv_n(s, lengths[i]) if st[i] == Status.OK else b"" for i in range(n)]
+
+
+def closed_within(s: socket.socket, seconds: float) -> bool:
+    """True once the server closes ``s`` (EOF or reset) within ``seconds``; data is drained."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        r, _, _ = select.select([s], [], [], max(0.0, end - time.monotonic()))
+        if not r:
+            return False
+        try:
+            if not s.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+    return False
+
+
+class Reader:
+    """A legitimate client (native client when built, else the Python one) that checks the bytes."""
+
+    def __init__(self, port: int, native: bool | None = None, channels: int = 1, io_timeout: float = 3.0):
+        use_native = (mod is not None) if native is None else native
+        cls = NativeTcpTransport if use_native else TcpTransport
+        self.t = cls(max_channels=channels, io_timeout=io_timeout)
+        self.info = {"host": "127.0.0.1", "port": port}
+
+    def read(self, off: int = 1000, ln: int = 5000) -> bool:
+        ops = make_ops(1)
+        ops[0] = (REGION, 0, RKEY, off, ln, 0)
+        dest = np.zeros(ln, np.uint8)
+        st = self.t.read_batch("srv", self.info, ops, [dest])
+        return st.tolist() == [Status.OK] and dest.tobytes() == pattern(off, ln)
+
+    def close(self):
+        self.t.close()
+
+
+def read_ok(port: int, native: bool | None = None, within: float = 0.0) -> bool:
+    """A fresh client's read succeeds (retried until ``within`` seconds passed)."""
+    end = time.monotonic() + within
+    while True:
+        r = Reader(port, native, io_timeout=1.0)
+        try:
+            if r.read():
+                return True
+        except Exception:
+            pass
+        finally:
+            r.close()
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------ defect 1
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_zero_op_request_is_refused_and_the_server_lives(servers, native):
+    srv = servers(native)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(wire_req(7, n=0))
+        try:
+            code, rid, reason, _ = read_reply(s)
+            refused = code != 0 and rid == 7 and "no ops" in reason
+        except (ConnectionError, OSError):
+            refused = True  # a close is an acceptable answer too
+        time.sleep(0.05)
+        assert srv.alive(), f"server died: rc={srv.p.poll()} (SIGSEGV is -11)"
+        assert refused
+        # the connection keeps its framing: a good request on it is served
+        s.sendall(wire_req(8, [(REGION, RKEY, 10, 20)]))
+        code, rid, st, data = read_reply(s, [20])
+        assert (code, rid, st, data) == (0, 8, [Status.OK], [pattern(10, 20)])
+    assert read_ok(srv.port)
+    # a zero-op request as the very first request of many connections in a row
+    for i in range(20):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+            s.sendall(wire_req(i, n=0))
+            read_reply(s)
+    assert srv.alive() and read_ok(srv.port)
+
+
+# ------------------------------------------------------------------------------ defect 2
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_accept_keeps_going_after_running_out_of_fds(servers, native):
+    """Under RLIMIT_NOFILE 1024, 1100 connections then closing them: the server accepts again."""
+    srv = servers(native, nofile=1024)
+    assert read_ok(srv.port)
+    socks, failures = [], 0
+    deadline = time.monotonic() + scaled(30)
+    for _ in range(1100):
+        if failures >= 3 or time.monotonic() > deadline:
+            break
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=0.5))
+            failures = 0
+        except OSError:
+            failures += 1
+    time.sleep(0.5)   # the server hits EMFILE meanwhile
+    assert len(socks) > 900
+    for s in socks:
+        s.close()
+    assert srv.alive()
+    assert read_ok(srv.port, within=scaled(10)), "the data server no longer accepts connections"
+    assert read_ok(srv.port, native=False)
+    log = srv.stop()
+    accept_lines = [ln for ln in log.splitlines() if "accept" in ln]
+    assert 1 <= len(accept_lines) <= 2, accept_lines   # the failure once, the recovery once
+    assert "Too many open files" in accept_lines[0]
+
+
+# ------------------------------------------------------------------------------ defect 3
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_idle_connections_do_not_take_a_thread_each(servers, native):
+    srv = servers(native)
+    threads0, rss0 = srv.threads(), srv.rss_kib()
+    socks = []
+    try:
+        for _ in range(1000):
+            socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)))
+        end = time.monotonic() + scaled(10)
+        while srv.fds() < 1000 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert srv.fds() >= 1000, "the server did not accept the connections"
+        threads = srv.threads()
+        assert threads <= threads0 + 2, f"{threads} threads for 1000 idle connections (from {threads0})"
+        assert srv.rss_kib() - rss0 < 20 * 1024, (rss0, srv.rss_kib())
+        assert read_ok(srv.port)
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_idle_connection_is_closed_after_the_idle_timeout(servers, native):
+    srv = servers(native, {"idle_timeout": 0.5})
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as idle, \
+            socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as busy:
+        t0 = time.monotonic()
+        # a connection with a request every 0.2 s outlives the timeout
+        for i in range(8):
+            busy.sendall(wire_req(i, [(REGION, RKEY, i, 3)]))
+            assert read_reply(busy, [3])[2] == [Status.OK]
+            time.sleep(0.2)
+        assert closed_within(idle, scaled(3))
+        assert 0.4 < time.monotonic() - t0 < scaled(4)
+    # clients whose pooled channel was closed while idle reconnect on their own
+    for nat in ([True, False] if mod is not None else [False]):
+        r = Reader(srv.port, native=nat)
+        try:
+            assert r.read()
+            time.sleep(1.0)
+            assert r.read() and r.read(0, SIZE)
+        finally:
+            r.close()
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_slowloris_is_dropped_after_the_request_deadline(servers, native):
+    srv = servers(native, {"request_timeout": 1.0, "idle_timeout": 30.0})
+    reader = Reader(srv.port)
+    req = wire_req(1, [(REGION, RKEY, 0, 8)])
+    try:
+        # header one byte every 0.3 s (a 20-byte header would take 6 s)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+            t0, dropped = time.monotonic(), False
+            for b in req:
+                try:
+                    s.send(bytes([b]))
+                except OSError:
+                    dropped = True
+                    break
+                if closed_within(s, 0.3):
+                    dropped = True
+                    break
+                assert reader.read()   # served meanwhile
+            assert dropped and time.monotonic() - t0 < scaled(3)
+        # a whole header, then a body that never comes
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+            s.sendall(req[:HEAD.size + 5])
+            assert closed_within(s, scaled(3))
+        # a reader that never drains a 64 MiB reply does not hold the server for ever
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            s.sendall(wire_req(2, [(REGION, RKEY, 0, SIZE)] * 64))
+            time.sleep(2.5)
+            got = 0
+            s.settimeout(scaled(3))
+            try:
+                while k := s.recv(1 << 20):
+                    got += len(k)
+            except (ConnectionResetError, TimeoutError):
+                pass
+            assert got < 64 * SIZE
+        assert reader.read() and srv.alive()
+    finally:
+        reader.close()
+
+
+_COUNT = re.compile(r"(\d+) ops with a bad region or key")
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_bad_key_flood_logs_a_few_counted_lines(servers, native):
+    srv = servers(native)
+    n, per = 20000, 500
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(5)) as s:
+        for base in range(0, n, per):
+            s.sendall(b"".join(wire_req(base + i, [(REGION, RKEY ^ 1, 0, 8)]) for i in range(per)))
+            for i in range(per):
+                code, rid, st, _ = read_reply(s)
+                assert (code, rid, st) == (0, base + i, [Status.BAD_REGION])
+            assert time.monotonic() - t0 < scaled(10)
+    assert read_ok(srv.port)
+    log = srv.stop()
+    lines = [ln for ln in log.splitlines() if "refus" in ln]
+    assert 1 <= len(lines) <= 3, f"{len(lines)} refusal lines, first: {lines[:3]}"
+    assert sum(int(m) for ln in lines for m in _COUNT.findall(ln)) == n, lines
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_connections_over_the_maximum_are_refused(servers, native):
+    srv = servers(native, {"max_connections": 4})
+    reader = Reader(srv.port)       # one channel
+    extra = []
+    try:
+        assert reader.read()
+        held = [socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) for _ in range(3)]
+        time.sleep(0.2)
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3))
+            extra.append(s)
+            assert closed_within(s, scaled(2)), "a connection over the maximum was kept"
+        assert reader.read()            # the client under the maximum is still served
+        for h in held:                  # the held ones are real connections
+            h.sendall(wire_req(1, [(REGION, RKEY, 5, 5)]))
+            assert read_reply(h, [5])[3] == [pattern(5, 5)]
+        held.pop().close()
+        time.sleep(0.2)
+        assert read_ok(srv.port)        # a freed slot is usable again
+        for h in held:
+            h.close()
+    finally:
+        reader.close()
+        for s in extra:
+            s.close()
+    log = srv.stop()
+    lines = [ln for ln in log.splitlines() if "over the" in ln]
+    assert lines and len(lines) <= 2 and "5 connections" in lines[0], lines
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_known_refusals_still_disclose_nothing(servers, native):
+    srv = servers(native)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        cases = [((REGION, RKEY ^ 2, 0, 8), Status.BAD_REGION), ((REGION + 1, RKEY, 0, 8), Status.BAD_REGION),
+                 ((REGION, RKEY, SIZE - 4, 8), Status.OUT_OF_RANGE), ((REGION, RKEY, SIZE + 1, 1), Status.OUT_OF_RANGE),
+                 ((REGION, RKEY, 2**64 - 1, 2), Status.OUT_OF_RANGE), ((REGION, RKEY, 8, 2**64 - 4), Status.OUT_OF_RANGE),
+                 ((REGION, RKEY, 0, 0), Status.ZERO_LENGTH)]
+        s.sendall(wire_req(1, [c for c, _ in cases] + [(REGION, RKEY, 100, 4)]))
+        code, rid, st, data = read_reply(s, [8] * len(cases) + [4])
+        assert st == [w for _, w in cases] + [Status.OK] and data[-1] == pattern(100, 4)
+        assert not any(data[:-1])
+        # more than 2 GiB in one request: the whole request is refused, the connection stays
+        s.sendall(wire_req(2, [(REGION, RKEY, 0, SIZE)] * 2049))
+        code, rid, reason, _ = read_reply(s)
+        assert code != 0 and rid == 2 and "split the batch" in reason
+        s.sendall(wire_req(3, [(REGION, RKEY, 0, 3)]))
+        assert read_reply(s, [3])[3] == [pattern(0, 3)]
+    assert srv.alive()
