@@ -28,6 +28,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,8 @@ from peercache.bench import meta
 from peercache.bench.options import page_keys
 from peercache.bench.serve import READY_LINE
 from peercache.lab import iperf3, memcpy, netns
+from peercache.lab.references import load_bench_targets
 
-TARGETS = {"shm_vs_memcpy_128k": 0.90, "tcp_vs_iperf3_128k": 0.90, "pages_per_s_64b": 3e6}
 PAGE_128K = 131072
 #: Seconds a serve process may take to publish and print its ready line.
 READY_TIMEOUT_S = 30.0
@@ -216,7 +217,7 @@ def _iperf3(prod_pre: list[str], cons_pre: list[str], host: str, port: int, dura
 
 
 def run(duration: float, warmup: float, rounds: int, workdir: Path) -> dict:
-    """Every measurement, baseline and PeerCache alternating per round; ratios of the best rounds."""
+    """Every measurement in paired rounds (baseline, then PeerCache, back to back); ratios are medians."""
     res: dict = {"ratios": {}, "raw": {}, "rounds": {}, "checks": [], "notes": []}
     raw, ratios, per = res["raw"], res["ratios"], res["rounds"]
 
@@ -233,9 +234,7 @@ def run(duration: float, warmup: float, rounds: int, workdir: Path) -> dict:
             record("memcpy_128k_GBps", memcpy_rate(PAGE_128K, ws, batch, duration) / 1e9)
             pt = drive([], addr, "shm", PAGE_128K, ws, batch, duration, warmup, False, workdir, f"shm128k-{r}")
             record("peercache_shm_128k_GBps", pt["gb_per_s"])
-    raw["memcpy_128k_GBps"] = max(per["memcpy_128k_GBps"])
-    raw["peercache_shm_128k_GBps"] = max(per["peercache_shm_128k_GBps"])
-    ratios["shm_vs_memcpy_128k"] = raw["peercache_shm_128k_GBps"] / raw["memcpy_128k_GBps"]
+    paired(res, "shm_vs_memcpy_128k", "peercache_shm_128k_GBps", "memcpy_128k_GBps")
 
     # 2. tcp vs iperf3, 128 KiB, two network namespaces (loopback when not root).
     ok, why = netns.available()
@@ -264,9 +263,7 @@ def run(duration: float, warmup: float, rounds: int, workdir: Path) -> dict:
     finally:
         if pair is not None:
             pair.remove()
-    raw["iperf3_tcp_128k_GBps"] = max(per["iperf3_tcp_128k_GBps"])
-    raw["peercache_tcp_128k_GBps"] = max(per["peercache_tcp_128k_GBps"])
-    ratios["tcp_vs_iperf3_128k"] = raw["peercache_tcp_128k_GBps"] / raw["iperf3_tcp_128k_GBps"]
+    paired(res, "tcp_vs_iperf3_128k", "peercache_tcp_128k_GBps", "iperf3_tcp_128k_GBps")
 
     # 3. 64-byte pages over shm, directory cached, batch 128, one thread.
     ws64, batch64 = 4096, 128
@@ -279,10 +276,25 @@ def run(duration: float, warmup: float, rounds: int, workdir: Path) -> dict:
                              f"failures={chk['failures']} status={'ok' if not chk['failures'] else 'failed'}")
         _tell_done(addr)
         pt = drive([], addr, "shm", 64, ws64, batch64, duration, warmup, False, workdir, "shm64")
-    raw["node_api_pages_per_s_64b"] = round(max(per["node_api_pages_per_s_64b"]))
+    rates = per["node_api_pages_per_s_64b"]
+    raw["node_api_pages_per_s_64b"] = round(statistics.median(rates))
     raw["drive_pages_per_s_64b"] = pt["pages_per_s"]
-    ratios["pages_per_s_64b"] = raw["node_api_pages_per_s_64b"]
+    ratios["pages_per_s_64b"] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
+                                 "rounds": len(rates)}
     return res
+
+
+def paired(res: dict, name: str, pc: str, base: str) -> None:
+    """A ratio from paired rounds: each round's PeerCache figure over the baseline measured just before it;
+    the median of those per-round ratios, with their min and max (the raw figures: medians too)."""
+    per = res["rounds"]
+    each = [a / b for a, b in zip(per[pc], per[base], strict=True) if b > 0]
+    if not each:
+        raise BenchError(f"{name}: the baseline {base} measured 0 in every round")
+    res["raw"][base] = round(statistics.median(per[base]), 4)
+    res["raw"][pc] = round(statistics.median(per[pc]), 4)
+    res["ratios"][name] = {"median": statistics.median(each), "min": min(each), "max": max(each),
+                           "rounds": len(each), "each": [round(x, 4) for x in each]}
 
 
 def _tell_done(addr: str) -> None:
@@ -302,7 +314,8 @@ def main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=3.0, help="measured seconds per figure [%(default)s]")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each [%(default)s]")
     p.add_argument("--rounds", type=int, default=3,
-                   help="alternating baseline/PeerCache rounds; the best of each is compared [%(default)s]")
+                   help="paired rounds (baseline, then PeerCache); the median of the per-round ratios is "
+                        "reported with min and max [%(default)s]")
     p.add_argument("--out", default=None, help="also write the JSON document here")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.duration > 30 or args.warmup < 0 or args.warmup > 10:
@@ -313,7 +326,7 @@ def main(argv=None) -> int:
     print(f"# {host['host']} ({host.get('cpu')}), {os.cpu_count()} cores, kernel {platform.release()}, "
           f"python {platform.python_version()}, rev {meta.git_revision()}, start {meta.now_iso()}")
     print(f"# throughput figures: verification off, {args.duration:g} s after {args.warmup:g} s warm-up, "
-          f"{args.rounds} alternating rounds, best round of each side; check lines: verification on")
+          f"{args.rounds} paired rounds, ratio = median of the per-round ratios; check lines: verification on")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="peercache-bench-") as tmp:
         try:
@@ -330,10 +343,17 @@ def main(argv=None) -> int:
         rounds = res["rounds"].get(k)
         print(f"raw {k[:-5] if gb else k} {v} {'GB/s' if gb else 'pages/s'}"
               + (f" rounds={','.join(str(x) for x in rounds)}" if rounds else ""))
+    targets = load_bench_targets()
     for k, v in res["ratios"].items():
-        target = TARGETS[k]
-        print(f"ratio {k} {v:.3f}" if v < 100 else f"ratio {k} {v:.4g}")
-        print(f"#   target >= {target:g}: {'met' if v >= target else 'NOT met'}")
+        fmt = (lambda x: f"{x:.3f}") if v["median"] < 100 else (lambda x: f"{x:.4g}")
+        print(f"ratio {k} {fmt(v['median'])} (median of {v['rounds']} paired rounds; min {fmt(v['min'])}, "
+              f"max {fmt(v['max'])})")
+        t = targets.get(k)
+        if t is None:
+            print(f"#   no target for {k} in the references")
+        else:
+            print(f"#   target >= {t:g} (data/reference/references.yaml): "
+                  f"{'met' if v['median'] >= t else 'NOT met'}")
     print(f"# bench took {time.monotonic() - t0:.0f} s")
     if args.out:
         res["meta"] = {**host, "git_revision": meta.git_revision(), "end": meta.now_iso(),

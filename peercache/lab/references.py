@@ -269,3 +269,18 @@ def apply_verdicts(df: pd.DataFrame, refs: dict[str, TestbedRefs]) -> pd.DataFra
     out["verdict"] = pd.Series(verdicts, index=out.index, dtype=object)
     out["verdict_reason"] = pd.Series(reasons, index=out.index, dtype=object)
     return out
+
+
+def load_bench_targets(path=None) -> dict[str, float]:
+    """``make bench``'s targets (ratio name -> the least median that meets it) from the references file."""
+    import yaml
+
+    path = Path(path) if path else Path(__file__).resolve().parents[2] / "data" / "reference" / "references.yaml"
+    doc = yaml.safe_load(path.read_text()) or {}
+    out = {}
+    for name, t in (doc.get("bench_targets") or {}).items():
+        try:
+            out[str(name)] = float(t["at_least"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: bench_targets.{name} must be {{at_least: N}}, got {t!r}") from None
+    return out
