@@ -14,7 +14,11 @@ from peercache.lab.pipeline import DEFAULT_TESTBED, Plan
 PLAN = Plan(config.get("testbed", DEFAULT_TESTBED), config.get("scenarios"))
 TB = PLAN.name
 RAW = PLAN.raw
-PY = sys.executable
+# With --sdm conda each rule runs the `python` of its own environment (envs/*.yaml); by
+# default every rule runs this interpreter (the project's .venv).
+from snakemake.settings.types import DeploymentMethod
+
+PY = "python" if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method else sys.executable
 
 wildcard_constraints:
     scenario="single_nic|multi_rail|whole_machine|gpudirect|msgsize_sweep",
