@@ -1,5 +1,6 @@
 """make_charts.py on fixture tidy data and on the published reference data."""
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -126,3 +127,18 @@ def test_unknown_testbed_and_bad_format(tmp_path, tidy_dir, capsys):
     assert "no data for testbed(s) nope" in capsys.readouterr().err
     assert _run(tmp_path, tidy_dir, "--format", "jpg") == 2
     assert "unsupported format" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("testbed", ["peercache-8xcx7-roce", "ib-write-bw-200gbe-qp-sweep"])
+def test_committed_reference_figures_are_what_make_charts_draws_now(tmp_path, testbed):
+    # figures/ is committed for the published baselines only: it must match the data and the chart code.
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "make_charts.py"), "--testbed", testbed, "--out",
+                        str(tmp_path), "--tidy-dir", str(tmp_path / "none")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    committed = sorted(p.name for p in (root / "figures" / testbed).glob("*.md"))
+    assert committed == sorted(p.name for p in (tmp_path / testbed).glob("*.md"))
+    for name in committed:
+        assert (tmp_path / testbed / name).read_text() == (root / "figures" / testbed / name).read_text(), \
+            f"figures/{testbed}/{name} is stale: run `python make_charts.py --testbed {testbed}` and commit"
