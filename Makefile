@@ -15,7 +15,7 @@ APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest \
             iproute2 openssh-server openssh-client procps \
             qemu-system-x86 busybox-static cpio kmod
 
-NATIVE_SRC := $(wildcard peercache/_native/*.c peercache/_native/*.h)
+NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
 .PHONY: run test test-rdma bench setup apt clean
 

@@ -7,7 +7,7 @@ from setuptools import Extension, setup
 
 CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
           "-Wno-missing-field-initializers", "-fno-strict-aliasing"]
-NATIVE = "peercache/_native"
+NATIVE = "native"   # C sources: their own folder, not the dotted name of the built extension
 
 # Plain C, no rdma-core: the verbs backend is its own module and optional.
 native = Extension(
