@@ -70,7 +70,7 @@ def test_choose_devices():
 
 
 def test_sysfs_gid_table_and_numa_from_a_fixture_tree(tmp_path):
-    port = tmp_path / "class/infiniband/mlx5_3/ports/1"
+    port = tmp_path / "sys/class/infiniband/mlx5_3/ports/1"
     (port / "gids").mkdir(parents=True)
     (port / "gid_attrs/types").mkdir(parents=True)
     for e in ROCE_TABLE:
@@ -78,8 +78,8 @@ def test_sysfs_gid_table_and_numa_from_a_fixture_tree(tmp_path):
         kind = {D.GID_TYPE_ROCE_V1: "IB/RoCE v1", D.GID_TYPE_ROCE_V2: "RoCE v2"}[e.gid_type]
         (port / "gid_attrs/types" / str(e.index)).write_text(kind + "\n")
     (port / "gids" / "7").write_text("0000:0000:0000:0000:0000:0000:0000:0000\n")   # unpopulated
-    (tmp_path / "class/infiniband/mlx5_3/device").mkdir()
-    (tmp_path / "class/infiniband/mlx5_3/device/numa_node").write_text("1\n")
+    (tmp_path / "sys/class/infiniband/mlx5_3/device").mkdir()
+    (tmp_path / "sys/class/infiniband/mlx5_3/device/numa_node").write_text("1\n")
     got = D.sysfs_gids("mlx5_3", 1, str(tmp_path))
     assert [(g.index, g.gid_type) for g in got] == [(e.index, e.gid_type) for e in ROCE_TABLE]
     assert D.pick_gid_index(got) == 3

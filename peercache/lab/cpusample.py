@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sysroot import proc_path
+from peercache.sysfs import proc_path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_INTERVAL_S = 0.25

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from .hosts import Host
 from .portcounters import COUNTER_UNIT_BYTES, PortDelta, PortSample, delta, parse_rate
-from .sysroot import sysfs_path
+from peercache.sysfs import sysfs_path
 
 #: Headers and retransmits make the counters exceed the payload; a figure may
 #: exceed the counters by at most this fraction before it is flagged.

@@ -2,7 +2,7 @@
 
 ``capture(root)`` runs a row of small ``collect_*`` functions, each filling
 one section from one kind of source: sysfs and /proc (always through
-:mod:`peercache.lab.sysroot`, so ``root`` can be a fixture tree), pyverbs
+:mod:`peercache.sysfs`, so ``root`` can be a fixture tree), pyverbs
 when importable, and commands (through a runner, so a fixture can replay
 them).
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from peercache.lab.sysroot import is_live, proc_path, read_attr, sysfs_path
+from peercache.sysfs import gid_table, is_live, proc_path, read_attr, sysfs_path
 
 SCHEMA_VERSION = 1
 _COMMAND_TIMEOUT_S = 10
@@ -248,31 +248,6 @@ def _rate(text: str) -> dict[str, Any]:
     return r
 
 
-_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-def _gid_table(port_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    gids, problems = [], []
-    for idx in sorted((int(n) for n in _list_dir(port_dir / "gids") if n.isdigit())):
-        gid, why = read_attr(port_dir / "gids" / str(idx))
-        if gid is None:
-            problems.append(why or "")
-            continue
-        if gid == _ZERO_GID:
-            continue  # unused slot
-        e = _Section(index=idx, gid=gid)
-        e.put_attr("type", port_dir / "gid_attrs" / "types" / str(idx))
-        e.put_attr("ndev", port_dir / "gid_attrs" / "ndevs" / str(idx))
-        parts = gid.split(":")
-        if gid.startswith("0000:0000:0000:0000:0000:ffff:") and len(parts) == 8:
-            v = int(parts[6] + parts[7], 16)
-            e["ipv4"] = ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-        else:
-            e["ipv4"] = None  # an IPv6 or IB GID: no IPv4 address, not a missing value
-        gids.append(e)
-    return gids, problems
-
-
 def _iboe_mtu(netdev_mtu: int) -> int | None:
     # Kernel rule (include/rdma/ib_addr.h iboe_get_mtu): netdev MTU minus GRH, UDP, BTH,
     # XRC, AtomicETH and ICRC headers (96 bytes), rounded down to an IB MTU.
@@ -382,7 +357,7 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
             link = port.put_attr("link_layer", pdir / "link_layer")
             rate_text, why = read_attr(pdir / "rate")
             port.put("rate", _rate(rate_text) if rate_text is not None else None, why)
-            gids, problems = _gid_table(pdir)
+            gids, problems = gid_table(name, int(pname), ctx.root)
             port["gids"] = gids
             v2 = [g["index"] for g in gids if g.get("type") == "RoCE v2" and g.get("ipv4")]
             port.put("roce_v2_ipv4_gid_index", v2[0] if v2 else None,

@@ -6,7 +6,7 @@ them before and after a run gives the bytes the port really moved;
 :func:`check_figure` compares a tool's figure with those bytes and with the
 port's line rate (``ports/<port>/rate``, e.g. "400 Gb/sec (4X NDR)") and
 returns explicit flags: a check that could not be made is a flag too, never
-a silent pass. All reads go through :func:`peercache.lab.sysroot.sysfs_path`
+a silent pass. All reads go through :func:`peercache.sysfs.sysfs_path`
 so tests can use a fixture tree.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .sysroot import read_attr, sysfs_path
+from peercache.sysfs import read_attr, sysfs_path
 
 #: port_*_data count units of 4 bytes (IBA "PortXmitData": octets / 4).
 COUNTER_UNIT_BYTES = 4

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
-import os
 from dataclasses import dataclass
 
+from .. import sysfs
 from ..errors import TransportUnavailable
 
 #: ``enum ibv_port_state`` / ``ibv_link_layer`` / ``ibv_gid_type`` values used here.
@@ -78,37 +78,24 @@ def pick_gid_index(entries: list[GidEntry]) -> int | None:
     return min(v2, key=rank).index if v2 else None
 
 
-def sysfs_gids(device: str, port: int, root: str = "/sys") -> list[GidEntry]:
-    """Populated GID entries of a port read from sysfs (types from gid_attrs/types)."""
-    base = os.path.join(root, "class", "infiniband", device, "ports", str(port))
+def sysfs_gids(device: str, port: int, root: str | None = None) -> list[GidEntry]:
+    """Populated GID entries of a port read from sysfs under ``root`` (types from gid_attrs/types)."""
     out = []
-    try:
-        names = os.listdir(os.path.join(base, "gids"))
-    except OSError:
-        return []
-    for name in sorted(names, key=lambda s: int(s) if s.isdigit() else -1):
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(base, "gids", name)) as f:
-                gid = f.read().strip()
-            with open(os.path.join(base, "gid_attrs", "types", name)) as f:
-                kind = f.read().strip().lower()
-        except OSError:
+    for e in sysfs.gid_table(device, port, root)[0]:
+        if e["type"] is None:
             continue   # unpopulated entries have no type (EINVAL on read)
-        if _is_zero(gid):
-            continue
+        kind = e["type"].lower()
         gtype = GID_TYPE_ROCE_V2 if "v2" in kind else (GID_TYPE_ROCE_V1 if "roce" in kind else GID_TYPE_IB)
-        out.append(GidEntry(int(name), gid, gtype))
+        out.append(GidEntry(e["index"], e["gid"], gtype))
     return out
 
 
-def device_numa(device: str, root: str = "/sys") -> int:
+def device_numa(device: str, root: str | None = None) -> int:
     """NUMA node of an RDMA device's PCI function (-1 unknown)."""
+    text, _ = sysfs.read_attr(sysfs.sysfs_path("class", "infiniband", device, "device", "numa_node", root=root))
     try:
-        with open(os.path.join(root, "class", "infiniband", device, "device", "numa_node")) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
+        return int(text) if text is not None else -1
+    except ValueError:
         return -1
 
 
@@ -191,7 +178,7 @@ def rail_spec(device: str, port: int, port_attr, gids: list[GidEntry], gid_index
     return RailSpec(device, port, gid_index, numa, link, MTU_BYTES.get(int(port_attr.active_mtu), 0))
 
 
-def _gid_table(ctx, pv, device: str, port: int, root: str) -> list[GidEntry]:
+def _gid_table(ctx, pv, device: str, port: int, root: str | None) -> list[GidEntry]:
     try:
         table = ctx.query_gid_table(256)
         out = [GidEntry(int(e.gid_index), str(e.gid_str() if callable(e.gid_str) else e.gid_str),
@@ -202,7 +189,7 @@ def _gid_table(ctx, pv, device: str, port: int, root: str) -> list[GidEntry]:
 
 
 def discover(devices: list[str], port: int = 1, gid_index: int | None = None,
-             root: str = "/sys") -> list[RailSpec]:
+             root: str | None = None) -> list[RailSpec]:
     """One RailSpec per rail, or TransportUnavailable naming what is missing."""
     pv = load_pyverbs()
     load_verbs()

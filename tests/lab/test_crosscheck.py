@@ -4,7 +4,7 @@ from pathlib import Path
 from peercache.lab import crosscheck
 from peercache.lab.hosts import LocalHost
 from peercache.lab.portcounters import PortSample
-from peercache.lab.sysroot import using_root
+from peercache.sysfs import using_root
 
 CX7 = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "hosts" / "cx7-8bond"
 

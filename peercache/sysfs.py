@@ -1,10 +1,12 @@
 """Where sysfs and /proc are read from: the real root, or a fixture tree in tests.
 
-Every sysfs / proc read of the lab goes through :func:`sysfs_path` and
-:func:`proc_path` (the pyperf habit), so a test can point the whole lab at a
+Every sysfs / proc read of the engine (RDMA device discovery) and of the lab
+(host capture, port counters, CPU samples) goes through :func:`sysfs_path`
+and :func:`proc_path` (the pyperf habit), so a test can point either at a
 folder such as ``tests/fixtures/lab/hosts/cx7-8bond`` that holds ``sys/...``
 and ``proc/...``. The root is an explicit argument; the process-wide default
 (``/``) can be changed with :func:`set_root` or, scoped, :func:`using_root`.
+The GID table of a port is read here once, for both (:func:`gid_table`).
 """
 from __future__ import annotations
 
@@ -65,3 +67,43 @@ def read_attr(path: Path) -> tuple[str | None, str | None]:
         return None, f"{path} does not exist"
     except OSError as e:  # sysfs answers EINVAL for unused GID slots, EACCES for some attrs
         return None, f"cannot read {path}: {e.strerror or e}"
+
+
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def gid_table(device: str, port: int, root: str | os.PathLike | None = None
+              ) -> tuple[list[dict], list[str]]:
+    """Populated GID entries of a port: ({index, gid, type, ndev, ipv4}, problems).
+
+    ``type`` and ``ndev`` are None where their gid_attrs file cannot be read
+    (with the reason in the entry's ``_missing``); unused slots (all zeros)
+    are left out; ``problems`` names the entries that could not be read at all.
+    """
+    base = sysfs_path("class", "infiniband", device, "ports", port, root=root)
+    try:
+        names = sorted(int(n) for n in os.listdir(base / "gids") if n.isdigit())
+    except OSError:
+        return [], []
+    entries, problems = [], []
+    for idx in names:
+        gid, why = read_attr(base / "gids" / str(idx))
+        if gid is None:
+            problems.append(why or "")
+            continue
+        if gid == ZERO_GID:
+            continue
+        e: dict = {"index": idx, "gid": gid}
+        for key, sub in (("type", "types"), ("ndev", "ndevs")):
+            text, why = read_attr(base / "gid_attrs" / sub / str(idx))
+            e[key] = text
+            if text is None:
+                e.setdefault("_missing", {})[key] = why or "not available"
+        parts = gid.split(":")
+        if gid.startswith("0000:0000:0000:0000:0000:ffff:") and len(parts) == 8:
+            v = int(parts[6] + parts[7], 16)
+            e["ipv4"] = ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
+        else:
+            e["ipv4"] = None  # an IPv6 or IB GID: no IPv4 address, not a missing value
+        entries.append(e)
+    return entries, problems
