@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from . import tags
-from .errors import ConfigError
+from .errors import ConfigError, InvalidLocation, TransportError
 from .node import Get, Node
 
 DEFAULT_DISCOVERY = "127.0.0.1:31998"
@@ -28,7 +28,8 @@ class Client:
     def __init__(self, discovery_addr: str = DEFAULT_DISCOVERY, *, protocol: str = "tcp",
                  pool_bytes: int = 0, page_size: int = 128 * 1024, bind: str = "127.0.0.1",
                  host_discovery: bool = False, dir_cache_ttl: float = 0.0, max_channels: int = 4,
-                 timeout: float = 5.0):
+                 timeout: float = 5.0, auth_key: bytes | str | None = None):
+        """``auth_key``: the cluster secret (None: $PEERCACHE_AUTH_KEY if set, else no authentication)."""
         if page_size <= 0:
             raise ConfigError(f"page_size must be positive, got {page_size}")
         slots = pool_bytes // tags.slot_stride(page_size) if pool_bytes else 0
@@ -37,7 +38,7 @@ class Client:
         self.page_size = page_size
         self.node = Node(discovery_addr, protocol=protocol, bind_host=bind, host_discovery=host_discovery,
                          pool_slots=slots, slot_capacity=page_size, max_channels=max_channels,
-                         dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout)
+                         dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout, auth_key=auth_key)
 
     # -- writes -------------------------------------------------------------------
     def put(self, key: str | bytes, data) -> None:
@@ -102,8 +103,11 @@ class Client:
             return int(r.lengths[i])
         if r.status[i] == Get.MISS:
             return None
-        raise ConfigError(f"reading {key!r} failed: {r.error or 'object larger than the output buffer'}"
-                          + ("" if r.error else f" ({room} bytes)"))
+        if i in r.invalid:
+            raise InvalidLocation(f"reading {key!r} failed: {r.error}")
+        if r.error:
+            raise TransportError(f"reading {key!r} failed: {r.error}")
+        raise ConfigError(f"reading {key!r} failed: object larger than the output buffer ({room} bytes)")
 
     def close(self) -> None:
         """Leave the cluster and free the pool."""

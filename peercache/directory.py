@@ -37,20 +37,38 @@ class Directory:
         self._by_node: dict[str, set[bytes]] = {}
         self._lock = threading.Lock()
 
-    def publish(self, node_id: str, keys: Sequence[bytes], locs: Sequence[Sequence]) -> int:
-        """Insert or replace ``keys``; a key owned by another node moves to this one."""
+    def publish(self, node_id: str, keys: Sequence[bytes], locs: Sequence[Sequence],
+                takeover: bool = True) -> int:
+        """Insert or replace ``keys``; a key owned by another node moves to this one unless not ``takeover``."""
+        return self.publish_checked(node_id, keys, locs, takeover)[0]
+
+    def publish_checked(self, node_id: str, keys: Sequence[bytes], locs: Sequence[Sequence],
+                        takeover: bool = False) -> tuple[int, list[int]]:
+        """Like :meth:`publish`; returns (published, indices of keys refused as another node's).
+
+        Without ``takeover`` (what discovery uses) only the owner of an entry
+        may overwrite it: the key stays with its owner until that node
+        unpublishes it, leaves or is dropped.
+        """
         if len(keys) != len(locs):
             raise ValueError(f"publish: {len(keys)} keys but {len(locs)} locations")
+        refused: list[int] = []
         with self._lock:
             owned = self._by_node.setdefault(node_id, set())
-            for k, loc in zip(keys, locs):
-                loc = Location(node_id, *loc[1:]) if len(loc) == 8 else Location(node_id, *loc)
+            for i, (k, loc) in enumerate(zip(keys, locs)):
+                if not isinstance(loc, Location):
+                    loc = Location(node_id, *loc[1:]) if len(loc) == 8 else Location(node_id, *loc)
                 old = self._map.get(k)
                 if old is not None and old.node_id != node_id:
+                    if not takeover:
+                        refused.append(i)
+                        continue
                     self._by_node.get(old.node_id, set()).discard(k)
                 self._map[k] = loc
                 owned.add(k)
-        return len(keys)
+            if not owned:
+                self._by_node.pop(node_id, None)
+        return len(keys) - len(refused), refused
 
     def lookup(self, keys: Iterable[bytes]) -> list[Location | None]:
         """Locations of ``keys`` in order; None for an unknown key (a miss, not an error)."""
@@ -68,6 +86,8 @@ class Directory:
                     del self._map[k]
                     owned.discard(k)
                     n += 1
+            if not owned:
+                self._by_node.pop(node_id, None)
         return n
 
     def drop_node(self, node_id: str) -> int:

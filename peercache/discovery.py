@@ -5,39 +5,97 @@ standalone meta process). Nodes register their endpoint info, heartbeat,
 and are dropped with all their directory entries when they stop. Every
 change of membership bumps the epoch, so clients can tell when to refresh
 what they cached about peers.
+
+Registration hands each node a random token (over the authenticated channel
+when the cluster has a secret). Requests in a node's name -- heartbeat,
+leave, publish, unpublish, and extra ops such as serve's ``reader_done`` --
+must carry it, so no process can speak for another node, and only the owner
+of a directory entry may overwrite or unpublish it. Every request is checked
+against :class:`~peercache.rpc.Limits`, and published locations against the
+region sizes the node registered.
 """
 from __future__ import annotations
 
+import hmac
+import secrets
 import threading
 import time
-import uuid
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Callable
 
-from .directory import Directory
+from . import tags
+from .directory import Directory, Location
+from .errors import PeerCacheError
+from .rpc import DEFAULT_LIMITS, Limits, pack
 
 #: A node that has not heartbeated for this long is dropped.
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+#: Tokens of nodes that left or expired, kept so such a node can register again under its id.
+RETIRED_TOKENS = 4096
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
+LOC_FIELDS = ("node_id", "region", "rkey", "offset", "length", "capacity", "generation", "key_hash")
+
+
+class Refused(PeerCacheError):
+    """A request the service will not carry out (not the owner, invalid location, ...)."""
 
 
 class Membership:
-    """Registered nodes and the membership epoch."""
+    """Registered nodes, their tokens, and the membership epoch."""
 
-    def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, clock=time.monotonic):
+    def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, clock=time.monotonic,
+                 limits: Limits = DEFAULT_LIMITS):
         self.heartbeat_timeout = heartbeat_timeout
         self.clock = clock
+        self.limits = limits
         self.epoch = 0
         self._nodes: dict[str, dict[str, Any]] = {}
         self._seen: dict[str, float] = {}
+        self._tokens: dict[str, str] = {}
+        self._retired: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def register(self, info: dict[str, Any]) -> tuple[str, int]:
-        """Add a node (its endpoint info); returns (node_id, epoch)."""
-        node_id = info.get("node_id") or uuid.uuid4().hex[:12]
+    def join(self, info: dict[str, Any], node_id: str | None = None,
+             token: str | None = None) -> tuple[str, str, int]:
+        """Add a node; returns (node_id, token, epoch).
+
+        ``node_id`` is kept only with the token it was issued with (a node
+        registering again after it was dropped); otherwise the node gets a
+        fresh id, so nobody can register in another node's name.
+        """
         with self._lock:
+            known = None
+            if isinstance(node_id, str) and isinstance(token, str):
+                known = self._tokens.get(node_id) or self._retired.get(node_id)
+                if known is None or not hmac.compare_digest(known, token):
+                    known = None
+            if known is None:
+                if len(self._nodes) >= self.limits.max_nodes:
+                    raise self.limits.refuse("max_nodes", f"registration of node {len(self._nodes) + 1}",
+                                             " registered nodes")
+                node_id, token = secrets.token_hex(6), secrets.token_hex(16)
+                while node_id in self._nodes or node_id in self._retired:
+                    node_id = secrets.token_hex(6)
+            self._retired.pop(node_id, None)
             self._nodes[node_id] = dict(info, node_id=node_id)
+            self._tokens[node_id] = token
             self._seen[node_id] = self.clock()
             self.epoch += 1
-            return node_id, self.epoch
+            return node_id, token, self.epoch
+
+    def register(self, info: dict[str, Any]) -> tuple[str, int]:
+        """Add a node (its endpoint info) under a fresh id; returns (node_id, epoch)."""
+        node_id, _, epoch = self.join(info)
+        return node_id, epoch
+
+    def token_ok(self, node_id: str, token: Any) -> bool | None:
+        """True if ``token`` is ``node_id``'s, False if not, None if the node is not registered."""
+        with self._lock:
+            known = self._tokens.get(node_id)
+        if known is None:
+            return None
+        return isinstance(token, str) and hmac.compare_digest(known, token)
 
     def heartbeat(self, node_id: str) -> bool:
         """Refresh a node; False when it is unknown (it must register again)."""
@@ -47,12 +105,21 @@ class Membership:
             self._seen[node_id] = self.clock()
             return True
 
+    def _retire(self, node_id: str) -> None:
+        self._nodes.pop(node_id, None)
+        self._seen.pop(node_id, None)
+        token = self._tokens.pop(node_id, None)
+        if token is not None:
+            self._retired[node_id] = token
+            while len(self._retired) > RETIRED_TOKENS:
+                self._retired.popitem(last=False)
+
     def leave(self, node_id: str) -> bool:
         """Remove a node that is shutting down."""
         with self._lock:
-            if self._nodes.pop(node_id, None) is None:
+            if node_id not in self._nodes:
                 return False
-            self._seen.pop(node_id, None)
+            self._retire(node_id)
             self.epoch += 1
             return True
 
@@ -62,8 +129,7 @@ class Membership:
         with self._lock:
             dead = [n for n, t in self._seen.items() if now - t > self.heartbeat_timeout]
             for n in dead:
-                self._nodes.pop(n, None)
-                self._seen.pop(n, None)
+                self._retire(n)
             if dead:
                 self.epoch += 1
             return dead
@@ -76,12 +142,24 @@ class Membership:
         with self._lock:
             return dict(self._nodes)
 
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+def _regions(info: dict) -> dict[int, int] | None:
+    """region id -> size in bytes as registered (None when the node registered none)."""
+    regs = info.get("regions")
+    if regs is None:
+        return None
+    return {int(r[0]): int(r[1]) for r in regs}
+
 
 class MetaService:
     """Discovery + directory as RPC handlers, with a reaper for dead nodes."""
 
-    def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT):
-        self.membership = Membership(heartbeat_timeout)
+    def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, limits: Limits | None = None):
+        self.limits = limits or DEFAULT_LIMITS
+        self.membership = Membership(heartbeat_timeout, limits=self.limits)
         self.directory = Directory()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="discovery-reaper", daemon=True)
@@ -114,40 +192,144 @@ class MetaService:
             "unpublish": self._unpublish,
         }
 
-    def _known(self, node_id: str) -> None:
-        if self.membership.get(node_id) is None:
+    # -- who is asking -----------------------------------------------------------------
+    def authorize(self, msg: dict, op: str) -> str:
+        """The node a request speaks for, if it carries that node's token; else an error."""
+        node_id, token = msg.get("node_id"), msg.get("token")
+        if not isinstance(node_id, str) or len(node_id) > 64:
+            raise Refused(f"{op} refused: it must name the registered node it comes from "
+                          "(node_id and the token discovery issued at registration)")
+        ok = self.membership.token_ok(node_id, token)
+        if ok is None:
             raise KeyError(f"node {node_id!r} is not registered (it may have been dropped "
                            "after missing heartbeats); register again")
+        if not ok:
+            raise Refused(f"{op} refused: missing or wrong token for node {node_id!r}; only the node "
+                          f"itself may {op} in its name")
+        return node_id
 
+    def owner_only(self, op: str, fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
+        """``fn`` wrapped so that only a registered node, with its token, may call ``op``."""
+        def wrapped(msg: dict) -> dict:
+            self.authorize(msg, op)
+            return fn(msg)
+        return wrapped
+
+    # -- validation ------------------------------------------------------------------
+    def _keys(self, keys: Any, op: str, field: str = "keys") -> list:
+        lim = self.limits
+        if not isinstance(keys, list):
+            raise TypeError(f"{op} needs a '{field}' list of byte strings")
+        if len(keys) > lim.max_keys_per_request:
+            raise lim.refuse("max_keys_per_request", f"{op} of {len(keys)} keys", " keys per request")
+        longest = lim.max_key_bytes
+        for i, k in enumerate(keys):
+            if type(k) is not bytes:
+                raise TypeError(f"{op}: {field}[{i}] is {type(k).__name__}; keys are byte strings")
+            if len(k) > longest:
+                raise lim.refuse("max_key_bytes", f"{op} of a {len(k)} byte key ({field}[{i}])", " bytes per key")
+        return keys
+
+    def _location(self, node_id: str, i: int, loc: Any, regions: dict[int, int] | None) -> Location:
+        if type(loc) is not list or len(loc) not in (7, 8):
+            raise Refused(f"publish refused: location {i} must be a list of the 8 fields {', '.join(LOC_FIELDS)}")
+        if len(loc) == 8:
+            if loc[0] != node_id:
+                raise Refused(f"publish refused: location {i} names node {loc[0]!r}, not the publisher "
+                              f"{node_id!r}; a node publishes only its own slots")
+            loc = loc[1:]
+        for name, v in zip(LOC_FIELDS[1:], loc):
+            if type(v) is not int or not 0 <= v <= _U64:
+                raise Refused(f"publish refused: location {i} has {name}={v!r}; every field after "
+                              "node_id is an integer in [0, 2**64)")
+        region, _rkey, offset, length, capacity, _gen, _kh = loc
+        if region > _U32:
+            raise Refused(f"publish refused: location {i} has region={region}, beyond 32 bits")
+        if length > capacity:
+            raise Refused(f"publish refused: location {i} has length {length} > capacity {capacity}")
+        if regions is not None:
+            size = regions.get(region)
+            if size is None:
+                raise Refused(f"publish refused: location {i} is in region {region}, which node "
+                              f"{node_id!r} did not register (it registered {sorted(regions)})")
+            end = offset + tags.TAG_BYTES + capacity
+            if end > size:
+                raise Refused(f"publish refused: location {i}'s slot [{offset}, {end}) lies outside "
+                              f"region {region} of {size} bytes")
+        return Location(node_id, *loc)
+
+    def _info(self, info: Any) -> dict:
+        lim = self.limits
+        if not isinstance(info, dict):
+            raise TypeError("register needs an 'info' map")
+        size = len(pack(info))
+        if size > lim.max_node_info_bytes:
+            raise lim.refuse("max_node_info_bytes", f"registration with {size} bytes of node info",
+                             " bytes of node info")
+        for k in ("name", "host", "protocol"):
+            if k in info and not isinstance(info[k], str):
+                raise TypeError(f"register: info[{k!r}] must be a string")
+        if "data" in info and not isinstance(info["data"], (dict, type(None))):
+            raise TypeError("register: info['data'] must be a map")
+        regs = info.get("regions")
+        if regs is not None:
+            if not isinstance(regs, list) or not all(
+                    type(r) is list and len(r) == 2 and all(type(x) is int and 0 <= x <= _U64 for x in r)
+                    for r in regs):
+                raise TypeError("register: info['regions'] must be a list of [region id, size] integer pairs")
+        return {k: v for k, v in info.items() if k not in ("node_id", "token")}
+
+    # -- handlers --------------------------------------------------------------------
     def _register(self, msg: dict) -> dict:
-        node_id, epoch = self.membership.register(msg["info"])
-        return {"node_id": node_id, "epoch": epoch,
-                "heartbeat_timeout": self.membership.heartbeat_timeout}
+        info = self._info(msg["info"])
+        node_id, token, epoch = self.membership.join(info, msg.get("node_id"), msg.get("token"))
+        if msg.get("node_id") == node_id:
+            self.directory.drop_node(node_id)   # a node back after being dropped republishes all
+        return {"node_id": node_id, "token": token, "epoch": epoch,
+                "heartbeat_timeout": self.membership.heartbeat_timeout, "limits": self.limits.as_dict()}
 
     def _heartbeat(self, msg: dict) -> dict:
-        return {"known": self.membership.heartbeat(msg["node_id"]), "epoch": self.membership.epoch}
+        node_id = msg["node_id"]
+        if not isinstance(node_id, str):
+            raise TypeError("heartbeat needs a 'node_id' string")
+        ok = self.membership.token_ok(node_id, msg.get("token"))
+        if ok is False:
+            raise Refused(f"heartbeat refused: missing or wrong token for node {node_id!r}; only the "
+                          "node itself may heartbeat in its name")
+        return {"known": bool(ok) and self.membership.heartbeat(node_id), "epoch": self.membership.epoch}
 
     def _leave(self, msg: dict) -> dict:
-        self.directory.drop_node(msg["node_id"])
-        return {"left": self.membership.leave(msg["node_id"]), "epoch": self.membership.epoch}
+        node_id = self.authorize(msg, "leave")
+        left = self.membership.leave(node_id)
+        self.directory.drop_node(node_id)
+        return {"left": left, "epoch": self.membership.epoch}
 
     def _members(self, msg: dict) -> dict:
         return {"epoch": self.membership.epoch, "nodes": self.membership.members()}
 
     def _publish(self, msg: dict) -> dict:
-        node_id = msg["node_id"]
-        self._known(node_id)
-        keys, locs = msg["keys"], msg["locs"]
-        if not isinstance(keys, list) or not isinstance(locs, list):
-            raise TypeError("publish needs 'keys' and 'locs' lists")
-        n = self.directory.publish(node_id, keys, locs)
-        removed = self.directory.unpublish(node_id, msg.get("unpublish") or [])
-        return {"published": n, "unpublished": removed}
+        node_id = self.authorize(msg, "publish")
+        keys, locs = self._keys(msg["keys"], "publish"), msg["locs"]
+        if not isinstance(locs, list) or len(locs) != len(keys):
+            raise TypeError(f"publish needs a 'locs' list as long as 'keys' ({len(keys)})")
+        unpub = self._keys(msg.get("unpublish") or [], "publish", "unpublish")
+        info = self.membership.get(node_id) or {}
+        regions = _regions(info)
+        rows = [self._location(node_id, i, loc, regions) for i, loc in enumerate(locs)]
+        if len(self.directory) + len(keys) > self.limits.max_directory_entries:
+            raise self.limits.refuse("max_directory_entries", f"publish of {len(keys)} keys into a "
+                                     f"directory of {len(self.directory)} entries", " entries")
+        n, refused = self.directory.publish_checked(node_id, keys, rows, takeover=False)
+        removed = self.directory.unpublish(node_id, unpub)
+        reply: dict[str, Any] = {"published": n, "unpublished": removed}
+        if refused:
+            reply.update(refused=len(refused), refused_keys=[keys[i] for i in refused[:8]],
+                         refused_reason="published by another node; only the owner of an entry may "
+                                        "overwrite it")
+        return reply
 
     def _lookup(self, msg: dict) -> dict:
-        keys = msg["keys"]
-        if not isinstance(keys, list):
-            raise TypeError("lookup needs a 'keys' list")
+        keys = self._keys(msg["keys"], "lookup")
         locs = self.directory.lookup(keys)
         nodes = {}
         for loc in locs:
@@ -157,4 +339,5 @@ class MetaService:
                 "epoch": self.membership.epoch}
 
     def _unpublish(self, msg: dict) -> dict:
-        return {"unpublished": self.directory.unpublish(msg["node_id"], msg["keys"])}
+        node_id = self.authorize(msg, "unpublish")
+        return {"unpublished": self.directory.unpublish(node_id, self._keys(msg["keys"], "unpublish"))}

@@ -23,3 +23,7 @@ class TransportError(PeerCacheError):
 
 class TransportUnavailable(TransportError):
     """The requested transport cannot run on this machine or build."""
+
+
+class InvalidLocation(PeerCacheError):
+    """The directory returned a location that cannot be a slot (a corrupt or hostile publish)."""

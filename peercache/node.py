@@ -15,12 +15,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import auth as _auth
 from . import tags
 from .directory import DirectoryCache, Location
 from .discovery import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
-from .rpc import RpcClient, RpcServer
+from .rpc import DEFAULT_LIMITS, Limits, RpcClient, RpcServer
 from .transport import make_transport
 from .transport.base import ABSENT, LOC_DTYPE, OP_DTYPE, STATUS_TEXT, Status, native_module
 
@@ -28,6 +29,33 @@ log = logging.getLogger(__name__)
 
 POOL_REGION = 1
 WILDCARDS = ("0.0.0.0", "::", "")
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+def checked_location(raw) -> tuple[Location | None, str | None]:
+    """``(Location, None)`` from a directory reply's entry, or ``(None, why)`` when it cannot be a slot.
+
+    The directory stores what producers publish; a corrupt or hostile publish
+    (a negative offset, a length beyond the slot, a string where a number
+    belongs) must become a per-key error, never a raw exception in the reader.
+    """
+    fields = Location._fields
+    if not isinstance(raw, (list, tuple)) or len(raw) != len(fields):
+        return None, f"expected {len(fields)} fields, got {str(raw)[:80]}"
+    node_id, *nums = raw
+    if not isinstance(node_id, str) or not node_id:
+        return None, f"node id {str(node_id)[:40]!r} is not a string"
+    for name, v in zip(fields[1:], nums):
+        if type(v) is not int:
+            return None, f"{name} {str(v)[:40]!r} is not an integer"
+        if not 0 <= v <= (_U32 if name == "region" else _U64):
+            return None, f"{name} {v} is out of range"
+    loc = Location(node_id, *nums)
+    if loc.length > loc.capacity:
+        return None, f"length {loc.length} exceeds the slot capacity {loc.capacity}"
+    if loc.offset + tags.HEADER_BYTES + loc.capacity + tags.TRAILER_BYTES > _U64:
+        return None, f"slot at offset {loc.offset} with capacity {loc.capacity} overflows 64 bits"
+    return loc, None
 
 
 class Get(IntEnum):
@@ -41,11 +69,13 @@ class Get(IntEnum):
 class BatchResult:
     """Per-key outcome of a batch read plus the first error's reason."""
 
-    __slots__ = ("status", "lengths", "generations", "error")
+    __slots__ = ("status", "lengths", "generations", "error", "invalid")
 
     def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
-                 error: str | None):
+                 error: str | None, invalid: frozenset = frozenset()):
         self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
+        #: indices whose directory entry was invalid (status ERROR; see :func:`checked_location`)
+        self.invalid = invalid
 
     @property
     def hits(self) -> int:
@@ -59,11 +89,17 @@ class BatchResult:
 class Node:
     """One process's membership in a PeerCache cluster."""
 
+    #: directory entries refused by :func:`checked_location` so far (each read as an ERROR)
+    bad_locations = 0
+    #: keys whose location (cached or fresh) no longer matched the slot's tag and were looked up again
+    stale_locations = 0
+
     def __init__(self, discovery_addr: str, *, protocol: str = "tcp", bind_host: str = "127.0.0.1",
                  host_discovery: bool = False, pool_slots: int = 0, slot_capacity: int = 0,
                  max_channels: int = 4, dir_cache_ttl: float = 0.0,
                  heartbeat_interval: float = 1.0, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-                 rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None):
+                 rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None,
+                 auth_key: bytes | str | None = None):
         if heartbeat_interval <= 0 or heartbeat_interval >= heartbeat_timeout:
             raise ConfigError(f"heartbeat interval {heartbeat_interval}s must be positive and below "
                               f"the timeout {heartbeat_timeout}s")
@@ -75,6 +111,12 @@ class Node:
         self.cache = DirectoryCache(dir_cache_ttl)
         self.peers: dict[str, dict[str, Any]] = {}
         self.node_id: str | None = None
+        #: issued by discovery at registration; proves requests in this node's name
+        self.token: str | None = None
+        #: discovery's request limits (from its register reply); batches are split to fit
+        self.limits: Limits = DEFAULT_LIMITS
+        #: keys this node published that stayed with another node (their owner)
+        self.publish_refused = 0
         self.epoch = 0
         self.meta: MetaService | None = None
         self.server: RpcServer | None = None
@@ -83,9 +125,17 @@ class Node:
         #: native peer handles indexed by the cache's node index (None = not connected)
         self._handles: list = []
         self._handles_lock = threading.Lock()
+        #: held across "which keys are still in the pool" + their publish RPC (see put_batch)
+        self._publish_lock = threading.Lock()
         self._native = None
         self._stop = threading.Event()
         self._hb: threading.Thread | None = None
+        #: CURVE keys from the cluster secret (auth_key=, else $PEERCACHE_AUTH_KEY); None = no auth
+        secret = _auth.resolve(auth_key)
+        self.auth = _auth.curve_keys(secret)
+        #: what the data server's connection handshake will check (None without a secret)
+        self.data_token = _auth.data_token(secret) if secret else None
+        del secret
         try:
             self.transport = make_transport(protocol, max_channels=max_channels, **(transport_options or {}))
             mod, _ = native_module()
@@ -93,8 +143,10 @@ class Node:
                 self._native = mod
             if host_discovery:
                 self.meta = MetaService(heartbeat_timeout)
-                self.server = RpcServer(discovery_addr, self.meta.handlers()).start()
-            self.discovery = RpcClient(discovery_addr, timeout=rpc_timeout, what="discovery")
+                self.server = RpcServer(discovery_addr, self.meta.handlers(), auth=self.auth,
+                                        limits=self.meta.limits, deferred_ops=("members",),
+                                        warn_open=True).start()
+            self.discovery = RpcClient(discovery_addr, timeout=rpc_timeout, what="discovery", auth=self.auth)
             data_info: dict[str, Any] = {}
             if pool_slots:
                 self.pool = Pool(pool_slots, slot_capacity, region_id=POOL_REGION)
@@ -111,6 +163,9 @@ class Node:
             self.info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                          "protocol": protocol, "data": data_info,
                          "control": control.address if control else None}
+            if self.pool is not None:
+                # discovery refuses locations outside the regions a node registered
+                self.info["regions"] = [[POOL_REGION, self.pool.size]]
             self._register()
         except BaseException:
             self.close(leave=False)
@@ -120,15 +175,25 @@ class Node:
 
     # -- membership -------------------------------------------------------------
     def _register(self) -> None:
-        if self.node_id:
-            self.info["node_id"] = self.node_id
-        reply = self.discovery.call("register", info=self.info)
+        again = {"node_id": self.node_id, "token": self.token} if self.node_id and self.token else {}
+        reply = self.discovery.call("register", info=self.info, **again)
         self.node_id, self.epoch = reply["node_id"], reply["epoch"]
+        self.token = reply.get("token")
+        self.limits = Limits.from_dict(reply.get("limits"))
 
     def _heartbeat_loop(self) -> None:
+        # A socket of its own: a heartbeat never waits for this node's other requests (a big
+        # lookup in flight, or one waiting out its timeout) to release the shared client.
+        hb = RpcClient(self.discovery_addr, timeout=self.discovery.timeout, what="discovery", auth=self.auth)
+        try:
+            self._heartbeats(hb)
+        finally:
+            hb.close()
+
+    def _heartbeats(self, hb: RpcClient) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             try:
-                reply = self.discovery.call("heartbeat", node_id=self.node_id)
+                reply = hb.call("heartbeat", node_id=self.node_id, token=self.token)
                 if not reply["known"]:
                     log.warning("discovery forgot node %s; registering again", self.node_id)
                     self._register()
@@ -147,8 +212,52 @@ class Node:
                 ref.capacity, ref.generation, ref.key_hash]
 
     def _publish(self, refs: Sequence[SlotRef], evicted: Sequence[bytes]) -> None:
-        self.discovery.call("publish", node_id=self.node_id, keys=[r.key for r in refs],
-                            locs=[self._loc(r) for r in refs], unpublish=list(evicted))
+        """Publish ``refs`` and unpublish ``evicted``: one RPC, or as many as discovery's limits need."""
+        keys = [r.key for r in refs]
+        locs = [self._loc(r) for r in refs]
+        evicted = list(evicted)
+        parts = list(self._chunks(keys, 100 + len(self.node_id or "")))
+        together = len(parts) == 1 and len(list(self._chunks(evicted, 8))) == 1
+        refused, example = 0, None
+        for a, b in parts:
+            reply = self.discovery.call("publish", node_id=self.node_id, token=self.token, keys=keys[a:b],
+                                        locs=locs[a:b], unpublish=evicted if together else [])
+            if reply.get("refused"):
+                refused += reply["refused"]
+                example = example or (reply.get("refused_keys") or [None])[0]
+        if evicted and not together:
+            self._unpublish(evicted)
+        if refused:
+            self.publish_refused += refused
+            log.warning("%d key(s) (e.g. %r) were already published by another node and stay with it: "
+                        "only the owner of a directory entry may overwrite it", refused, example)
+
+    def _unpublish(self, keys: Sequence[bytes]) -> int:
+        n = 0
+        for a, b in self._chunks(keys, 8):
+            n += self.discovery.call("unpublish", node_id=self.node_id, token=self.token,
+                                     keys=list(keys[a:b]))["unpublished"]
+        return n
+
+    def _chunks(self, keys: Sequence[bytes], per_key: int):
+        """(start, end) slices of ``keys`` that fit one request under discovery's limits.
+
+        ``per_key`` is what each key adds to a request beyond its own bytes.
+        One slice (maybe empty) when everything fits, the common case.
+        """
+        lim = self.limits
+        budget = lim.max_message_bytes - (64 << 10)
+        n = len(keys)
+        if n <= lim.max_keys_per_request and sum(map(len, keys)) + per_key * n <= budget:
+            yield 0, n
+            return
+        ends = np.cumsum(np.fromiter(map(len, keys), np.int64, n) + per_key)   # bytes up to each key
+        start, before = 0, 0
+        while start < n:
+            fit = int(np.searchsorted(ends, before + budget, side="right"))
+            end = min(n, start + lim.max_keys_per_request, max(fit, start + 1))
+            yield start, end
+            start, before = end, int(ends[end - 1])
 
     def put_batch(self, keys: Sequence[bytes], values: Sequence | None = None,
                   fill: Callable[[np.ndarray, SlotRef], None] | None = None) -> list[SlotRef]:
@@ -156,40 +265,87 @@ class Node:
         if self.pool is None:
             raise ConfigError("this node has no pool to put into; create it with a pool "
                               "(Client(pool_bytes=...) or peercache-bench serve)")
-        refs, evicted = [], []
+        refs, evicted = [], {}
         for i, k in enumerate(keys):
             ref, old = self.pool.put(k, None if values is None else values[i], fill)
             refs.append(ref)
-            if old is not None and old.key not in keys:
-                evicted.append(old.key)
-        self._publish(refs, evicted)
+            if old is not None:
+                evicted[old.key] = None
+        # A batch larger than the free slots evicts its own earlier keys, and a
+        # repeated key leaves an older ref behind: publish exactly the refs that
+        # are still current and unpublish every evicted key no longer in the
+        # pool. The check and the RPC are one step under the lock, so a
+        # concurrent put_batch/remove_batch cannot publish a key after its
+        # eviction was unpublished.
+        with self._publish_lock:
+            live = [r for r in refs if self.pool.ref(r.key) == r]
+            gone = [k for k in evicted if self.pool.ref(k) is None]
+            self._publish(live, gone)
         return refs
 
     def remove_batch(self, keys: Sequence[bytes]) -> int:
         """Remove objects from the pool and the directory."""
         removed = [k for k in keys if self.pool is not None and self.pool.remove(k) is not None]
         if removed:
-            self.discovery.call("unpublish", node_id=self.node_id, keys=removed)
+            with self._publish_lock:
+                self._unpublish(removed)
         return len(removed)
 
     # -- consuming ------------------------------------------------------------------
-    def lookup(self, keys: Sequence[bytes], use_cache: bool = True) -> list[Location | None]:
-        """Locations of ``keys``: cached ones, the rest with one directory RPC."""
+    def lookup(self, keys: Sequence[bytes], use_cache: bool = True,
+               bad: list | None = None) -> list[Location | None]:
+        """Locations of ``keys``: cached ones, the rest with one directory RPC.
+
+        An invalid directory entry reads as None; with ``bad`` its
+        ``(index, why)`` is appended there. Invalid entries are never cached.
+        """
         locs = self.cache.get_many(keys) if use_cache else [None] * len(keys)
         missing = [i for i, l in enumerate(locs) if l is None]
         if missing:
-            fresh = self._directory_lookup([keys[i] for i in missing])
+            sub_bad: list = []
+            fresh = self._directory_lookup([keys[i] for i in missing], sub_bad)
             for i, l in zip(missing, fresh):
                 locs[i] = l
             self.cache.put_many([keys[i] for i in missing], fresh)
+            if bad is not None:
+                bad.extend((missing[j], why) for j, why in sub_bad)
         return locs
 
-    def _directory_lookup(self, keys: Sequence[bytes]) -> list[Location | None]:
-        """One lookup RPC (no cache); remembers the endpoints and epoch the reply carries."""
-        reply = self.discovery.call("lookup", keys=list(keys))
+    def _directory_lookup(self, keys: Sequence[bytes], bad: list | None = None) -> list[Location | None]:
+        """One lookup RPC (no cache); remembers the endpoints and epoch the reply carries.
+
+        Entries that cannot be a slot become None, counted in ``bad_locations``
+        and appended to ``bad`` as ``(index, why)``.
+        """
+        reply = self._lookup_rpc(keys)
         self.peers.update(reply["nodes"])
         self.epoch = reply["epoch"]
-        return [None if l is None else Location(*l) for l in reply["locs"]]
+        out: list[Location | None] = []
+        for i, raw in enumerate(reply["locs"]):
+            if raw is None:
+                out.append(None)
+                continue
+            loc, why = checked_location(raw)
+            if loc is None:
+                self.bad_locations += 1
+                if self.bad_locations == 1:
+                    log.warning("directory entry of %r is invalid (%s); reading it as an error", keys[i], why)
+                if bad is not None:
+                    bad.append((i, why))
+            out.append(loc)
+        return out
+
+    @staticmethod
+    def _mark_invalid(keys, bad: list, status: np.ndarray, error: str | None) -> tuple[str | None, frozenset]:
+        """Set status ERROR for the ``(index, why)`` pairs of ``bad``; (first error, their indices)."""
+        if not bad:
+            return error, frozenset()
+        for i, _ in bad:
+            status[i] = Get.ERROR
+        i, why = bad[0]
+        error = error or (f"directory entry of key {keys[i]!r} is invalid ({why}); it was published "
+                          "with a corrupt location")
+        return error, frozenset(i for i, _ in bad)
 
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
                        capacities: Sequence[int] | np.ndarray | None = None) -> BatchResult:
@@ -206,13 +362,17 @@ class Node:
         status = np.full(n, int(Get.MISS), dtype=np.int8)
         lengths = np.zeros(n, dtype=np.uint64)
         gens = np.zeros(n, dtype=np.uint64)
-        locs = self.lookup(keys)
+        bad: list = []
+        locs = self.lookup(keys, bad=bad)
         error = self._read(keys, locs, dest, offsets, capacities, status, lengths, gens)
         stale = [i for i in range(n) if status[i] == Get.MISS and locs[i] is not None]
         if stale:
+            self.stale_locations += len(stale)
             skeys = [keys[i] for i in stale]
             self.cache.invalidate(skeys)
-            again = self.lookup(skeys, use_cache=False)
+            bad2: list = []
+            again = self.lookup(skeys, use_cache=False, bad=bad2)
+            bad += [(stale[j], why) for j, why in bad2]
             idx = np.asarray(stale)
             sub_status = np.full(len(stale), int(Get.MISS), dtype=np.int8)
             sub_len = np.zeros(len(stale), dtype=np.uint64)
@@ -221,7 +381,8 @@ class Node:
             err2 = self._read(skeys, again, dest, offsets[idx], sub_cap, sub_status, sub_len, sub_gen)
             status[idx], lengths[idx], gens[idx] = sub_status, sub_len, sub_gen
             error = error or err2
-        return BatchResult(status, lengths, gens, error)
+        error, invalid = self._mark_invalid(keys, bad, status, error)
+        return BatchResult(status, lengths, gens, error, invalid)
 
     # -- the native batch path ---------------------------------------------------------
     def _get_native(self, keys, dest, offsets, capacities) -> BatchResult:
@@ -237,8 +398,9 @@ class Node:
         if prepare is not None:
             prepare(dest)   # rdma: the destination must be registered on every rail (cached)
         locs = np.empty(n, dtype=LOC_DTYPE)
+        bad: list = []
         if self.cache.lookup_into(keys, locs) < n:
-            self._fill_from_directory(keys, locs)
+            self._fill_from_directory(keys, locs, bad)
         status = np.empty(n, dtype=np.int8)
         lengths = np.empty(n, dtype=np.uint64)
         gens = np.empty(n, dtype=np.uint64)
@@ -247,26 +409,36 @@ class Node:
         if stale:
             # A tag mismatch: the slot was evicted, reused or torn. One fresh lookup, then a miss.
             idx = np.flatnonzero(codes == self._native.TAG_MISMATCH)
+            self.stale_locations += len(idx)
             skeys = [keys[i] for i in idx]
             self.cache.invalidate(skeys)
             sub = np.empty(len(idx), dtype=LOC_DTYPE)
             sub["node"] = ABSENT
-            self._fill_from_directory(skeys, sub)
+            bad2: list = []
+            self._fill_from_directory(skeys, sub, bad2)
+            bad += [(int(idx[j]), why) for j, why in bad2]
             s_st, s_len = np.empty(len(idx), np.int8), np.empty(len(idx), np.uint64)
             s_gen, s_code = np.empty(len(idx), np.uint64), np.empty(len(idx), np.int32)
             err2, _ = self._read_native(sub, dest, offsets[idx], None if caps is None else caps[idx],
                                         s_st, s_len, s_gen, s_code)
             status[idx], lengths[idx], gens[idx] = s_st, s_len, s_gen
             error = error or err2
-        return BatchResult(status, lengths, gens, error)
+        error, invalid = self._mark_invalid(keys, bad, status, error)
+        return BatchResult(status, lengths, gens, error, invalid)
 
-    def _fill_from_directory(self, keys: list, locs: np.ndarray) -> None:
-        """Look up the rows of ``locs`` that are ABSENT with one directory RPC."""
+    def _fill_from_directory(self, keys: list, locs: np.ndarray, bad: list | None = None) -> None:
+        """Look up the rows of ``locs`` that are ABSENT with one directory RPC.
+
+        Invalid entries stay ABSENT and go to ``bad`` as ``(index into keys, why)``.
+        """
         miss = np.flatnonzero(locs["node"] == ABSENT)
         mkeys = [keys[i] for i in miss]
-        rows = self.cache.rows(self._directory_lookup(mkeys))
+        sub_bad: list = []
+        rows = self.cache.rows(self._directory_lookup(mkeys, sub_bad))
         locs[miss] = rows
         self.cache.put_rows(mkeys, rows)
+        if bad is not None:
+            bad.extend((int(miss[j]), why) for j, why in sub_bad)
 
     def _read_native(self, locs, dest, offsets, caps, status, lengths, gens, codes) -> tuple[str | None, int]:
         """One native batch (all nodes); returns (first error, number of stale tags)."""
@@ -399,19 +571,49 @@ class Node:
         return data
 
     def exists_batch(self, keys: Sequence[bytes]) -> list[bool]:
-        """Whether the directory knows each key (no data is read)."""
-        return [l is not None for l in self.lookup(keys)]
+        """Whether the directory knows each key (no data is read).
+
+        A key whose entry is invalid is known (a read of it is an error, not a miss).
+        """
+        bad: list = []
+        present = [l is not None for l in self.lookup(keys, bad=bad)]
+        for i, _ in bad:
+            present[i] = True
+        return present
 
     def members(self) -> dict[str, dict[str, Any]]:
         """Current membership as discovery sees it."""
         return self.discovery.call("members")["nodes"]
 
     # -- lifecycle ------------------------------------------------------------------
-    def add_handler(self, op: str, fn) -> None:
-        """Serve an extra control op (only on the discovery-hosting node)."""
-        if self.server is None:
+    def add_handler(self, op: str, fn, owner_only: bool = True) -> None:
+        """Serve an extra control op (only on the discovery-hosting node).
+
+        With ``owner_only`` a request must come from a registered node, with
+        the token discovery issued it (a peer's :meth:`call`); others are refused.
+        """
+        if self.server is None or self.meta is None:
             raise ConfigError("only the node that hosts discovery serves extra ops")
-        self.server.handlers[op] = fn
+        self.server.handlers[op] = self.meta.owner_only(op, fn) if owner_only else fn
+
+    def call(self, op: str, timeout: float | None = None, **fields) -> dict:
+        """Send ``op`` to discovery in this node's name (its id and token), e.g. serve's reader_done."""
+        return self.discovery.call(op, timeout=timeout, node_id=self.node_id, token=self.token, **fields)
+
+    def _lookup_rpc(self, keys: Sequence[bytes]) -> dict:
+        """The lookup reply for ``keys``: one RPC, or as many as discovery's limits need, merged."""
+        parts = list(self._chunks(keys, 8))
+        if len(parts) == 1:
+            return self.discovery.call("lookup", keys=list(keys))
+        locs: list = []
+        nodes: dict = {}
+        epoch = self.epoch
+        for a, b in parts:
+            r = self.discovery.call("lookup", keys=list(keys[a:b]))
+            locs += r["locs"]
+            nodes.update(r["nodes"])
+            epoch = r["epoch"]
+        return {"locs": locs, "nodes": nodes, "epoch": epoch}
 
     def close(self, leave: bool = True) -> None:
         """Leave the cluster and release every resource (idempotent)."""
@@ -421,7 +623,7 @@ class Node:
         disc = getattr(self, "discovery", None)
         if leave and disc is not None and self.node_id:
             try:
-                disc.call("leave", node_id=self.node_id, timeout=1.0)
+                disc.call("leave", node_id=self.node_id, token=self.token, timeout=1.0)
             except (RpcError, DiscoveryUnreachable):
                 pass
         if disc is not None:

@@ -4,28 +4,98 @@ A request is a msgpack map with an ``op`` field; the reply is a map with
 ``ok`` (bool) and either the result fields or ``error`` (a sentence). The
 server answers malformed or oversized requests with an error reply and keeps
 serving; the client bounds every wait and says which address did not answer.
+
+No request can hold the control plane up. One I/O thread owns the socket:
+it answers every small request itself, in the order ZeroMQ fair-queues them
+across clients, so heartbeats, registrations and small lookups are served
+within milliseconds. Large requests (and the ops named ``deferred_ops``) go to
+a worker thread that takes one request per client in turn, at most
+``max_pending_per_client`` queued per client and ``max_queued_bytes`` in all;
+beyond that a request is refused at once. Every request is bounded by
+:class:`Limits` (bytes per message, keys per request, key length, ...), and a
+refusal names the limit and its value; clients split big batches to fit.
+
+With an auth key (:mod:`peercache.auth`) the server is a CURVE server that
+accepts only clients holding the cluster secret; a client without it gets no
+answer at all, so :class:`RpcClient` watches its connection's handshake and
+says "wrong or missing auth key?" instead of only "no reply".
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import logging
+import re
 import threading
 import time
 from typing import Any, Callable
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from . import auth as _auth
 from .errors import DiscoveryUnreachable, PeerCacheError, RpcError
 
 log = logging.getLogger(__name__)
 
 #: Largest request body the server will decode; larger ones get an error reply.
-MAX_REQUEST_BYTES = 16 << 20
-#: Hard cap at the socket: ZeroMQ drops peers that send more than this.
-SOCKET_MAX_BYTES = 64 << 20
+MAX_REQUEST_BYTES = 8 << 20
+#: Hard cap at the socket (ZMQ_MAXMSGSIZE), as a multiple of the message limit: up to it an
+#: oversized request gets an error reply naming the limit; beyond it ZeroMQ drops the peer.
+SOCKET_MAX_FACTOR = 4
+SOCKET_MAX_BYTES = SOCKET_MAX_FACTOR * MAX_REQUEST_BYTES
+#: Largest reply a client accepts (members and lookups of many nodes can exceed a request).
+MAX_REPLY_BYTES = 64 << 20
+#: Requests up to this size are decoded and answered by the I/O thread itself.
+INLINE_BYTES = 64 << 10
 
 Handler = Callable[[dict], dict]
+_SERIAL = itertools.count(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one control request may carry; the server refuses more, naming the limit."""
+
+    max_message_bytes: int = MAX_REQUEST_BYTES
+    max_keys_per_request: int = 65536
+    max_key_bytes: int = 4096
+    max_node_info_bytes: int = 8192
+    max_nodes: int = 1024
+    max_directory_entries: int = 1 << 24
+    max_map_entries: int = 1024
+    max_containers_per_request: int = 2 * 65536 + 1024
+    max_pending_per_client: int = 8
+    max_queued_bytes: int = 64 << 20
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Limits":
+        """The limits a server announced (its register reply); defaults for what it did not say."""
+        if not isinstance(d, dict):
+            return DEFAULT_LIMITS
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names and type(v) is int and v > 0})
+
+    def refuse(self, name: str, what: str, unit: str = "", hint: str = "") -> "LimitExceeded":
+        """The error for ``what`` going over the limit ``name``."""
+        return LimitExceeded(f"{what} refused: at most {getattr(self, name)}{unit} (limit {name}){hint}",
+                             name)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class LimitExceeded(PeerCacheError):
+    """A request over one of the server's :class:`Limits`."""
+
+    def __init__(self, message: str, limit: str):
+        super().__init__(message)
+        self.limit = limit
 
 
 def endpoint(addr: str) -> str:
@@ -48,25 +118,133 @@ def unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+_OP_NAME = re.compile(rb"[A-Za-z_]{1,31}")
+_ARRAY_TOO_LONG = re.compile(r"(\d+) exceeds max_array_len\((\d+)\)")
+_MAP_TOO_LONG = re.compile(r"(\d+) exceeds max_map_len\((\d+)\)")
+
+
+def _op_hint(body) -> str:
+    """The op of a request that was not decoded, best effort (clients pack ``op`` last)."""
+    tail = bytes(body[-40:])
+    i = tail.rfind(b"\xa2op")
+    if i < 0 or i + 4 > len(tail):
+        return "request"
+    n = tail[i + 3] - 0xa0
+    op = tail[i + 4:i + 4 + n]
+    if not 1 <= n <= 31 or len(op) != n or not _OP_NAME.fullmatch(op):
+        return "request"
+    return op.decode()
+
+
+def _peek_keys(body) -> int | None:
+    """Length of the ``keys`` array when it is the request's first field, read from the header only."""
+    try:
+        u = msgpack.Unpacker(raw=False, max_buffer_size=1 << 10)
+        u.feed(bytes(body[:64]))
+        if u.read_map_header() < 1 or u.unpack() != "keys":
+            return None
+        return u.read_array_header()
+    except Exception:
+        return None
+
+
+class _Budget:
+    """Counts arrays and maps while a large request decodes; stops it past the limit."""
+
+    __slots__ = ("left", "limits")
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.left = limits.max_containers_per_request
+
+    def list_hook(self, obj):
+        self.left -= 1
+        if self.left < 0:
+            raise self.limits.refuse("max_containers_per_request", "request with more arrays and maps",
+                                     " arrays and maps per request")
+        return obj
+
+    def object_hook(self, obj):
+        return self.list_hook(obj)
+
+
+class _LogLimiter:
+    """At most ``burst`` warnings per ``period`` seconds, then one line saying how many were dropped."""
+
+    def __init__(self, burst: int = 5, period: float = 10.0):
+        self.burst, self.period = burst, period
+        self.start, self.count, self.dropped = 0.0, 0, 0
+
+    def warn(self, fmt: str, *args) -> None:
+        now = time.monotonic()
+        if now - self.start > self.period:
+            if self.dropped:
+                log.warning("rpc: %d more error replies in the last %.0f s were not logged",
+                            self.dropped, self.period)
+            self.start, self.count, self.dropped = now, 0, 0
+        if self.count < self.burst:
+            self.count += 1
+            log.warning(fmt, *args)
+        else:
+            self.dropped += 1
+
+
 class RpcServer:
-    """ROUTER socket served by one thread; ``handlers`` maps op name -> function."""
+    """ROUTER socket with an I/O thread and a worker thread; ``handlers`` maps op name -> function.
+
+    Handlers run on either thread (small requests on the I/O thread, large
+    ones on the worker), so they must be thread-safe.
+    """
 
     def __init__(self, bind: str, handlers: dict[str, Handler] | None = None,
-                 ctx: zmq.Context | None = None):
-        self.ctx = ctx or zmq.Context.instance()
+                 ctx: zmq.Context | None = None, *, auth: _auth.CurveKeys | None = None,
+                 limits: Limits | None = None, inline_bytes: int = INLINE_BYTES,
+                 deferred_ops: tuple[str, ...] = (), warn_open: bool = False):
+        self.limits = limits or DEFAULT_LIMITS
         self.handlers: dict[str, Handler] = dict(handlers or {})
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)
+        self.auth = auth
+        self.inline_bytes = inline_bytes
+        self.deferred_ops = frozenset(deferred_ops)
+        # A ZAP handler is per context: a server with a secret gets a context of its own.
+        self._own_ctx = auth is not None
+        self.ctx = zmq.Context() if self._own_ctx else (ctx or zmq.Context.instance())
+        self._zap: zmq.Socket | None = None
+        self._pipe = f"inproc://peercache-rpc-replies-{next(_SERIAL)}-{id(self):x}"
+        self._replies: zmq.Socket | None = None
+        self.sock: zmq.Socket | None = None
         try:
+            if auth is not None:
+                # Bound before the ROUTER: a CURVE server without a ZAP handler would accept anyone.
+                self._zap = self.ctx.socket(zmq.REP)
+                self._zap.setsockopt(zmq.LINGER, 0)
+                self._zap.bind("inproc://zeromq.zap.01")
+            self._replies = self.ctx.socket(zmq.PULL)
+            self._replies.setsockopt(zmq.LINGER, 0)
+            self._replies.bind(self._pipe)
+            self.sock = self.ctx.socket(zmq.ROUTER)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_FACTOR * self.limits.max_message_bytes)
+            self.sock.setsockopt(zmq.RCVHWM, 64)
+            self.sock.setsockopt(zmq.SNDHWM, 256)
+            if auth is not None:
+                auth.server(self.sock)
             self.sock.bind(endpoint(bind))
         except zmq.ZMQError as e:
-            self.sock.close()
+            self._close_sockets()
             raise PeerCacheError(f"cannot listen on {bind}: {e}; pick another port or "
                                  "stop the process that holds it") from e
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if warn_open:
+            _auth.warn_if_open(bind, auth)
         self._stop = threading.Event()
+        self._cv = threading.Condition()
+        self._queues: dict[bytes, collections.deque] = {}
+        self._order: collections.deque[bytes] = collections.deque()
+        self._queued_bytes = 0
+        self._logs = _LogLimiter()
+        self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._loop, name=f"rpc-{bind}", daemon=True)
+        self._worker = threading.Thread(target=self._work, name=f"rpc-worker-{bind}", daemon=True)
 
     @property
     def port(self) -> int:
@@ -74,81 +252,315 @@ class RpcServer:
         return int(self.address.rsplit(":", 1)[1])
 
     def start(self) -> "RpcServer":
+        self._worker.start()
         self._thread.start()
         return self
 
-    def handle(self, body: bytes) -> dict:
-        """Decode, dispatch and always return a reply map (never raises)."""
-        if len(body) > MAX_REQUEST_BYTES:
-            return {"ok": False, "error": f"request of {len(body)} bytes exceeds the "
-                    f"{MAX_REQUEST_BYTES} byte limit; split the batch"}
+    # -- decoding and dispatch ------------------------------------------------------
+    def _decode(self, body, large: bool) -> tuple[dict | None, dict | None]:
+        """(request map, None) or (None, error reply)."""
+        n = len(body)
+        lim = self.limits
+        if n > lim.max_message_bytes:
+            count = _peek_keys(body)
+            if count is not None and count > lim.max_keys_per_request:
+                e = lim.refuse("max_keys_per_request", f"{_op_hint(body)} of {count} keys", " keys per request")
+            else:
+                e = lim.refuse("max_message_bytes", f"{_op_hint(body)} of {n} bytes (exceeds the size limit)",
+                               " bytes per message", "; split the batch")
+            return None, self._error(e)
         try:
-            msg = unpack(body)
-        except Exception as e:  # any msgpack decode failure
-            return {"ok": False, "error": f"malformed request (not msgpack: {e})"}
-        if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-            return {"ok": False, "error": "malformed request: expected a map with an 'op' string"}
-        fn = self.handlers.get(msg["op"])
+            kw: dict[str, Any] = {}
+            if large:
+                budget = _Budget(lim)
+                kw = {"list_hook": budget.list_hook, "object_hook": budget.object_hook}
+            msg = msgpack.unpackb(body, raw=False, strict_map_key=False,
+                                  max_array_len=lim.max_keys_per_request,
+                                  max_map_len=lim.max_map_entries, **kw)
+        except LimitExceeded as e:
+            return None, self._error(e)
+        except ValueError as e:
+            m = _ARRAY_TOO_LONG.search(str(e))
+            if m:
+                return None, self._error(lim.refuse(
+                    "max_keys_per_request", f"{_op_hint(body)} of {m.group(1)} keys", " keys per request"))
+            m = _MAP_TOO_LONG.search(str(e))
+            if m:
+                return None, self._error(lim.refuse(
+                    "max_map_entries", f"{_op_hint(body)} with a map of {m.group(1)} entries",
+                    " entries per map"))
+            return None, {"ok": False, "error": f"malformed request (not msgpack: {e})"}
+        except Exception as e:  # any other msgpack decode failure (unhashable keys, depth, ...)
+            return None, {"ok": False, "error": f"malformed request (not msgpack: {type(e).__name__}: {e})"}
+        if not isinstance(msg, dict) or not isinstance(msg.get("op"), str) or len(msg["op"]) > 64:
+            return None, {"ok": False, "error": "malformed request: expected a map with an 'op' string"}
+        return msg, None
+
+    @staticmethod
+    def _error(e: PeerCacheError) -> dict:
+        reply = {"ok": False, "error": str(e)}
+        if isinstance(e, LimitExceeded):
+            reply["limit"] = e.limit
+        return reply
+
+    def _dispatch(self, msg: dict) -> dict:
+        op = msg["op"]
+        fn = self.handlers.get(op)
         if fn is None:
-            return {"ok": False, "error": f"unknown op {msg['op']!r}; this node serves "
-                    f"{sorted(self.handlers)}"}
+            return {"ok": False, "error": f"unknown op {op!r}; this node serves {sorted(self.handlers)}"}
         try:
             reply = fn(msg)
         except PeerCacheError as e:
-            return {"ok": False, "error": str(e)}
-        except (KeyError, TypeError, ValueError) as e:
-            return {"ok": False, "error": f"bad {msg['op']!r} request: {type(e).__name__}: {e}"}
+            return self._error(e)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+            return {"ok": False, "error": f"bad {op!r} request: {type(e).__name__}: {e}"}
         except Exception as e:  # keep serving; the caller gets the reason
-            log.exception("rpc handler %s failed", msg["op"])
-            return {"ok": False, "error": f"{msg['op']} failed on the server: {type(e).__name__}: {e}"}
+            log.exception("rpc handler %s failed", op)
+            return {"ok": False, "error": f"{op} failed on the server: {type(e).__name__}: {e}"}
+        if not isinstance(reply, dict):
+            return {"ok": False, "error": f"{op} failed on the server: handler returned "
+                    f"{type(reply).__name__}, not a map"}
         reply.setdefault("ok", True)
         return reply
 
+    def handle(self, body, large: bool | None = None) -> dict:
+        """Decode, dispatch and always return a reply map (never raises)."""
+        msg, err = self._decode(body, len(body) > self.inline_bytes if large is None else large)
+        return err if msg is None else self._dispatch(msg)
+
+    def _pack_reply(self, reply: dict) -> bytes:
+        if not reply.get("ok"):
+            self.stats["errors"] += 1
+            self._logs.warn("rpc error reply: %s", reply.get("error"))
+        try:
+            return pack(reply)
+        except Exception as e:
+            return pack({"ok": False, "error": f"reply could not be encoded: {type(e).__name__}: {e}"})
+
+    # -- the I/O thread -------------------------------------------------------------
     def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(100):
-                continue
-            frames = self.sock.recv_multipart()
-            if len(frames) < 2:
-                continue
-            ident, body = frames[0], frames[-1]
-            reply = self.handle(body)
-            if not reply["ok"]:
-                log.warning("rpc error reply: %s", reply["error"])
-            # DEALER clients send [b"", req_id, body]; echo the id back.
-            self.sock.send_multipart([ident, *frames[1:-1], pack(reply)])
-        self.sock.close(0)
+        poller.register(self._replies, zmq.POLLIN)
+        if self._zap is not None:
+            poller.register(self._zap, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(100))
+                if not ready:
+                    continue
+                if self._zap is not None and self._zap in ready:
+                    for _ in range(64):
+                        try:
+                            frames = self._zap.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._zap.send_multipart(_auth.zap_reply(frames, self.auth))
+                if self._replies in ready:
+                    for _ in range(256):
+                        try:
+                            frames = self._replies.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self.sock.send_multipart(frames)
+                if self.sock in ready:
+                    for _ in range(64):
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._on_request(frames)
+        except Exception:  # never let the control plane die silently
+            log.exception("rpc server on %s stopped on an unexpected error", self.address)
+            raise
+        finally:
+            for s in (self.sock, self._replies, self._zap):
+                if s is not None:
+                    s.close(0)
+
+    def _on_request(self, frames: list) -> None:
+        self.stats["requests"] += 1
+        if len(frames) < 2:
+            self.stats["dropped"] += 1
+            return
+        ident = frames[0].bytes
+        envelope = [f.bytes for f in frames[1:-1]]
+        if len(envelope) > 4 or any(len(e) > 255 for e in envelope):
+            # Not a client of ours (DEALER clients send [b"", request id, body]): nothing to answer to.
+            self.stats["dropped"] += 1
+            return
+        body = frames[-1]
+        n = len(body)
+        if n <= self.inline_bytes:
+            msg, err = self._decode(body.bytes, large=False)
+            if msg is not None and msg["op"] in self.deferred_ops:
+                self._enqueue(ident, envelope, msg, n)
+                return
+            reply = err if msg is None else self._dispatch(msg)
+        elif n > self.limits.max_message_bytes:
+            reply = self.handle(body.buffer, large=True)   # refused on size before decoding
+        else:
+            self._enqueue(ident, envelope, body, n)
+            return
+        self.sock.send_multipart([ident, *envelope, self._pack_reply(reply)])
+
+    def _enqueue(self, ident: bytes, envelope: list, payload, n: int) -> None:
+        lim = self.limits
+        with self._cv:
+            q = self._queues.get(ident)
+            refused = None
+            if q is not None and len(q) >= lim.max_pending_per_client:
+                refused = lim.refuse("max_pending_per_client", f"request ({len(q)} already queued from "
+                                     "this client)", " queued large requests per client", "; wait for replies")
+            elif self._queued_bytes + n > lim.max_queued_bytes:
+                refused = lim.refuse("max_queued_bytes", f"request of {n} bytes (server busy: "
+                                     f"{self._queued_bytes} bytes queued)", " bytes queued", "; retry later")
+            if refused is None:
+                if q is None:
+                    q = self._queues[ident] = collections.deque()
+                    self._order.append(ident)
+                q.append((envelope, payload, n))
+                self._queued_bytes += n
+                self._cv.notify()
+                return
+        self.stats["busy"] += 1
+        self.sock.send_multipart([ident, *envelope, self._pack_reply(self._error(refused))])
+
+    # -- the worker thread ----------------------------------------------------------
+    def _work(self) -> None:
+        push = self.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(self._pipe)
+        try:
+            while True:
+                with self._cv:
+                    while not self._order and not self._stop.is_set():
+                        self._cv.wait(0.5)
+                    if self._stop.is_set():
+                        return
+                    ident = self._order.popleft()
+                    q = self._queues[ident]
+                    envelope, payload, n = q.popleft()
+                    self._queued_bytes -= n
+                    if q:
+                        self._order.append(ident)   # round robin: one request per client in turn
+                    else:
+                        del self._queues[ident]
+                if isinstance(payload, dict):
+                    reply = self._dispatch(payload)
+                else:
+                    reply = self.handle(payload.buffer, large=True)
+                del payload
+                push.send_multipart([ident, *envelope, self._pack_reply(reply)])
+        finally:
+            push.close(0)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def _close_sockets(self) -> None:
+        for s in (self.sock, self._replies, self._zap):
+            if s is not None and not s.closed:
+                s.close(0)
+        if self._own_ctx:
+            self.ctx.term()
 
     def stop(self) -> None:
-        """Stop the serving thread and close the socket."""
+        """Stop both threads, close the socket (and the server's own context)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        else:
-            self.sock.close(0)
+        with self._cv:
+            self._cv.notify_all()
+        started = self._thread.is_alive() or self._worker.is_alive()
+        for t in (self._worker, self._thread):
+            if t.is_alive():
+                t.join(timeout=5)
+        if not started:
+            self._close_sockets()
+        elif self._own_ctx and not (self._thread.is_alive() or self._worker.is_alive()):
+            self.ctx.term()
+
+
+_HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 class RpcClient:
     """Thread-safe request/reply client with a bounded wait per call."""
 
     def __init__(self, addr: str, timeout: float = 5.0, ctx: zmq.Context | None = None,
-                 what: str = "node"):
+                 what: str = "node", auth: _auth.CurveKeys | None = None):
         self.addr = addr
         self.url = endpoint(addr)
         self.timeout = timeout
         self.what = what
+        self.auth = auth
         self.ctx = ctx or zmq.Context.instance()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._sock = self._connect()
+        self._sock, self._mon = self._connect()
 
-    def _connect(self) -> zmq.Socket:
+    def _connect(self) -> tuple[zmq.Socket, zmq.Socket | None]:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        if self.auth is not None:
+            self.auth.client(s)
+        try:
+            mon = s.get_monitor_socket(_HANDSHAKE_EVENTS)
+        except zmq.ZMQError:
+            mon = None
+        self._seen = {"connected": False, "handshake": False, "failed": None}
         s.connect(self.url)
-        return s
+        return s, mon
+
+    def _close(self) -> None:
+        if self._mon is not None:
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._mon.close(0)
+            self._mon = None
+        self._sock.close(0)
+
+    def _drain_monitor(self) -> None:
+        if self._mon is None:
+            return
+        while True:
+            try:
+                ev = recv_monitor_message(self._mon, zmq.NOBLOCK)
+            except (zmq.Again, zmq.ZMQError):
+                return
+            e = ev.get("event")
+            if e == zmq.EVENT_CONNECTED:
+                self._seen["connected"] = True
+            elif e == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._seen["handshake"], self._seen["failed"] = True, None
+            elif e in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                       zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+                self._seen["handshake"] = False
+                self._seen["failed"] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused this side's key",
+                                        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanisms differ"
+                                        }.get(e, "no detail")
+            elif e == zmq.EVENT_DISCONNECTED and not self._seen["handshake"] and self._seen["connected"]:
+                self._seen["failed"] = self._seen["failed"] or "the server closed the connection"
+
+    def _timeout_error(self, op: str, wait: float) -> PeerCacheError:
+        self._drain_monitor()
+        cls = DiscoveryUnreachable if self.what == "discovery" else RpcError
+        seen = self._seen
+        mine = "uses an auth key" if self.auth is not None else "has no auth key"
+        fix = (f"give every process the same secret (--auth-key-file PATH or ${_auth.ENV_VAR}, "
+               "or auth_key= in the library)")
+        if seen["connected"] and not seen["handshake"]:
+            if seen["failed"]:
+                return cls(f"no answer from {self.what} at {self.addr}: wrong or missing auth key? The "
+                           f"connection was made but the secure handshake failed ({seen['failed']}); "
+                           f"this side {mine}; {fix}")
+            return cls(f"no answer from {self.what} at {self.addr} to {op!r} within {wait:.1f} s: wrong "
+                       f"or missing auth key? The connection was made but its handshake did not finish "
+                       f"(this side {mine}); {fix}, or check that the server is not overloaded")
+        return cls(f"no reply from {self.what} at {self.addr} to {op!r} within {wait:.1f} s; check that "
+                   "it is running and that the address and port are right")
 
     def call(self, op: str, timeout: float | None = None, **fields) -> dict:
         """Send ``op`` with ``fields``; return the reply map or raise."""
@@ -156,23 +568,27 @@ class RpcClient:
         body = pack(fields)
         wait = self.timeout if timeout is None else timeout
         with self._lock:
+            self._drain_monitor()
             rid = next(self._ids).to_bytes(8, "little")
             self._sock.send_multipart([b"", rid, body])
             deadline = time.monotonic() + wait
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+                    err = self._timeout_error(op, wait)
                     # Drop the socket so a late reply cannot be taken for the next call.
-                    self._sock.close(0)
-                    self._sock = self._connect()
-                    cls = DiscoveryUnreachable if self.what == "discovery" else RpcError
-                    raise cls(f"no reply from {self.what} at {self.addr} to {op!r} within "
-                              f"{wait:.1f} s; check that it is running and that the address "
-                              "and port are right")
+                    self._close()
+                    self._sock, self._mon = self._connect()
+                    raise err
                 frames = self._sock.recv_multipart()
                 if len(frames) >= 3 and frames[1] == rid:
                     break
-        reply = unpack(frames[-1])
+        try:
+            reply = unpack(frames[-1])
+        except Exception as e:
+            raise RpcError(f"{self.what} at {self.addr} sent an undecodable reply to {op!r}: {e}") from e
+        if not isinstance(reply, dict):
+            raise RpcError(f"{self.what} at {self.addr} sent a malformed reply to {op!r}")
         if not reply.get("ok"):
             raise RpcError(f"{self.what} at {self.addr} refused {op!r}: {reply.get('error')}")
         return reply
@@ -180,4 +596,4 @@ class RpcClient:
     def close(self) -> None:
         """Close the socket."""
         with self._lock:
-            self._sock.close(0)
+            self._close()

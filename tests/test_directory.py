@@ -82,13 +82,15 @@ def test_meta_service_drops_entries_of_dead_node():
     try:
         clk = Clock()
         svc.membership.clock = clk
-        node = svc.handlers()["register"]({"info": {"name": "p"}})["node_id"]
-        svc.handlers()["publish"]({"node_id": node, "keys": [b"k"], "locs": [loc(node, 0)]})
+        reg = svc.handlers()["register"]({"info": {"name": "p"}})
+        node, token = reg["node_id"], reg["token"]      # requests in a node's name carry its token
+        svc.handlers()["publish"]({"node_id": node, "token": token, "keys": [b"k"], "locs": [loc(node, 0)]})
         assert svc.handlers()["lookup"]({"keys": [b"k"]})["locs"][0] is not None
         clk.t += 10
         assert svc.reap_once() == [node]
         assert svc.handlers()["lookup"]({"keys": [b"k"]})["locs"] == [None]
         with pytest.raises(KeyError, match="not registered"):
-            svc.handlers()["publish"]({"node_id": node, "keys": [b"k"], "locs": [loc(node, 0)]})
+            svc.handlers()["publish"]({"node_id": node, "token": token, "keys": [b"k"],
+                                       "locs": [loc(node, 0)]})
     finally:
         svc.stop()

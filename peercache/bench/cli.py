@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("meta", help="standalone discovery + directory process")
     m.add_argument("--discovery-addr", default=options.DEFAULT_DISCOVERY)
     m.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    options.add_auth(m)
     return p
 
 
@@ -27,8 +28,16 @@ def _meta(args) -> int:
     from ..rpc import RpcServer
     import threading
 
+    from ..auth import curve_keys
+
+    keys = curve_keys(options.auth_secret(args))
     svc = MetaService(args.heartbeat_timeout)
-    srv = RpcServer(args.discovery_addr, svc.handlers()).start()
+    try:
+        srv = RpcServer(args.discovery_addr, svc.handlers(), auth=keys, limits=svc.limits,
+                        deferred_ops=("members",), warn_open=True).start()
+    except PeerCacheError:
+        svc.stop()
+        raise
     print(f"peercache-bench meta: ready on {args.discovery_addr}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

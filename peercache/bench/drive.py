@@ -7,7 +7,10 @@ of rates measured over different windows.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
 import sys
 import threading
 import time
@@ -18,7 +21,6 @@ import numpy as np
 from .. import tags
 from ..errors import PeerCacheError
 from ..node import Get, Node
-from ..rpc import RpcClient
 from . import meta, options
 
 #: How long a point may overrun its window before the driver gives up on it.
@@ -37,11 +39,14 @@ class ThreadStats:
     verify_failures: int = 0
     batches: int = 0
     latencies: list = field(default_factory=list)
+    #: reason of the first batch with errors (the point's reason when nothing aborted)
+    first_error: str | None = None
 
     def add(self, other: "ThreadStats") -> None:
         for f in ("bytes", "keys", "hits", "misses", "errors", "verify_failures", "batches"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.latencies.extend(other.latencies)
+        self.first_error = self.first_error or other.first_error
 
 
 class _Worker:
@@ -49,6 +54,7 @@ class _Worker:
 
     def __init__(self, cfg: dict, pidx: int, live):
         self.cfg, self.pidx, self.live = cfg, pidx, live
+        self.live_lock = threading.Lock()
         self.objs = options.objects_per_page(cfg["layout"])
         self.keys = options.page_keys(cfg["working_set"], cfg["layout"])
         self.keys_arr = np.empty(len(self.keys), dtype=object)
@@ -57,7 +63,7 @@ class _Worker:
         self.node = Node(cfg["discovery_addr"], protocol=cfg["protocol"],
                          max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
                          rpc_timeout=3.0, name=f"drive-{pidx}",
-                         transport_options=cfg.get("transport_options"))
+                         transport_options=cfg.get("transport_options"), auth_key=cfg.get("auth_key"))
         per_batch = cfg["batch_size"] * self.objs * cfg["page_size"]
         self.slice_bytes = per_batch
         total = per_batch * max(cfg["concurrencies"])
@@ -115,7 +121,19 @@ class _Worker:
             total.add(s)
         return {"stats": total.__dict__, "abort": abort[:1]}
 
+    def _add_live(self, n: float) -> None:
+        """Progress counter shared with the parent (a plain double: the parent only reads it)."""
+        with self.live_lock:
+            self.live.value += n
+
     def _loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
+        try:
+            self._run_loop(tid, t0, win_start, win_end, stop, abort, st)
+        except Exception as e:  # a dead thread must fail the point, not leave it "ok" with 0 batches
+            abort.append(f"driver thread {tid} of process {self.pidx} failed: {type(e).__name__}: {e}")
+            stop.set()
+
+    def _run_loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
         cfg = self.cfg
         ws, batch, objs, page = cfg["working_set"], cfg["batch_size"], self.objs, cfg["page_size"]
         rng = np.random.default_rng(cfg["seed"] * 7919 + self.pidx * 131 + tid)
@@ -135,8 +153,7 @@ class _Worker:
         while not stop.is_set():
             now = time.time()
             if now >= win_end:
-                with self.live.get_lock():
-                    self.live.value += pending
+                self._add_live(pending)
                 return
             if cfg["access"] == "random":
                 if block is None or bi == len(block):
@@ -189,9 +206,10 @@ class _Worker:
                 st.latencies.append(lat)
                 pending += b if get else n_hit
                 if done >= next_flush:   # progress counter: a few lock takes a second, not one per batch
-                    with self.live.get_lock():
-                        self.live.value += pending
+                    self._add_live(pending)
                     pending, next_flush = 0, done + 0.25
+            if n_err and st.first_error is None:
+                st.first_error = err or f"{n_err} key(s) of a batch failed"
             if n_err and err and ("unreachable" in err or "connection" in err or "no endpoint" in err):
                 abort.append(err)
                 stop.set()
@@ -203,7 +221,38 @@ class _Worker:
         self.node.close()
 
 
-def _worker_main(conn, cfg: dict, pidx: int, live) -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Make this driver process end at once when the drive parent dies (even by SIGKILL).
+
+    Linux: PR_SET_PDEATHSIG (the kernel sends SIGKILL when the parent exits);
+    elsewhere, or if prctl is refused, a thread that watches the parent pid.
+    """
+    if parent_pid is None:
+        return
+    armed = False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:   # the parent died before the signal was armed
+        os._exit(1)
+    if armed:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _worker_main(conn, cfg: dict, pidx: int, live, parent_pid: int | None = None) -> None:
+    _die_with_parent(parent_pid)
     worker = None
     try:
         worker = _Worker(cfg, pidx, live)
@@ -244,7 +293,13 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
     dur = cfg["duration"]
     objs = options.objects_per_page(cfg["layout"])
     get = cfg["op"] == "get"
-    failed = bool(aborts) or total.errors > 0 or total.verify_failures > 0
+    failed = bool(aborts) or total.errors > 0 or total.verify_failures > 0 or total.batches == 0
+    reason = aborts[0] if aborts else total.first_error
+    if reason is None and total.verify_failures:
+        reason = f"{total.verify_failures} page(s) read as hits had wrong contents"
+    if reason is None and total.batches == 0:
+        reason = (f"no batch completed inside the {dur:g} s measurement window; nothing was measured "
+                  "(is a batch slower than the window? see the driver log)")
     return {
         "concurrency": conc, "processes": cfg["processes"], "threads": conc * cfg["processes"],
         "batch_size": cfg["batch_size"], "page_size": cfg["page_size"], "duration_s": dur,
@@ -256,7 +311,7 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
         "hit_rate": round(total.hits / total.keys, 6) if total.keys else None,
         "keys": total.keys, "errors": total.errors, "verify_failures": total.verify_failures,
         "verified": bool(cfg["verify"] and get),
-        "status": "failed" if failed else "ok", "reason": aborts[0] if aborts else None,
+        "status": "failed" if failed else "ok", "reason": reason if failed else None,
     }
 
 
@@ -289,6 +344,7 @@ def run(args) -> tuple[int, dict]:
         "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup",
         "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device")}
     cfg["transport_options"] = options.transport_options(args)
+    cfg["auth_key"] = options.auth_secret(args)   # to the driver processes only, never into the document
     start = meta.now_iso()
     doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "drive",
            "meta": {**meta.host_block(), "command": meta.command_line(), "start": start, "end": None,
@@ -311,9 +367,11 @@ def run(args) -> tuple[int, dict]:
     try:
         for i in range(args.processes):
             parent, child = ctx.Pipe()
-            live = ctx.Value("d", 0.0)
-            p = ctx.Process(target=_worker_main, args=(child, cfg, i, live), daemon=True)
+            # No lock: a driver killed while holding it would hang every later read of it.
+            live = ctx.Value("d", 0.0, lock=False)
+            p = ctx.Process(target=_worker_main, args=(child, cfg, i, live, os.getpid()), daemon=True)
             p.start()
+            child.close()   # only the worker holds its end now: its death reads as EOF here
             procs.append(p), conns.append(parent), lives.append(live)
         for i, c in enumerate(conns):
             msg = _recv(c, args.ready_timeout + 30, f"driver process {i} did not get ready")
@@ -333,16 +391,25 @@ def run(args) -> tuple[int, dict]:
                 lv.value = 0.0
             for c in conns:
                 c.send(("point", conc, t0))
-            results = _collect(conns, lives, t0, conc, k, args, say)
+            results = _collect(conns, procs, lives, t0, conc, k, args, say)
             point = aggregate(conc, cfg, results)
             point["window_start"] = round(t0 + args.warmup, 6)
             point["window_end"] = round(t0 + args.warmup + args.duration, 6)
             doc["points"].append(point)
+            lost = [r["abort"][0] for r in results if r.get("lost")]
+            if lost:
+                # A driver process is gone: the later points could not measure what they say.
+                doc["status"], doc["error"] = "failed", lost[0]
+                break
             if point["reason"] and any(w in point["reason"] for w in ("unreachable", "connection", "discovery")):
                 doc["status"], doc["error"] = "failed", point["reason"]
                 break
     except PeerCacheError as e:
         doc["status"], doc["error"] = "failed", str(e)
+    except Exception as e:  # still write the document and release serve
+        doc["status"], doc["error"] = "failed", f"drive failed: {type(e).__name__}: {e}"
+    except KeyboardInterrupt:
+        doc["status"], doc["error"] = "failed", "interrupted"
     finally:
         for c in conns:
             try:
@@ -382,17 +449,48 @@ def _recv(conn, timeout: float, what: str):
         raise PeerCacheError(f"{what}: the process exited")
 
 
-def _collect(conns, lives, t0, conc, k, args, say) -> list[dict]:
+def _exit_text(p) -> str:
+    """How a driver process ended, for messages."""
+    p.join(timeout=0.5)
+    code = p.exitcode
+    if code is None:
+        return "its pipe closed while it still runs"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _lost(i: int, why: str) -> dict:
+    """The result of a driver process that reported no point: nothing measured, and why."""
+    return {"stats": ThreadStats().__dict__, "abort": [why], "lost": True}
+
+
+def _collect(conns, procs, lives, t0, conc, k, args, say) -> list[dict]:
+    """Every process's result of one point; a process that died or failed counts as lost, with why."""
     end = t0 + args.warmup + args.duration
     results: list = [None] * len(conns)
     last = 0.0
     while any(r is None for r in results):
         for i, c in enumerate(conns):
-            if results[i] is None and c.poll(0.05):
-                msg = c.recv()
-                if msg[0] == "error":
-                    raise PeerCacheError(msg[1])
+            if results[i] is not None:
+                continue
+            alive = procs[i].is_alive()   # sampled first: a dead process's last message is in the pipe
+            try:
+                msg = c.recv() if c.poll(0.05) else None
+            except (EOFError, OSError):
+                msg = None
+                alive = False
+            if msg is not None and msg[0] == "error":
+                results[i] = _lost(i, msg[1])
+            elif msg is not None:
                 results[i] = msg[1]
+            elif not alive:
+                results[i] = _lost(i, f"driver process {i} (pid {procs[i].pid}) exited during point "
+                                      f"threads={conc} ({_exit_text(procs[i])}); the point has only "
+                                      "what the other processes measured")
         now = time.time()
         if now - last >= 1.0 and now < end:
             last = now
@@ -405,14 +503,17 @@ def _collect(conns, lives, t0, conc, k, args, say) -> list[dict]:
                 f"{max(0.0, elapsed):5.1f}/{args.warmup + args.duration:.1f} s {phase}"
                 + (f" {rate:.3f} {unit}" if phase == "measure" else ""))
         if now > end + POINT_GRACE_S + 10:
-            raise PeerCacheError(f"driver processes did not report point threads={conc} within "
-                                 f"{POINT_GRACE_S + 10:.0f} s after its window")
+            for i, r in enumerate(results):
+                if r is None:
+                    results[i] = _lost(i, f"driver process {i} did not report point threads={conc} "
+                                          f"within {POINT_GRACE_S + 10:.0f} s after its window")
     return results
 
 
 def _tell_serve(args, doc: dict) -> None:
     try:
-        cli = RpcClient(args.discovery_addr, timeout=2.0, what="discovery")
+        # reader_done is accepted only in a registered node's name: register, tell, leave.
+        cli = Node(args.discovery_addr, rpc_timeout=2.0, name="drive", auth_key=options.auth_secret(args))
         try:
             cli.call("reader_done", summary={"status": doc["status"], "points": len(doc["points"])})
         finally:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 
 from .. import tags
 from ..errors import ConfigError
@@ -10,6 +12,15 @@ from ..transport import PROTOCOLS
 LAYOUTS = {"mla": ("",), "mha": ("/k", "/v")}  # object suffixes per page
 DEFAULT_DISCOVERY = "127.0.0.1:31998"
 DEFAULT_RECV_BUFFER = 1 << 30
+#: More driver processes / threads than this is a typo, not a benchmark.
+MAX_PROCESSES = 1024
+MAX_THREADS = 1024
+#: Rough host-memory cost of the bench's bookkeeping, for refusing sizes that cannot fit:
+#: serve keeps per object a key, a pool ref, an LRU entry and its directory entry; each
+#: driver process keeps per object a key, its hash and (with a TTL) a cached location.
+SERVE_BYTES_PER_OBJECT = 1024
+DRIVE_BYTES_PER_OBJECT = 256
+DRIVE_BYTES_PER_PROCESS = 64 << 20   # an interpreter with numpy, zmq and the native module
 
 
 def int_list(text: str) -> list[int]:
@@ -47,6 +58,20 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--working-set", type=int, default=1024, help="pages published by serve [%(default)s]")
     p.add_argument("--max-channels", type=int, default=8, help="data channels per peer [%(default)s]")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_auth(p)
+
+
+def add_auth(p: argparse.ArgumentParser) -> None:
+    """``--auth-key-file`` (serve, drive and meta)."""
+    p.add_argument("--auth-key-file", default=None, metavar="PATH",
+                   help="file holding the cluster secret: only processes with the same secret can use the "
+                        "control plane [$PEERCACHE_AUTH_KEY if set, else no authentication]")
+
+
+def auth_secret(args) -> bytes | None:
+    """The cluster secret of --auth-key-file, else $PEERCACHE_AUTH_KEY, else None (ConfigError if unusable)."""
+    from ..auth import load_secret
+    return load_secret(getattr(args, "auth_key_file", None))
 
 
 def serve_parser(p: argparse.ArgumentParser) -> None:
@@ -113,6 +138,7 @@ def objects_per_page(layout: str) -> int:
 
 def validate(args, mode: str) -> None:
     """Refuse impossible combinations before anything starts."""
+    check_addr(args.discovery_addr)
     if args.page_size <= 0:
         raise ConfigError(f"--page-size must be positive, got {args.page_size}")
     if args.working_set <= 0:
@@ -125,9 +151,18 @@ def validate(args, mode: str) -> None:
         raise ConfigError(f"--ib-port must be >= 1, got {args.ib_port}")
     if args.gid_index is not None and args.gid_index < 0:
         raise ConfigError(f"--gid-index must be >= 0, got {args.gid_index}")
+    objs = objects_per_page(args.layout)
     if mode == "serve":
         if args.readers < 0:
             raise ConfigError(f"--readers must be >= 0, got {args.readers}")
+        _seconds("--max-wait", args.max_wait, allow_inf=True)
+        _seconds("--heartbeat-timeout", args.heartbeat_timeout, positive=True)
+        objects = args.working_set * objs
+        pool = objects * slot_bytes(args.page_size)
+        _fits(pool + objects * SERVE_BYTES_PER_OBJECT,
+              f"--working-set {args.working_set} x --page-size {args.page_size}"
+              + (f" x {objs} objects per page (--layout {args.layout})" if objs > 1 else ""),
+              "lower --working-set or --page-size")
         return
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
@@ -136,18 +171,87 @@ def validate(args, mode: str) -> None:
                           f"{args.working_set}; a batch would repeat keys")
     if min(args.concurrencies) <= 0:
         raise ConfigError(f"--concurrencies must all be positive, got {args.concurrencies}")
+    if max(args.concurrencies) > MAX_THREADS:
+        raise ConfigError(f"--concurrencies {max(args.concurrencies)} is more than {MAX_THREADS} threads "
+                          "per driver process; use --processes for more load")
     if args.processes <= 0:
         raise ConfigError(f"--processes must be positive, got {args.processes}")
-    if args.duration <= 0 or args.warmup < 0:
-        raise ConfigError(f"--duration must be > 0 and --warmup >= 0 (got {args.duration}, {args.warmup})")
-    if args.dir_cache_ttl < 0:
-        raise ConfigError(f"--dir-cache-ttl must be >= 0, got {args.dir_cache_ttl}")
-    need = args.batch_size * objects_per_page(args.layout) * args.page_size * max(args.concurrencies)
+    if args.processes > MAX_PROCESSES:
+        raise ConfigError(f"--processes {args.processes} is more than {MAX_PROCESSES} driver processes")
+    _seconds("--duration", args.duration, positive=True)
+    _seconds("--warmup", args.warmup)
+    _seconds("--dir-cache-ttl", args.dir_cache_ttl)
+    _seconds("--ready-timeout", args.ready_timeout)
+    if args.start_at is not None and not math.isfinite(args.start_at):
+        raise ConfigError(f"--start-at must be a finite epoch time, got {args.start_at}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if args.recv_buffer <= 0:
+        raise ConfigError(f"--recv-buffer must be positive, got {args.recv_buffer}")
+    need = args.batch_size * objs * args.page_size * max(args.concurrencies)
     if need > args.recv_buffer:
         raise ConfigError(
-            f"a batch of {args.batch_size} x {objects_per_page(args.layout)} x {args.page_size} B for "
+            f"a batch of {args.batch_size} x {objs} x {args.page_size} B for "
             f"each of {max(args.concurrencies)} threads needs {need} B, more than the "
             f"{args.recv_buffer} B receive buffer; lower --batch-size or raise --recv-buffer")
+    objects = args.working_set * objs
+    _fits(args.processes * (DRIVE_BYTES_PER_PROCESS + need + objects * DRIVE_BYTES_PER_OBJECT),
+          f"--processes {args.processes} x (a {human_bytes(need)} receive buffer of --batch-size "
+          f"{args.batch_size} x --page-size {args.page_size} x {max(args.concurrencies)} threads "
+          f"+ the {objects} keys of --working-set {args.working_set})",
+          "lower --processes, --working-set, --batch-size or --page-size")
+
+
+def check_addr(addr: str, option: str = "--discovery-addr") -> None:
+    """HOST:PORT with a port a TCP socket can have (1..65535); zmq URLs are left to zmq."""
+    if "://" in addr:
+        return
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{option} {addr!r} is not HOST:PORT (for example 127.0.0.1:31998)")
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{option} {addr!r}: port {int(port)} is outside 1..65535")
+
+
+def _seconds(option: str, value: float, positive: bool = False, allow_inf: bool = False) -> None:
+    """A duration option: a number >= 0 (> 0 with ``positive``), finite unless ``allow_inf``."""
+    ok = value > 0 if positive else value >= 0   # False for nan
+    if not ok or (math.isinf(value) and not allow_inf):
+        raise ConfigError(f"{option} must be a finite number of seconds {'> 0' if positive else '>= 0'}, "
+                          f"got {value}")
+
+
+def host_memory() -> int | None:
+    """Physical memory of this host in bytes (None when it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            break
+        n /= 1024
+    if unit == "PiB" and n >= 1024:
+        return f"{n:.3g} PiB"
+    return f"{n:.0f} {unit}" if n >= 10 or unit == "B" else f"{n:.1f} {unit}"
+
+
+def _fits(need: int, what: str, hint: str) -> None:
+    """Refuse a run whose memory ``need`` is more than this host has."""
+    total = host_memory()
+    if total is not None and need > total:
+        raise ConfigError(f"{what} needs {human_bytes(need)}; this host has {human_bytes(total)}; {hint}")
 
 
 def page_keys(n: int, layout: str) -> list[bytes]:

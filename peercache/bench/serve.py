@@ -31,8 +31,13 @@ def run(args) -> int:
     lock = threading.Lock()
 
     def reader_done(msg: dict) -> dict:
+        # Only a registered node, with its token, gets here (add_handler is owner-only), each counts once,
+        # and with --readers 0 nothing stops serve but a signal.
         with lock:
-            readers_done.append({"node_id": msg.get("node_id"), "summary": msg.get("summary")})
+            if args.readers == 0:
+                return {"readers_done": 0, "ignored": "serve runs with --readers 0 until interrupted"}
+            if all(r["node_id"] != msg["node_id"] for r in readers_done):
+                readers_done.append({"node_id": msg["node_id"], "summary": msg.get("summary")})
             if len(readers_done) >= args.readers:
                 done.set()
             return {"readers_done": len(readers_done)}
@@ -40,7 +45,7 @@ def run(args) -> int:
     node = Node(args.discovery_addr, protocol=args.protocol, bind_host=bind, host_discovery=True,
                 pool_slots=len(keys), slot_capacity=args.page_size, max_channels=args.max_channels,
                 heartbeat_timeout=args.heartbeat_timeout, name="serve",
-                transport_options=options.transport_options(args))
+                transport_options=options.transport_options(args), auth_key=options.auth_secret(args))
     try:
         node.add_handler("reader_done", reader_done)
         t0 = time.monotonic()

@@ -1,0 +1,314 @@
+"""The cluster secret (CURVE on the control plane) and the owner checks that hold with or without it.
+
+Each attack test pins something any local process could do before: take over
+another node's key so that GETs returned its bytes, ``leave`` or re-register
+in another node's name, stop ``serve`` with ``reader_done``, and publish
+locations with strings or negative numbers in them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+
+import pytest
+import zmq
+
+import peercache
+from conftest import BENCH, free_port, scaled
+from peercache.bench.serve import READY_LINE
+from peercache.errors import ConfigError, DiscoveryUnreachable, RpcError
+from peercache.node import Node
+from peercache.rpc import RpcClient, pack
+
+SECRET = b"correct horse battery staple 42"
+OTHER = b"an entirely different secret 99"
+SMALL = ["--working-set", "16", "--page-size", "4096"]
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_secret(monkeypatch):
+    monkeypatch.delenv("PEERCACHE_AUTH_KEY", raising=False)
+
+
+def auth(key):
+    """Keyword arguments for a secret (none at all without one)."""
+    return {"auth_key": key} if key else {}
+
+
+def keyfile(tmp_path, secret: bytes, name: str = "cluster.key"):
+    p = tmp_path / name
+    p.write_bytes(secret + b"\n")
+    p.chmod(0o600)
+    return str(p)
+
+
+@pytest.fixture(params=[None, SECRET], ids=["no-secret", "secret"])
+def cluster(request, port):
+    """A producer hosting discovery, a consumer, and an intruder: a registered node (with the secret
+    when there is one) that tries to act for others."""
+    addr, key = f"127.0.0.1:{port}", request.param
+    prod = peercache.Client(addr, host_discovery=True, pool_bytes=16 * 4160, page_size=4096, **auth(key))
+    intruder = Node(addr, pool_slots=4, slot_capacity=4096, name="intruder", **auth(key))
+    cons = peercache.Client(addr, page_size=4096, **auth(key))
+    yield prod, intruder, cons, key
+    cons.close()
+    intruder.close()
+    prod.close()
+
+
+# ---------------------------------------------------------------- the secret and what is derived from it
+def test_keys_and_token_are_derived_deterministically():
+    from peercache.auth import curve_keys, data_token
+    a, b, o = curve_keys(SECRET), curve_keys(SECRET), curve_keys(OTHER)
+    assert a == b and a.server_public != a.client_public and o.server_public != a.server_public
+    assert zmq.curve_public(a.server_secret) == a.server_public
+    assert zmq.curve_public(a.client_secret) == a.client_public
+    assert SECRET.decode() not in repr(a) and a.server_secret.decode() not in repr(a)
+    t = data_token(SECRET)
+    assert len(t) == 32 and t == data_token(SECRET) and t != data_token(OTHER)
+    assert t not in (SECRET, a.server_secret, a.client_secret)
+    assert curve_keys(None) is None
+
+
+def test_secret_loading_file_env_and_refusals(tmp_path, caplog):
+    from peercache.auth import load_secret, resolve
+    assert load_secret(keyfile(tmp_path, SECRET), env={}) == SECRET
+    assert load_secret(None, env={"PEERCACHE_AUTH_KEY": OTHER.decode()}) == OTHER
+    assert load_secret(keyfile(tmp_path, SECRET), env={"PEERCACHE_AUTH_KEY": OTHER.decode()}) == SECRET
+    assert load_secret(None, env={}) is None
+    with pytest.raises(ConfigError, match="at least 16"):
+        load_secret(keyfile(tmp_path, b"short"), env={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_secret(str(tmp_path / "missing.key"), env={})
+    loose = keyfile(tmp_path, SECRET, "loose.key")
+    os.chmod(loose, 0o644)
+    with caplog.at_level(logging.WARNING, logger="peercache.auth"):
+        assert load_secret(loose, env={}) == SECRET
+    assert "chmod 600" in caplog.text
+    assert resolve(SECRET.decode()) == SECRET
+    with pytest.raises(ConfigError, match="at least 16"):
+        resolve(b"tiny")
+
+
+def test_listening_beyond_loopback_without_a_secret_warns(caplog, monkeypatch, port):
+    from peercache import auth as pauth
+    with caplog.at_level(logging.WARNING, logger="peercache.auth"):
+        for addr in ("0.0.0.0:31998", "10.1.2.3:31998", "[::]:31998", "myhost:31998"):
+            assert pauth.warn_if_open(addr, None), addr
+        for addr in ("127.0.0.1:1", "localhost:1", "[::1]:1", "127.0.0.5:1"):
+            assert not pauth.warn_if_open(addr, None), addr
+        assert not pauth.warn_if_open("0.0.0.0:1", pauth.curve_keys(SECRET))
+    text = caplog.text
+    for what in ("without an auth key", "read every page", "publish keys", "evict nodes", "--auth-key-file"):
+        assert what in text, what
+    # The node that hosts discovery checks its address (loopback treated as remote here: nothing is exposed).
+    caplog.clear()
+    monkeypatch.setattr(pauth, "is_loopback", lambda host: False)
+    with caplog.at_level(logging.WARNING, logger="peercache.auth"):
+        Node(f"127.0.0.1:{port}", host_discovery=True).close()
+        assert "without an auth key" in caplog.text
+        caplog.clear()
+        Node(f"127.0.0.1:{free_port()}", host_discovery=True, auth_key=SECRET).close()
+        assert "without an auth key" not in caplog.text
+
+
+# ---------------------------------------------------------------- attacks, with and without a secret
+def test_publishing_another_nodes_key_does_not_take_it_over(cluster):
+    prod, intruder, cons, _ = cluster
+    prod.put("victim", b"GOOD" * 25)
+    intruder.put_batch([b"victim"], [b"EVIL" * 25])        # its own slot, published under the same key
+    assert cons.get("victim") == b"GOOD" * 25
+    assert getattr(intruder, "publish_refused", None) == 1
+    owner = prod.node.node_id
+    loc = cons.node.lookup([b"victim"], use_cache=False)[0]
+    with pytest.raises(RpcError, match="publish refused"):   # a forged publish in the owner's name
+        intruder.discovery.call("publish", node_id=owner, token="forged", keys=[b"victim"],
+                                locs=[list(loc[:3]) + [0, 100, 4096, 9, loc.key_hash]])
+    with pytest.raises(RpcError, match="unpublish refused"):
+        intruder.discovery.call("unpublish", node_id=owner, keys=[b"victim"])
+    assert intruder.discovery.call("unpublish", node_id=intruder.node_id, token=intruder.token,
+                                   keys=[b"victim"])["unpublished"] == 0     # not its entry
+    assert cons.get("victim") == b"GOOD" * 25
+
+
+def test_leave_in_another_nodes_name_is_refused(cluster):
+    prod, intruder, cons, _ = cluster
+    prod.put("k", b"x" * 10)
+    victim = prod.node.node_id
+    with pytest.raises(RpcError, match="leave refused"):
+        intruder.discovery.call("leave", node_id=victim)
+    with pytest.raises(RpcError, match="leave refused"):
+        intruder.discovery.call("leave", node_id=victim, token="0" * 32)
+    assert victim in cons.node.members()
+    assert cons.get("k") == b"x" * 10
+
+
+def test_register_and_heartbeat_in_another_nodes_name_are_refused(cluster):
+    prod, intruder, cons, _ = cluster
+    victim = prod.node.node_id
+    r = intruder.discovery.call("register", info={"name": "impostor", "node_id": victim, "data": {}},
+                                node_id=victim, token="forged")
+    assert r["node_id"] != victim                       # a fresh id, never the victim's
+    assert cons.node.members()[victim]["name"] == prod.node.name
+    with pytest.raises(RpcError, match="heartbeat refused"):
+        intruder.discovery.call("heartbeat", node_id=victim, token="forged")
+
+
+def _field(i, value):
+    def mutate(loc, node):
+        loc[i] = value(node) if callable(value) else value
+        return loc
+    return mutate
+
+
+BAD_LOCATIONS = [
+    pytest.param(_field(1, "1"), id="region-a-string"),
+    pytest.param(_field(3, -1), id="negative-offset"),
+    pytest.param(_field(3, 1.5), id="offset-a-float"),
+    pytest.param(_field(4, 4097), id="length-beyond-capacity"),
+    pytest.param(_field(5, None), id="capacity-none"),
+    pytest.param(_field(6, True), id="generation-a-bool"),
+    pytest.param(_field(7, -(1 << 63)), id="negative-key-hash"),
+    pytest.param(_field(1, 7), id="region-not-registered"),
+    pytest.param(_field(3, lambda n: n.pool.size - 64), id="slot-outside-the-region"),
+    pytest.param(_field(0, "someone-else"), id="another-nodes-id"),
+    pytest.param(lambda loc, node: loc[:5], id="five-fields"),
+    pytest.param(lambda loc, node: {"offset": 0}, id="a-map"),
+]
+
+
+@pytest.mark.parametrize("mutate", BAD_LOCATIONS)
+def test_publish_of_an_invalid_location_is_refused(cluster, mutate):
+    _, intruder, cons, _ = cluster
+    intruder.put_batch([b"mine"], [b"m" * 10])
+    good = [intruder.node_id, *cons.node.lookup([b"mine"], use_cache=False)[0][1:]]
+    with pytest.raises(RpcError, match="publish refused"):
+        intruder.discovery.call("publish", node_id=intruder.node_id, token=getattr(intruder, "token", None),
+                                keys=[b"other"], locs=[mutate(list(good), intruder)])
+    assert cons.exists_batch(["other", "mine"]) == [False, True]
+
+
+@pytest.mark.parametrize("readers", [0, 1])
+@pytest.mark.parametrize("key", [None, SECRET], ids=["no-secret", "secret"])
+def test_reader_done_only_from_a_registered_reader_and_never_with_readers_0(procs, port, tmp_path, readers, key):
+    from peercache.auth import curve_keys
+    addr = f"127.0.0.1:{port}"
+    argv = [*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", str(readers), "--max-wait", "60"]
+    if key:
+        argv += ["--auth-key-file", keyfile(tmp_path, key)]
+    serve = procs.start(argv)
+    procs.wait_line(serve, READY_LINE)
+    # an insider with the secret (if there is one) that never registered, then one that forges a node
+    c = RpcClient(addr, what="discovery", **({"auth": curve_keys(key)} if key else {}))
+    try:
+        with pytest.raises(RpcError, match="reader_done refused"):
+            c.call("reader_done", summary={"status": "ok"})
+        with pytest.raises(RpcError, match="not registered"):
+            c.call("reader_done", node_id="0123456789ab", token="f" * 32)
+    finally:
+        c.close()
+    time.sleep(1.0)
+    assert serve.poll() is None
+    with Node(addr, name="reader", **auth(key)) as reader:
+        reply = reader.call("reader_done", summary={"status": "ok"})
+    if readers == 0:
+        assert "ignored" in reply
+        time.sleep(1.0)
+        assert serve.poll() is None, "--readers 0 serve was stopped by reader_done"
+    else:
+        assert reply["readers_done"] == 1
+        assert serve.wait(timeout=scaled(10)) == 0
+
+
+# ---------------------------------------------------------------- without the right secret
+def test_wrong_or_missing_secret_is_named_within_a_bounded_time(port):
+    addr = f"127.0.0.1:{port}"
+    with peercache.Client(addr, host_discovery=True, auth_key=SECRET):
+        for key in (OTHER, None):
+            t = time.monotonic()
+            with pytest.raises(DiscoveryUnreachable, match=f"no answer from discovery at {addr}: wrong or "
+                                                           "missing auth key"):
+                peercache.Client(addr, timeout=1.0, **auth(key))
+            assert time.monotonic() - t < scaled(4)
+        with peercache.Client(addr, auth_key=SECRET, timeout=1.0) as ok:
+            assert len(ok.node.members()) == 2
+    other = f"127.0.0.1:{free_port()}"
+    with peercache.Client(other, host_discovery=True):          # a server without a secret
+        with pytest.raises(DiscoveryUnreachable, match="wrong or missing auth key"):
+            peercache.Client(other, auth_key=SECRET, timeout=1.0)
+
+
+def test_without_the_secret_no_request_reaches_the_control_plane(port):
+    from peercache.auth import curve_keys
+    addr = f"127.0.0.1:{port}"
+    with peercache.Client(addr, host_discovery=True, pool_bytes=8 * 4160, page_size=4096,
+                          auth_key=SECRET) as prod, \
+            peercache.Client(addr, page_size=4096, auth_key=SECRET) as cons:
+        prod.put("k", b"secret page")
+        s = zmq.Context.instance().socket(zmq.DEALER)      # plain ZeroMQ, no CURVE
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://{addr}")
+        try:
+            for op in ({"op": "lookup", "keys": [b"k"]}, {"op": "leave", "node_id": prod.node.node_id},
+                       {"op": "members"}):
+                s.send_multipart([b"", b"1", pack(op)])
+            assert not s.poll(1000), "an unauthenticated client got an answer"
+        finally:
+            s.close(0)
+        wrong = RpcClient(addr, timeout=1.0, what="discovery", auth=curve_keys(OTHER))
+        with pytest.raises(DiscoveryUnreachable, match="wrong or missing auth key"):
+            wrong.call("lookup", keys=[b"k"])
+        wrong.close()
+        assert cons.get("k") == b"secret page"
+        assert prod.node.node_id in cons.node.members()
+
+
+def drive_argv(addr, out, *extra):
+    return [*BENCH, "drive", "--discovery-addr", addr, *SMALL, "--batch-size", "4", "--duration", "0.5",
+            "--warmup", "0.2", "--out", str(out), "--ready-timeout", "10", *extra]
+
+
+def test_serve_and_drive_share_a_key_file_and_a_wrong_one_exits_1(procs, port, tmp_path):
+    addr = f"127.0.0.1:{port}"
+    good, bad = keyfile(tmp_path, SECRET, "good.key"), keyfile(tmp_path, OTHER, "bad.key")
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "1",
+                         "--auth-key-file", good])
+    procs.wait_line(serve, READY_LINE)
+    out = tmp_path / "d.json"
+    for extra in (["--auth-key-file", bad], []):
+        t = time.monotonic()
+        r = subprocess.run(drive_argv(addr, out, *extra), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stderr
+        assert "wrong or missing auth key" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert time.monotonic() - t < scaled(30)
+    assert serve.poll() is None
+    env = dict(os.environ, PEERCACHE_AUTH_KEY=SECRET.decode())      # the secret from the environment
+    r = subprocess.run(drive_argv(addr, out), capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["points"][0]["hit_rate"] == 1.0
+    assert serve.wait(timeout=scaled(10)) == 0
+    assert SECRET.decode() not in out.read_text()
+
+
+def test_meta_with_a_key_file(procs, port, tmp_path):
+    addr = f"127.0.0.1:{port}"
+    meta = procs.start([*BENCH, "meta", "--discovery-addr", addr, "--auth-key-file", keyfile(tmp_path, SECRET)])
+    procs.wait_line(meta, "ready")
+    with peercache.Client(addr, pool_bytes=8 * 4160, page_size=4096, auth_key=SECRET) as prod, \
+            peercache.Client(addr, page_size=4096, auth_key=SECRET) as cons:
+        prod.put("m", b"via an authenticated meta")
+        assert cons.get("m") == b"via an authenticated meta"
+    with pytest.raises(DiscoveryUnreachable, match="wrong or missing auth key"):
+        peercache.Client(addr, timeout=1.0)
+
+
+@pytest.mark.parametrize("secret, message", [(None, "cannot read"), (b"short", "at least 16")])
+def test_unusable_key_file_is_refused_before_start(tmp_path, port, secret, message):
+    path = str(tmp_path / "missing.key") if secret is None else keyfile(tmp_path, secret)
+    for mode in ("serve", "drive", "meta"):
+        r = subprocess.run([*BENCH, mode, "--discovery-addr", f"127.0.0.1:{port}", "--auth-key-file", path],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and message in r.stderr, (mode, r.stderr)
