@@ -55,7 +55,7 @@ test: setup
 # rxe devices on both ends of two veth pairs; a missing device fails.
 GUEST_TIMEOUT ?= 1200
 test-rdma: setup
-	$(PY) -m peercache.lab.guest --timeout $(GUEST_TIMEOUT) $(GUEST_FLAGS) -- \
+	$(PY) -m peercache.lab.launch.guest --timeout $(GUEST_TIMEOUT) $(GUEST_FLAGS) -- \
 	  env PEERCACHE_REQUIRE_RDMA=1 $(PY) -m pytest -m 'rdma and not slow' -p no:cacheprovider
 
 # The main job: the baseline pipeline on the built-in local testbed

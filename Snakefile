@@ -9,7 +9,7 @@
 import sys
 from pathlib import Path
 
-from peercache.lab.pipeline import DEFAULT_TESTBED, Plan
+from peercache.lab.pipeline.plan import DEFAULT_TESTBED, Plan
 
 PLAN = Plan(config.get("testbed", DEFAULT_TESTBED), config.get("scenarios"))
 TB = PLAN.name

@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: <reference-dir>/references.yaml when present)")
     args = ap.parse_args(argv)
 
-    from peercache.lab import charts, collect
-    from peercache.lab.references import load_references
+    from peercache.lab.analysis import charts, collect
+    from peercache.lab.analysis.references import load_references
 
     try:
         found = collect.find_testbeds(args.tidy_dir, args.reference_dir)

@@ -22,6 +22,6 @@ rule collect:
     log:
         f"reports/{TB}/collect.log",
     shell:
-        "{params.py} -m peercache.lab.papermill_run notebooks/collect.ipynb reports/{params.tb} "
+        "{params.py} -m peercache.lab.analysis.papermill_run notebooks/collect.ipynb reports/{params.tb} "
         "-p raw_dir {params.raw_root} -p tidy_dir {params.tidy_root} -p testbed {params.tb} "
         "-p expected {params.expected:q} > {log} 2>&1"

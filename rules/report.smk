@@ -36,6 +36,6 @@ rule report:
     log:
         f"reports/{TB}/report.log",
     shell:
-        "{params.py} -m peercache.lab.papermill_run notebooks/report.ipynb reports/{params.tb} "
+        "{params.py} -m peercache.lab.analysis.papermill_run notebooks/report.ipynb reports/{params.tb} "
         "-p tidy_dir {params.tidy_root} -p figures_dir {params.figures_root} -p testbed {params.tb} "
         "-p baseline {params.baseline} > {log} 2>&1"

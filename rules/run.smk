@@ -18,6 +18,6 @@ rule run_point:
     log:
         f"{RAW}/{{scenario}}/{{point}}/rep{{rep}}/runpoint.log",
     shell:
-        "{params.py} -m peercache.lab.runpoint --testbed {params.testbed} "
+        "{params.py} -m peercache.lab.pipeline.runpoint --testbed {params.testbed} "
         "--scenario {wildcards.scenario} --point {wildcards.point} --rep {wildcards.rep} "
         "--out {output} {params.scenarios} 2>&1 | tee {log}"

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import BENCH, free_port
 from peercache.bench.serve import READY_LINE
-from peercache.lab import netns
+from peercache.lab.launch import netns
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from peercache.lab import experiments
-from peercache.lab.pipeline import Plan
-from peercache.lab.runpoint import canonical_metric
+from peercache.lab.pipeline import experiments
+from peercache.lab.pipeline.plan import Plan
+from peercache.lab.pipeline.runpoint import canonical_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -60,7 +60,7 @@ def test_softroce_testbed_runs_every_rdma_scenario_in_one_guest_job(tmp_path):
     assert plan.testbed.role_devices("producer", ["rxe_b1"]) == ["rxe_a1"]
     assert plan.testbed.role_devices("consumer", ["rxe_b0", "rxe_b1"]) == ["rxe_b0", "rxe_b1"]
     cmd = plan.guest_command()
-    assert "-m peercache.lab.guest --rails 2" in cmd and "peercache.lab.pipeline measure --testbed " + tb in cmd
+    assert "-m peercache.lab.launch.guest --rails 2" in cmd and "peercache.lab.pipeline measure --testbed " + tb in cmd
     doc = yaml.safe_load((ROOT / tb).read_text())
     doc["results"] = str(tmp_path / "softroce")         # not the checkout's own data/raw/softroce
     (tmp_path / "softroce.yaml").write_text(yaml.safe_dump(doc))

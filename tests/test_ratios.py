@@ -20,7 +20,7 @@ def test_memcpy_baseline_reports_a_positive_rate():
 
 
 def test_every_ratio_has_a_target_in_the_references_data():
-    from peercache.lab.references import load_bench_targets
+    from peercache.lab.analysis.references import load_bench_targets
     t = load_bench_targets()
     assert t == {"shm_vs_memcpy_128k": 0.9, "tcp_vs_iperf3_128k": 0.9, "pages_per_s_64b": 3e6}
 
@@ -37,7 +37,7 @@ def test_ratios_are_medians_of_paired_rounds():
 
 
 def test_a_malformed_target_names_itself(tmp_path):
-    from peercache.lab.references import load_bench_targets
+    from peercache.lab.analysis.references import load_bench_targets
     p = tmp_path / "refs.yaml"
     p.write_text("schema_version: 1\nbench_targets:\n  shm: 0.9\n")
     with pytest.raises(ValueError, match="bench_targets.shm must be"):

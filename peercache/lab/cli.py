@@ -35,7 +35,7 @@ def _print_rows(rows: list[Any]) -> None:
 # --- hostinfo -------------------------------------------------------------------
 
 def _run_hostinfo(args: argparse.Namespace) -> int:
-    from peercache.lab import hostinfo
+    from peercache.lab.system import hostinfo
 
     doc = hostinfo.capture(args.root)
     if args.summary:
@@ -64,7 +64,7 @@ def register_hostinfo(sub: argparse._SubParsersAction) -> None:
 # --- parse ----------------------------------------------------------------------
 
 def _rows_perftest(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> list[Any]:
-    from peercache.lab import perftest
+    from peercache.lab.tools import perftest
 
     if args.json:
         res = perftest.parse_json(text, bw_unit=args.bw_unit, source=args.file)
@@ -84,7 +84,7 @@ def _rows_perftest(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> 
 
 
 def _rows_perfstat(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> list[Any]:
-    from peercache.lab import perfstat
+    from peercache.lab.tools import perfstat
 
     fmt = args.format
     if fmt == "auto":
@@ -99,7 +99,7 @@ def _rows_perfstat(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> 
 
 
 def _rows_iperf3(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> list[Any]:
-    from peercache.lab import iperf3
+    from peercache.lab.tools import iperf3
 
     return iperf3.to_rows(iperf3.parse_json(text, source=args.file, host=ctx.get("host", "")), **ctx)
 

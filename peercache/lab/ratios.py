@@ -41,8 +41,9 @@ from peercache import tags
 from peercache.bench import meta
 from peercache.bench.options import page_keys
 from peercache.bench.serve import READY_LINE
-from peercache.lab import iperf3, memcpy, netns
-from peercache.lab.references import load_bench_targets
+from peercache.lab.tools import iperf3, memcpy
+from peercache.lab.launch import netns
+from peercache.lab.analysis.references import load_bench_targets
 
 PAGE_128K = 131072
 #: Seconds a serve process may take to publish and print its ready line.
@@ -298,14 +299,14 @@ def paired(res: dict, name: str, pc: str, base: str) -> None:
 
 
 def _tell_done(addr: str) -> None:
-    """Count the in-process Node loop as one of serve's readers."""
-    from peercache.rpc import RpcClient
+    """Count the in-process Node loop as one of serve's readers (reader_done comes from a registered node)."""
+    from peercache.node import Node
 
-    cli = RpcClient(addr, timeout=2.0, what="discovery")
+    node = Node(addr, protocol="shm", rpc_timeout=2.0, name="bench-64b-done")
     try:
-        cli.call("reader_done", summary={"status": "ok", "points": 1})
+        node.call("reader_done", summary={"status": "ok", "points": 1})
     finally:
-        cli.close()
+        node.close()
 
 
 def main(argv=None) -> int:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import attribution as A
-from peercache.lab import report
+from peercache.lab.analysis import attribution as A
+from peercache.lab.analysis import report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"
@@ -112,7 +112,7 @@ def test_cpu_sampler_measures_a_busy_thread_and_where_its_memory_sits(tmp_path):
     import subprocess
     import sys
 
-    from peercache.lab import cpusample
+    from peercache.lab.system import cpusample
     out = tmp_path / "cpu.jsonl"
     spin = "import time\nx=bytearray(64<<20)\nt=time.time()\nwhile time.time()-t<1.6: pass"
     argv = cpusample.wrap([sys.executable, "-c", spin], str(out), interval=0.1)

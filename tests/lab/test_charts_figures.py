@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import charts, collect
+from peercache.lab.analysis import charts, collect
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"

@@ -5,8 +5,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from peercache.lab import collect, tidy
-from peercache.lab.references import load_references
+from peercache.lab.analysis import collect
+from peercache.lab import tidy
+from peercache.lab.analysis.references import load_references
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"

@@ -1,9 +1,9 @@
 """Port-counter cross-check of a point's figures (fixture sysfs tree, no RDMA needed)."""
 from pathlib import Path
 
-from peercache.lab import crosscheck
-from peercache.lab.hosts import LocalHost
-from peercache.lab.portcounters import PortSample
+from peercache.lab.system import crosscheck
+from peercache.lab.launch.hosts import LocalHost
+from peercache.lab.system.portcounters import PortSample
 from peercache.sysfs import using_root
 
 CX7 = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "hosts" / "cx7-8bond"
@@ -65,7 +65,7 @@ def test_a_port_without_data_counters_is_read_through_its_netdev(tmp_path):
 
 
 def test_writes_are_checked_against_what_the_client_sent():
-    from peercache.lab import experiments, runpoint
+    from peercache.lab.pipeline import experiments, runpoint
     from peercache.lab.tidy import Row
 
     tb = experiments.load_testbed("experiments/testbeds/softroce.yaml")

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from peercache.lab.guest import kernel as K
-from peercache.lab.guest import runner as R
-from peercache.lab.guest import topology as T
-from peercache.lab.guest.errors import GuestTimeout, GuestUnavailable
+from peercache.lab.launch.guest import kernel as K
+from peercache.lab.launch.guest import runner as R
+from peercache.lab.launch.guest import topology as T
+from peercache.lab.launch.guest.errors import GuestTimeout, GuestUnavailable
 
-GUEST = [sys.executable, "-m", "peercache.lab.guest"]
+GUEST = [sys.executable, "-m", "peercache.lab.launch.guest"]
 MISSING = R.missing()
 needs_guest = pytest.mark.skipif(bool(MISSING), reason="the Soft-RoCE guest cannot run here: " + "; ".join(MISSING))
 
@@ -87,7 +87,7 @@ def test_missing_qemu_and_not_root_are_named(monkeypatch):
 
 
 def test_cli_says_what_is_missing_and_if_available_passes(monkeypatch, capsys):
-    from peercache.lab.guest import __main__ as cli
+    from peercache.lab.launch.guest import __main__ as cli
     monkeypatch.setattr(R.shutil, "which", lambda name: None if name == R.QEMU else f"/usr/bin/{name}")
     assert cli.main(["--", "true"]) == cli.EXIT_UNAVAILABLE
     err = capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import hostinfo as hi
+from peercache.lab.system import hostinfo as hi
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab"
 H = FIX / "hosts" / "softroce"

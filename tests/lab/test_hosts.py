@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import netns
-from peercache.lab.hosts import (CommandTimeout, HostError, LocalHost, NetnsHost, ProcessExited,
+from peercache.lab.launch import netns
+from peercache.lab.launch.hosts import (CommandTimeout, HostError, LocalHost, NetnsHost, ProcessExited,
                                  ReadyTimeout, SshHost, listening_on, parse_host)
 
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from peercache.lab.hosts import CommandTimeout, HostError, LocalHost, SshHost, parse_host
-from peercache.lab.launch import PairFailed, PairRunner, Readiness, SideSpec
+from peercache.lab.launch.hosts import CommandTimeout, HostError, LocalHost, SshHost, parse_host
+from peercache.lab.launch.runners import PairFailed, PairRunner, Readiness, SideSpec
 
 from test_hosts import assert_none_left, marker, procs_with, py
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import hostinfo as hi
+from peercache.lab.system import hostinfo as hi
 from peercache.sysfs import proc_path, read_attr, sysfs_path, using_root
 
 CX7 = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "hosts" / "cx7-8bond"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import iperf3 as ip
+from peercache.lab.tools import iperf3 as ip
 from peercache.lab.errors import ParseError, ToolError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "iperf3"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import perfstat as ps
+from peercache.lab.tools import perfstat as ps
 from peercache.lab.errors import ParseError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "perfstat"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import perftest as pt
+from peercache.lab.tools import perftest as pt
 from peercache.lab.errors import ParseError, ToolError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "perftest"

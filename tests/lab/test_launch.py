@@ -13,9 +13,9 @@ from contextlib import ExitStack
 
 import pytest
 
-from peercache.lab import netns
-from peercache.lab.hosts import LocalHost, parse_host
-from peercache.lab.launch import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner,
+from peercache.lab.launch import netns
+from peercache.lab.launch.hosts import LocalHost, parse_host
+from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner,
                                   PortAllocator, Readiness, SideSpec, WindowBytes,
                                   WindowMismatch, aggregate_window)
 
@@ -29,7 +29,7 @@ PORTS = PortAllocator(first=24000 + os.getpid() % 1000 * 5, last=29999)
 
 def iperf3_server(addr: str, port: int) -> list[str]:
     try:  # the tool module is written in parallel; use it once it is there
-        from peercache.lab import iperf3
+        from peercache.lab.tools import iperf3
         return iperf3.server_command(port, bind=addr, one_off=True)
     except ImportError:
         return ["iperf3", "-s", "-1", "-J", "-B", addr, "-p", str(port)]
@@ -37,7 +37,7 @@ def iperf3_server(addr: str, port: int) -> list[str]:
 
 def iperf3_client(addr: str, port: int, duration: int = 1) -> list[str]:
     try:
-        from peercache.lab import iperf3
+        from peercache.lab.tools import iperf3
         return iperf3.client_command(addr, port, duration=duration)
     except ImportError:
         return ["iperf3", "-c", addr, "-p", str(port), "-J", "-t", str(duration), "-l", "131072"]

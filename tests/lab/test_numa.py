@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from peercache.lab.hosts import LocalHost
-from peercache.lab.numa import bind, numa_binding
+from peercache.lab.launch.hosts import LocalHost
+from peercache.lab.system.numa import bind, numa_binding
 from peercache.lab.tidy import RunMeta
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import perfstat as ps
-from peercache.lab import perftest as pt
+from peercache.lab.tools import perfstat as ps
+from peercache.lab.tools import perftest as pt
 from peercache.lab.errors import ParseError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import perftest as pt
+from peercache.lab.tools import perftest as pt
 from peercache.lab.errors import TOOL_ERROR_KINDS, ParseError, ToolError
 
 PUB = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "perftest" / "public"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import portcounters as pc
+from peercache.lab.system import portcounters as pc
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "portcounters"
 BEFORE, AFTER = FIX / "before", FIX / "after"

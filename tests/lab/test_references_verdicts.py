@@ -4,9 +4,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from peercache.lab import collect
-from peercache.lab.references import Check, apply_verdicts, convert, load_references
-from peercache.lab.references import TestbedRefs as Refs  # "Test*" names would be collected
+from peercache.lab.analysis import collect
+from peercache.lab.analysis.references import Check, apply_verdicts, convert, load_references
+from peercache.lab.analysis.references import TestbedRefs as Refs  # "Test*" names would be collected
 
 ROOT = Path(__file__).resolve().parents[2]
 REF_DIR = ROOT / "data" / "reference"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from peercache.lab import collect, papermill_run, report
+from peercache.lab.analysis import collect, papermill_run, report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"

@@ -21,9 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from peercache.lab.references import convert, row_devices, row_extra
+from peercache.lab.analysis.references import convert, row_devices, row_extra
 
-RULES_FILE = Path(__file__).resolve().parents[2] / "data" / "reference" / "attribution.yaml"
+RULES_FILE = Path(__file__).resolve().parents[3] / "data" / "reference" / "attribution.yaml"
 SCHEMA_VERSION = 1
 
 #: Evidence fields a rule may test (see the rules file for their meaning).

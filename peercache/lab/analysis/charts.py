@@ -21,8 +21,8 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from peercache.lab import collect  # noqa: E402
-from peercache.lab.references import (UNITS, TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
+from peercache.lab.analysis import collect  # noqa: E402
+from peercache.lab.analysis.references import (UNITS, TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
                                       row_extra)
 
 #: Scenarios that have charts, in drawing order.
@@ -254,7 +254,7 @@ def _clip(line: str, n: int = 150) -> str:
 
 def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], testbed: str) -> pd.DataFrame:
     """Rows with their verdict (references) and what limited them (attribution rules), for every view."""
-    from peercache.lab import attribution
+    from peercache.lab.analysis import attribution
 
     rows = apply_verdicts(rows, refs)
     tb = refs.get(testbed)

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from peercache.lab import tidy
-from peercache.lab.references import UNITS, TestbedRefs, convert, line_capacity_bps, is_bandwidth
+from peercache.lab.analysis.references import UNITS, TestbedRefs, convert, line_capacity_bps, is_bandwidth
 
 ROWS_FILE = "rows.parquet"
 RUNS_FILE = "runs.parquet"

@@ -1,6 +1,6 @@
 """Execute a notebook with papermill; keep the executed .ipynb and an HTML copy without code.
 
-    python -m peercache.lab.papermill_run notebooks/report.ipynb reports/ \
+    python -m peercache.lab.analysis.papermill_run notebooks/report.ipynb reports/ \
         -p testbed peercache-8xcx7-roce -p tidy_dir data/reference
 
 The kernel is "python3"; with ipykernel installed in the running interpreter's

@@ -62,7 +62,7 @@ def convert(value: float, unit: str, to: str) -> float:
     for u in (unit, to):
         if u not in UNITS:
             raise ValueError(f"unknown unit {u!r}; known units: {', '.join(UNITS)} "
-                             "(add it to peercache.lab.references.UNITS)")
+                             "(add it to peercache.lab.analysis.references.UNITS)")
     dim_from, f_from = UNITS[unit]
     dim_to, f_to = UNITS[to]
     if dim_from != dim_to:
@@ -275,7 +275,7 @@ def load_bench_targets(path=None) -> dict[str, float]:
     """``make bench``'s targets (ratio name -> the least median that meets it) from the references file."""
     import yaml
 
-    path = Path(path) if path else Path(__file__).resolve().parents[2] / "data" / "reference" / "references.yaml"
+    path = Path(path) if path else Path(__file__).resolve().parents[3] / "data" / "reference" / "references.yaml"
     doc = yaml.safe_load(path.read_text()) or {}
     out = {}
     for name, t in (doc.get("bench_targets") or {}).items():

@@ -14,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from peercache.lab import charts, collect
-from peercache.lab.references import convert, load_references, row_extra
+from peercache.lab.analysis import charts, collect
+from peercache.lab.analysis.references import convert, load_references, row_extra
 
 #: Columns of a scenario's table in the report.
 SECTION_COLUMNS = ["run_id", "metric", "side", "devices", "size_bytes", "batch", "qps", "threads",
@@ -24,7 +24,7 @@ SECTION_COLUMNS = ["run_id", "metric", "side", "devices", "size_bytes", "batch",
 
 def repo_root() -> Path:
     """The checkout this package is installed from (editable install)."""
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[3]
 
 
 def resolve(path: str | Path | None) -> Path | None:

@@ -416,7 +416,7 @@ class NetnsHost(Host):
                             "run as root or use a local/ssh host")
         if not Path("/run/netns", self.name).exists():
             raise HostError(f"{self.spec}: namespace {self.name!r} does not exist "
-                            "(create it first, e.g. with peercache.lab.netns.NetnsPair)")
+                            "(create it first, e.g. with peercache.lab.launch.netns.NetnsPair)")
 
     def wrap(self, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .hosts import CommandTimeout, Handle, Host, HostError, IsoTimes
-from .numa import numa_binding
+from peercache.lab.launch.hosts import CommandTimeout, Handle, Host, HostError, IsoTimes
+from peercache.lab.system.numa import numa_binding
 
 #: Poll period while waiting on several processes at once.
 _POLL_S = 0.05

@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "experiments"
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[3] / "experiments"
 SCHEMA_FILE = EXPERIMENTS_DIR / "testbed.schema.yaml"
 SCENARIOS_FILE = EXPERIMENTS_DIR / "scenarios.yaml"
 SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect", "msgsize_sweep")

@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import experiments, hostinfo
+from peercache.lab.pipeline import experiments
+from peercache.lab.system import hostinfo
 
 DEFAULT_TESTBED = "experiments/testbeds/local.yaml"
 ROLES = ("producer", "consumer")
@@ -39,7 +40,7 @@ class Plan:
         import shlex
         g = self.guest or {}
         scen = ["--scenarios", self.scenarios_path] if self.scenarios_path else []
-        argv = [sys.executable, "-m", "peercache.lab.guest", "--rails", str(g.get("rails", 2)),
+        argv = [sys.executable, "-m", "peercache.lab.launch.guest", "--rails", str(g.get("rails", 2)),
                 "--mtu", str(g.get("mtu", 1500)), "--cpus", str(g.get("cpus", 2)),
                 "--memory", str(g.get("memory_mib", 4096)), "--timeout", str(g.get("timeout_s", 3600)), "--",
                 sys.executable, "-m", "peercache.lab.pipeline", "measure", "--testbed", self.testbed_path, *scen]
@@ -68,8 +69,8 @@ class Plan:
 
 def capture(testbed_path: str, role: str, out: str) -> int:
     """Capture one host's testbed block (hostinfo) into ``out``."""
-    from .runpoint import _python_tool, testbed_hosts
-    from .runpoint import slowness as runpoint_slowness
+    from peercache.lab.pipeline.runpoint import _python_tool, testbed_hosts
+    from peercache.lab.pipeline.runpoint import slowness as runpoint_slowness
 
     tb = experiments.load_testbed(testbed_path)
     with testbed_hosts(tb) as th:
@@ -92,7 +93,7 @@ def capture(testbed_path: str, role: str, out: str) -> int:
 
 def measure(testbed_path: str, scenarios_path: str | None = None) -> int:
     """Capture both hosts, then run every point and repetition in order (the guest's whole job)."""
-    from . import runpoint
+    from peercache.lab.pipeline import runpoint
 
     plan = Plan(testbed_path, scenarios_path)
     rc = 0

@@ -1,6 +1,6 @@
 """Run one point of a testbed's scenarios and write its raw result folder.
 
-``python -m peercache.lab.runpoint --testbed T.yaml --scenario S --point P
+``python -m peercache.lab.pipeline.runpoint --testbed T.yaml --scenario S --point P
 --rep K --out data/raw/<tb>/<S>/<P>/rep<K>/result.json`` starts the pair (or
 the per-NIC groups) on the testbed's hosts, keeps both sides' logs beside
 the result, parses the tools' output into tidy rows and writes
@@ -26,13 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import cpusample, crosscheck, experiments, iperf3, netns, perfstat, perftest
-from .errors import ParseError, ToolError
-from .hosts import Host, parse_host
-from .launch import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
+from peercache.lab.system import cpusample, crosscheck
+from peercache.lab.pipeline import experiments
+from peercache.lab.tools import iperf3, perfstat, perftest
+from peercache.lab.launch import netns
+from peercache.lab.errors import ParseError, ToolError
+from peercache.lab.launch.hosts import Host, parse_host
+from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
                      Readiness, SideSpec, WindowBytes)
-from .tidy import Row, RunMeta, write_result
-from ..bench import meta as bench_meta
+from peercache.lab.tidy import Row, RunMeta, write_result
+from peercache.bench import meta as bench_meta
 
 READY_LINE = "peercache-bench serve: ready"
 #: Labels of the CPU evidence of a pair -> the role whose process tree was sampled.
@@ -162,7 +165,7 @@ class PointRun:
         """``argv`` under the CPU sampler on ``host``; its samples are read back by :meth:`cpu_usage`."""
         path = f"/tmp/pclab-cpu-{uuid.uuid4().hex[:10]}.jsonl"
         self.cpu_files[role] = (host, path)
-        return cpusample.wrap(argv, path, _python_tool(host, self.tb, "peercache.lab.cpusample"))
+        return cpusample.wrap(argv, path, _python_tool(host, self.tb, "peercache.lab.system.cpusample"))
 
     def cpu_usage(self, roles: dict[str, str], start: float | None, end: float | None) -> dict[str, Any]:
         """{label: usage over [start, end]} for the wrapped ``roles`` ({label: role}); files kept in raw_dir."""
@@ -524,7 +527,7 @@ class PointRun:
         p = self.point.params
         # Same region size and batch as the PeerCache points it is the limit for.
         ws = max(4 * MEMCPY_BATCH, int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
-        argv = [*_python_tool(th.producer, self.tb, "peercache.lab.memcpy"), "--size", str(p["size"]),
+        argv = [*_python_tool(th.producer, self.tb, "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
                 "--working-set", str(ws), "--batch", str(MEMCPY_BATCH), "--duration", str(self.duration)]
         self.commands["producer"] = argv
         argv = self.cpu_wrap("producer", th.producer, argv)
@@ -604,7 +607,7 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m peercache.lab.runpoint", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline.runpoint", description=__doc__)
     p.add_argument("--testbed", required=True)
     p.add_argument("--scenario", required=True)
     p.add_argument("--point", required=True)

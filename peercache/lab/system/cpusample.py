@@ -1,6 +1,6 @@
 """CPU time of a command's whole process tree, sampled while it runs: the evidence of "one core" limits.
 
-``python -m peercache.lab.cpusample --out FILE [--interval S] -- COMMAND...``
+``python -m peercache.lab.system.cpusample --out FILE [--interval S] -- COMMAND...``
 runs COMMAND (stdin, stdout and stderr are its own), and every ``interval``
 seconds appends one JSON line to FILE: the time, the summed user+system CPU
 seconds of every live process of the tree, and the CPU seconds of each
@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from peercache.sysfs import proc_path
 
@@ -172,12 +171,12 @@ def wrap(argv: list[str], out: str, launcher: list[str] | None = None,
 
     ``launcher`` is how that host runs this module (default: this interpreter).
     """
-    return [*(launcher or [sys.executable, "-m", "peercache.lab.cpusample"]), "--out", out,
+    return [*(launcher or [sys.executable, "-m", "peercache.lab.system.cpusample"]), "--out", out,
             "--interval", f"{interval:g}", "--", *argv]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m peercache.lab.cpusample", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m peercache.lab.system.cpusample", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="append JSON-line samples here")
     ap.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between samples")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from .hosts import Host
-from .portcounters import COUNTER_UNIT_BYTES, PortDelta, PortSample, delta, parse_rate
+from peercache.lab.system.portcounters import COUNTER_UNIT_BYTES, PortDelta, PortSample, delta, parse_rate
 from peercache.sysfs import sysfs_path
+
+if TYPE_CHECKING:                  # a host of peercache.lab.launch: any object with run(argv, timeout)
+    from peercache.lab.launch.hosts import Host
 
 #: Headers and retransmits make the counters exceed the payload; a figure may
 #: exceed the counters by at most this fraction before it is flagged.

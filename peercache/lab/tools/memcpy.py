@@ -5,7 +5,7 @@ the same size and slot layout as a PeerCache pool (same page type: a memfd
 is not backed by transparent huge pages where an anonymous numpy array
 would be), read at random slots into a batch-sized destination, with the
 same native copy routine the shm backend uses. Run as
-``python -m peercache.lab.memcpy --size 131072 --working-set 2048 --duration 2``
+``python -m peercache.lab.tools.memcpy --size 131072 --working-set 2048 --duration 2``
 for one JSON line.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .. import tags
+from peercache import tags
 
 WARMUP_S = 0.5
 
@@ -65,7 +65,7 @@ def measure(page: int, working_set: int, batch: int, duration: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m peercache.lab.memcpy", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m peercache.lab.tools.memcpy", description=__doc__)
     p.add_argument("--size", type=int, default=131072, help="page bytes [%(default)s]")
     p.add_argument("--working-set", type=int, default=2048, help="slots in the region [%(default)s]")
     p.add_argument("--batch", type=int, default=32, help="pages per copy call [%(default)s]")

@@ -1145,14 +1145,7 @@ def to_rows(result: PerftestResult, **context: Any) -> list[Row]:
     """
     if isinstance(result, PerftestLatencyResult):
         return _latency_rows(result, **context)
-    base = _context_fields(context)
-    info = result.info
-    base.setdefault("tool", result.tool or "")
-    base.setdefault("devices", info["device"] or "")
-    if info["qps"] is not None:
-        base.setdefault("qps", info["qps"])
-    if info["link_type"]:
-        base.setdefault("protocol", "roce" if info["link_type"] == "Ethernet" else "ib")
+    base = _result_context(result, context)
     rows: list[Row] = []
     for r in result.rows:
         if r.raw_unit is None:
@@ -1184,7 +1177,8 @@ def to_rows(result: PerftestResult, **context: Any) -> list[Row]:
     return rows
 
 
-def _latency_rows(result: PerftestLatencyResult, **context: Any) -> list[Row]:
+def _result_context(result, context: dict[str, Any]) -> dict[str, Any]:
+    """Row fields every row of a result shares: the caller's context, then what the header says."""
     base = _context_fields(context)
     info = result.info
     base.setdefault("tool", result.tool or "")
@@ -1193,6 +1187,11 @@ def _latency_rows(result: PerftestLatencyResult, **context: Any) -> list[Row]:
         base.setdefault("qps", info["qps"])
     if info["link_type"]:
         base.setdefault("protocol", "roce" if info["link_type"] == "Ethernet" else "ib")
+    return base
+
+
+def _latency_rows(result: PerftestLatencyResult, **context: Any) -> list[Row]:
+    base = _result_context(result, context)
     rows: list[Row] = []
     for r in result.rows:
         common = dict(base, size_bytes=r.size_bytes)

@@ -1,4 +1,4 @@
-"""``python -m peercache.lab.guest [options] -- COMMAND...``: run one command in the Soft-RoCE guest.
+"""``python -m peercache.lab.launch.guest [options] -- COMMAND...``: run one command in the Soft-RoCE guest.
 
 Exit status: the command's own; 124 when the guest ran past ``--timeout``
 and was killed; 3 when the guest cannot run here (0 with ``--if-available``,
@@ -10,15 +10,15 @@ import argparse
 import shlex
 import sys
 
-from peercache.lab.guest import runner
-from peercache.lab.guest.errors import GuestError, GuestTimeout, GuestUnavailable
-from peercache.lab.guest.topology import MAX_RAILS, Topology
+from peercache.lab.launch.guest import runner
+from peercache.lab.launch.guest.errors import GuestError, GuestTimeout, GuestUnavailable
+from peercache.lab.launch.guest.topology import MAX_RAILS, Topology
 
 EXIT_TIMEOUT, EXIT_UNAVAILABLE = 124, 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m peercache.lab.guest",
+    p = argparse.ArgumentParser(prog="python -m peercache.lab.launch.guest",
                                 description="Run COMMAND as root in a QEMU guest with Debian's kernel and Soft-RoCE "
                                             "devices (rxe_a<i> on the producer end, rxe_b<i> on the consumer end "
                                             "of each rail); the current folder is shared read-write.")

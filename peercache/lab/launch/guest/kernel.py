@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from peercache.lab.guest.errors import GuestUnavailable
+from peercache.lab.launch.guest.errors import GuestUnavailable
 
 #: The meta-package whose dependency names the kernel image to use.
 META_PACKAGE = "linux-image-amd64"

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from peercache.bench.meta import git_revision
-from peercache.lab.guest import kernel as K
-from peercache.lab.guest import topology as T
-from peercache.lab.guest.errors import GuestError, GuestTimeout, GuestUnavailable
+from peercache.lab.launch.guest import kernel as K
+from peercache.lab.launch.guest import topology as T
+from peercache.lab.launch.guest.errors import GuestError, GuestTimeout, GuestUnavailable
 
 QEMU = "qemu-system-x86_64"
 STAGE2 = Path(__file__).with_name("stage2.sh")

@@ -1,0 +1,28 @@
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold: engine and lab, and the lab's layers."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_are_kept():
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe, "lint-imports (import-linter) is not installed: it is in the test extra, run `make setup`"
+    r = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "3 kept, 0 broken" in r.stdout
+
+
+def test_a_broken_layer_is_caught(tmp_path):
+    # The same contracts over a copy in which a tool imports the analysis layer: lint-imports must fail.
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    work = tmp_path / "copy"
+    shutil.copytree(ROOT / "peercache", work / "peercache", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    bad = work / "peercache" / "lab" / "tools" / "iperf3.py"
+    bad.write_text(bad.read_text() + "\nfrom peercache.lab.analysis import charts  # noqa\n")
+    r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "peercache.lab.tools.iperf3 -> peercache.lab.analysis" in r.stdout, r.stdout[-2000:]
