@@ -165,6 +165,8 @@ def test_tiny_local_run_end_to_end(tiny_run):
               "figures/tiny/index.md", "figures/tiny/single_nic.png", "figures/tiny/msgsize_sweep_bw.png"):
         assert (work / f).stat().st_size > 0, f
     assert "gpudirect: not drawn" in (work / "figures/tiny/index.md").read_text()
+    memcpy = rows[(rows["tool"] == "memcpy") & (rows["metric"] == "bw")]
+    assert len(memcpy) >= 1 and (memcpy["status"] == "ok").all() and memcpy["numa_node"].notna().all()
     for p in (work / "data/raw/tiny").rglob("result.json"):       # both sides' logs kept beside results
         meta = json.loads(p.read_text())["meta"]
         # the package runs from this checkout (editable install): its revision, marked when dirty
@@ -183,3 +185,9 @@ def test_benchmark_jobs_never_overlapped(tiny_run):
     assert len(spans) >= 5
     for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
         assert e0 <= s1, f"runs overlapped: {(s0, e0)} and {(s1, e1)}"
+
+
+def test_numa_node_lists_from_sysfs():
+    from peercache.lab.pipeline.runpoint import parse_nodelist
+    assert parse_nodelist("0\n") == [0] and parse_nodelist("0-1") == [0, 1]
+    assert parse_nodelist("0,2-3") == [0, 2, 3] and parse_nodelist("x") == [] and parse_nodelist("") == []

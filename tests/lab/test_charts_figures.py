@@ -142,3 +142,9 @@ def test_committed_reference_figures_are_what_make_charts_draws_now(tmp_path, te
     for name in committed:
         assert (tmp_path / testbed / name).read_text() == (root / "figures" / testbed / name).read_text(), \
             f"figures/{testbed}/{name} is stale: run `python make_charts.py --testbed {testbed}` and commit"
+
+
+def test_each_chart_caption_says_what_limited_its_figures():
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "figures" / "peercache-8xcx7-roce" / "whole_machine.md").read_text()
+    assert "*limited by: " in text and "not a valid measurement" in text

@@ -50,6 +50,7 @@ class Chart:
     table: list[dict[str, Any]]
     meta: list[str]
     notes: list[str] = field(default_factory=list)
+    caption: str = ""           #: what limited the figures (attribution), shown under the plot
 
 
 @dataclass
@@ -616,6 +617,11 @@ def build_scenario(scenario: str, rows: pd.DataFrame, runs: pd.DataFrame,
         chart = builder(rows, runs, refs)
         if isinstance(chart, Chart):
             chart.notes += _extra_notes(rows)
+            limits = list(dict.fromkeys(t["limited by"] for t in chart.table
+                                        if t.get("limited by") not in (None, "", "—")))
+            if limits:
+                # the caption (in the image, above the meta block, and in the .md) says what limited the figures
+                chart.caption = "limited by: " + "; ".join(limits)
         out.append(chart)
     return out
 
@@ -632,7 +638,7 @@ def chart_markdown(testbed: str, chart: Chart, formats: Iterable[str]) -> str:
     """The Markdown file written beside a chart: image, table, notes, meta block."""
     img = "png" if "png" in formats else next(iter(formats))
     parts = [f"# {testbed} · {chart.title}\n", f"![{chart.name}]({chart.name}.{img})\n",
-             markdown_table(chart.table)]
+             *([f"*{chart.caption}*\n"] if chart.caption else []), markdown_table(chart.table)]
     if chart.notes:
         parts.append("\n".join(f"- note: {n}" for n in chart.notes) + "\n")
     parts.append("\nHost + meta block:\n\n" + "\n".join(f"- {l}" for l in chart.meta) + "\n")
@@ -677,7 +683,7 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
                 continue
             index.append(f"- [{chart.title}]({chart.name}.md)")
             dest.mkdir(parents=True, exist_ok=True)
-            _stamp(chart.fig, f"{name} · {chart.title}", chart.meta)
+            _stamp(chart.fig, f"{name} · {chart.title}", ([chart.caption] if chart.caption else []) + chart.meta)
             for fmt in formats:
                 p = dest / f"{chart.name}.{fmt}"
                 # Fixed metadata keeps files byte-stable across runs (no timestamps).

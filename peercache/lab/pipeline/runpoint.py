@@ -30,6 +30,7 @@ from peercache.lab.system import cpusample, crosscheck
 from peercache.lab.pipeline import experiments
 from peercache.lab.tools import iperf3, perfstat, perftest
 from peercache.lab.launch import netns
+from peercache.lab.system import numa
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.hosts import Host, parse_host
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
@@ -524,29 +525,52 @@ class PointRun:
                              **dict(ctx, side="aggregate", devices=",".join(agg.groups))))
 
     def memcpy(self, th: TestbedHosts) -> None:
+        """The memory-copy ceiling of the producer, measured on each of its NUMA nodes (one row per node)."""
         p = self.point.params
         # Same region size and batch as the PeerCache points it is the limit for.
         ws = max(4 * MEMCPY_BATCH, int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
-        argv = [*_python_tool(th.producer, self.tb, "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
+        base = [*_python_tool(th.producer, self.tb, "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
                 "--working-set", str(ws), "--batch", str(MEMCPY_BATCH), "--duration", str(self.duration)]
-        self.commands["producer"] = argv
-        argv = self.cpu_wrap("producer", th.producer, argv)
-        t0 = time.time()
-        r = th.producer.run(argv, timeout=self.timeout)
-        t1 = time.time()
-        (self.raw_dir / "memcpy.log").write_text(r.stdout + r.stderr)
+        r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=30)
+        nodes = parse_nodelist(r.stdout) if r.rc == 0 else []
+        has_numactl = th.producer.run(["sh", "-c", "command -v numactl"], timeout=30).rc == 0
         ctx = self.ctx(tool="memcpy", protocol="shm", side="producer", host=str(th.producer),
                        size_bytes=p["size"], threads=1, processes=1)
-        if r.rc != 0:
-            self.fail("bw", "B/s", f"memcpy measurement exited {r.rc}: {r.stderr.strip()[-300:]}",
-                      tool="memcpy", protocol="shm", size_bytes=p["size"])
-            return
-        doc = json.loads(r.stdout.strip().splitlines()[-1])
-        self.rows.append(Row(metric="bw", value=doc["bytes_per_s"], unit="B/s", raw_value=doc["bytes_per_s"],
-                             raw_unit="B/s", extra={"seconds": doc["seconds"], "pages": doc["pages"],
-                                                    "working_set": doc["working_set"]}, **ctx))
-        span = t1 - t0
-        self.attach_cpu(self.cpu_usage({"producer": "producer"}, t0 + 0.2 * span, t1 - 0.2 * span))
+        for node in nodes or [None]:
+            argv, record = numa.bind(base, node, has_numactl and node is not None)
+            role = "producer" if node is None else f"producer/node{node}"
+            self.commands[role], self.numa[role] = argv, record
+            wrapped = self.cpu_wrap(role, th.producer, argv)
+            t0 = time.time()
+            r = th.producer.run(wrapped, timeout=self.timeout)
+            t1 = time.time()
+            (self.raw_dir / f"memcpy{'' if node is None else f'.node{node}'}.log").write_text(r.stdout + r.stderr)
+            if r.rc != 0:
+                self.fail("bw", "B/s", f"memcpy measurement on node {node} exited {r.rc}: {r.stderr.strip()[-300:]}",
+                          tool="memcpy", protocol="shm", size_bytes=p["size"], numa_node=node)
+                continue
+            doc = json.loads(r.stdout.strip().splitlines()[-1])
+            span = t1 - t0
+            self.rows.append(Row(metric="bw", value=doc["bytes_per_s"], unit="B/s", raw_value=doc["bytes_per_s"],
+                                 raw_unit="B/s", numa_node=node,
+                                 extra={"seconds": doc["seconds"], "pages": doc["pages"],
+                                        "working_set": doc["working_set"], "numa_binding": record,
+                                        "cpu": self.cpu_usage({"producer": role}, t0 + 0.2 * span,
+                                                              t1 - 0.2 * span)},
+                                 **ctx))
+
+
+def parse_nodelist(text: str) -> list[int]:
+    """A sysfs node list ("0", "0-1", "0,2-3") as node numbers; [] when it cannot be read."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        if not a.isdigit() or (b and not b.isdigit()):
+            return []
+        out += list(range(int(a), int(b or a) + 1))
+    return out
 
 
 def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
