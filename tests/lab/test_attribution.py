@@ -137,3 +137,15 @@ def test_memory_on_another_node_than_the_nic_is_remote_numa():
     got = A.attribute(pd.DataFrame([r]), runs, lambda row: None)
     assert got.iloc[0]["limit"] == "remote_numa"
     assert got.iloc[0]["limited_by"] == "remote NUMA (memory on node 1, NIC on node 0)"
+
+
+@pytest.mark.parametrize("tidy, testbed", [("tests/fixtures/tidy", "fixture-2x-cx7"),
+                                           ("data/reference", "peercache-8xcx7-roce")])
+def test_no_fraction_of_raw_above_100_percent_in_the_overview(tmp_path, tidy, testbed):
+    import re
+    rep = report.build_report(ROOT / tidy, tmp_path / "fig", testbed, ROOT / "data/reference/references.yaml")
+    fracs = list(rep.overview["fraction of raw single-NIC"])
+    assert any("x raw" in f for f in fracs)          # multi-NIC figures are compared with n NICs' worth
+    for f in fracs:
+        m = re.match(r"(\d+)%", f)
+        assert m is None or int(m.group(1)) <= 100 or f.startswith("raw limit"), f

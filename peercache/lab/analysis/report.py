@@ -81,8 +81,11 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         comparable = scenario in _GET_SCENARIOS and not is_raw
         raw = charts.raw_for(r, limits)
         raw_gbs = raw[0] if raw else None
-        frac = "—" if not raw_gbs or g is None or not comparable else f"{100.0 * g / raw_gbs:.0f}%"
-        if comparable and r.get("limit") == "above_raw":
+        # A figure over n NICs is compared with n single-NIC limits (never a bare percentage above 100).
+        n = int(row_extra(r).get("groups") or 0) or max(1, len(collect_devices(r)))
+        frac = "—" if not raw_gbs or g is None or not comparable else (
+            f"{100.0 * g / raw_gbs:.0f}%" if n == 1 else f"{100.0 * g / (n * raw_gbs):.0f}% of {n} x raw")
+        if comparable and raw_gbs and g is not None and g > n * raw_gbs:
             frac = "above raw"      # never a bare percentage above its limit: the "raw" figure did not bound it
         if is_raw and scenario == "single_nic":
             frac = "raw limit (100%)"
