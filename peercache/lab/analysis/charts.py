@@ -645,6 +645,15 @@ def chart_markdown(testbed: str, chart: Chart, formats: Iterable[str]) -> str:
     return "\n".join(parts)
 
 
+def _shown_path(path) -> str:
+    """``path`` relative to the checkout when it lies inside it (committed files must not name a machine)."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def _clean(dir_: Path) -> None:
     """Remove what an earlier run wrote here (only chart files), so output is from scratch."""
     if not dir_.is_dir():
@@ -675,7 +684,7 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
         dest = Path(out_dir) / name
         _clean(dest)
         files: list[Path] = []
-        index = [f"# {name}: charts\n", f"Regenerated from `{path}` by make_charts.py.\n"]
+        index = [f"# {name}: charts\n", f"Regenerated from `{_shown_path(path)}` by make_charts.py.\n"]
         for chart in build_charts(rows, runs, tb_refs):
             if isinstance(chart, NotDrawn):
                 log(f"  {chart.name}: not drawn: {chart.reason}")
