@@ -323,7 +323,7 @@ class MetaService:
         removed = self.directory.unpublish(node_id, unpub)
         reply: dict[str, Any] = {"published": n, "unpublished": removed}
         if refused:
-            reply.update(refused=len(refused), refused_keys=[keys[i] for i in refused[:8]],
+            reply.update(refused=len(refused), refused_keys=[keys[i] for i in refused[:8]], refused_index=refused,
                          refused_reason="published by another node; only the owner of an entry may "
                                         "overwrite it")
         return reply

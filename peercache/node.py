@@ -117,6 +117,9 @@ class Node:
         self.limits: Limits = DEFAULT_LIMITS
         #: keys this node published that stayed with another node (their owner)
         self.publish_refused = 0
+        #: Keys whose publish was refused (another node still owns the entry, e.g. a producer that
+        #: vanished without leaving): retried on every heartbeat until that owner is gone.
+        self._refused: set[bytes] = set()
         self.epoch = 0
         self.meta: MetaService | None = None
         self.server: RpcServer | None = None
@@ -198,6 +201,12 @@ class Node:
                     log.warning("discovery forgot node %s; registering again", self.node_id)
                     self._register()
                     self._republish()
+                elif self._refused and self.pool is not None:
+                    with self._publish_lock:      # as put_batch: never republish a key just evicted
+                        retry = [r for k in list(self._refused) if (r := self.pool.ref(k)) is not None]
+                        self._refused &= {r.key for r in retry}   # evicted meanwhile: nothing to retry
+                        if retry:
+                            self._publish(retry, [])
             except PeerCacheError as e:
                 log.warning("heartbeat failed: %s", e)
 
@@ -219,12 +228,14 @@ class Node:
         parts = list(self._chunks(keys, 100 + len(self.node_id or "")))
         together = len(parts) == 1 and len(list(self._chunks(evicted, 8))) == 1
         refused, example = 0, None
+        self._refused.difference_update(keys)
         for a, b in parts:
             reply = self.discovery.call("publish", node_id=self.node_id, token=self.token, keys=keys[a:b],
                                         locs=locs[a:b], unpublish=evicted if together else [])
             if reply.get("refused"):
                 refused += reply["refused"]
                 example = example or (reply.get("refused_keys") or [None])[0]
+                self._refused.update(keys[a + i] for i in reply.get("refused_index") or [])
         if evicted and not together:
             self._unpublish(evicted)
         if refused:
