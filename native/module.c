@@ -215,8 +215,12 @@ static PyObject *py_tcp_connect(PyObject *mod, PyObject *args) {
     const char *host;
     int port, maxch;
     double timeout;
-    if (!PyArg_ParseTuple(args, "siid", &host, &port, &maxch, &timeout)) return NULL;
-    pc_tcp_params p = {host, port, maxch, timeout};
+    PyObject *token = Py_None;
+    if (!PyArg_ParseTuple(args, "siid|O", &host, &port, &maxch, &timeout, &token)) return NULL;
+    if (token != Py_None && (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) != 32))
+        return PyErr_Format(PyExc_ValueError, "the data token must be None or 32 bytes");
+    pc_tcp_params p = {host, port, maxch, timeout,
+                       token == Py_None ? NULL : (const uint8_t *)PyBytes_AS_STRING(token)};
     return new_peer(&pc_tcp_backend, &p);
 }
 
@@ -637,7 +641,8 @@ static PyMethodDef module_methods[] = {
     {"shm_connect", py_shm_connect, METH_VARARGS,
      "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
     {"tcp_connect", py_tcp_connect, METH_VARARGS,
-     "tcp_connect(host, port, max_channels, timeout_s) -> Peer."},
+     "tcp_connect(host, port, max_channels, timeout_s, token=None) -> Peer; with a 32-byte token "
+     "every connection opens with a hello carrying it."},
     {"adopt", py_adopt, METH_O,
      "adopt(capsule) -> Peer around a connection made by another backend module (peercache._verbs)."},
     {"read_slots", py_read_slots, METH_VARARGS,
@@ -646,9 +651,6 @@ static PyMethodDef module_methods[] = {
     {"check_tags", py_check_tags, METH_VARARGS, "check_tags(tags, locs, out) -> count of good tags."},
     {"copy_pages", py_copy_pages, METH_VARARGS,
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
-    {"serve_connection", pc_serve_connection, METH_VARARGS,
-     "serve_connection(fd, table, log) -> requests served; serves one tcp data connection until "
-     "it closes, without the GIL (log(text) is called for refusals)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -114,6 +114,7 @@ typedef struct pc_tcp_params {
     int port;
     int max_channels;
     double timeout_s;      /* bound on every blocking socket call */
+    const uint8_t *token;  /* NULL, or the 32-byte data token each connection's hello carries */
 } pc_tcp_params;
 
 /* Ordered copy used by shm: first word with acquire semantics, then the rest. */

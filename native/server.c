@@ -26,9 +26,14 @@
  * summaries, so a flood of bad requests costs a counter increment each.
  *
  * A connection starts in the greeting stage: its first message goes
- * through greet(), which is where a future "hello" with a cluster token
- * will be checked before any request is served. Today greet() accepts any
- * well-formed request as the first message.
+ * through greet(). A hello ("PCHI" u32 version 1, u32 32, u64 0, then the
+ * 32-byte token) is read and its token compared in constant time with the
+ * table's; it has no reply, so the client's first request follows at once.
+ * A table made with a token serves nothing before a hello that carries it:
+ * a request first, or a wrong token, gets a refusal with req_id 0 and the
+ * connection is closed. A table without a token admits every connection
+ * and ignores a hello. (peercache/transport/tcp.py _Server._greet is the
+ * same in Python.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,6 +55,8 @@
 #include "server.h"
 
 #define HEAD_BYTES 20
+#define TOKEN_BYTES 32
+#define HELLO_VERSION 1
 #define WIRE_OP_BYTES 32
 #define MAX_OPS (1u << 16)
 #define MAX_REPLY_BYTES (1ull << 31)
@@ -68,12 +75,12 @@
 enum {
     ST_ACCEPTED, ST_SERVED, ST_OPS_BAD_REGION, ST_OPS_OUT_OF_RANGE, ST_OPS_ZERO_LENGTH,
     ST_REQ_BAD_MAGIC, ST_REQ_TOO_MANY_OPS, ST_REQ_NO_OPS, ST_REQ_TOO_LARGE, ST_CONN_OVER_LIMIT,
-    ST_CONN_IDLE, ST_CONN_SLOW, ST_ACCEPT_ERRORS, ST_NOMEM, N_STATS
+    ST_CONN_IDLE, ST_CONN_SLOW, ST_ACCEPT_ERRORS, ST_NOMEM, ST_CONN_NO_TOKEN, ST_CONN_BAD_TOKEN, N_STATS
 };
 static const char *const stat_names[N_STATS] = {
     "accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
     "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
-    "conn_idle", "conn_slow", "accept_errors", "nomem",
+    "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
 };
 
 typedef struct {
@@ -87,6 +94,8 @@ typedef struct {
     atomic_long nconns;        /* open connections over all workers */
     atomic_int accept_errno;   /* last accept error */
     atomic_int accept_failing; /* 1 from an accept error until the next accepted connection */
+    int has_token;             /* connections must open with a hello carrying token */
+    uint8_t token[TOKEN_BYTES];
 } RegionTableObject;
 
 static void RegionTable_dealloc(RegionTableObject *self) {
@@ -95,8 +104,11 @@ static void RegionTable_dealloc(RegionTableObject *self) {
 }
 
 static PyObject *RegionTable_new(PyTypeObject *t, PyObject *args, PyObject *kw) {
-    PyObject *regions;
-    if (!PyArg_ParseTuple(args, "O", &regions)) return NULL;
+    PyObject *regions, *token = Py_None;
+    (void)kw;
+    if (!PyArg_ParseTuple(args, "O|O", &regions, &token)) return NULL;
+    if (token != Py_None && (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) != TOKEN_BYTES))
+        return PyErr_Format(PyExc_ValueError, "the data token must be None or %d bytes", TOKEN_BYTES);
     PyObject *seq = PySequence_Fast(regions, "regions must be a sequence of (id, rkey, buffer)");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -112,6 +124,10 @@ static PyObject *RegionTable_new(PyTypeObject *t, PyObject *args, PyObject *kw) 
     atomic_init(&self->nconns, 0);
     atomic_init(&self->accept_errno, 0);
     atomic_init(&self->accept_failing, 0);
+    if (token != Py_None) {
+        self->has_token = 1;
+        memcpy(self->token, PyBytes_AS_STRING(token), TOKEN_BYTES);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned int id;
         unsigned long long rkey;
@@ -283,122 +299,15 @@ static int opbuf_reserve(opbuf *b, size_t n) {
     return 0;
 }
 
-/* ------------------------------------------------------------- legacy: one blocking connection */
-
-static int recv_all(int fd, void *buf, size_t len) {
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t k = recv(fd, p, len, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        len -= (size_t)k;
-    }
-    return 0;
-}
-
-static int send_iov_blocking(int fd, struct iovec *iov, size_t cnt) {
-    while (cnt) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt > SEND_IOV ? SEND_IOV : cnt};
-        ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        size_t sent = (size_t)k;
-        while (cnt && sent >= iov->iov_len) {
-            sent -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt) {
-            iov->iov_base = (uint8_t *)iov->iov_base + sent;
-            iov->iov_len -= sent;
-        }
-    }
-    return 0;
-}
-
-static int refuse_blocking(int fd, uint64_t req_id, const char *reason) {
-    uint8_t head[HEAD_BYTES + 4];
-    uint32_t len = (uint32_t)strlen(reason);
-    fill_head(head, 1, 0, req_id);
-    memcpy(head + HEAD_BYTES, &len, 4);
-    struct iovec iov[2] = {{head, sizeof head}, {(void *)reason, len}};
-    return send_iov_blocking(fd, iov, 2);
-}
-
-static void log_refusal(PyObject *log, const char *msg) {
-    if (log == Py_None) return;
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *r = PyObject_CallFunction(log, "s", msg);
-    if (!r) PyErr_Clear();  /* logging must never end serving */
-    Py_XDECREF(r);
-    PyGILState_Release(g);
-}
-
-/* serve_connection(fd, table, log): the former one-thread-per-connection
- * loop, kept for callers of the module API; the data server uses serve(). */
-PyObject *pc_serve_connection(PyObject *mod, PyObject *args) {
-    (void)mod;
-    int fd;
-    PyObject *table_o, *log;
-    if (!PyArg_ParseTuple(args, "iO!O", &fd, &pc_RegionTableType, &table_o, &log)) return NULL;
-    RegionTableObject *t = (RegionTableObject *)table_o;
-    opbuf b = {0};
-    uint64_t served = 0;
-    char why[256];
-    Py_INCREF(t);
-    Py_BEGIN_ALLOW_THREADS
-    for (;;) {
-        uint8_t head[HEAD_BYTES];
-        if (recv_all(fd, head, HEAD_BYTES) < 0) break;
-        uint32_t n;
-        uint64_t req_id;
-        int fatal;
-        if (check_head(t, head, &n, &req_id, why, sizeof why, &fatal) < 0) {
-            atomic_fetch_add(&t->refused, 1);
-            int rc = refuse_blocking(fd, req_id, why);
-            log_refusal(log, why);
-            if (fatal || rc < 0) break;
-            continue;
-        }
-        if (opbuf_reserve(&b, n) < 0) break;
-        if (recv_all(fd, b.wire, (size_t)n * WIRE_OP_BYTES) < 0) break;
-        uint64_t total, bad[3] = {0, 0, 0};
-        size_t k = check_ops(t, b.wire, n, b.status, b.iov + 2, &total, bad);
-        count_bad(t, bad);
-        if (total > MAX_REPLY_BYTES) {
-            too_large(t, total, why, sizeof why);
-            atomic_fetch_add(&t->refused, 1);
-            if (refuse_blocking(fd, req_id, why) < 0) break;
-            log_refusal(log, why);
-            continue;
-        }
-        uint8_t rhead[HEAD_BYTES];
-        fill_head(rhead, 0, n, req_id);
-        b.iov[0] = (struct iovec){rhead, HEAD_BYTES};
-        b.iov[1] = (struct iovec){b.status, (size_t)n * 4};
-        if (send_iov_blocking(fd, b.iov, k + 2) < 0) break;
-        served++;
-        count(t, ST_SERVED, 1);
-        if (b.mapped) opbuf_free(&b);
-    }
-    Py_END_ALLOW_THREADS
-    opbuf_free(&b);
-    Py_DECREF(t);
-    return PyLong_FromUnsignedLongLong(served);
-}
-
 /* ------------------------------------------------------------- the event loop */
 
-enum { C_HEAD, C_BODY, C_SEND };
+enum { C_HEAD, C_BODY, C_SEND, C_HELLO };
 enum { STAGE_GREETING, STAGE_SERVING };
 
 typedef struct conn {
     struct conn *prev, *next;
     int fd;
-    int state;           /* C_HEAD, C_BODY or C_SEND */
+    int state;           /* C_HEAD, C_BODY, C_SEND or C_HELLO (the hello's token) */
     int stage;           /* STAGE_GREETING until greet() accepted the first message */
     int close_after;     /* framing lost: close once the refusal is out */
     int refusal;         /* the reply under way is a refusal */
@@ -411,6 +320,7 @@ typedef struct conn {
     size_t left;
     opbuf b;
     uint8_t head[HEAD_BYTES];
+    uint8_t tok[TOKEN_BYTES];
     uint8_t rhead[HEAD_BYTES + 4];
     struct iovec riov[2];
     char why[200];
@@ -453,16 +363,6 @@ static int want(worker *w, conn *c, int out) {
     return 0;
 }
 
-/* The first message of a connection. This is where a hello carrying the
- * cluster token will be checked (and answered) before anything is served;
- * until then every connection is admitted and its first message is an
- * ordinary request. 0: go on with the message as a request. */
-static int greet(worker *w, conn *c) {
-    (void)w;
-    c->stage = STAGE_SERVING;
-    return 0;
-}
-
 static void start_refusal(conn *c, const char *why, int fatal) {
     if (why != c->why) snprintf(c->why, sizeof c->why, "%s", why);
     uint32_t len = (uint32_t)strlen(c->why);
@@ -475,6 +375,60 @@ static void start_refusal(conn *c, const char *why, int fatal) {
     c->close_after = fatal;
     c->refusal = 1;
     c->state = C_SEND;
+}
+
+/* The first message of a connection (its header is in c->head). 0: it is a
+ * request and this table admits connections without a hello; -1: handled
+ * here (a hello whose token is read next, or a refusal). */
+static int greet(worker *w, conn *c) {
+    uint32_t version, len;
+    memcpy(&version, c->head + 4, 4);
+    memcpy(&len, c->head + 8, 4);
+    if (memcmp(c->head, "PCHI", 4) == 0) {
+        if (version != HELLO_VERSION || len != TOKEN_BYTES) {
+            count(w->t, ST_CONN_BAD_TOKEN, 1);
+            atomic_fetch_add(&w->t->refused, 1);
+            snprintf(c->why, sizeof c->why, "unsupported hello (version %u, %u-byte token); this data "
+                     "server speaks version %d with a %d-byte token", version, len, HELLO_VERSION,
+                     TOKEN_BYTES);
+            c->req_id = 0;
+            start_refusal(c, c->why, 1);
+            return -1;
+        }
+        c->state = C_HELLO;
+        c->got = 0;
+        return -1;
+    }
+    if (w->t->has_token && memcmp(c->head, "PCRQ", 4) == 0) {
+        count(w->t, ST_CONN_NO_TOKEN, 1);
+        atomic_fetch_add(&w->t->refused, 1);
+        c->req_id = 0;
+        start_refusal(c, "this data server needs the cluster token: give the consumer the producer's "
+                         "secret (--auth-key-file or $PEERCACHE_AUTH_KEY)", 1);
+        return -1;
+    }
+    c->stage = STAGE_SERVING;
+    return 0;
+}
+
+/* The hello's token is in: admit the connection or refuse it. */
+static void on_hello(worker *w, conn *c, double now) {
+    if (w->t->has_token) {
+        unsigned diff = 0;   /* constant time: no early exit on the first wrong byte */
+        for (int i = 0; i < TOKEN_BYTES; i++) diff |= (unsigned)(c->tok[i] ^ w->t->token[i]);
+        if (diff) {
+            count(w->t, ST_CONN_BAD_TOKEN, 1);
+            atomic_fetch_add(&w->t->refused, 1);
+            c->req_id = 0;
+            start_refusal(c, "wrong data token: the consumer's cluster secret is not the producer's "
+                             "(check --auth-key-file / $PEERCACHE_AUTH_KEY)", 1);
+            return;
+        }
+    }
+    c->stage = STAGE_SERVING;
+    c->state = C_HEAD;
+    c->got = 0;
+    c->deadline = now + w->idle_s;
 }
 
 /* Body complete: check the ops and set up the reply. */
@@ -564,6 +518,9 @@ static int conn_run(worker *w, conn *c, double now) {
         if (c->state == C_HEAD) {
             dst = c->head + c->got;
             need = HEAD_BYTES - c->got;
+        } else if (c->state == C_HELLO) {
+            dst = c->tok + c->got;
+            need = TOKEN_BYTES - c->got;
         } else {
             dst = c->b.wire + c->got;
             need = (size_t)c->n * WIRE_OP_BYTES - c->got;
@@ -580,6 +537,8 @@ static int conn_run(worker *w, conn *c, double now) {
         if ((size_t)k < need) continue;
         if (c->state == C_HEAD) {
             on_head(w, c);
+        } else if (c->state == C_HELLO) {
+            on_hello(w, c, now);
         } else {
             start_reply(w, c);
         }
@@ -752,7 +711,8 @@ PyTypeObject pc_RegionTableType = {
     .tp_basicsize = sizeof(RegionTableObject),
     .tp_dealloc = (destructor)RegionTable_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RegionTable([(id, rkey, buffer), ...]): what a native data server may serve.",
+    .tp_doc = "RegionTable([(id, rkey, buffer), ...], token=None): what a native data server may serve, "
+              "and the 32-byte token a connection's hello must carry (None: no hello needed).",
     .tp_new = RegionTable_new,
     .tp_methods = RegionTable_methods,
     .tp_getset = RegionTable_getset,

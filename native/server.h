@@ -4,6 +4,5 @@
 #include <Python.h>
 
 extern PyTypeObject pc_RegionTableType;
-PyObject *pc_serve_connection(PyObject *mod, PyObject *args);
 
 #endif

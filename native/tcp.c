@@ -6,6 +6,9 @@
  *            u64 rkey, u64 offset, u64 length)
  *   reply:   "PCRS" u32 code, u32 n, u64 req_id, n x i32 status, then the
  *            payloads of the ok ops in order (code != 0: u32 len + reason).
+ *   hello:   "PCHI" u32 1, u32 32, u64 0, then the 32-byte data token: sent
+ *            first on every connection when the node holds a cluster secret;
+ *            no reply (a refusal with req_id 0 if the server rejects it).
  * A batch is cut into requests of at most REQ_OPS ops / REQ_BYTES bytes and
  * up to WINDOW of them are in flight on one channel, so the server always
  * has the next request queued while the client drains the current reply.
@@ -43,6 +46,8 @@
 #define WINDOW 8
 #define MAX_IOV 1024
 #define MAX_CHANNELS 256
+#define TOKEN_BYTES 32
+#define HELLO_BYTES (HEAD_BYTES + TOKEN_BYTES)
 
 typedef struct tcp_conn {
     char host[256];
@@ -55,7 +60,11 @@ typedef struct tcp_conn {
     int nidle;
     int idle[MAX_CHANNELS];
     atomic_uint_fast64_t next_req;
+    int has_hello;
+    uint8_t hello[HELLO_BYTES];
 } tcp_conn;
+
+static int send_all(int fd, const uint8_t *buf, size_t len);
 
 static void set_timeouts(int fd, double t) {
     struct timeval tv = {.tv_sec = (time_t)t, .tv_usec = (suseconds_t)((t - (time_t)t) * 1e6)};
@@ -98,6 +107,11 @@ static int dial(tcp_conn *c, char *err, size_t errlen) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     set_timeouts(fd, c->timeout_s);
+    if (c->has_hello && send_all(fd, c->hello, HELLO_BYTES) < 0) {
+        snprintf(err, errlen, "sending the hello to %s:%s failed: %s", c->host, c->port, strerror(errno));
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 
@@ -167,6 +181,16 @@ static void *tcp_connect(const void *params, char *err, size_t errlen) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     atomic_init(&c->next_req, 1);
+    if (p->token) {
+        uint32_t version = 1, len = TOKEN_BYTES;
+        uint64_t zero = 0;
+        memcpy(c->hello, "PCHI", 4);
+        memcpy(c->hello + 4, &version, 4);
+        memcpy(c->hello + 8, &len, 4);
+        memcpy(c->hello + 12, &zero, 8);
+        memcpy(c->hello + HEAD_BYTES, p->token, TOKEN_BYTES);
+        c->has_hello = 1;
+    }
     /* One channel now, so an unreachable peer is reported at connect time. */
     int fd = dial(c, err, errlen);
     if (fd < 0) {
@@ -296,7 +320,8 @@ static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, co
     memcpy(&code, head + 4, 4);
     memcpy(&m, head + 8, 4);
     memcpy(&rid, head + 12, 8);
-    if (memcmp(head, "PCRS", 4) != 0 || rid != ch->req_id) {
+    /* req_id 0 with a refusal: the server refused the connection itself (its hello) */
+    if (memcmp(head, "PCRS", 4) != 0 || (rid != ch->req_id && !(code != 0 && rid == 0))) {
         snprintf(err, errlen, "unexpected reply from %s:%s (request %llu got %.4s/%llu); not a "
                  "PeerCache data server?", c->host, c->port, (unsigned long long)ch->req_id,
                  (const char *)head, (unsigned long long)rid);

@@ -132,6 +132,28 @@ def data_token(secret: bytes) -> bytes:
                     hashlib.sha256).digest()
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What one process holds of the cluster secret: its CURVE keys and the data token."""
+
+    curve: CurveKeys | None = None
+    data_token: bytes | None = None
+
+    def __repr__(self) -> str:  # never print the token
+        return f"Credentials(curve={self.curve!r}, data_token={'set' if self.data_token else None})"
+
+    @classmethod
+    def of(cls, secret: bytes | None) -> "Credentials":
+        """The credentials of ``secret`` (empty ones without a secret)."""
+        if secret is None:
+            return cls()
+        return cls(curve_keys(secret), data_token(secret))
+
+
+#: No secret: nothing is authenticated.
+NONE = Credentials()
+
+
 def zap_reply(frames: list[bytes], keys: CurveKeys) -> list[bytes]:
     """The ZAP (RFC 27) reply to ``frames``: 200 only for CURVE with the derived client key."""
     if len(frames) < 6:

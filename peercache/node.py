@@ -134,13 +134,13 @@ class Node:
         self._stop = threading.Event()
         self._hb: threading.Thread | None = None
         #: CURVE keys from the cluster secret (auth_key=, else $PEERCACHE_AUTH_KEY); None = no auth
-        secret = _auth.resolve(auth_key)
-        self.auth = _auth.curve_keys(secret)
-        #: what the data server's connection handshake will check (None without a secret)
-        self.data_token = _auth.data_token(secret) if secret else None
-        del secret
+        #: what this node holds of the cluster secret: the CURVE keys of the control plane and
+        #: the token of the data servers' handshake (empty without a secret)
+        self.credentials = _auth.Credentials.of(_auth.resolve(auth_key))
+        self.auth = self.credentials.curve
         try:
             self.transport = make_transport(protocol, max_channels=max_channels, **(transport_options or {}))
+            self.transport.use_credentials(self.credentials)
             mod, _ = native_module()
             if mod is not None and self.transport.native and self.cache.native:
                 self._native = mod
@@ -156,11 +156,11 @@ class Node:
                 self.transport.expose(POOL_REGION, self.pool.mm, self.pool.rkey,
                                       fd=self.pool.fd, size=self.pool.size)
                 data_info = self.transport.start(bind_host)
-                handlers = getattr(self.transport, "control_handlers", None)
+                handlers = self.transport.control_handlers()
                 if handlers is not None:
                     # A producer whose transport needs set-up per consumer (rdma: QP
                     # exchange) serves it on its own control endpoint on the bind host.
-                    self.control = RpcServer(f"{bind_host}:0", handlers()).start()
+                    self.control = RpcServer(f"{bind_host}:0", handlers, auth=self.auth).start()
                     data_info["control_port"] = self.control.port
             control = self.control or self.server
             self.info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
@@ -366,76 +366,57 @@ class Node:
         looked up once more without the cache; if it still does not match it
         is a miss. Bytes of a miss or an error in ``dest`` are unspecified.
         """
-        if self._native is not None:
-            return self._get_native(keys, dest, offsets, capacities)
         n = len(keys)
-        offsets = np.asarray(offsets, dtype=np.uint64)
-        status = np.full(n, int(Get.MISS), dtype=np.int8)
-        lengths = np.zeros(n, dtype=np.uint64)
-        gens = np.zeros(n, dtype=np.uint64)
-        bad: list = []
-        locs = self.lookup(keys, bad=bad)
-        error = self._read(keys, locs, dest, offsets, capacities, status, lengths, gens)
-        stale = [i for i in range(n) if status[i] == Get.MISS and locs[i] is not None]
-        if stale:
-            self.stale_locations += len(stale)
-            skeys = [keys[i] for i in stale]
-            self.cache.invalidate(skeys)
-            bad2: list = []
-            again = self.lookup(skeys, use_cache=False, bad=bad2)
-            bad += [(stale[j], why) for j, why in bad2]
-            idx = np.asarray(stale)
-            sub_status = np.full(len(stale), int(Get.MISS), dtype=np.int8)
-            sub_len = np.zeros(len(stale), dtype=np.uint64)
-            sub_gen = np.zeros(len(stale), dtype=np.uint64)
-            sub_cap = None if capacities is None else np.asarray(capacities)[idx]
-            err2 = self._read(skeys, again, dest, offsets[idx], sub_cap, sub_status, sub_len, sub_gen)
-            status[idx], lengths[idx], gens[idx] = sub_status, sub_len, sub_gen
-            error = error or err2
-        error, invalid = self._mark_invalid(keys, bad, status, error)
-        return BatchResult(status, lengths, gens, error, invalid)
-
-    # -- the native batch path ---------------------------------------------------------
-    def _get_native(self, keys, dest, offsets, capacities) -> BatchResult:
-        n = len(keys)
+        if not isinstance(keys, list):
+            keys = list(keys)
+        native = self._native is not None
         offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
         caps = None if capacities is None else np.ascontiguousarray(capacities, dtype=np.uint64)
         if len(offsets) != n or (caps is not None and len(caps) != n):
             raise ConfigError(f"get_batch_into: {n} keys but {len(offsets)} offsets"
                               + ("" if caps is None else f" and {len(caps)} capacities"))
-        if not isinstance(keys, list):
-            keys = list(keys)
-        prepare = getattr(self.transport, "prepare_local", None)
-        if prepare is not None:
-            prepare(dest)   # rdma: the destination must be registered on every rail (cached)
-        locs = np.empty(n, dtype=LOC_DTYPE)
+        locate, read = (self._locate_native, self._read_native) if native else (self._locate, self._read)
+        if native:
+            self.transport.prepare_local(dest)   # rdma: registered on every rail (cached)
+        status = np.full(n, int(Get.MISS), dtype=np.int8)
+        lengths = np.zeros(n, dtype=np.uint64)
+        gens = np.zeros(n, dtype=np.uint64)
         bad: list = []
-        if self.cache.lookup_into(keys, locs) < n:
-            self._fill_from_directory(keys, locs, bad)
-        status = np.empty(n, dtype=np.int8)
-        lengths = np.empty(n, dtype=np.uint64)
-        gens = np.empty(n, dtype=np.uint64)
-        codes = np.empty(n, dtype=np.int32)
-        error, stale = self._read_native(locs, dest, offsets, caps, status, lengths, gens, codes)
-        if stale:
+        locs = locate(keys, bad, True)
+        error, stale = read(keys, locs, dest, offsets, caps, status, lengths, gens)
+        if len(stale):
             # A tag mismatch: the slot was evicted, reused or torn. One fresh lookup, then a miss.
-            idx = np.flatnonzero(codes == self._native.TAG_MISMATCH)
-            self.stale_locations += len(idx)
-            skeys = [keys[i] for i in idx]
+            self.stale_locations += len(stale)
+            skeys = [keys[i] for i in stale]
             self.cache.invalidate(skeys)
-            sub = np.empty(len(idx), dtype=LOC_DTYPE)
-            sub["node"] = ABSENT
             bad2: list = []
-            self._fill_from_directory(skeys, sub, bad2)
-            bad += [(int(idx[j]), why) for j, why in bad2]
-            s_st, s_len = np.empty(len(idx), np.int8), np.empty(len(idx), np.uint64)
-            s_gen, s_code = np.empty(len(idx), np.uint64), np.empty(len(idx), np.int32)
-            err2, _ = self._read_native(sub, dest, offsets[idx], None if caps is None else caps[idx],
-                                        s_st, s_len, s_gen, s_code)
-            status[idx], lengths[idx], gens[idx] = s_st, s_len, s_gen
+            again = locate(skeys, bad2, False)
+            bad += [(int(stale[j]), why) for j, why in bad2]
+            m = len(stale)
+            s_st, s_len, s_gen = np.full(m, int(Get.MISS), np.int8), np.zeros(m, np.uint64), np.zeros(m, np.uint64)
+            err2, _ = read(skeys, again, dest, offsets[stale], None if caps is None else caps[stale],
+                           s_st, s_len, s_gen)
+            status[stale], lengths[stale], gens[stale] = s_st, s_len, s_gen
             error = error or err2
         error, invalid = self._mark_invalid(keys, bad, status, error)
         return BatchResult(status, lengths, gens, error, invalid)
+
+    # The two read paths of get_batch_into: ``locate(keys, bad, use_cache)`` gives the locations
+    # (invalid entries go to ``bad``), ``read(...)`` fills status/lengths/gens and returns (first
+    # error, indices whose slot tag did not match). The stale retry above is shared.
+
+    def _locate(self, keys: list, bad: list, use_cache: bool) -> list:
+        return self.lookup(keys, use_cache=use_cache, bad=bad)
+
+    def _locate_native(self, keys: list, bad: list, use_cache: bool) -> np.ndarray:
+        locs = np.empty(len(keys), dtype=LOC_DTYPE)
+        if use_cache:
+            if self.cache.lookup_into(keys, locs) == len(keys):
+                return locs
+        else:
+            locs["node"] = ABSENT
+        self._fill_from_directory(keys, locs, bad)
+        return locs
 
     def _fill_from_directory(self, keys: list, locs: np.ndarray, bad: list | None = None) -> None:
         """Look up the rows of ``locs`` that are ABSENT with one directory RPC.
@@ -451,9 +432,10 @@ class Node:
         if bad is not None:
             bad.extend((int(miss[j]), why) for j, why in sub_bad)
 
-    def _read_native(self, locs, dest, offsets, caps, status, lengths, gens, codes) -> tuple[str | None, int]:
-        """One native batch (all nodes); returns (first error, number of stale tags)."""
+    def _read_native(self, keys, locs, dest, offsets, caps, status, lengths, gens) -> tuple[str | None, np.ndarray]:
+        """One native batch (all nodes); returns (first error, indices of stale tags)."""
         mod = self._native
+        codes = np.empty(len(locs), dtype=np.int32)
         args = (locs, dest, offsets, caps, status, lengths, gens, codes)
         hits, stale, need, errors, ecode, enode, etext = mod.read_slots(self._handles, *args)
         error = None
@@ -471,7 +453,7 @@ class Node:
                 # A dead handle (an rdma channel failed) is dropped: the next batch
                 # connects again, which resets the channels on both sides.
                 self._forget_node(node_id)
-        return error, stale
+        return error, (np.flatnonzero(codes == mod.TAG_MISMATCH) if stale else np.empty(0, np.intp))
 
     def _handle_alive(self, idx: int) -> bool:
         with self._handles_lock:
@@ -509,7 +491,8 @@ class Node:
                 self._handles[idx] = None
         self.transport.forget(node_id)
 
-    def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens) -> str | None:
+    def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens) -> tuple[str | None, np.ndarray]:
+        """The Python batch path: one transport batch per node, tags checked here."""
         n = len(keys)
         tagbuf = np.zeros((n, 5), dtype=np.uint64)
         tagbytes = tagbuf.view(np.uint8).reshape(-1)
@@ -569,7 +552,8 @@ class Node:
                 status[good[match]] = Get.HIT
                 lengths[good[match]] = ln[ok_ops][match]
                 gens[good[match]] = gen[match]
-        return error
+        stale = np.flatnonzero([status[i] == Get.MISS and locs[i] is not None for i in range(n)])
+        return error, stale
 
     def _data_endpoint(self, node_id: str) -> dict[str, Any] | None:
         peer = self.peers.get(node_id)

@@ -312,3 +312,32 @@ def test_unusable_key_file_is_refused_before_start(tmp_path, port, secret, messa
         r = subprocess.run([*BENCH, mode, "--discovery-addr", f"127.0.0.1:{port}", "--auth-key-file", path],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and message in r.stderr, (mode, r.stderr)
+
+
+def test_a_transports_control_endpoint_takes_the_nodes_secret(port, monkeypatch):
+    """The endpoint a producer serves for its transport (rdma: the QP exchange) is a CURVE server
+    with the node's keys, and the transport is handed the node's credentials."""
+    from peercache import node as node_mod
+    from peercache.auth import curve_keys
+    from peercache.transport.tcp import TcpTransport
+
+    seen = []
+
+    class WithControl(TcpTransport):
+        def control_handlers(self):
+            return {"exchange": lambda msg: {"echo": msg.get("x"), "token": self.credentials.data_token is not None}}
+
+    monkeypatch.setattr(node_mod, "make_transport", lambda protocol, **kw: seen.append(kw) or WithControl(**kw))
+    addr = f"127.0.0.1:{port}"
+    with Node(addr, host_discovery=True, pool_slots=4, slot_capacity=4096, auth_key=SECRET) as n:
+        control = f"{n.info['data']['host']}:{n.info['data']['control_port']}"
+        assert n.control is not None and control != addr
+        for keys in (None, curve_keys(OTHER)):
+            c = RpcClient(control, timeout=1.0, what="control endpoint", auth=keys)
+            with pytest.raises(RpcError, match="no answer from control endpoint .*wrong or missing auth key"):
+                c.call("exchange", x=1)
+            c.close()
+        good = RpcClient(control, timeout=scaled(3), what="control endpoint", auth=curve_keys(SECRET))
+        assert good.call("exchange", x=7) == {"ok": True, "echo": 7, "token": True}
+        good.close()
+    assert seen, "the node did not build its transport through make_transport"

@@ -15,12 +15,13 @@ import time
 
 import pytest
 
+from peercache.auth import data_token
 from peercache.transport.base import Status
-from peercache.transport.tcp import HEAD, MAX_OPS, MAX_REPLY_BYTES, REQ_MAGIC
+from peercache.transport.tcp import HEAD, HELLO_MAGIC, MAX_OPS, MAX_REPLY_BYTES, REQ_MAGIC, hello
 
 from conftest import scaled
-from test_hardening_dataserver import (KINDS, REGION, RKEY, SIZE, DataServer, Reader, pattern,
-                                       read_reply, wire_req)
+from test_hardening_dataserver import (KINDS, OTHER, REGION, RKEY, SECRET, SIZE, DataServer, Reader,
+                                       pattern, read_reply, wire_req)
 
 SEED = 20240611
 #: Seconds of fuzzing per server kind, and the case counts that bound it first.
@@ -78,10 +79,24 @@ def rand_op(rng: random.Random) -> tuple[int, int, int, int]:
     return region, rkey, off, ln
 
 
-def junk(rng: random.Random) -> bytes:
-    """A message that is anything but a well-formed request (or a well-formed one, mutated)."""
-    kind = rng.randrange(9)
+def junk(rng: random.Random, opening: bytes = b"") -> bytes:
+    """A message that is anything but a well-formed request (or a well-formed one, mutated), after
+    ``opening`` (the right hello, when the server checks one) or a hello gone wrong."""
+    kind = rng.randrange(12)
     good = wire_req(rng.getrandbits(64), [rand_op(rng) for _ in range(rng.randint(1, 8))])
+    if kind == 9:                                    # a hello with a wrong or random token
+        return hello(rng.choice([data_token(OTHER), rng.randbytes(32)])) + good
+    if kind == 10:                                   # a hello header with random fields
+        return HEAD.pack(HELLO_MAGIC, rng.getrandbits(32), rng.getrandbits(32), rng.getrandbits(64)) + \
+            rng.randbytes(rng.randint(0, 64))
+    if kind == 11:                                   # a truncated or mutated hello
+        h = bytearray(hello(data_token(SECRET)))
+        h[rng.randrange(len(h))] ^= 1 << rng.randrange(8)
+        return bytes(h[:rng.randint(1, len(h))]) + (good if rng.random() < 0.5 else b"")
+    return opening + _junk_request(rng, kind, good)
+
+
+def _junk_request(rng: random.Random, kind: int, good: bytes) -> bytes:
     if kind == 0:                                    # random bytes
         return rng.randbytes(rng.randint(1, 300))
     if kind == 1:                                    # truncated header
@@ -119,11 +134,15 @@ def drain_to_eof(s: socket.socket, limit_s: float) -> None:
     raise AssertionError("the server neither answered nor closed a junk connection")
 
 
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "token"])
 @pytest.mark.parametrize("native", KINDS)
-def test_fuzz_data_server(native):
+def test_fuzz_data_server(native, secret):
     rng = random.Random(SEED)
-    srv = DataServer(native, {"request_timeout": 2.0, "idle_timeout": 30.0}, max_s=120)
-    reader = Reader(srv.port, channels=2)
+    srv = DataServer(native, {"request_timeout": 2.0, "idle_timeout": 30.0}, max_s=120, secret=secret)
+    reader = Reader(srv.port, channels=2, secret=secret)
+    opening = hello(data_token(secret)) if secret else b""
+    # the token runs fuzz half as long: the open runs already cover the request paths
+    share = 0.5 if secret else 1.0
     held: list[socket.socket] = []
     try:
         assert reader.read()
@@ -132,7 +151,7 @@ def test_fuzz_data_server(native):
         time.sleep(0.2)
         fds0, rss0 = srv.fds(), srv.rss_kib()
         t0 = time.monotonic()
-        budget = scaled(FUZZ_BUDGET_S)
+        budget = scaled(FUZZ_BUDGET_S * share)
         n_junk = n_good = n_checks = 0
         addr = ("127.0.0.1", srv.port)
 
@@ -145,7 +164,7 @@ def test_fuzz_data_server(native):
 
         # 1. junk, one connection each, half-sent ones held open
         while n_junk < JUNK_CASES and time.monotonic() - t0 < budget / 2:
-            msg = junk(rng)
+            msg = junk(rng, opening)
             s = socket.create_connection(addr, timeout=scaled(3))
             try:
                 s.sendall(msg)
@@ -167,6 +186,7 @@ def test_fuzz_data_server(native):
 
         # 2. well-formed requests with random fields, pipelined, checked against the model
         with socket.create_connection(addr, timeout=scaled(5)) as s:
+            s.sendall(opening)
             for rnd in range(GOOD_ROUNDS):
                 if time.monotonic() - t0 >= budget:
                     break
@@ -198,7 +218,7 @@ def test_fuzz_data_server(native):
         elapsed = time.monotonic() - t0
 
         assert srv.alive(), f"server died: rc={srv.p.poll()}"
-        assert n_junk >= MIN_JUNK and n_good >= MIN_GOOD, (n_junk, n_good, elapsed)
+        assert n_junk >= MIN_JUNK * share and n_good >= MIN_GOOD * share, (n_junk, n_good, elapsed)
         for s in held:
             s.close()
         held.clear()
@@ -208,7 +228,7 @@ def test_fuzz_data_server(native):
         while srv.fds() > fds0 + 2 and time.monotonic() < end:
             time.sleep(0.05)
         fds1, rss1 = srv.fds(), srv.rss_kib()
-        print(f"fuzz {'native' if native else 'python'}: {n_junk} junk connections, {n_good} random "
+        print(f"fuzz {'native' if native else 'python'}{' with a token' if secret else ''}: {n_junk} junk connections, {n_good} random "
               f"well-formed requests, {n_checks} legitimate reads checked in {elapsed:.1f} s; "
               f"fds {fds0} -> {fds1}, VmRSS {rss0} -> {rss1} KiB")
         assert fds1 <= fds0 + 2, (fds0, fds1)

@@ -22,8 +22,10 @@ import time
 import numpy as np
 import pytest
 
+from peercache.auth import Credentials, data_token
 from peercache.transport.base import Status, make_ops, native_module
-from peercache.transport.tcp import HEAD, REP_MAGIC, REQ_MAGIC, WIRE_OP, NativeTcpTransport, TcpTransport
+from peercache.transport.tcp import (HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, NativeTcpTransport,
+                                     TcpTransport, hello)
 
 from conftest import scaled
 
@@ -39,6 +41,9 @@ cfg = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 region = (np.arange(cfg["size"]) % 251).astype(np.uint8)
 t = TcpTransport(native_server=cfg["native"], **cfg["opts"])
+if cfg.get("secret"):
+    from peercache.auth import Credentials
+    t.use_credentials(Credentials.of(bytes.fromhex(cfg["secret"])))
 t.expose(cfg["region"], region, rkey=cfg["rkey"])
 info = t.start("127.0.0.1")
 stop = threading.Event()
@@ -64,10 +69,10 @@ class DataServer:
     """A TcpTransport data server in a child process; its log goes to a file."""
 
     def __init__(self, native: bool, opts: dict | None = None, nofile: int | None = None,
-                 max_s: float = 120.0):
+                 max_s: float = 120.0, secret: bytes | None = None):
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="dataserver-", suffix=".log")
         cfg = {"native": native, "opts": opts or {}, "size": SIZE, "region": REGION, "rkey": RKEY,
-               "max_s": max_s}
+               "max_s": max_s, "secret": secret.hex() if secret else None}
 
         def limits():
             if nofile is not None:
@@ -188,10 +193,13 @@ def closed_within(s: socket.socket, seconds: float) -> bool:
 class Reader:
     """A legitimate client (native client when built, else the Python one) that checks the bytes."""
 
-    def __init__(self, port: int, native: bool | None = None, channels: int = 1, io_timeout: float = 3.0):
+    def __init__(self, port: int, native: bool | None = None, channels: int = 1, io_timeout: float = 3.0,
+                 secret: bytes | None = None):
         use_native = (mod is not None) if native is None else native
         cls = NativeTcpTransport if use_native else TcpTransport
         self.t = cls(max_channels=channels, io_timeout=io_timeout)
+        if secret:
+            self.t.use_credentials(Credentials.of(secret))
         self.info = {"host": "127.0.0.1", "port": port}
 
     def read(self, off: int = 1000, ln: int = 5000) -> bool:
@@ -444,3 +452,109 @@ def test_known_refusals_still_disclose_nothing(servers, native):
         s.sendall(wire_req(3, [(REGION, RKEY, 0, 3)]))
         assert read_reply(s, [3])[3] == [pattern(0, 3)]
     assert srv.alive()
+
+
+# ------------------------------------------------------------------------------ defect 4, data plane
+
+SECRET = b"correct horse battery staple 42"
+OTHER = b"an entirely different secret 99"
+#: The clients: the native one (when built) and the pure-Python one.
+CLIENTS = [pytest.param(True, id="native-client", marks=pytest.mark.skipif(mod is None, reason=str(_why))),
+           pytest.param(False, id="python-client")]
+
+
+def refused_connection(s: socket.socket) -> str:
+    """The reason of the connection-level refusal (req_id 0) ``s`` gets; asserts it is then closed."""
+    code, rid, reason, _ = read_reply(s)
+    assert code != 0 and rid == 0, (code, rid, reason)
+    assert closed_within(s, scaled(3)), "the refused connection was left open"
+    return reason
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("native", KINDS)
+def test_with_a_secret_only_a_client_holding_it_reads(servers, native, client):
+    srv = servers(native, secret=SECRET)
+    ok = Reader(srv.port, client, secret=SECRET)
+    try:
+        assert ok.read() and ok.read(0, 100)
+    finally:
+        ok.close()
+    for secret in (None, OTHER):
+        bad = Reader(srv.port, client, secret=secret)
+        try:
+            ops = make_ops(1)
+            ops[0] = (REGION, 0, RKEY, 0, 4096, 0)
+            dest = np.zeros(4096, np.uint8)
+            st = bad.t.read_batch("srv", bad.info, ops, [dest])
+            assert st.tolist() == [Status.REFUSED], (secret, st)
+            assert not dest.any(), "bytes were disclosed to a client without the token"
+        finally:
+            bad.close()
+    assert srv.alive() and read_ok(srv.port, client) is False   # no secret: still refused
+    log = srv.stop()
+    assert "without the cluster token" in log and "wrong data token" in log, log
+    assert "connections with a wrong data token" in log
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_a_request_or_a_wrong_hello_first_is_refused_and_closed(servers, native):
+    srv = servers(native, secret=SECRET)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(wire_req(7, [(REGION, RKEY, 0, 64)]))
+        assert "needs the cluster token" in refused_connection(s)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(hello(data_token(OTHER)) + wire_req(8, [(REGION, RKEY, 0, 64)]))
+        assert "wrong data token" in refused_connection(s)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(HEAD.pack(HELLO_MAGIC, 2, 32, 0) + bytes(32))
+        assert "unsupported hello" in refused_connection(s)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(HEAD.pack(HELLO_MAGIC, 1, 1 << 30, 0))          # a huge "token" is never awaited
+        assert "unsupported hello" in refused_connection(s)
+    # the right token: the hello has no reply, the request right behind it is served
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(hello(data_token(SECRET)) + wire_req(9, [(REGION, RKEY, 10, 64)]))
+        code, rid, st, data = read_reply(s, [64])
+        assert (code, rid, st, data) == (0, 9, [Status.OK], [pattern(10, 64)])
+    assert srv.alive()
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_a_hello_split_byte_by_byte_is_admitted(servers, native):
+    srv = servers(native, secret=SECRET)
+    msg = hello(data_token(SECRET)) + wire_req(5, [(REGION, RKEY, 0, 16)])
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(len(msg)):
+            s.sendall(msg[i:i + 1])
+            time.sleep(0.001)
+        assert read_reply(s, [16])[2:] == ([Status.OK], [pattern(0, 16)])
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("native", KINDS)
+def test_a_server_without_a_secret_admits_a_hello(servers, native, client):
+    srv = servers(native)
+    r = Reader(srv.port, client, secret=SECRET)
+    try:
+        assert r.read()
+    finally:
+        r.close()
+
+
+def test_a_node_with_a_secret_serves_its_pool_only_to_token_holders(port):
+    """End to end: the producer's data server checks the token the node derived from its secret."""
+    import peercache
+    addr = f"127.0.0.1:{port}"
+    with peercache.Client(addr, host_discovery=True, pool_bytes=8 * 4160, page_size=4096,
+                          auth_key=SECRET) as prod, \
+            peercache.Client(addr, page_size=4096, auth_key=SECRET) as cons:
+        page = bytes(range(256)) * 16
+        prod.put(b"k", page)
+        assert cons.get(b"k") == page
+        node = prod.node
+        info = node.info["data"]
+        with socket.create_connection((info["host"], info["port"]), timeout=scaled(3)) as s:
+            s.sendall(wire_req(1, [(node.pool.region_id, node.pool.rkey, 0, 4096)]))
+            assert "needs the cluster token" in refused_connection(s)

@@ -362,6 +362,25 @@ def test_validate_accepts_the_defaults_and_the_test_sizes():
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
+def test_a_stale_cached_location_is_looked_up_once_more_and_read(pair, path):
+    """Both read paths share one stale retry: a tag mismatch, one uncached lookup, the new bytes."""
+    addr, prod = pair
+    prod.put_batch(["a", "b"], [b"a" * 100, b"b" * 100])
+    with peercache.Client(addr, page_size=4096, dir_cache_ttl=30.0) as cons:
+        if path == "python":
+            cons.node._native = None
+        assert cons.get_batch(["a", "b"]) == [b"a" * 100, b"b" * 100]   # both locations cached
+        prod.put("b", b"B" * 300)                                       # b's cached location is stale
+        dest = np.zeros(2 * 4096, dtype=np.uint8)
+        r = cons.node.get_batch_into([b"a", b"b"], dest, [0, 4096], [4096, 4096])
+        assert r.status.tolist() == [Get.HIT, Get.HIT] and r.lengths.tolist() == [100, 300]
+        assert dest[4096:4396].tobytes() == b"B" * 300 and cons.node.stale_locations == 1
+        prod.remove("b")                                                # stale again, and gone
+        r = cons.node.get_batch_into([b"b", b"a"], dest, [0, 4096], [4096, 4096])
+        assert r.status.tolist() == [Get.MISS, Get.HIT] and cons.node.stale_locations == 2
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
 def test_stale_cached_location_whose_fresh_entry_is_invalid_is_an_error(pair, path):
     """The retry after a tag mismatch looks the key up again; an invalid answer there is an error too."""
     addr, prod = pair

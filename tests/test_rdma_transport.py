@@ -278,3 +278,34 @@ def test_connect_refusal_names_the_peer(fake_verbs):
             cons._connect("n1", {"host": "127.0.0.1", "control_port": free_port()})
     finally:
         cons.close()
+
+
+def test_with_a_secret_the_qp_exchange_needs_it(fake_verbs):
+    """The producer's control endpoint is a CURVE server: no QPs and no region keys without the secret."""
+    from peercache.auth import Credentials
+    from peercache.errors import TransportError
+    from peercache.node import Node
+    from peercache.transport.rdma import RdmaTransport
+    secret = b"correct horse battery staple 42"
+    addr = f"127.0.0.1:{free_port()}"
+    prod = Node(addr, protocol="rdma", host_discovery=True, pool_slots=8, slot_capacity=4096, name="prod",
+                transport_options={"devices": ["p0"]}, auth_key=secret)
+    outsider, member = RdmaTransport(devices=["c0"]), RdmaTransport(devices=["c0"])
+    member.use_credentials(Credentials.of(secret))
+    try:
+        info = prod.info["data"]
+        outsider.connect_timeout = 1.0
+        with pytest.raises(TransportError, match="rdma connection to prod at .* failed: no answer .*"
+                                                 "wrong or missing auth key"):
+            outsider._connect("prod", info)
+        assert not prod.transport._accepted, "the producer made QPs for a client without the secret"
+        member._native = SimpleNamespace(adopt=lambda capsule: capsule)
+        mine = member._connect("prod", info)
+        assert mine.regions[0][1] == prod.pool.rkey and len(prod.transport._accepted) == 1
+        member.handles._handles["prod"] = mine
+        member.close()                                  # the disconnect is authenticated too
+        assert not prod.transport._accepted
+    finally:
+        outsider.close()
+        member.close()
+        prod.close()

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ..auth import NONE as NO_CREDENTIALS
+from ..auth import Credentials
+
 OP_DTYPE = np.dtype([
     ("region", "<u4"),         # remote region id
     ("local_region", "<u4"),   # index into the local buffers of the call
@@ -92,9 +95,32 @@ def make_ops(n: int) -> np.ndarray:
 
 
 class Transport(abc.ABC):
-    """One data-path transport in one process (both roles)."""
+    """One data-path transport in one process (both roles).
+
+    Everything a node uses is declared here; abilities a transport lacks
+    have harmless defaults (no control ops, no buffer registration), so the
+    node never probes for them.
+    """
 
     name: str = ""
+
+    #: The cluster credentials the node gave with :meth:`use_credentials` (none by default).
+    credentials: Credentials = NO_CREDENTIALS
+
+    def use_credentials(self, credentials: Credentials) -> None:
+        """Authenticate with ``credentials`` from now on: the data server's token check (tcp),
+        the control endpoint's CURVE keys (rdma). Called before :meth:`start`."""
+        self.credentials = credentials
+
+    def control_handlers(self) -> dict | None:
+        """Ops this transport serves on the node's control endpoint (None: it needs none).
+
+        A producer whose transport needs set-up per consumer (rdma: the QP exchange) serves
+        them on an endpoint of its own, on the bind host, with the node's credentials."""
+        return None
+
+    def prepare_local(self, buf) -> None:
+        """Make ``buf`` a destination reads can land in at full speed (rdma: register it)."""
 
     # -- producer side --------------------------------------------------------
     @abc.abstractmethod

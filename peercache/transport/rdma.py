@@ -188,7 +188,8 @@ class RdmaTransport(Transport):
         except OSError as e:
             raise TransportError(f"cannot create RC QPs for {peer}: {e}") from e
         consumer = f"{self.id}/{peer}" + (f"/{tag}" if tag else "")
-        cli = RpcClient(f"{host}:{port}", timeout=self.connect_timeout, what=f"control endpoint of {peer}")
+        cli = RpcClient(f"{host}:{port}", timeout=self.connect_timeout, what=f"control endpoint of {peer}",
+                        auth=self.credentials.curve)
         try:
             reply = cli.call("rdma_connect", consumer=consumer, rails=len(self.rails),
                              channels=self.channels, qps=ch.local_info())
@@ -275,7 +276,8 @@ class RdmaTransport(Transport):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            cli = RpcClient(addr, timeout=min(0.5, left), what=f"control endpoint of {peer}")
+            cli = RpcClient(addr, timeout=min(0.5, left), what=f"control endpoint of {peer}",
+                        auth=self.credentials.curve)
             try:
                 cli.call("rdma_disconnect", consumer=consumer)
             except PeerCacheError:

@@ -23,14 +23,24 @@ whose reply makes no progress, within ``request_timeout``; clients redial a
 pooled channel the server closed while it sat idle. Refusals are counted and
 logged as one summary line per ``log_interval``.
 
-Every connection starts in a greeting stage: its first message goes through
-``_Server._greet`` (``greet()`` in the native loop), the place where a hello
-carrying a cluster token is to be checked before any request is served.
-Today every connection is admitted and its first message is a request.
+Every connection starts in a greeting stage (``_Server._greet``, ``greet()``
+in the native loop). A client that holds the cluster secret opens with a
+hello and goes on with its requests at once (the hello has no reply)::
+
+    hello   : "PCHI" u32 version (1), u32 length (32), u64 0, then the token
+              (peercache.auth.data_token of the secret)
+
+A server started with a token serves nothing before a hello carrying it: a
+first message without one, or with a wrong token, gets a refusal with
+req_id 0 (the connection's, not a request's) and the connection is closed.
+A server without a token accepts a hello and ignores it. The token travels
+in the clear, as the pages do: it keeps out processes that lack the secret,
+not an observer on the path (see the README's security model).
 """
 from __future__ import annotations
 
 import errno
+import hmac
 import logging
 import os
 import queue
@@ -51,6 +61,9 @@ log = logging.getLogger(__name__)
 
 REQ_MAGIC = b"PCRQ"
 REP_MAGIC = b"PCRS"
+HELLO_MAGIC = b"PCHI"
+HELLO_VERSION = 1
+TOKEN_BYTES = 32
 HEAD = struct.Struct("<4sIIQ")
 WIRE_OP = np.dtype([("region", "<u4"), ("pad", "<u4"), ("rkey", "<u8"),
                     ("offset", "<u8"), ("length", "<u8")])
@@ -113,10 +126,19 @@ _ACCEPT_RETRY = {errno.EINTR, errno.ECONNABORTED, errno.EPROTO, errno.EPERM, err
 #: The counters of both serving loops (the native one: RegionTable.stats()).
 STAT_NAMES = ("accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
               "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
-              "conn_idle", "conn_slow", "accept_errors", "nomem")
+              "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token")
 #: Counters of refused ops and requests: the ``refused`` total.
 _REFUSALS = ("ops_bad_region", "ops_out_of_range", "ops_zero_length", "req_bad_magic",
-             "req_too_many_ops", "req_no_ops", "req_too_large")
+             "req_too_many_ops", "req_no_ops", "req_too_large", "conn_no_token", "conn_bad_token")
+
+
+def hello(token: bytes | None) -> bytes:
+    """The hello a client sends first on each data connection (b"" without a token)."""
+    if not token:
+        return b""
+    if len(token) != TOKEN_BYTES:
+        raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
+    return HEAD.pack(HELLO_MAGIC, HELLO_VERSION, TOKEN_BYTES, 0) + bytes(token)
 
 
 def _env_default(name: str, value, kind):
@@ -176,7 +198,9 @@ class _Reporter:
                                f"{self._limits['request_timeout']:g} s"),
                  ("conn_over_limit", f"connections over the {self._limits['max_connections']}-connection "
                                      "limit closed at once"),
-                 ("nomem", "connections closed out of memory")]
+                 ("nomem", "connections closed out of memory"),
+                 ("conn_no_token", "connections without the cluster token (closed)"),
+                 ("conn_bad_token", "connections with a wrong data token or hello (closed)")]
         parts = [f"{d[k]} {what}" for k, what in kinds if d[k]]
         if parts and (final or now - self._last_log >= self.interval):
             log.warning("tcp data server refused in the last %.1f s: %s", now - self._since, ", ".join(parts))
@@ -211,7 +235,7 @@ class _Reporter:
         self.poll(final=True)
 
 
-_HEAD_WAIT, _BODY_WAIT = 0, 1
+_HEAD_WAIT, _BODY_WAIT, _HELLO_WAIT = 0, 1, 2
 
 
 class _Conn:
@@ -246,7 +270,12 @@ class _Server:
     def __init__(self, regions: dict[int, tuple[memoryview, int]], bind_host: str, port: int,
                  native: bool | None = None, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 workers: int | None = None, log_interval: float = DEFAULT_LOG_INTERVAL):
+                 workers: int | None = None, log_interval: float = DEFAULT_LOG_INTERVAL,
+                 token: bytes | None = None):
+        if token is not None and len(token) != TOKEN_BYTES:
+            raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
+        #: what a connection's hello must carry (None: every connection is admitted)
+        self.token = bytes(token) if token else None
         if max_connections < 1 or not idle_timeout > 0 or not request_timeout > 0 or not log_interval > 0:
             raise TransportError("tcp data server limits must be positive: max_connections="
                                  f"{max_connections}, idle_timeout={idle_timeout}, "
@@ -259,7 +288,7 @@ class _Server:
         #: the native serving loop, when built (no GIL, no Python per request)
         self._mod = mod if native is not False else None
         self._table = None if self._mod is None else self._mod.RegionTable(
-            [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()])
+            [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()], self.token)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self.lsock = socket.socket(family, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -440,20 +469,46 @@ class _Server:
                 continue
             if c.state == _HEAD_WAIT:
                 self._on_head(c)
+            elif c.state == _HELLO_WAIT:
+                self._on_hello(c)
             else:
                 self._on_body(c)
         return True
 
     def _greet(self, c: _Conn) -> bool:
-        """The first message of a connection. A hello with the cluster token will be checked
-        here before anything is served; until then every connection is admitted and its first
-        message is an ordinary request."""
+        """The first message of a connection (its header is in ``c.buf``). True: it is a request
+        and this server admits connections without a hello; False: handled here (a hello whose
+        token comes next, or a refusal)."""
+        magic, version, n, _ = HEAD.unpack(c.buf)
+        if magic == HELLO_MAGIC:
+            if version != HELLO_VERSION or n != TOKEN_BYTES:
+                self._stats["conn_bad_token"] += 1
+                self._refusal(c, f"unsupported hello (version {version}, {n}-byte token); this data "
+                                 f"server speaks version {HELLO_VERSION} with a {TOKEN_BYTES}-byte token", True)
+                return False
+            c.state, c.need, c.buf = _HELLO_WAIT, n, bytearray()
+            return False
+        if self.token is not None and magic == REQ_MAGIC:
+            self._stats["conn_no_token"] += 1
+            self._refusal(c, "this data server needs the cluster token: give the consumer the "
+                             "producer's secret (--auth-key-file or $PEERCACHE_AUTH_KEY)", True)
+            return False
         c.greeted = True
         return True
 
+    def _on_hello(self, c: _Conn) -> None:
+        if self.token is not None and not hmac.compare_digest(bytes(c.buf), self.token):
+            self._stats["conn_bad_token"] += 1
+            return self._refusal(c, "wrong data token: the consumer's cluster secret is not the "
+                                    "producer's (check --auth-key-file / $PEERCACHE_AUTH_KEY)", True)
+        c.greeted = True
+        c.state, c.buf, c.need = _HEAD_WAIT, bytearray(), HEAD.size
+        c.deadline = time.monotonic() + self.idle_timeout
+
     def _refusal(self, c: _Conn, reason: str, fatal: bool) -> None:
         msg = reason.encode()
-        c.out = [memoryview(HEAD.pack(REP_MAGIC, 1, 0, c.req_id) + struct.pack("<I", len(msg)) + msg)]
+        rid = c.req_id if c.greeted else 0   # before the greeting: the connection's refusal
+        c.out = [memoryview(HEAD.pack(REP_MAGIC, 1, 0, rid) + struct.pack("<I", len(msg)) + msg)]
         c.oi, c.close_after, c.refusal = 0, fatal, True
 
     def _on_head(self, c: _Conn) -> None:
@@ -561,9 +616,10 @@ class _Server:
 class _Channels:
     """Up to ``max_channels`` connections to one peer, each used by one thread at a time."""
 
-    def __init__(self, host: str, port: int, max_channels: int, timeout: float):
+    def __init__(self, host: str, port: int, max_channels: int, timeout: float, hello: bytes = b""):
         self.addr = (host, port)
         self.timeout = timeout
+        self.hello = hello
         self.idle: queue.LifoQueue[socket.socket] = queue.LifoQueue()
         self.slots = threading.Semaphore(max_channels)
 
@@ -582,8 +638,15 @@ class _Channels:
         except OSError:
             self.slots.release()
             raise
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.settimeout(self.timeout)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(self.timeout)
+            if self.hello:
+                s.sendall(self.hello)   # no reply: the first request follows at once
+        except OSError:
+            s.close()
+            self.slots.release()
+            raise
         return s, False
 
     def release(self, s: socket.socket, healthy: bool) -> None:
@@ -639,7 +702,7 @@ class TcpTransport(Transport):
 
     def start(self, bind_host: str) -> dict[str, Any]:
         self._server = _Server(self._regions, bind_host, self.port, native=self.native_server,
-                               **self.server_limits)
+                               token=self.credentials.data_token, **self.server_limits)
         return {"host": bind_host, "port": self._server.port}
 
     @property
@@ -652,7 +715,8 @@ class TcpTransport(Transport):
             ch = self._peers.get(peer)
             if ch is None:
                 ch = self._peers[peer] = _Channels(info["host"], int(info["port"]),
-                                                   self.max_channels, self.io_timeout)
+                                                   self.max_channels, self.io_timeout,
+                                                   hello(self.credentials.data_token))
             return ch
 
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
@@ -695,7 +759,8 @@ class TcpTransport(Transport):
                 replied = True
                 head = first + recv_exact(sock, HEAD.size - len(first)) if len(first) < HEAD.size else first
                 magic, code, m, rid = HEAD.unpack(head)
-                if magic != REP_MAGIC or rid != req_id:
+                # req_id 0: the server refused the connection itself (its hello)
+                if magic != REP_MAGIC or (rid != req_id and not (code and rid == 0)):
                     raise ConnectionError(f"unexpected reply {magic!r}/{rid} to request {req_id}")
                 if code:
                     (ln,) = struct.unpack("<I", recv_exact(sock, 4))
@@ -766,7 +831,7 @@ class NativeTcpTransport(TcpTransport):
     def _connect_native(self, peer: str, info: dict[str, Any]):
         try:
             return self._mod.tcp_connect(str(info["host"]), int(info["port"]), self.max_channels,
-                                         float(self.io_timeout))
+                                         float(self.io_timeout), self.credentials.data_token)
         except (KeyError, TypeError, ValueError) as e:
             raise TransportError(f"tcp endpoint info of {peer} is incomplete ({e}); is the producer "
                                  "serving --protocol tcp?") from e

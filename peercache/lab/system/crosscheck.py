@@ -11,18 +11,15 @@ rate, is flagged instead of reported silently.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from peercache.lab.system.portcounters import COUNTER_UNIT_BYTES, PortDelta, PortSample, delta, parse_rate
+from peercache.lab.system import portcounters
+from peercache.lab.system.portcounters import (COUNTER_UNIT_BYTES, DEFAULT_TOLERANCE, PortCheck, PortSample,
+                                               delta, parse_rate)
 from peercache.sysfs import sysfs_path
 
 if TYPE_CHECKING:                  # a host of peercache.lab.launch: any object with run(argv, timeout)
     from peercache.lab.launch.hosts import Host
-
-#: Headers and retransmits make the counters exceed the payload; a figure may
-#: exceed the counters by at most this fraction before it is flagged.
-DEFAULT_TOLERANCE = 0.02
 
 
 def _port_dir(device: str, port: int):
@@ -75,56 +72,15 @@ def line_rates(host: Host, devices: Sequence[str], port: int = 1) -> dict[str, f
     return rates
 
 
-@dataclass
-class PortCheck:
-    """The counter window of one point and what it says about one figure."""
-
-    deltas: list[PortDelta]
-    line_rate_Bps: float | None
-    flags: list[str] = field(default_factory=list)
-    messages: list[str] = field(default_factory=list)
-
-    def as_extra(self) -> dict[str, Any]:
-        """JSON-able summary kept in the bandwidth row's ``extra``."""
-        return {"port_counters": {d.device: {"rcv_bytes": d.rcv_bytes, "xmit_bytes": d.xmit_bytes,
-                                             "seconds": d.seconds, "flags": d.flags, "source": d.source}
-                                  for d in self.deltas},
-                "line_rate_Bps": self.line_rate_Bps, "crosscheck_flags": self.flags,
-                "crosscheck": self.messages}
-
-
 def check(before: dict[str, PortSample], after: dict[str, PortSample], rates: dict[str, float | None],
           figure_Bps: float | None, window_s: float | None, direction: str = "rcv",
           tolerance: float = DEFAULT_TOLERANCE) -> PortCheck:
-    """Flag a figure above the summed line rate or above what the counters saw."""
+    """:func:`portcounters.check` of a figure over the samples taken around its run and the
+    line rates of the ports (the summed rate is unknown when any port's is)."""
     ds = [delta(before[d], after[d]) for d in before if d in after]
     known = [r for r in rates.values() if r]
     line = sum(known) if known and len(known) == len(rates) else None
-    pc = PortCheck(ds, line)
-    if figure_Bps is None:
-        pc.flags.append("no_figure")
-        return pc
-    if line is None:
-        pc.flags.append("line_rate_unknown")
-        pc.messages.append("line rate of a port unknown: figure not checked against it")
-    elif figure_Bps > line:
-        pc.flags.append("above_line_rate")
-        pc.messages.append(f"{figure_Bps / 1e9:.3f} GB/s is above the summed line rate {line / 1e9:.3f} GB/s")
-    key = "rcv_bytes" if direction == "rcv" else "xmit_bytes"
-    vals = [getattr(d, key) for d in ds]
-    if not ds or any(v is None for v in vals):
-        pc.flags.append("counters_unusable")
-        pc.messages.append("port counters unreadable or unusable: " +
-                           "; ".join(f"{d.device}: {','.join(d.flags)}" for d in ds if d.flags) or "none sampled")
-        return pc
-    moved = float(sum(vals))
-    if window_s:
-        claimed = figure_Bps * window_s
-        if claimed > moved * (1 + tolerance):
-            pc.flags.append("counter_disagreement")
-            pc.messages.append(f"figure implies {claimed:.0f} B in its window but the ports moved only "
-                               f"{moved:.0f} B over the whole run")
-    return pc
+    return portcounters.check(ds, line, figure_Bps, window_s, direction, tolerance)
 
 
 __all__ = ["sample_ports", "line_rates", "check", "PortCheck", "COUNTER_UNIT_BYTES"]
