@@ -21,7 +21,7 @@ from snakemake.settings.types import DeploymentMethod
 PY = "python" if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method else sys.executable
 
 wildcard_constraints:
-    scenario="single_nic|multi_rail|whole_machine|gpudirect|msgsize_sweep",
+    scenario=PLAN.scenario_names(),
     point=PLAN.point_names(),
     rep=r"\d+",
 

@@ -16,7 +16,58 @@ def test_unbounded_runs_are_refused(argv, capsys):
 
 @pytest.mark.skipif(native_module()[0] is None, reason="native module not built")
 def test_memcpy_baseline_reports_a_positive_rate():
-    assert ratios.memcpy_rate(4096, 64, 8, 0.05) > 0
+    from peercache.lab.tools import memcpy
+    assert memcpy.measure(4096, 64, 8, 0.05)["bytes_per_s"] > 0
+
+
+def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
+    bp = ratios.plan(rounds=2, duration=1.5, warmup=0.5)
+    assert bp.testbed["duration"] == 1.5 and bp.testbed.name == "bench"
+    kinds = {part: p.kind for part, p in bp.points.items()}
+    assert kinds["memcpy_128k"] == "memcpy" and kinds["iperf3_tcp_128k"] == "iperf3"
+    assert kinds["node_api_pages_per_s_64b"] == "node_api" and kinds["peercache_tcp_128k"] == "peercache"
+    order = [(p.part, k) for p, k in bp.schedule]
+    # each round: the baseline, then the PeerCache figure just after it
+    i = order.index(("memcpy_128k", 1))
+    assert order[i + 1] == ("peercache_shm_128k", 1) and order[i - 1] == ("peercache_shm_128k", 0)
+    # checks and the 64 B drive once; two pairs and the node loop in each of the 2 rounds
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (2 + 2 + 1)
+    # same-host shm figures on loopback; the tcp pair on the testbed's network namespaces
+    assert bp.points["peercache_shm_128k"].loopback and not bp.points["peercache_tcp_128k"].loopback
+    assert bp.points["iperf3_tcp_128k"].params["reverse"] is True
+    assert bp.points["shm_128k_check"].params["verify"] is True
+
+
+def test_a_bench_without_a_measured_part_names_it(tmp_path):
+    import yaml
+    doc = yaml.safe_load(ratios.SCENARIOS_FILE.read_text())
+    del doc["bench"]["local"]["memcpy_128k"]
+    bad = tmp_path / "bench.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    from peercache.lab.pipeline.experiments import DefinitionError
+    with pytest.raises(DefinitionError, match=r"no part\(s\) \['memcpy_128k'\]"):
+        ratios.plan(1, 1.0, 0.5, scenarios_file=bad)
+
+
+def test_figures_check_lines_and_ratio_verdicts_come_from_tidy_rows():
+    from peercache.lab.tidy import Row
+    ctx = dict(experiment="bench", scenario="bench", run_id="r")
+    rows = [Row(metric="bw", value=2e10, unit="B/s", numa_node=0, **ctx),
+            Row(metric="bw", value=1e10, unit="B/s", numa_node=1, **ctx)]
+    assert ratios.figure(rows, "memcpy_128k") == 20.0                  # GB/s, the best NUMA node
+    with pytest.raises(ratios.BenchError, match="peercache_shm_128k: no get_throughput measured: boom"):
+        ratios.figure([Row(metric="get_throughput", value=None, unit="GB/s", status="failed", reason="boom",
+                           **ctx)], "peercache_shm_128k")
+    chk = [Row(metric=m, value=v, unit=u, **ctx) for m, v, u in
+           (("keys", 10.0, "count"), ("hit_rate", 1.0, "ratio"), ("errors", 0.0, "count"),
+            ("verify_failures", 0.0, "count"))]
+    assert ratios.check_line("shm_128k", chk) == ("check shm_128k verify=on keys=10 hit_rate=1.0 errors=0 "
+                                                  "verify_failures=0 status=ok")
+    chk[-1].value = 2.0
+    assert ratios.check_line("shm_128k", chk).endswith("verify_failures=2 status=failed")
+    res = {"ratios": {"shm_vs_memcpy_128k": {"median": 0.8, "min": 0.7, "max": 0.9, "rounds": 3}}}
+    df = ratios.ratio_rows(res, "bench/x/ratios", {"shm_vs_memcpy_128k": 0.9})
+    assert list(df["verdict"]) == ["low"] and "0.8 < target 0.9" in df["verdict_reason"][0]
 
 
 def test_every_ratio_has_a_target_in_the_references_data():

@@ -22,11 +22,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache.lab.analysis import collect  # noqa: E402
+from peercache.lab.pipeline import experiments  # noqa: E402
 from peercache.lab.analysis.references import (UNITS, TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
                                       row_extra)
 
-#: Scenarios that have charts, in drawing order.
-SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect", "msgsize_sweep")
+#: Scenarios in drawing order: the scenario file's order (experiments/scenarios.yaml), read once.
+SCENARIOS = experiments.scenario_names()
 RAW_TOOLS = ("ib_read_bw", "ib_write_bw", "iperf3", "memcpy")
 #: The raw figure a PeerCache GET over each protocol is compared with: RDMA
 #: READ for rdma, iperf3 on the same path for tcp, one-thread memcpy for shm.
@@ -584,7 +585,8 @@ def chart_msgsize_counters(rows: pd.DataFrame, runs: pd.DataFrame, refs: Testbed
                  meta_block(ok, runs), notes)
 
 
-#: scenario -> chart builders for that scenario's rows.
+#: scenario -> chart builders for that scenario's rows (a scenario without builders draws nothing;
+#: tests check every key is a scenario of the scenario file).
 BUILDERS: dict[str, tuple[Callable, ...]] = {
     "single_nic": (chart_single_nic,),
     "multi_rail": (chart_multi_rail,),

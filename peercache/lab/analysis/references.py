@@ -35,45 +35,12 @@ from typing import Any
 
 import pandas as pd
 
-from peercache.lab.tidy import VERDICTS
+from peercache.lab.tidy import UNITS, VERDICTS, convert, is_bandwidth  # noqa: F401 (re-exported)
 
 REFERENCES_SCHEMA_VERSION = 1
 
-#: unit name -> (dimension, factor to the dimension's base unit). Decimal
-#: prefixes (GB = 1e9 B) as the published baselines and perftest's --report_gbits use.
-UNITS: dict[str, tuple[str, float]] = {
-    "bit/s": ("bandwidth", 1.0), "Kbit/s": ("bandwidth", 1e3), "Mbit/s": ("bandwidth", 1e6),
-    "Gbit/s": ("bandwidth", 1e9), "Gb/s": ("bandwidth", 1e9), "Gbps": ("bandwidth", 1e9),
-    "Tbit/s": ("bandwidth", 1e12),
-    "B/s": ("bandwidth", 8.0), "KB/s": ("bandwidth", 8e3), "MB/s": ("bandwidth", 8e6),
-    "GB/s": ("bandwidth", 8e9), "TB/s": ("bandwidth", 8e12),
-    "MiB/s": ("bandwidth", 8.0 * 2**20), "GiB/s": ("bandwidth", 8.0 * 2**30),
-    "pps": ("rate", 1.0), "Kpps": ("rate", 1e3), "Mpps": ("rate", 1e6),
-    "pages/s": ("pages_rate", 1.0), "ops/s": ("ops_rate", 1.0),
-    "ns": ("time", 1e-9), "us": ("time", 1e-6), "ms": ("time", 1e-3), "s": ("time", 1.0),
-    "count": ("count", 1.0), "ratio": ("ratio", 1.0), "%": ("ratio", 0.01),
-}
-
-
-def convert(value: float, unit: str, to: str) -> float:
-    """Convert ``value`` from ``unit`` to ``to`` (same dimension only)."""
-    if unit == to:
-        return value
-    for u in (unit, to):
-        if u not in UNITS:
-            raise ValueError(f"unknown unit {u!r}; known units: {', '.join(UNITS)} "
-                             "(add it to peercache.lab.analysis.references.UNITS)")
-    dim_from, f_from = UNITS[unit]
-    dim_to, f_to = UNITS[to]
-    if dim_from != dim_to:
-        raise ValueError(f"cannot convert {unit!r} ({dim_from}) to {to!r} ({dim_to}); "
-                         "check the unit of the reference or of the row")
-    return value * f_from / f_to
-
-
-def is_bandwidth(unit: str) -> bool:
-    """True when ``unit`` is a bandwidth unit (checked against line rate)."""
-    return UNITS.get(unit, ("", 0.0))[0] == "bandwidth"
+# The unit table and its conversions belong to the result schema (tidy), so the pipeline's
+# point runner converts with the same table; they are re-exported here for the analysis code.
 
 
 @dataclass

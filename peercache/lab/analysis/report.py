@@ -16,6 +16,7 @@ import pandas as pd
 
 from peercache.lab.analysis import charts, collect
 from peercache.lab.analysis.references import convert, load_references, row_extra
+from peercache.lab.pipeline import experiments
 
 #: Columns of a scenario's table in the report.
 SECTION_COLUMNS = ["run_id", "metric", "side", "devices", "size_bytes", "batch", "qps", "threads",
@@ -57,7 +58,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
 
-_GET_SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect")
+#: Scenarios whose figures are PeerCache GETs (their kinds say so; see pipeline/kinds.py).
+_GET_SCENARIOS = experiments.get_scenarios()
 
 
 def _gbs(r: pd.Series) -> float | None:

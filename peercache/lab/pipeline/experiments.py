@@ -9,18 +9,24 @@ reason. Nothing here starts a process.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from peercache.lab.pipeline import kinds
+from peercache.lab.pipeline.kinds import Point  # noqa: F401 (the point type, re-exported)
+
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[3] / "experiments"
 SCHEMA_FILE = EXPERIMENTS_DIR / "testbed.schema.yaml"
 SCENARIOS_FILE = EXPERIMENTS_DIR / "scenarios.yaml"
-SCENARIOS = ("single_nic", "multi_rail", "whole_machine", "gpudirect", "msgsize_sweep")
+#: The forms every scenario has: ``rdma`` on a real RDMA testbed, ``local`` its non-RDMA counterpart.
+FORMS = ("rdma", "local")
+#: capabilities a scenario may require -> what the testbed then needs.
+HARDWARE = {"gpu": "a CUDA GPU on the consumer", "rdma": "an RDMA NIC on both hosts"}
 
 
 class DefinitionError(ValueError):
@@ -66,17 +72,6 @@ class Testbed:
         return self.doc.get(key, default)
 
 
-@dataclass
-class Point:
-    """One measurement to run: what, with which parameters, or why it is skipped."""
-
-    scenario: str
-    name: str
-    kind: str                     #: iperf3 | perftest | peercache | group | memcpy | skip
-    params: dict[str, Any] = field(default_factory=dict)
-    skip_reason: str | None = None
-
-
 def _load_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
@@ -90,15 +85,23 @@ def _field(err: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in err.absolute_path) or "(top level)"
 
 
-def load_testbed(path: str | Path) -> Testbed:
-    """Read and validate a testbed file; DefinitionError names the bad field."""
+def testbed_schema(scenarios: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The testbed schema (experiments/testbed.schema.yaml) with the scenario names filled in from the scenarios."""
+    schema = _load_yaml(SCHEMA_FILE)
+    names = list(scenario_names(scenarios))
+    props = schema["properties"]
+    props["scenarios"]["items"] = {"enum": names}
+    props["grid_overrides"]["properties"] = {n: {"$ref": "#/$defs/override"} for n in names}
+    return schema
+
+
+def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None) -> Testbed:
+    """Read and validate a testbed file (its scenario names against ``scenarios``); DefinitionError names the field."""
     path = Path(path)
     doc = _load_yaml(path)
-    schema = _load_yaml(SCHEMA_FILE)
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc),
-                    key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = [f"  field '{_field(e)}': {e.message}" for e in errors[:10]]
+    lines = _schema_errors(testbed_schema(scenarios), doc)
+    if lines:
+        lines = lines[:10]
         raise DefinitionError(f"{path}: invalid testbed definition\n" + "\n".join(lines)
                               + f"\n(see {SCHEMA_FILE.relative_to(EXPERIMENTS_DIR.parent)})")
     if doc["form"] == "rdma" and not doc.get("devices"):
@@ -114,73 +117,73 @@ def load_testbed(path: str | Path) -> Testbed:
     return Testbed(path, doc)
 
 
-def load_scenarios(path: str | Path = SCENARIOS_FILE) -> dict[str, Any]:
-    """Read the scenario grids and check every scenario has both forms."""
+def _schema_errors(schema: dict[str, Any], doc: Any) -> list[str]:
+    """Every schema violation of ``doc`` as "field 'a.b': message", sorted by field, one per extra key."""
+    lines = []
+    for e in sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path)):
+        if e.validator == "additionalProperties" and isinstance(e.instance, dict):
+            known = set((e.schema.get("properties") or {}))
+            for extra in sorted(set(e.instance) - known):
+                where = ".".join(map(str, [*e.absolute_path, extra]))
+                lines.append(f"  field '{where}': not a known field here; known: {', '.join(sorted(known))}")
+            continue
+        lines.append(f"  field '{_field(e)}': {e.message}")
+    return lines
+
+
+def scenarios_schema(forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
+    """JSON schema of a scenario file, generated from the kinds registry (each part's knobs, typed);
+    every scenario must have each of ``forms``."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "PeerCache Lab scenarios (generated from peercache.lab.pipeline.kinds)",
+        "type": "object", "minProperties": 1,
+        "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$"},
+        "additionalProperties": {"$ref": "#/$defs/scenario"},
+        "$defs": {
+            "scenario": {"type": "object", "additionalProperties": False,
+                         "required": ["description", *forms],
+                         "properties": {"description": {"type": "string", "minLength": 1},
+                                        "requires": {"type": "array", "items": {"enum": sorted(HARDWARE)}},
+                                        **{f: {"$ref": "#/$defs/form"} for f in FORMS}}},
+            "form": {"type": "object", "minProperties": 1,
+                     "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$"},
+                     "additionalProperties": {"$ref": "#/$defs/part"}},
+            "part": kinds.part_schema(),
+            **kinds.kind_defs(),
+        },
+    }
+
+
+def load_scenarios(path: str | Path = SCENARIOS_FILE, forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
+    """Read a scenario file and validate it against :func:`scenarios_schema`; DefinitionError names the field."""
     path = Path(path)
     doc = _load_yaml(path)
-    if not isinstance(doc, dict):
-        raise DefinitionError(f"{path}: expected a map of scenario name -> definition")
-    for name in SCENARIOS:
-        sc = doc.get(name)
-        if not isinstance(sc, dict) or not isinstance(sc.get("rdma"), dict) or not isinstance(sc.get("local"), dict):
-            raise DefinitionError(f"{path}: field '{name}': each scenario needs 'rdma' and 'local' grids")
-    unknown = set(doc) - set(SCENARIOS)
-    if unknown:
-        raise DefinitionError(f"{path}: unknown scenario(s) {sorted(unknown)}; known: {SCENARIOS}")
+    lines = _schema_errors(scenarios_schema(forms), doc)
+    if lines:
+        raise DefinitionError(f"{path}: invalid scenario definition\n" + "\n".join(lines[:10])
+                              + "\n(each part names its kind; the kinds and their knobs: "
+                              "python -m peercache.lab.pipeline kinds)")
     return doc
 
 
-def _sizes(n: int) -> str:
-    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
-        if n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
+def scenario_names(scenarios: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The scenario names, in file order (the one list every other place reads)."""
+    return tuple(scenarios if scenarios is not None else load_scenarios())
 
 
-def _raw_points(scenario: str, grid: dict) -> list[Point]:
-    tool = grid["tool"]
-    pts = []
-    if tool == "iperf3":
-        # processes: parallel client processes, each with its own server port (iperf3 3.x runs all
-        # -P streams of one process in one thread, so one process is no limit for several readers).
-        for procs, streams, length in itertools.product(grid.get("processes", [1]), grid["streams"],
-                                                        grid["length"]):
-            name = f"iperf3_P{streams}_l{_sizes(length)}" if procs == 1 else \
-                f"iperf3_x{procs}_P{streams}_l{_sizes(length)}"
-            pts.append(Point(scenario, name, "iperf3", {"streams": streams, "length": length, "processes": procs,
-                                                        "perf_stat": bool(grid.get("perf_stat"))}))
-    elif tool == "memcpy":
-        for size in grid["size"]:
-            pts.append(Point(scenario, f"memcpy_s{_sizes(size)}", "memcpy", {"size": size}))
-    else:
-        for qps, size in itertools.product(grid["qps"], grid["size"]):
-            pts.append(Point(scenario, f"{tool}_q{qps}_s{_sizes(size)}", "perftest",
-                             {"tool": tool, "qps": qps, "size": size, "tx_depth": grid.get("tx_depth"),
-                              "perf_stat": bool(grid.get("perf_stat"))}))
-    return pts
+def get_scenarios(scenarios: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The scenarios that measure PeerCache GETs (a part of a kind with ``is_get``, in some form)."""
+    sc = scenarios if scenarios is not None else load_scenarios()
+    return tuple(n for n, d in sc.items()
+                 if any(kinds.kind_of(part["kind"]).is_get for f in FORMS if f in d for part in d[f].values()))
 
 
-def _peercache_points(scenario: str, grid: dict, devices: list[str]) -> list[Point]:
-    pts = []
-    dests = grid.get("destinations", ["host"])
-    for page, batch, (procs, threads), dest in itertools.product(
-            grid["page_size"], grid["batch_size"], grid["processes_x_threads"], dests):
-        name = f"pc_{grid['protocol']}_p{procs}x{threads}_s{_sizes(page)}_b{batch}" + \
-               ("" if dest == "host" else f"_{dest}")
-        pts.append(Point(scenario, name, "peercache", {
-            "protocol": grid["protocol"], "layout": grid["layout"], "page_size": page,
-            "batch_size": batch, "processes": procs, "threads": threads, "destination": dest,
-            "devices": devices if grid.get("all_devices") else devices[:1]}))
-    return pts
+def expand_part(scenario: str, part_name: str, part: dict[str, Any], devices: list[str]) -> list[Point]:
+    """The points of one scenario part, as its kind expands them."""
+    return [dataclasses.replace(p, part=part_name)
+            for p in kinds.kind_of(part["kind"]).expand(scenario, part, devices)]
 
-
-def _group_points(scenario: str, grid: dict, devices: list[str]) -> list[Point]:
-    groups = devices or [f"group{i}" for i in range(grid.get("groups", 2))]
-    return [Point(scenario, f"group_{grid['protocol']}_n{len(groups)}_s{_sizes(page)}_b{batch}", "group", {
-        "protocol": grid["protocol"], "layout": grid["layout"], "page_size": page, "batch_size": batch,
-        "groups": groups, "readers": grid["readers_per_nic"], "threads": grid["threads"],
-        "per_device": bool(devices)})
-        for page, batch in itertools.product(grid["page_size"], grid["batch_size"])]
 
 
 def missing_hardware(testbed: Testbed, scenario: dict) -> str | None:
@@ -188,7 +191,7 @@ def missing_hardware(testbed: Testbed, scenario: dict) -> str | None:
     caps = testbed["capabilities"]
     for need in scenario.get("requires", []):
         if not caps.get(need):
-            what = {"gpu": "a CUDA GPU on the consumer", "rdma": "an RDMA NIC on both hosts"}[need]
+            what = HARDWARE[need]
             return (f"testbed {testbed.name!r} has no {need.upper()} (capabilities.{need}: false); "
                     f"this scenario needs {what}")
     return None
@@ -200,6 +203,9 @@ def expand(testbed: Testbed, scenarios: dict[str, Any] | None = None) -> list[Po
     points: list[Point] = []
     overrides = testbed.get("grid_overrides") or {}
     for name in testbed["scenarios"]:
+        if name not in scenarios:
+            raise DefinitionError(f"{testbed.path}: field 'scenarios': {name!r} is not a scenario of the scenario "
+                                  f"file (it has {', '.join(scenarios)}); add it there or drop it here")
         sc = scenarios[name]
         grid = sc[testbed.form]
         for part, changes in (overrides.get(name) or {}).items():
@@ -208,20 +214,18 @@ def expand(testbed: Testbed, scenarios: dict[str, Any] | None = None) -> list[Po
                                       f"{testbed.form} form of {name} has no part {part!r} "
                                       f"(it has {', '.join(grid)})")
         grid = {part: {**g, **(overrides.get(name) or {}).get(part, {})} for part, g in grid.items()}
+        part_schema = {"$defs": kinds.kind_defs(), **kinds.part_schema()}
         pts: list[Point] = []
         for part, g in grid.items():
-            if part in ("raw", "shm_limit"):
-                pts += _raw_points(name, g)
-            elif part in ("peercache", "peercache_shm"):
-                pts += _peercache_points(name, g, testbed.devices)
-            elif part == "group":
-                pts += _group_points(name, g, testbed.devices)
-            else:
-                raise DefinitionError(f"{SCENARIOS_FILE}: field '{name}.{testbed.form}.{part}': unknown "
-                                      "part (raw, shm_limit, peercache, peercache_shm, group)")
+            if part in (overrides.get(name) or {}):
+                bad = _schema_errors(part_schema, g)
+                if bad:
+                    raise DefinitionError(f"{testbed.path}: field 'grid_overrides.{name}.{part}': the merged "
+                                          f"part is not a valid {g.get('kind')} part:\n" + "\n".join(bad))
+            pts += expand_part(name, part, g, testbed.devices)
         why = missing_hardware(testbed, sc)
         if why:
-            pts = [Point(p.scenario, p.name, "skip", p.params, why) for p in pts]
+            pts = [dataclasses.replace(p, skip_reason=why) for p in pts]
         points += pts
     names = [(p.scenario, p.name) for p in points]
     dup = {n for n in names if names.count(n) > 1}

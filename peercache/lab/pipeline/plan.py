@@ -21,8 +21,9 @@ class Plan:
 
     def __init__(self, testbed_path: str, scenarios_path: str | None = None):
         self.testbed_path = testbed_path
-        self.testbed = experiments.load_testbed(testbed_path)
         sc = experiments.load_scenarios(scenarios_path) if scenarios_path else experiments.load_scenarios()
+        self.scenarios = sc
+        self.testbed = experiments.load_testbed(testbed_path, sc)
         self.scenarios_path = scenarios_path
         self.points = experiments.expand(self.testbed, sc)
         self.name = self.testbed.name
@@ -61,6 +62,10 @@ class Plan:
         """:meth:`expected` as one YAML flow list (a papermill -p value)."""
         import yaml
         return yaml.safe_dump(self.expected(), default_flow_style=True, width=1 << 20).strip()
+
+    def scenario_names(self) -> str:
+        """Regex alternation of the scenario file's scenario names (a wildcard constraint)."""
+        return "|".join(experiments.scenario_names(self.scenarios))
 
     def point_names(self) -> str:
         """Regex alternation of point names (a wildcard constraint)."""
@@ -107,6 +112,21 @@ def measure(testbed_path: str, scenarios_path: str | None = None) -> int:
     return rc
 
 
+def describe_kinds() -> str:
+    """Every point kind with its knobs and metrics, as text (``python -m peercache.lab.pipeline kinds``)."""
+    from peercache.lab.pipeline import kinds
+
+    out = []
+    for name, k in kinds.KINDS.items():
+        out.append(f"{name}: {(k.__doc__ or '').strip()}")
+        for knob in k.knobs.values():
+            what = "parameter (list, swept)" if knob.sweep else "variable"
+            default = "required" if knob.default is kinds.REQUIRED else f"default {knob.default!r}"
+            out.append(f"  {knob.name}: {what}, {json.dumps(knob.schema)}, {default}: {knob.doc}")
+        out.append("  metrics: " + ", ".join(f"{m} [{u}]" for m, u in k.metrics.items()))
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -116,6 +136,8 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True)
     v = sub.add_parser("validate", help="validate a testbed and list its points")
     v.add_argument("--testbed", required=True)
+    sub.add_parser("kinds", help="list the point kinds, their knobs (type, default, meaning) and metrics")
+    sub.add_parser("schema", help="print the JSON schema of a scenario file (generated from the kinds)")
     m = sub.add_parser("measure", help="capture both hosts and run every point (what the guest runs)")
     m.add_argument("--testbed", required=True)
     m.add_argument("--scenarios", default=None)
@@ -125,6 +147,12 @@ def main(argv=None) -> int:
             return capture(a.testbed, a.role, a.out)
         if a.cmd == "measure":
             return measure(a.testbed, a.scenarios)
+        if a.cmd == "kinds":
+            print(describe_kinds())
+            return 0
+        if a.cmd == "schema":
+            print(json.dumps(experiments.scenarios_schema(), indent=1))
+            return 0
         plan = Plan(a.testbed)
         for pt in plan.points:
             print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))

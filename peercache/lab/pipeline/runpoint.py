@@ -35,7 +35,7 @@ from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.hosts import Host, parse_host
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
                      Readiness, SideSpec, WindowBytes)
-from peercache.lab.tidy import Row, RunMeta, write_result
+from peercache.lab.tidy import Row, RunMeta, convert, write_result
 from peercache.bench import meta as bench_meta
 
 READY_LINE = "peercache-bench serve: ready"
@@ -69,11 +69,16 @@ class TestbedHosts:
     note: str | None
 
 
+#: Both sides on this host over 127.0.0.1 (a part with ``place: loopback``: same-host shm figures).
+LOOPBACK_HOSTS = {"producer": {"host": "local", "address": "127.0.0.1"},
+                  "consumer": {"host": "local", "address": "127.0.0.1"}}
+
+
 @contextlib.contextmanager
-def testbed_hosts(tb: experiments.Testbed) -> Iterator[TestbedHosts]:
-    """Hosts of ``tb``; creates (and always removes) its network-namespace pair if it has one."""
-    hosts, pair, note = tb["hosts"], None, None
-    if tb.get("netns_pair"):
+def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[TestbedHosts]:
+    """Hosts of ``tb`` (or this host twice, ``loopback``); creates and always removes its netns pair if it has one."""
+    hosts, pair, note = (LOOPBACK_HOSTS if loopback else tb["hosts"]), None, None
+    if tb.get("netns_pair") and not loopback:
         ok, why = netns.available()
         if ok:
             pair = netns.NetnsPair(tb["netns_pair"]["tag"], tb["netns_pair"]["index"]).create()
@@ -144,8 +149,9 @@ class PointRun:
         self.notes: list[str] = []
         base = int(tb.get("base_port", 42000))
         self.ports = PortAllocator(base, base + 499)
-        dur = float(tb["duration"])
-        self.duration, self.warmup = dur, float(tb["warmup"])
+        # A part may set its own duration and warm-up (the bench's short verification runs).
+        dur = float(point.params.get("duration", tb["duration"]))
+        self.duration, self.warmup = dur, float(point.params.get("warmup", tb["warmup"]))
         #: Waits (never the measured window) stretch by the machine's slowness: a guest is slow, not hung.
         self.slow = slowness()
         self.timeout = (60.0 + 4 * (dur + self.warmup)) * self.slow
@@ -201,15 +207,8 @@ class PointRun:
 
     # -- port counters ------------------------------------------------------------------
     def port_devices(self) -> list[str]:
-        """RDMA devices whose counters bound this point's figures (none for non-RDMA kinds)."""
-        p = self.point.params
-        if self.point.kind == "perftest":
-            return self.tb.devices[:1]
-        if self.point.kind == "peercache" and p.get("protocol") == "rdma":
-            return list(p.get("devices") or [])
-        if self.point.kind == "group" and p.get("per_device"):
-            return list(p["groups"])
-        return []
+        """RDMA devices whose counters bound this point's figures (the kind says; none for non-RDMA kinds)."""
+        return self.point.spec.port_devices(self.point.params, self.tb.devices)
 
     def check_counters(self, before, after, rates) -> None:
         """Attach the counter cross-check to every measured bandwidth row; note what is flagged."""
@@ -217,7 +216,7 @@ class PointRun:
             if r.metric not in ("bw", "get_throughput") or r.status != "ok" or r.value is None:
                 continue
             devs = [r.devices] if r.side == "per_device" else list(before)
-            bps = r.value * {"GB/s": 1e9, "B/s": 1.0, "Gbit/s": 1e9 / 8}.get(r.unit, float("nan"))
+            bps = convert(r.value, r.unit, "B/s")
             # The consumer (client) receives what a READ or a GET moves, and sends what a WRITE moves.
             direction = "xmit" if r.tool == "ib_write_bw" else "rcv"
             pc = crosscheck.check({d: before[d] for d in devs if d in before},
@@ -231,11 +230,11 @@ class PointRun:
 
     # -- kinds ----------------------------------------------------------------------
     def skip(self) -> None:
-        p = self.point.params
-        tool = "peercache-bench" if self.point.name.startswith(("pc_", "group_")) else self.point.name.split("_")[0]
-        self.rows.append(Row(metric="get_throughput" if tool == "peercache-bench" else "bw", value=None,
-                             unit="GB/s", status="skipped", reason=self.point.skip_reason,
-                             **self.ctx(tool=tool, protocol=p.get("protocol", ""), layout=p.get("layout", ""),
+        """The point's headline row, skipped with the reason (tool, metric and unit from its kind)."""
+        p, spec = self.point.params, self.point.spec
+        self.rows.append(Row(metric=spec.primary, value=None, unit=spec.unit(), status="skipped",
+                             reason=self.point.skip_reason,
+                             **self.ctx(tool=spec.row_tool(p), protocol=p.get("protocol", ""), layout=p.get("layout", ""),
                                         size_bytes=p.get("page_size") or p.get("size"),
                                         batch=p.get("batch_size"), threads=p.get("threads"),
                                         processes=p.get("processes"),
@@ -284,8 +283,10 @@ class PointRun:
         port = self.ports.allocate()
         server = iperf3.server_command(port, bind=th.producer_addr)
         secs = max(1, math.ceil(self.duration))
+        omit = max(0, math.ceil(self.warmup)) if p.get("omit_warmup") else 0
         client, perf_path = self._perf_wrap(iperf3.client_command(
-            th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs))
+            th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
+            reverse=bool(p.get("reverse"))) + (["-O", str(omit)] if omit else []))
         ctx = self.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"],
                        host=str(th.consumer), peer=str(th.producer), side="client")
         res, err = self._pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15 * self.slow), th, [])
@@ -312,7 +313,8 @@ class PointRun:
             name = f"proc{i}"
             server = self.cpu_wrap(f"{name}/producer", th.producer, iperf3.server_command(port, bind=th.producer_addr))
             client = self.cpu_wrap(f"{name}/consumer", th.consumer, iperf3.client_command(
-                th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit)
+                th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
+                reverse=bool(p.get("reverse")))
                 + ["-O", str(omit)])
             specs.append(GroupSpec(name, [SideSpec(th.consumer, client)], SideSpec(th.producer, server),
                                    Readiness(port=port, addr=th.producer_addr, timeout=15 * self.slow)))
@@ -391,7 +393,8 @@ class PointRun:
                      out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
         bench_p = _python_tool(th.producer, self.tb, "peercache.bench.cli")
         bench_c = _python_tool(th.consumer, self.tb, "peercache.bench.cli")
-        ws = max(4 * p["batch_size"], int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["page_size"])
+        ws = p.get("working_set") or max(4 * p["batch_size"],
+                                         int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["page_size"])
         common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
                   "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
         serve_devs, drive_devs = [], []
@@ -402,8 +405,10 @@ class PointRun:
                  "--quiet"]
         drive = [*bench_c, "drive", *common, *drive_devs, "--batch-size", str(p["batch_size"]),
                  "--concurrencies", str(threads), "--processes", str(processes),
-                 "--duration", str(self.duration), "--warmup", str(self.warmup), "--no-verify",
-                 "--dir-cache-ttl", str(self.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)),
+                 "--duration", str(self.duration), "--warmup", str(self.warmup),
+                 *([] if p.get("verify") else ["--no-verify"]),
+                 *(["--max-channels", str(p["max_channels"])] if p.get("max_channels") else []),
+                 "--dir-cache-ttl", str(p.get("dir_cache_ttl", self.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))),
                  "--out", out_path]
         if self.slow > 1:
             drive += ["--ready-timeout", f"{30 * self.slow:.0f}"]
@@ -440,6 +445,11 @@ class PointRun:
                 add(f"latency_{q}", pt["latency_us"][q], "us")
             add("hit_rate", pt["hit_rate"], "ratio")
             self.rows.append(Row(metric="errors", value=float(pt["errors"]), unit="count", extra=extra, **c))
+            if pt["verified"]:
+                # A verified run's evidence: how many GETs were checked, and how many failed the check.
+                self.rows.append(Row(metric="keys", value=float(pt["keys"]), unit="count", extra=extra, **c))
+                self.rows.append(Row(metric="verify_failures", value=float(pt["verify_failures"]), unit="count",
+                                     extra=extra, **c))
 
     def peercache(self, th: TestbedHosts) -> None:
         p = self.point.params
@@ -524,13 +534,55 @@ class PointRun:
                                     "groups": len(agg.groups), "cpu": cpusample.combine(cpu)},
                              **dict(ctx, side="aggregate", devices=",".join(agg.groups))))
 
+    def node_api(self, th: TestbedHosts) -> None:
+        """The batch API in one consumer process (tools/nodeloop) against a serve: pages/s, then a verified pass."""
+        p = self.point.params
+        port = self.ports.allocate()
+        addr = f"{th.producer_addr}:{port}"
+        serve = [*_python_tool(th.producer, self.tb, "peercache.bench.cli"), "serve", "--discovery-addr", addr,
+                 "--protocol", p["protocol"], "--layout", p["layout"], "--page-size", str(p["page_size"]),
+                 "--working-set", str(p["working_set"]), "--readers", "1", "--max-wait", str(int(self.timeout)),
+                 "--quiet"]
+        client = [*_python_tool(th.consumer, self.tb, "peercache.lab.tools.nodeloop"), "--discovery-addr", addr,
+                  "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"]),
+                  "--batch", str(p["batch_size"]), "--duration", str(self.duration)]
+        ctx = self.ctx(tool="peercache-node-api", side="client", host=str(th.consumer), peer=str(th.producer),
+                       protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"], batch=p["batch_size"],
+                       threads=1, processes=1)
+        res, err = self._pair(serve, client, Readiness(pattern=READY_LINE, timeout=60 * self.slow), th, [])
+        self._record(res)
+        if err:
+            self.fail("pages_per_s", "pages/s", err, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})
+            return
+        lines = [ln for ln in res.client.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            raise ParseError("nodeloop", "no JSON result line; read its log beside the result",
+                             source=f"{self.run_id}/client")
+        doc = json.loads(lines[-1])
+        (self.raw_dir / "nodeloop.json").write_text(json.dumps(doc, indent=1))
+        extra = {"gets": doc["gets"], "hits": doc["hits"], "seconds": doc["seconds"],
+                 "working_set": doc["working_set"]}
+        if doc["hits"] != doc["gets"]:
+            # Sanity: every key of the published working set must hit; a miss means it measured something else.
+            self.fail("pages_per_s", "pages/s", f"{doc['gets'] - doc['hits']} of {doc['gets']} GETs were not hits "
+                      "(the working set is not all published, or serve evicted)",
+                      **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})
+        else:
+            self.rows.append(Row(metric="pages_per_s", value=doc["pages_per_s"], unit="pages/s",
+                                 raw_value=doc["pages_per_s"], raw_unit="pages/s", extra=extra, **ctx))
+        self.rows.append(Row(metric="verified_keys", value=float(doc["verified_keys"]), unit="count", **ctx))
+        self.rows.append(Row(metric="verify_failures", value=float(doc["verify_failures"]), unit="count", **ctx))
+        self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
+
     def memcpy(self, th: TestbedHosts) -> None:
         """The memory-copy ceiling of the producer, measured on each of its NUMA nodes (one row per node)."""
         p = self.point.params
         # Same region size and batch as the PeerCache points it is the limit for.
-        ws = max(4 * MEMCPY_BATCH, int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
+        batch = int(p.get("batch", MEMCPY_BATCH))
+        ws = p.get("working_set") or max(4 * batch,
+                                         int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
         base = [*_python_tool(th.producer, self.tb, "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
-                "--working-set", str(ws), "--batch", str(MEMCPY_BATCH), "--duration", str(self.duration)]
+                "--working-set", str(ws), "--batch", str(batch), "--duration", str(self.duration)]
         r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=30)
         nodes = parse_nodelist(r.stdout) if r.rc == 0 else []
         has_numactl = th.producer.run(["sh", "-c", "command -v numactl"], timeout=30).rc == 0
@@ -576,9 +628,20 @@ def parse_nodelist(text: str) -> list[int]:
 def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
         scenarios_path: str | None = None) -> int:
     """Run one point and write its result; returns 0 when the result was written."""
-    tb = experiments.load_testbed(testbed_path)
-    grids = experiments.load_scenarios(scenarios_path) if scenarios_path else None
+    grids = experiments.load_scenarios(scenarios_path) if scenarios_path else experiments.load_scenarios()
+    tb = experiments.load_testbed(testbed_path, grids)
     point = experiments.find_point(experiments.expand(tb, grids), scenario, point_name)
+    run_point(tb, point, rep, out)
+    return 0
+
+
+def run_point(tb: experiments.Testbed, point: experiments.Point, rep: int, out: str | Path,
+              hosts: TestbedHosts | None = None, quiet: bool = False) -> list[Row]:
+    """Run one point on ``hosts`` (default: the testbed's, set up and torn down around it); write its result.
+
+    Returns the point's rows (also written to ``out``); a failure is a failed row with the reason, never raised.
+    """
+    scenario, point_name = point.scenario, point.name
     out_path = Path(out)
     raw_dir = out_path.parent
     raw_dir.mkdir(parents=True, exist_ok=True)
@@ -586,16 +649,17 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
     start = bench_meta.now_iso()
     host_note = None
     try:
-        if point.kind == "skip":
+        if point.skipped:
             pr.skip()
         else:
-            with testbed_hosts(tb) as th:
+            with (contextlib.nullcontext(hosts) if hosts is not None
+                  else testbed_hosts(tb, loopback=point.loopback)) as th:
                 host_note = th.note
                 devices = pr.port_devices()
                 port = int(tb.get("ib_port", 1))
                 before = crosscheck.sample_ports(th.consumer, devices, port) if devices else {}
                 try:
-                    getattr(pr, point.kind)(th)
+                    getattr(pr, point.spec.runs_with)(th)
                     if devices:
                         pr.check_counters(before, crosscheck.sample_ports(th.consumer, devices, port),
                                           crosscheck.line_rates(th.consumer, devices, port))
@@ -605,8 +669,7 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
     except Exception as e:  # recorded as a failed point (with its logs); the pipeline goes on
         if not isinstance(e, (ParseError, ToolError)):
             traceback.print_exc()
-        raw = point.kind in ("iperf3", "perftest", "memcpy")
-        pr.fail("bw" if raw else "get_throughput", "B/s" if raw else "GB/s",
+        pr.fail(point.spec.primary, point.spec.unit(),
                 str(e) if isinstance(e, (ParseError, ToolError)) else f"{type(e).__name__}: {e}")
     if host_note:
         pr.notes.append(host_note)
@@ -619,15 +682,17 @@ def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
     meta = RunMeta(run_id=pr.run_id, testbed=tb.name, experiment=tb.name, scenario=scenario, point=point_name,
                    repetition=rep, hosts=captures, commands=pr.commands, start=start, end=bench_meta.now_iso(),
                    git_revision=bench_meta.git_revision(), versions=bench_meta.versions(),
-                   numa_binding=pr.numa, params=dict(point.params, kind=point.kind, duration=pr.duration,
+                   numa_binding=pr.numa, params=dict(point.params, kind=point.kind, skip_reason=point.skip_reason,
+                                                     duration=pr.duration,
                                                      warmup=pr.warmup, notes=pr.notes, guest=guest_block()))
     write_result(out_path, meta, pr.rows)
     bad = [r for r in pr.rows if r.status == "failed"]
-    state = "skipped" if point.kind == "skip" else ("FAILED" if bad else "ok")
+    state = "skipped" if point.skipped else ("FAILED" if bad else "ok")
     flagged = [n for n in pr.notes if "flagged" in n]
-    print(f"{pr.run_id}: {state}" + (f" ({bad[0].reason})" if bad else "")
-          + (f" [{'; '.join(flagged)}]" if flagged else ""), flush=True)
-    return 0
+    if not quiet or bad:
+        print(f"{pr.run_id}: {state}" + (f" ({bad[0].reason})" if bad else "")
+              + (f" [{'; '.join(flagged)}]" if flagged else ""), flush=True, file=sys.stderr if quiet else sys.stdout)
+    return pr.rows
 
 
 def main(argv=None) -> int:
