@@ -9,11 +9,12 @@ CORES  ?= 2
 
 # Debian packages: tools the lab wraps, rdma-core headers for the verbs
 # backend, pyverbs, what the tests use (sshd, network namespaces), and the
-# Soft-RoCE guest (QEMU, a static busybox, cpio and kmod for its initramfs).
+# Soft-RoCE guest (QEMU, a static busybox, cpio and kmod for its initramfs),
+# and xxHash's header for the slot checksum of the native module.
 APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest \
             rdma-core libibverbs-dev ibverbs-utils python3-pyverbs linux-perf \
             iproute2 openssh-server openssh-client procps \
-            qemu-system-x86 busybox-static cpio kmod
+            qemu-system-x86 busybox-static cpio kmod libxxhash-dev
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
@@ -22,7 +23,7 @@ NATIVE_SRC := $(wildcard native/*.c native/*.h)
 setup: $(VENV)/.installed
 
 apt: $(VENV)/.apt
-$(VENV)/.apt:
+$(VENV)/.apt: Makefile
 	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \

@@ -119,7 +119,7 @@ static PyObject *Peer_read_batch(PeerObject *self, PyObject *args) {
         where[m++] = (size_t)i;
     }
     if (m) {
-        rc = self->be->read_batch(self->conn, valid, m, locals, (size_t)nl, vst, err, sizeof err);
+        rc = self->be->read_batch(self->conn, valid, m, locals, (size_t)nl, vst, err, sizeof err, NULL);
         for (size_t j = 0; j < m; j++) status[where[j]] = vst[j];
     }
     Py_END_ALLOW_THREADS
@@ -434,19 +434,17 @@ static PyTypeObject LocCacheType = {
 
 /* --------------------------------------------------------------- read_slots */
 
-enum { GET_HIT = 0, GET_MISS = 1, GET_ERROR = 2 };
-
-typedef struct nodework {
-    uint32_t node;
-    PeerObject *peer;    /* NULL: no handle yet */
-} nodework;
-
+/* read_slots: the arrays of the batch and a handle per node of it, taken
+ * while the GIL is held; the reads themselves are pc_read_slots (slots.c). */
 static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *peers, *locs_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &peers, &locs_o, &dest_o, &off_o, &caps_o, &st_o, &len_o,
-                          &gen_o, &code_o))
+    unsigned int checks = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO|I", &peers, &locs_o, &dest_o, &off_o, &caps_o, &st_o, &len_o,
+                          &gen_o, &code_o, &checks))
         return NULL;
+    if (checks & ~(unsigned)(PC_CHECK_PATTERN | PC_CHECK_INTEGRITY))
+        return PyErr_Format(PyExc_ValueError, "checks 0x%x: only CHECK_PATTERN and CHECK_INTEGRITY exist", checks);
     if (!PyList_Check(peers)) return PyErr_Format(PyExc_TypeError, "peers must be a list");
     /* Zeroed views: PyBuffer_Release ignores the ones never filled. */
     Py_buffer lv = {0}, dv = {0}, ov = {0}, cv = {0}, sv = {0}, lnv = {0}, gv = {0}, kv = {0};
@@ -464,114 +462,67 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
         PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&lv);
         return NULL;
     }
-    const pc_loc *locs = lv.buf;
-    const uint64_t *offsets = ov.buf, *caps = have_caps ? cv.buf : NULL;
-    int8_t *status = sv.buf;
-    uint64_t *lengths = lnv.buf, *gens = gv.buf;
-    int32_t *codes = kv.buf;
-    uint8_t *dest = dv.buf;
-    uint64_t destlen = (uint64_t)dv.len;
-
-    /* Distinct nodes of the batch and their handles, taken while the GIL is held. */
-    size_t nn = 0, cap_nodes = 8;
-    nodework *nodes = PyMem_Malloc(cap_nodes * sizeof(nodework));
-    void *scratch = PyMem_Malloc((size_t)(n ? n : 1) * (PC_TAG_BYTES + 3 * sizeof(pc_op) + 3 * 4 + 4));
+    pc_slot_batch b = {
+        .n = (size_t)n, .locs = lv.buf, .dest = dv.buf, .destlen = (uint64_t)dv.len, .offsets = ov.buf,
+        .caps = have_caps ? cv.buf : NULL, .status = sv.buf, .codes = kv.buf, .lengths = lnv.buf,
+        .gens = gv.buf, .checks = checks,
+    };
+    /* The distinct nodes of the batch, then the open Peer of each (its index in peers),
+     * held until the reads are done. */
     PyObject *result = NULL;
+    size_t nn = 0, cap_nodes = 8;
+    pc_slot_peer *nodes = PyMem_Malloc(cap_nodes * sizeof *nodes);
+    void *scratch = PyMem_Malloc(pc_slot_scratch_bytes(b.n));
     if (!nodes || !scratch) { PyErr_NoMemory(); goto out; }
+    for (size_t i = 0; (i = pc_slot_nodes(b.locs, i, b.n, nodes, cap_nodes, &nn)) < b.n;) {
+        cap_nodes *= 2;
+        pc_slot_peer *g = PyMem_Realloc(nodes, cap_nodes * sizeof *g);
+        if (!g) { PyErr_NoMemory(); goto out; }
+        nodes = g;
+    }
     Py_ssize_t npeers = PyList_GET_SIZE(peers);
-    uint32_t lastnode = PC_ABSENT;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t nd = locs[i].node;
-        if (nd == PC_ABSENT || nd == lastnode) continue;
-        size_t j = 0;
-        while (j < nn && nodes[j].node != nd) j++;
-        lastnode = nd;
-        if (j < nn) continue;
-        if (nn == cap_nodes) {
-            cap_nodes *= 2;
-            nodework *g = PyMem_Realloc(nodes, cap_nodes * sizeof(nodework));
-            if (!g) { PyErr_NoMemory(); goto out; }
-            nodes = g;
-        }
+    for (size_t d = 0; d < nn; d++) {
+        uint32_t nd = nodes[d].node;
         PyObject *p = (Py_ssize_t)nd < npeers ? PyList_GET_ITEM(peers, nd) : NULL;
         if (p && Py_IS_TYPE(p, &PeerType) && !((PeerObject *)p)->closed) {
             Py_INCREF(p);
-            nodes[nn].peer = (PeerObject *)p;
-        } else {
-            nodes[nn].peer = NULL;
+            nodes[d].owner = p;
+            nodes[d].be = ((PeerObject *)p)->be;
+            nodes[d].conn = ((PeerObject *)p)->conn;
         }
-        nodes[nn++].node = nd;
     }
-
-    uint64_t *tags = scratch;                                   /* n x 5 words */
-    pc_op *ops = (pc_op *)((uint8_t *)scratch + (size_t)n * PC_TAG_BYTES);  /* up to 3n */
-    int32_t *opst = (int32_t *)(ops + 3 * (size_t)n);
-    int32_t *first = opst + 3 * (size_t)n;                      /* op index of each key */
-    Py_ssize_t hits = 0, stale = 0, need = 0, errors = 0;
-    int32_t err_code = 0;
-    uint32_t err_node = PC_ABSENT;
-    char err[ERRLEN] = "";
-
+    pc_slot_result r;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        status[i] = GET_MISS; codes[i] = 0; lengths[i] = 0; gens[i] = 0; first[i] = -1;
-    }
-    pc_local locals[2] = {{(uint8_t *)tags, (uint64_t)n * PC_TAG_BYTES}, {dest, destlen}};
-    for (size_t d = 0; d < nn; d++) {
-        uint32_t nd = nodes[d].node;
-        size_t m = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const pc_loc *l = &locs[i];
-            if (l->node != nd) continue;
-            if (!nodes[d].peer) { codes[i] = PC_NEED_PEER; need++; continue; }
-            if (caps && l->length > caps[i]) {
-                status[i] = GET_ERROR; codes[i] = PC_TOO_BIG; errors++;
-                continue;
-            }
-            if (offsets[i] > destlen || l->length > destlen - offsets[i]) {
-                status[i] = GET_ERROR; codes[i] = PC_LOCAL_RANGE; errors++;
-                continue;
-            }
-            first[i] = (int32_t)m;
-            uint64_t tag_off = (uint64_t)i * PC_TAG_BYTES;
-            ops[m++] = (pc_op){l->region, 0, l->rkey, l->offset, PC_HEADER_BYTES, tag_off};
-            if (l->length)  /* an empty object has no payload op to issue */
-                ops[m++] = (pc_op){l->region, 1, l->rkey, l->offset + PC_HEADER_BYTES, l->length, offsets[i]};
-            ops[m++] = (pc_op){l->region, 0, l->rkey, l->offset + PC_HEADER_BYTES + l->capacity,
-                               PC_TRAILER_BYTES, tag_off + PC_HEADER_BYTES};
-        }
-        if (!m) continue;
-        char berr[ERRLEN] = "";
-        PeerObject *p = nodes[d].peer;
-        p->be->read_batch(p->conn, ops, m, locals, 2, opst, berr, sizeof berr);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (locs[i].node != nd || first[i] < 0) continue;
-            const pc_loc *l = &locs[i];
-            int32_t k = first[i], nops = l->length ? 3 : 2, bad = PC_OK;
-            for (int32_t j = 0; j < nops; j++)
-                if (opst[k + j] != PC_OK) { bad = opst[k + j]; break; }
-            if (bad != PC_OK) {
-                status[i] = GET_ERROR; codes[i] = bad; errors++;
-                if (!err_code) {
-                    err_code = bad; err_node = nd;
-                    snprintf(err, sizeof err, "%s", berr);
-                }
-            } else if (pc_tag_ok(&tags[(size_t)i * 5], l)) {
-                status[i] = GET_HIT; lengths[i] = l->length; gens[i] = l->generation; hits++;
-            } else {
-                codes[i] = PC_TAG_MISMATCH; stale++;
-            }
-        }
-    }
+    pc_read_slots(&b, nodes, nn, scratch, &r);
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(nnnniIs)", hits, stale, need, errors, (int)err_code, (unsigned)err_node, err);
+    result = Py_BuildValue("(nnnniIsnnn)", (Py_ssize_t)r.hits, (Py_ssize_t)r.stale, (Py_ssize_t)r.need_peer,
+                           (Py_ssize_t)r.errors, (int)r.err_code, (unsigned)r.err_node, r.err,
+                           (Py_ssize_t)r.content_bad, (Py_ssize_t)r.checksum_bad,
+                           (Py_ssize_t)r.checksum_missing);
 out:
-    for (size_t d = 0; d < nn; d++) Py_XDECREF(nodes[d].peer);
+    for (size_t d = 0; d < nn; d++) Py_XDECREF((PyObject *)nodes[d].owner);
     PyMem_Free(nodes);
     PyMem_Free(scratch);
     PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
     PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&lv);
     return result;
+}
+
+/* ------------------------------------------------------------ payload checksum */
+
+static PyObject *py_checksum(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *buf_o;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "OK", &buf_o, &seed)) return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(buf_o, &v, PyBUF_SIMPLE) < 0) return NULL;
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    h = pc_checksum(v.buf, (size_t)v.len, seed);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(h);
 }
 
 /* ------------------------------------------------------------ tag checking */
@@ -583,7 +534,7 @@ static PyObject *py_check_tags(PyObject *mod, PyObject *args) {
     Py_buffer tv, lv, ov;
     if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
     Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
-    if (get_buf(tags_o, &tv, 0, "tags ((n, 5) uint64 array)", PC_TAG_BYTES, n) < 0) {
+    if (get_buf(tags_o, &tv, 0, "tags ((n, TAG_WORDS) uint64 array)", PC_TAG_BYTES, n) < 0) {
         PyBuffer_Release(&lv);
         return NULL;
     }
@@ -595,7 +546,7 @@ static PyObject *py_check_tags(PyObject *mod, PyObject *args) {
     const pc_loc *l = lv.buf;
     uint8_t *o = ov.buf;
     Py_ssize_t good = 0;
-    for (Py_ssize_t i = 0; i < n; i++) good += (o[i] = (uint8_t)pc_tag_ok(&t[i * 5], &l[i]));
+    for (Py_ssize_t i = 0; i < n; i++) good += (o[i] = (uint8_t)pc_tag_ok(&t[i * PC_TAG_WORDS], &l[i]));
     PyBuffer_Release(&lv); PyBuffer_Release(&tv); PyBuffer_Release(&ov);
     return PyLong_FromSsize_t(good);
 }
@@ -646,8 +597,12 @@ static PyMethodDef module_methods[] = {
     {"adopt", py_adopt, METH_O,
      "adopt(capsule) -> Peer around a connection made by another backend module (peercache._verbs)."},
     {"read_slots", py_read_slots, METH_VARARGS,
-     "read_slots(peers, locs, dest, offsets, caps, status, lengths, gens, codes) -> "
-     "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text)."},
+     "read_slots(peers, locs, dest, offsets, caps, status, lengths, gens, codes[, checks]) -> "
+     "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text, "
+     "content_bad, checksum_bad, checksum_missing); checks (optional) is CHECK_PATTERN | "
+     "CHECK_INTEGRITY, run on each hit right after its tag check."},
+    {"checksum", py_checksum, METH_VARARGS,
+     "checksum(buffer, seed) -> the slot checksum (XXH3-64, never 0) of buffer; see peercache.tags.checksum."},
     {"check_tags", py_check_tags, METH_VARARGS, "check_tags(tags, locs, out) -> count of good tags."},
     {"copy_pages", py_copy_pages, METH_VARARGS,
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
@@ -675,6 +630,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "NEED_PEER", PC_NEED_PEER);
     PyModule_AddIntConstant(m, "TAG_MISMATCH", PC_TAG_MISMATCH);
     PyModule_AddIntConstant(m, "TOO_BIG", PC_TOO_BIG);
+    PyModule_AddIntConstant(m, "CONTENT_MISMATCH", PC_CONTENT_MISMATCH);
+    PyModule_AddIntConstant(m, "CHECKSUM_MISMATCH", PC_CHECKSUM_MISMATCH);
+    PyModule_AddIntConstant(m, "CHECKSUM_MISSING", PC_CHECKSUM_MISSING);
+    PyModule_AddIntConstant(m, "CHECK_PATTERN", PC_CHECK_PATTERN);
+    PyModule_AddIntConstant(m, "CHECK_INTEGRITY", PC_CHECK_INTEGRITY);
+    PyModule_AddIntConstant(m, "TAG_BYTES", PC_TAG_BYTES);
     PyModule_AddIntConstant(m, "OP_ITEMSIZE", (long)sizeof(pc_op));
     PyModule_AddIntConstant(m, "LOC_ITEMSIZE", (long)sizeof(pc_loc));
     return m;

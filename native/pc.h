@@ -19,7 +19,10 @@ enum {
     /* Per-key codes of read_slots only (never an op status). */
     PC_NEED_PEER = 100,    /* no connected peer handle for the key's node yet */
     PC_TAG_MISMATCH = 101, /* slot evicted, reused or torn while read: a miss */
-    PC_TOO_BIG = 102       /* object larger than the caller's capacity */
+    PC_TOO_BIG = 102,      /* object larger than the caller's capacity */
+    PC_CONTENT_MISMATCH = 103,  /* a hit whose bytes are not the bench pattern of (key, generation) */
+    PC_CHECKSUM_MISMATCH = 104, /* integrity on: the payload does not match its slot checksum (a miss) */
+    PC_CHECKSUM_MISSING = 105   /* integrity on: the producer wrote no checksum (a miss) */
 };
 
 /* One read: matches OP_DTYPE of peercache.transport.base (40 bytes). */
@@ -52,13 +55,63 @@ typedef struct pc_loc {
 
 #define PC_ABSENT 0xFFFFFFFFu
 
-/* Slot geometry of peercache.tags. */
-#define PC_HEADER_BYTES 32u
+/* Slot geometry of peercache.tags: header words seq, key_hash, generation,
+ * length, checksum, 3 reserved (a cache line: the payload starts on one);
+ * the payload; the trailer's seq. */
+#define PC_HEADER_BYTES 64u
 #define PC_TRAILER_BYTES 8u
-#define PC_TAG_BYTES 40u
+#define PC_TAG_BYTES 72u
+#define PC_TAG_WORDS 9u        /* of a key's tag scratch: the header words, then the trailer's seq */
+#define PC_TAG_CHECKSUM 4u     /* the header word of the payload checksum (0: none written) */
 
 /* Result of the slot tag check of one key (1 = the bytes are the object). */
-int pc_tag_ok(const uint64_t tag[5], const pc_loc *loc);
+int pc_tag_ok(const uint64_t tag[PC_TAG_WORDS], const pc_loc *loc);
+
+/* Payload checks (checksum.c). pc_checksum: XXH3-64 (libxxhash) of len bytes
+ * seeded with pc_checksum_seed(key_hash, generation), never 0 (0 = none);
+ * the same value as peercache.tags.checksum. pc_pattern_ok: 1 when the bytes
+ * are the bench content of (key_hash, generation), peercache.tags.fill_pattern. */
+uint64_t pc_checksum_seed(uint64_t key_hash, uint64_t generation);
+uint64_t pc_checksum(const void *buf, size_t len, uint64_t seed);
+int pc_pattern_ok(const uint8_t *buf, size_t len, uint64_t key_hash, uint64_t generation);
+/* The same checks fused with the copy of len bytes from src to dst (shm):
+ * pc_copy_checksum returns the checksum of what it copied, pc_copy_pattern
+ * whether it is the bench content. */
+uint64_t pc_copy_checksum(uint8_t *dst, const uint8_t *src, size_t len, uint64_t seed);
+int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation);
+/* Checks read_slots can run on each hit (pc_slot_batch.checks). */
+enum { PC_CHECK_PATTERN = 1, PC_CHECK_INTEGRITY = 2 };
+
+/*
+ * The reads of one slot, in the order its seqlock check needs: header,
+ * payload, trailer (an empty object has no payload op). Header and trailer
+ * land in the key's PC_TAG_BYTES of tag scratch (local buffer PC_SLOT_TAGS,
+ * header then trailer: the five words pc_tag_ok reads), the payload in the
+ * destination (local buffer PC_SLOT_DEST). This is the one definition of
+ * the layout in C: read_slots issues it (slots.c), the verbs planner keeps
+ * a slot's ops on one QP in this order (verbs_plan.c) and reads a whole
+ * slot as one READ of PC_SLOT_MAX_OPS scatter entries (PV_MAX_SGE).
+ * peercache.transport.base.slot_ops is the same layout in Python.
+ */
+enum { PC_SLOT_TAGS = 0, PC_SLOT_DEST = 1 };
+#define PC_SLOT_MAX_OPS 3
+
+/* How many ops the read of slot l has: 3, or 2 for an empty object. */
+static inline size_t pc_slot_nops(const pc_loc *l) { return l->length ? 3 : 2; }
+
+/* Writes the ops of the read of slot l to out: its tags at tag_off of the
+ * tag scratch, its payload at dest_off of the destination. Returns how many
+ * (pc_slot_nops(l)). */
+static inline size_t pc_slot_ops(const pc_loc *l, uint64_t tag_off, uint64_t dest_off, pc_op *out) {
+    size_t k = 0;
+    out[k++] = (pc_op){l->region, PC_SLOT_TAGS, l->rkey, l->offset, PC_HEADER_BYTES, tag_off};
+    if (l->length)  /* an empty object has no payload op to issue */
+        out[k++] = (pc_op){l->region, PC_SLOT_DEST, l->rkey, l->offset + PC_HEADER_BYTES, l->length,
+                           dest_off};
+    out[k++] = (pc_op){l->region, PC_SLOT_TAGS, l->rkey, l->offset + PC_HEADER_BYTES + l->capacity,
+                       PC_TRAILER_BYTES, tag_off + PC_HEADER_BYTES};
+    return k;
+}
 
 /*
  * The backend interface. A backend moves bytes for ops whose local side
@@ -68,13 +121,28 @@ int pc_tag_ok(const uint64_t tag[5], const pc_loc *loc);
  * once, and must not serialise them on one lock for the whole batch.
  * The RDMA verbs backend implements the same four calls.
  */
+/* Told to a backend's read_batch (optional): done(ctx, i) is called once the
+ * bytes of op i have landed with status PC_OK, in op order, from the calling
+ * thread, while they are still hot in cache (shm: after each copy; tcp: after
+ * each reply's payloads). A backend whose bytes land by DMA (verbs) may not
+ * call it; the caller then checks after the batch. */
+typedef struct pc_notify {
+    void (*done)(void *ctx, size_t op);
+    /* Optional, for a backend that copies (shm): copies op i's len bytes from src to dst
+     * itself (fusing its checks with the copy) and returns 1, or returns 0 and the
+     * backend copies as usual. Ordering fences after the copy stay the backend's. */
+    int (*copy)(void *ctx, size_t op, uint8_t *dst, const uint8_t *src, uint64_t len);
+    void *ctx;
+} pc_notify;
+
 typedef struct pc_backend {
     const char *name;
     /* Open a connection from a backend-specific parameter block; NULL + err on failure. */
     void *(*connect)(const void *params, char *err, size_t errlen);
-    /* Execute ops in order; fills status[0..n); returns 0, or -1 with err set. */
+    /* Execute ops in order; fills status[0..n); returns 0, or -1 with err set.
+     * notify may be NULL. */
     int (*read_batch)(void *conn, const pc_op *ops, size_t n, const pc_local *locals,
-                      size_t nlocals, int32_t *status, char *err, size_t errlen);
+                      size_t nlocals, int32_t *status, char *err, size_t errlen, const pc_notify *notify);
     /* 1 while the peer is usable, 0 once it is known gone (optional, may be NULL). */
     int (*alive)(void *conn);
     void (*close)(void *conn);
@@ -119,6 +187,64 @@ typedef struct pc_tcp_params {
 
 /* Ordered copy used by shm: first word with acquire semantics, then the rest. */
 void pc_ordered_copy(uint8_t *dst, const uint8_t *src, uint64_t len);
+/* The end of pc_ordered_copy: no later load passes the copy's loads. */
+void pc_copy_fence(uint64_t len);
+
+/* Slot reads (slots.c): the engine of peercache._native.read_slots, run without the GIL. */
+
+/* Per-key outcome of a slot read: the numbers of peercache.node.Get. */
+enum { PC_GET_HIT = 0, PC_GET_MISS = 1, PC_GET_ERROR = 2 };
+
+/* A node of the batch and its connection (be NULL: no connected handle yet). */
+typedef struct pc_slot_peer {
+    uint32_t node;
+    const pc_backend *be;
+    void *conn;
+    void *owner;           /* the caller's (the binding's reference to its Peer); not used here */
+} pc_slot_peer;
+
+/* One batch of slot reads. In: a location per key and where its bytes go.
+ * Out, per key: status, codes, lengths and gens. */
+typedef struct pc_slot_batch {
+    size_t n;
+    const pc_loc *locs;        /* node PC_ABSENT: not read (stays a miss) */
+    uint8_t *dest;
+    uint64_t destlen;
+    const uint64_t *offsets;   /* where each payload goes in dest */
+    const uint64_t *caps;      /* most payload bytes each key takes, or NULL */
+    int8_t *status;            /* PC_GET_* */
+    int32_t *codes;            /* 0, the status of its first failed op, or a per-key code (PC_NEED_PEER...) */
+    uint64_t *lengths, *gens;  /* of the hits; 0 elsewhere */
+    unsigned checks;           /* PC_CHECK_* run on each key whose tags matched */
+} pc_slot_batch;
+
+/* Counts of a batch and its first failed read. */
+typedef struct pc_slot_result {
+    size_t hits, stale, need_peer, errors;
+    size_t content_bad;        /* hits whose bytes are not the bench pattern (PC_CHECK_PATTERN) */
+    size_t checksum_bad;       /* misses by a wrong checksum (PC_CHECK_INTEGRITY) */
+    size_t checksum_missing;   /* misses by a slot without a checksum (PC_CHECK_INTEGRITY) */
+    int32_t err_code;          /* the status of the first failed op, 0 if none */
+    uint32_t err_node;         /* its node, PC_ABSENT if none */
+    char err[512];             /* its backend's message */
+} pc_slot_result;
+
+/* Collects the distinct nodes of locs[i..n) that are not in nodes[0..*nn) yet, in
+ * order of first appearance, with be, conn and owner NULL, while nodes has room
+ * (cap). Returns n once all are in, or the key whose node found no room: grow
+ * nodes and call again from there. */
+size_t pc_slot_nodes(const pc_loc *locs, size_t i, size_t n, pc_slot_peer *nodes, size_t cap, size_t *nn);
+/* Bytes of scratch pc_read_slots needs for n keys: per key its tags (PC_TAG_WORDS), up to
+ * PC_SLOT_MAX_OPS ops, their statuses and keys, the index of its first op and the outcome
+ * of its payload checks. */
+static inline size_t pc_slot_scratch_bytes(size_t n) {
+    return (n ? n : 1) * (PC_TAG_BYTES + PC_SLOT_MAX_OPS * (sizeof(pc_op) + 4 + 4) + 4 + 4);
+}
+/* Reads the batch: one read_batch per node of nodes[0..nn) that has a handle,
+ * then the tag check of every key read and, on the hits, the checks of b->checks. scratch: pc_slot_scratch_bytes(b->n)
+ * bytes, suitably aligned for pc_op (any malloc). */
+void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn, void *scratch,
+                   pc_slot_result *r);
 
 /* Native directory-cache map (dircache.c). */
 typedef struct pc_map pc_map;

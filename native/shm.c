@@ -30,6 +30,13 @@
  * reordered with later loads; an lfence keeps the trailer read after it. */
 #define PC_FENCE_ABOVE 1024
 
+void pc_copy_fence(uint64_t len) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (len > PC_FENCE_ABOVE) __builtin_ia32_lfence();
+#endif
+    atomic_thread_fence(memory_order_acquire);
+}
+
 void pc_ordered_copy(uint8_t *dst, const uint8_t *src, uint64_t len) {
     /* The first word (a header's seq) is loaded alone and first: a header copied
      * in another order could pair an old key hash with a new seq. The whole range
@@ -43,15 +50,12 @@ void pc_ordered_copy(uint8_t *dst, const uint8_t *src, uint64_t len) {
     } else {
         memcpy(dst, src, len);
     }
-#if defined(__x86_64__) || defined(__i386__)
-    if (len > PC_FENCE_ABOVE) __builtin_ia32_lfence();
-#endif
-    atomic_thread_fence(memory_order_acquire);
+    pc_copy_fence(len);
 }
 
-int pc_tag_ok(const uint64_t tag[5], const pc_loc *loc) {
+int pc_tag_ok(const uint64_t tag[PC_TAG_WORDS], const pc_loc *loc) {
     uint64_t seq = tag[0];
-    return seq != 0 && (seq & 1) == 0 && tag[4] == seq && tag[1] == loc->key_hash
+    return seq != 0 && (seq & 1) == 0 && tag[PC_TAG_WORDS - 1] == seq && tag[1] == loc->key_hash
         && tag[2] == loc->generation && tag[3] == loc->length;
 }
 
@@ -168,7 +172,7 @@ static int shm_alive(void *c) {
 }
 
 static int shm_read_batch(void *c, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
-                          int32_t *status, char *err, size_t errlen) {
+                          int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
     shm_conn *s = c;
     (void)nlocals;
     const shm_region *last = s->nregions ? &s->regions[0] : NULL;
@@ -187,9 +191,14 @@ static int shm_read_batch(void *c, const pc_op *ops, size_t n, const pc_local *l
             status[i] = PC_OUT_OF_RANGE;
             continue;
         }
-        pc_ordered_copy(locals[op->local_region].base + op->local_offset, r->base + op->remote_offset,
-                        op->length);
+        uint8_t *dst = locals[op->local_region].base + op->local_offset;
+        const uint8_t *src = r->base + op->remote_offset;
+        if (notify && notify->copy && notify->copy(notify->ctx, i, dst, src, op->length))
+            pc_copy_fence(op->length);   /* the same ordering as pc_ordered_copy's end */
+        else
+            pc_ordered_copy(dst, src, op->length);
         status[i] = PC_OK;
+        if (notify) notify->done(notify->ctx, i);   /* its bytes are still in cache */
     }
     /* Checked after the copies: alive now means alive while they ran. */
     if (!shm_alive(s)) {

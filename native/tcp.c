@@ -311,7 +311,7 @@ static int send_chunk(int fd, const pc_op *ops, const chunk *ch) {
 /* 0 ok; -1 socket failure (errno); -2 protocol error (err set); -3 refused (err set);
  * -4 the peer closed the connection before replying (errno). */
 static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, const pc_local *locals,
-                      int32_t *status, char *err, size_t errlen) {
+                      int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
     uint8_t head[HEAD_BYTES];
     int hr = recv_reply_head(fd, head);
     if (hr < 0) return hr;
@@ -355,11 +355,14 @@ static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, co
         }
     }
     if (k && recv_iov(fd, iov, k) < 0) return -1;
+    if (notify)   /* this reply's payloads (at most REQ_BYTES) are still in cache */
+        for (size_t i = ch->start; i < ch->end; i++)
+            if (status[i] == PC_OK) notify->done(notify->ctx, i);
     return 0;
 }
 
 static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
-                          int32_t *status, char *err, size_t errlen) {
+                          int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
     tcp_conn *c = p;
     (void)nlocals;
     int pooled = 0;
@@ -391,7 +394,7 @@ again:
             head++;
         }
         chunk *ch = &win[tail % WINDOW];
-        int r = recv_chunk(c, fd, ops, ch, locals, status, err, errlen);
+        int r = recv_chunk(c, fd, ops, ch, locals, status, err, errlen, notify);
         if (r == -4 && pooled && tail == 0) goto redial;
         if (r == -1 || r == -4) {
             snprintf(err, errlen, "reading a reply from %s:%s failed: %s", c->host, c->port,

@@ -465,230 +465,355 @@ typedef struct run {
     int wc;
 } run;
 
+/* One call of verbs_read_batch: its arguments, the ops that passed the
+ * checks, their plan, and the runs that carry it. The phases below fill it
+ * in order; batch_free releases what batch_alloc took. */
+typedef struct batch {
+    pv_conn *c;
+    const pc_op *ops;
+    size_t n;
+    const pc_local *locals;
+    size_t nlocals;
+    int32_t *status;          /* the caller's, one per op */
+    char *err;
+    size_t errlen;
+    pc_op *v;                 /* the ops that passed phase 1 ... */
+    size_t *where;            /* ... and the index of each in ops */
+    size_t m;
+    int32_t *lnuma;           /* NUMA node of each local buffer (-1 unknown) */
+    pv_wr *wrs;               /* the plan: nw READs over v */
+    size_t nw;
+    int32_t *refused;         /* per op of v: a status the planner gave it, else -1 */
+    int32_t *wst, *vst;       /* status per WR, per op of v */
+    struct ibv_send_wr *sw;   /* one per WR */
+    struct ibv_sge *sg;       /* one SGE per op at most */
+    bounce *bn;               /* copies out of bounce scratch once a WR succeeded */
+    size_t nb;
+    run runs[PV_MAX_RAILS];
+    size_t nruns;
+    double deadline;          /* for taking channels */
+} batch;
+
 static const pv_region *find_region(const pv_conn *c, uint32_t id) {
     for (size_t i = 0; i < c->nregions; i++)
         if (c->regions[i].id == id) return &c->regions[i];
     return NULL;
 }
 
-static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
-                            int32_t *status, char *err, size_t errlen) {
-    pv_conn *c = cp;
-    int rc = 0;
-    if (atomic_load(&c->dead)) {
-        for (size_t i = 0; i < n; i++) status[i] = PC_CONNECTION;
-        snprintf(err, errlen, "rdma connection was reset after an error (%s); it is reconnected on the "
-                 "next batch", c->why);
-        return -1;
-    }
-    pc_op *v = malloc(n * sizeof *v);
-    size_t *where = malloc(n * sizeof *where);
-    int32_t *lnuma = malloc((nlocals ? nlocals : 1) * sizeof *lnuma);
-    pv_wr *wrs = malloc(n * sizeof *wrs);
-    int32_t *refused = malloc(n * sizeof *refused), *wst = malloc(n * sizeof *wst), *vst = malloc(n * sizeof *vst);
-    struct ibv_send_wr *sw = calloc(n ? n : 1, sizeof *sw);
-    struct ibv_sge *sg = calloc(n ? n : 1, sizeof *sg);   /* one SGE per op at most */
-    bounce *bn = malloc(n * sizeof *bn);
-    run runs[PV_MAX_RAILS];
-    size_t nruns = 0, nb = 0;
-    memset(runs, 0, sizeof runs);
-    if (!v || !where || !lnuma || !wrs || !refused || !wst || !vst || !sw || !sg || !bn) {
-        for (size_t i = 0; i < n; i++) status[i] = PC_CONNECTION;
-        snprintf(err, errlen, "out of memory planning %zu reads", n);
-        rc = -1;
-        goto out;
-    }
-    /* 1. The remote side (region, capability, range) and local registration. */
+/* Moves the channel's QP to ERR: what it still has queued completes as flushed. */
+static void qp_to_err(pv_chan *ch) {
+    struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
+    ibv_modify_qp(ch->qp, &ea, IBV_QP_STATE);
+}
+
+/* Takes the working arrays of a batch of n ops. 0, or -1 with every status
+ * PC_CONNECTION and err set (what was taken is freed by batch_free). */
+static int batch_alloc(batch *b) {
+    size_t n = b->n;
+    b->v = malloc(n * sizeof *b->v);
+    b->where = malloc(n * sizeof *b->where);
+    b->lnuma = malloc((b->nlocals ? b->nlocals : 1) * sizeof *b->lnuma);
+    b->wrs = malloc(n * sizeof *b->wrs);
+    b->refused = malloc(n * sizeof *b->refused);
+    b->wst = malloc(n * sizeof *b->wst);
+    b->vst = malloc(n * sizeof *b->vst);
+    b->sw = calloc(n ? n : 1, sizeof *b->sw);
+    b->sg = calloc(n ? n : 1, sizeof *b->sg);
+    b->bn = malloc(n * sizeof *b->bn);
+    if (b->v && b->where && b->lnuma && b->wrs && b->refused && b->wst && b->vst && b->sw && b->sg && b->bn)
+        return 0;
+    for (size_t i = 0; i < n; i++) b->status[i] = PC_CONNECTION;
+    snprintf(b->err, b->errlen, "out of memory planning %zu reads", n);
+    return -1;
+}
+
+static void batch_free(batch *b) {
+    free(b->v); free(b->where); free(b->lnuma); free(b->wrs); free(b->refused); free(b->wst); free(b->vst);
+    free(b->sw); free(b->sg); free(b->bn);
+}
+
+/* Phase 1: the remote side (region, capability, range) and local
+ * registration of every op. An op that fails gets its status here (a
+ * destination that is not registered also sets err); the others go to v,
+ * in order. Returns how many went (m). */
+static size_t batch_check(batch *b) {
+    pv_conn *c = b->c;
     pv_rail *r0 = c->rails[0];
-    for (size_t j = 0; j < nlocals; j++) {
-        lnuma[j] = -1;
-        pv_rail_lookup(r0, (uint64_t)(uintptr_t)locals[j].base, locals[j].len, NULL, &lnuma[j]);
+    for (size_t j = 0; j < b->nlocals; j++) {
+        b->lnuma[j] = -1;
+        pv_rail_lookup(r0, (uint64_t)(uintptr_t)b->locals[j].base, b->locals[j].len, NULL, &b->lnuma[j]);
     }
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        const pc_op *op = &ops[i];
+    for (size_t i = 0; i < b->n; i++) {
+        const pc_op *op = &b->ops[i];
         const pv_region *rg = find_region(c, op->region);
-        if (!rg || rg->cap != op->rkey) { status[i] = PC_BAD_REGION; continue; }
+        if (!rg || rg->cap != op->rkey) { b->status[i] = PC_BAD_REGION; continue; }
         if (op->remote_offset > rg->size || op->length > rg->size - op->remote_offset) {
-            status[i] = PC_OUT_OF_RANGE;
+            b->status[i] = PC_OUT_OF_RANGE;
             continue;
         }
-        uint64_t a = (uint64_t)(uintptr_t)(locals[op->local_region].base + op->local_offset);
+        uint64_t a = (uint64_t)(uintptr_t)(b->locals[op->local_region].base + op->local_offset);
         if (op->length > PV_BOUNCE_MAX && pv_rail_lookup(r0, a, op->length, NULL, NULL) != 0) {
-            status[i] = PC_LOCAL_RANGE;
-            if (!err[0])
-                snprintf(err, errlen, "destination %#llx (+%llu B) is not registered with the rdma "
+            b->status[i] = PC_LOCAL_RANGE;
+            if (!b->err[0])
+                snprintf(b->err, b->errlen, "destination %#llx (+%llu B) is not registered with the rdma "
                          "transport; register the receive buffer first", (unsigned long long)a,
                          (unsigned long long)op->length);
             continue;
         }
-        v[m] = *op;
-        where[m++] = i;
+        b->v[m] = *op;
+        b->where[m++] = i;
     }
-    if (!m) { rc = err[0] ? -1 : 0; goto out; }
+    return m;
+}
 
-    /* 2. Plan over the rails with their current load (bytes in flight from every thread). */
+/* Phase 2: plans the m ops of v over the rails with their current load
+ * (bytes in flight from every thread) into wrs. 0, or -1 with the statuses
+ * of those ops PC_CONNECTION and err set (out of memory). */
+static int batch_plan(batch *b) {
+    pv_conn *c = b->c;
     int32_t rnuma[PV_MAX_RAILS];
     uint64_t load[PV_MAX_RAILS];
     for (size_t r = 0; r < c->nrails; r++) {
         rnuma[r] = c->rails[r]->numa;
         load[r] = atomic_load(&c->rails[r]->outstanding);
     }
-    size_t nw = 0;
-    if (pv_plan(v, m, lnuma, nlocals, rnuma, load, c->nrails, &c->lim, 1, wrs, &nw, refused) != 0) {
-        for (size_t i = 0; i < m; i++) status[where[i]] = PC_CONNECTION;
-        snprintf(err, errlen, "out of memory planning %zu reads", m);
-        rc = -1;
-        goto out;
+    b->nw = 0;
+    if (pv_plan(b->v, b->m, b->lnuma, b->nlocals, rnuma, load, c->nrails, &c->lim, 1, b->wrs, &b->nw,
+                b->refused) != 0) {
+        for (size_t i = 0; i < b->m; i++) b->status[b->where[i]] = PC_CONNECTION;
+        snprintf(b->err, b->errlen, "out of memory planning %zu reads", b->m);
+        return -1;
     }
-    double deadline = now_s() + c->timeout_s;
-    /* 3. One channel per rail used; WRs of a channel are one contiguous range. */
-    for (size_t w = 0; w < nw; w++) {
-        if (nruns && runs[nruns - 1].rail == wrs[w].rail) { runs[nruns - 1].count++; continue; }
-        runs[nruns] = (run){.rail = wrs[w].rail, .first = w, .count = 1};
-        nruns++;
+    return 0;
+}
+
+/* Phase 3: one run per rail used, its WRs one contiguous range of the plan,
+ * each with a channel of its own taken before the deadline. A run that gets
+ * none is failed and quiet: its WRs are never posted. */
+static void batch_acquire(batch *b) {
+    for (size_t w = 0; w < b->nw; w++) {
+        run *last = b->nruns ? &b->runs[b->nruns - 1] : NULL;
+        if (last && last->rail == b->wrs[w].rail) { last->count++; continue; }
+        b->runs[b->nruns] = (run){.rail = b->wrs[w].rail, .first = w, .count = 1};
+        b->nruns++;
     }
-    for (size_t k = 0; k < nruns; k++) {
-        run *u = &runs[k];
-        u->ch = acquire(c, u->rail, deadline);
+    for (size_t k = 0; k < b->nruns; k++) {
+        run *u = &b->runs[k];
+        u->ch = acquire(b->c, u->rail, b->deadline);
         if (!u->ch) {
             u->failed = 1;
             u->quiet = 1;
             u->why = "no usable channel on this rail (all reset, or busy past the timeout)";
         }
     }
-    /* 4. Work requests and scatter lists. */
-    uint64_t bounce_need[PV_MAX_RAILS] = {0};
-    for (size_t k = 0; k < nruns; k++) {
-        run *u = &runs[k];
+}
+
+/* Bytes of bounce scratch run u needs: its ops whose destination is not
+ * registered on the run's rail, each rounded up to 8. */
+static uint64_t bounce_bytes(const batch *b, const run *u) {
+    pv_rail *rl = b->c->rails[u->rail];
+    uint64_t need = 0;
+    for (size_t w = u->first; w < u->first + u->count; w++)
+        for (uint32_t s = 0; s < b->wrs[w].nsge; s++) {
+            const pc_op *op = &b->v[b->wrs[w].op[s]];
+            uint64_t a = (uint64_t)(uintptr_t)(b->locals[op->local_region].base + op->local_offset);
+            if (pv_rail_lookup(rl, a, op->length, NULL, NULL) != 0) need += (op->length + 7) & ~7ull;
+        }
+    return need;
+}
+
+/* The work request of WR w of run u (on its channel's new epoch) and its
+ * scatter list, from sg[*nsg] on; a destination that is not registered is
+ * read into the channel's scratch at *boff and copied out later (bn). */
+static void build_wr(batch *b, run *u, size_t w, size_t *nsg, uint64_t *boff) {
+    pv_rail *rl = b->c->rails[u->rail];
+    const pv_wr *p = &b->wrs[w];
+    const pv_region *rg = find_region(b->c, p->region);
+    struct ibv_send_wr *x = &b->sw[w];
+    x->wr_id = ((uint64_t)u->ch->epoch << PV_WR_INDEX_BITS) | (uint64_t)w;
+    x->opcode = IBV_WR_RDMA_READ;
+    x->send_flags = (p->signaled ? IBV_SEND_SIGNALED : 0) | (p->fence ? IBV_SEND_FENCE : 0);
+    x->wr.rdma.remote_addr = rg->addr[u->rail] + p->remote_offset;
+    x->wr.rdma.rkey = rg->rkey[u->rail];
+    x->sg_list = &b->sg[*nsg];
+    x->num_sge = (int)p->nsge;
+    x->next = NULL;
+    for (uint32_t s = 0; s < p->nsge; s++) {
+        const pc_op *op = &b->v[p->op[s]];
+        uint8_t *dst = b->locals[op->local_region].base + op->local_offset;
+        uint32_t lkey;
+        if (pv_rail_lookup(rl, (uint64_t)(uintptr_t)dst, op->length, &lkey, NULL) == 0) {
+            b->sg[(*nsg)++] = (struct ibv_sge){(uint64_t)(uintptr_t)dst, (uint32_t)op->length, lkey};
+        } else {
+            uint8_t *tmp = u->ch->scratch + *boff;
+            b->sg[(*nsg)++] = (struct ibv_sge){(uint64_t)(uintptr_t)tmp, (uint32_t)op->length,
+                                               u->ch->scratch_mr->lkey};
+            b->bn[b->nb++] = (bounce){dst, tmp, (uint32_t)op->length, (uint32_t)w};
+            *boff += (op->length + 7) & ~7ull;
+        }
+    }
+    /* Chain: the next WR of the same chain follows in the array. */
+    if (w + 1 < u->first + u->count && b->wrs[w + 1].chain == p->chain) x->next = &b->sw[w + 1];
+}
+
+/* Phase 4: bounce scratch for every run that needs it (a run that cannot
+ * have it is failed and quiet), then the work requests and scatter lists.
+ * Every WR starts as PC_CONNECTION; a run that is still good becomes active
+ * and its bytes count as outstanding on its rail until batch_finish. */
+static void batch_build(batch *b) {
+    for (size_t k = 0; k < b->nruns; k++) {
+        run *u = &b->runs[k];
         if (u->failed) continue;
-        pv_rail *rl = c->rails[u->rail];
-        for (size_t w = u->first; w < u->first + u->count; w++)
-            for (uint32_t s = 0; s < wrs[w].nsge; s++) {
-                const pc_op *op = &v[wrs[w].op[s]];
-                uint64_t a = (uint64_t)(uintptr_t)(locals[op->local_region].base + op->local_offset);
-                if (pv_rail_lookup(rl, a, op->length, NULL, NULL) != 0) bounce_need[k] += (op->length + 7) & ~7ull;
-            }
-        if (bounce_need[k] && ensure_scratch(rl, u->ch, bounce_need[k]) != 0) {
+        uint64_t need = bounce_bytes(b, u);
+        if (need && ensure_scratch(b->c->rails[u->rail], u->ch, need) != 0) {
             u->failed = 1;
             u->quiet = 1;
             u->why = "cannot register bounce scratch";
         }
     }
     size_t nsg = 0;
-    for (size_t k = 0; k < nruns; k++) {
-        run *u = &runs[k];
-        uint64_t boff = 0;
-        pv_rail *rl = c->rails[u->rail];
+    for (size_t k = 0; k < b->nruns; k++) {
+        run *u = &b->runs[k];
+        uint64_t boff = 0, bytes = 0;
         if (!u->failed) u->ch->epoch++;
-        uint64_t bytes = 0;
         for (size_t w = u->first; w < u->first + u->count; w++) {
-            wst[w] = PC_CONNECTION;
+            b->wst[w] = PC_CONNECTION;
             if (u->failed) continue;
-            const pv_wr *p = &wrs[w];
-            const pv_region *rg = find_region(c, p->region);
-            struct ibv_send_wr *x = &sw[w];
-            x->wr_id = ((uint64_t)u->ch->epoch << PV_WR_INDEX_BITS) | (uint64_t)w;
-            x->opcode = IBV_WR_RDMA_READ;
-            x->send_flags = (p->signaled ? IBV_SEND_SIGNALED : 0) | (p->fence ? IBV_SEND_FENCE : 0);
-            x->wr.rdma.remote_addr = rg->addr[u->rail] + p->remote_offset;
-            x->wr.rdma.rkey = rg->rkey[u->rail];
-            x->sg_list = &sg[nsg];
-            x->num_sge = (int)p->nsge;
-            x->next = NULL;
-            for (uint32_t s = 0; s < p->nsge; s++) {
-                const pc_op *op = &v[p->op[s]];
-                uint8_t *dst = locals[op->local_region].base + op->local_offset;
-                uint32_t lkey;
-                if (pv_rail_lookup(rl, (uint64_t)(uintptr_t)dst, op->length, &lkey, NULL) == 0) {
-                    sg[nsg++] = (struct ibv_sge){(uint64_t)(uintptr_t)dst, (uint32_t)op->length, lkey};
-                } else {
-                    uint8_t *tmp = u->ch->scratch + boff;
-                    sg[nsg++] = (struct ibv_sge){(uint64_t)(uintptr_t)tmp, (uint32_t)op->length,
-                                                 u->ch->scratch_mr->lkey};
-                    bn[nb++] = (bounce){dst, tmp, (uint32_t)op->length, (uint32_t)w};
-                    boff += (op->length + 7) & ~7ull;
-                }
-            }
-            bytes += p->length;
-            /* Chain: the next WR of the same chain follows in the array. */
-            if (w + 1 < u->first + u->count && wrs[w + 1].chain == p->chain) x->next = &sw[w + 1];
+            build_wr(b, u, w, &nsg, &boff);
+            bytes += b->wrs[w].length;
         }
-        if (!u->failed) { u->active = 1; atomic_fetch_add(&rl->outstanding, bytes); }
+        if (!u->failed) { u->active = 1; atomic_fetch_add(&b->c->rails[u->rail]->outstanding, bytes); }
     }
-    /* 5. Post chains within the send-queue window, poll completions in batches. */
+}
+
+/* Posts the next chains of run u that fit in the send-queue window (at most
+ * depth WRs posted and not retired). A failed post leaves posted at the
+ * first WR that was not queued, fails the run and moves its QP to ERR.
+ * Returns 1 if a chain was posted. */
+static int post_chains(batch *b, run *u, uint32_t depth) {
+    int progress = 0;
+    while (!u->failed && u->posted < u->count) {
+        size_t s = u->posted, e = s;
+        while (e < u->count && b->wrs[u->first + e].chain == b->wrs[u->first + s].chain) e++;
+        if ((u->posted - u->retired) + (e - s) > depth) break;
+        struct ibv_send_wr *bad = NULL;
+        int prc = ibv_post_send(u->ch->qp, &b->sw[u->first + s], &bad);
+        if (prc != 0) {
+            /* Nothing at or after bad was queued; what was posted still completes. */
+            size_t got = bad ? (size_t)(bad - &b->sw[u->first]) : s;
+            u->posted = got;
+            u->failed = 1;
+            u->why = "ibv_post_send failed";
+            u->wc = -prc;
+            qp_to_err(u->ch);
+            break;
+        }
+        u->posted = e;
+        progress = 1;
+    }
+    return progress;
+}
+
+/* Polls one batch of completions of run u and accounts them (the rules of
+ * peercache/rdma/completion.py): a success retires every WR up to it, an
+ * error fails the run and flushes its QP, and a failed run is quiet once the
+ * flush of its last posted WR came. Completions of earlier batches (another
+ * epoch) are skipped. Returns 1 if a completion of this batch came. */
+static int poll_run(batch *b, run *u) {
     struct ibv_wc wc[PV_POLL_BATCH];
-    uint32_t depth = c->lim.sq_depth;
+    int progress = 0;
+    int got = ibv_poll_cq(u->ch->cq, PV_POLL_BATCH, wc);
+    if (got < 0) {
+        u->failed = 1;
+        u->quiet = 1;
+        u->why = "ibv_poll_cq failed";
+        return 0;
+    }
+    for (int j = 0; j < got; j++) {
+        uint64_t id = wc[j].wr_id;
+        size_t w = (size_t)(id & ((1ull << PV_WR_INDEX_BITS) - 1));
+        if ((uint16_t)(id >> PV_WR_INDEX_BITS) != u->ch->epoch || w < u->first || w >= u->first + u->count)
+            continue;   /* a late completion of an earlier batch */
+        size_t p = w - u->first;
+        progress = 1;
+        if (u->failed) {
+            /* Waiting for the flush of the last posted WR: the QP is quiet after it. */
+            if (p + 1 >= u->posted) u->quiet = 1;
+            continue;
+        }
+        if (p < u->retired) continue;
+        if (wc[j].status == IBV_WC_SUCCESS) {
+            for (size_t q = u->retired; q <= p; q++) b->wst[u->first + q] = PC_OK;
+            u->retired = p + 1;
+            continue;
+        }
+        if (wc[j].status != IBV_WC_WR_FLUSH_ERR)
+            for (size_t q = u->retired; q < p; q++) b->wst[u->first + q] = PC_OK;
+        b->wst[w] = pv_wc_status(wc[j].status);
+        u->retired = u->count;
+        u->failed = 1;
+        u->wc = wc[j].status;
+        u->why = ibv_wc_status_str(wc[j].status);
+        if (p + 1 >= u->posted)
+            u->quiet = 1;
+        else
+            qp_to_err(u->ch);
+    }
+    if (!u->failed && u->retired == u->count) u->quiet = 1;
+    if (u->failed && u->posted == 0) u->quiet = 1;
+    return progress;
+}
+
+/* Soft-RoCE only: rings the doorbell of every channel that has WRs
+ * outstanding and no failure (see rxe_doorbell), counting the kicks. */
+static void kick_stalled(batch *b) {
+    for (size_t k = 0; k < b->nruns; k++) {
+        run *u = &b->runs[k];
+        pv_rail *rl = b->c->rails[u->rail];
+        if (rl->soft_roce && !u->quiet && !u->failed && u->posted > u->retired &&
+            rxe_doorbell(u->ch->qp) == 0)
+            atomic_fetch_add(&rl->kicks, 1);
+    }
+}
+
+/* Nothing moved for the whole timeout: fails the runs still busy and
+ * flushes their QPs; a run already failed whose flush did not come either is
+ * given up (quiet), never waited on. Returns the new time of the last
+ * progress: 1 s before the timeout ends again if a flush is awaited, else t. */
+static double expire_runs(batch *b, double t) {
+    int again = 0;
+    for (size_t k = 0; k < b->nruns; k++) {
+        run *u = &b->runs[k];
+        if (u->quiet) continue;
+        if (!u->failed) {
+            u->failed = 1;
+            u->why = "no completion within the poll timeout";
+            qp_to_err(u->ch);
+            again = 1;
+        } else {
+            u->quiet = 1;   /* the flush did not come either: give up, never hang */
+        }
+    }
+    return again ? t - b->c->timeout_s + 1.0 : t;  /* 1 s for the flush */
+}
+
+/* Phase 5: posts chains within the send-queue window and polls completions
+ * in batches until every run is quiet (done, or failed and flushed). When
+ * nothing moves, Soft-RoCE channels are kicked after PV_KICK_S and the runs
+ * still busy are failed after the poll timeout. */
+static void batch_poll(batch *b) {
+    uint32_t depth = b->c->lim.sq_depth;
     double last_progress = now_s(), last_kick = last_progress;
     unsigned spins = 0;
     for (;;) {
         int pending = 0, progress = 0;
-        for (size_t k = 0; k < nruns; k++) {
-            run *u = &runs[k];
+        for (size_t k = 0; k < b->nruns; k++) {
+            run *u = &b->runs[k];
             if (u->quiet) continue;
             pending = 1;
-            while (!u->failed && u->posted < u->count) {
-                size_t s = u->posted, e = s;
-                while (e < u->count && wrs[u->first + e].chain == wrs[u->first + s].chain) e++;
-                if ((u->posted - u->retired) + (e - s) > depth) break;
-                struct ibv_send_wr *bad = NULL;
-                int prc = ibv_post_send(u->ch->qp, &sw[u->first + s], &bad);
-                if (prc != 0) {
-                    /* Nothing at or after bad was queued; what was posted still completes. */
-                    size_t got = bad ? (size_t)(bad - &sw[u->first]) : s;
-                    u->posted = got;
-                    u->failed = 1;
-                    u->why = "ibv_post_send failed";
-                    u->wc = -prc;
-                    struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
-                    ibv_modify_qp(u->ch->qp, &ea, IBV_QP_STATE);
-                    break;
-                }
-                u->posted = e;
-                progress = 1;
-            }
-            int got = ibv_poll_cq(u->ch->cq, PV_POLL_BATCH, wc);
-            if (got < 0) {
-                u->failed = 1;
-                u->quiet = 1;
-                u->why = "ibv_poll_cq failed";
-                continue;
-            }
-            for (int j = 0; j < got; j++) {
-                uint64_t id = wc[j].wr_id;
-                size_t w = (size_t)(id & ((1ull << PV_WR_INDEX_BITS) - 1));
-                if ((uint16_t)(id >> PV_WR_INDEX_BITS) != u->ch->epoch || w < u->first ||
-                    w >= u->first + u->count)
-                    continue;   /* a late completion of an earlier batch */
-                size_t p = w - u->first;
-                progress = 1;
-                if (u->failed) {
-                    /* Waiting for the flush of the last posted WR: the QP is quiet after it. */
-                    if (p + 1 >= u->posted) u->quiet = 1;
-                    continue;
-                }
-                if (p < u->retired) continue;
-                if (wc[j].status == IBV_WC_SUCCESS) {
-                    for (size_t q = u->retired; q <= p; q++) wst[u->first + q] = PC_OK;
-                    u->retired = p + 1;
-                    continue;
-                }
-                if (wc[j].status != IBV_WC_WR_FLUSH_ERR)
-                    for (size_t q = u->retired; q < p; q++) wst[u->first + q] = PC_OK;
-                wst[w] = pv_wc_status(wc[j].status);
-                u->retired = u->count;
-                u->failed = 1;
-                u->wc = wc[j].status;
-                u->why = ibv_wc_status_str(wc[j].status);
-                if (p + 1 >= u->posted) {
-                    u->quiet = 1;
-                } else {
-                    struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
-                    ibv_modify_qp(u->ch->qp, &ea, IBV_QP_STATE);
-                }
-            }
-            if (!u->failed && u->retired == u->count) u->quiet = 1;
-            if (u->failed && u->posted == 0) u->quiet = 1;
+            progress |= post_chains(b, u, depth);
+            progress |= poll_run(b, u);
         }
         if (!pending) break;
         if (progress) {
@@ -700,61 +825,75 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
             double t = now_s();
             if (t - last_progress > PV_KICK_S && t - last_kick > PV_KICK_S) {
                 last_kick = t;
-                for (size_t k = 0; k < nruns; k++) {
-                    run *u = &runs[k];
-                    pv_rail *rl = c->rails[u->rail];
-                    if (rl->soft_roce && !u->quiet && !u->failed && u->posted > u->retired &&
-                        rxe_doorbell(u->ch->qp) == 0)
-                        atomic_fetch_add(&rl->kicks, 1);
-                }
+                kick_stalled(b);
             }
-            if (t - last_progress > c->timeout_s) {
-                /* Nothing moved for the whole timeout: fail the channels still busy, flush
-                 * their QPs and give the flush a short bounded wait. */
-                int again = 0;
-                for (size_t k = 0; k < nruns; k++) {
-                    run *u = &runs[k];
-                    if (u->quiet) continue;
-                    if (!u->failed) {
-                        u->failed = 1;
-                        u->why = "no completion within the poll timeout";
-                        struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
-                        ibv_modify_qp(u->ch->qp, &ea, IBV_QP_STATE);
-                        again = 1;
-                    } else {
-                        u->quiet = 1;   /* the flush did not come either: give up, never hang */
-                    }
-                }
-                last_progress = again ? t - c->timeout_s + 1.0 : t;  /* 1 s for the flush */
-            }
+            if (t - last_progress > b->c->timeout_s) last_progress = expire_runs(b, t);
             sched_yield();
         }
     }
-    /* 6. Statuses: per op the first failing WR; bounce copies of good WRs. */
-    for (size_t i = 0; i < m; i++) vst[i] = refused[i] >= 0 ? refused[i] : PC_OK;
-    for (size_t w = 0; w < nw; w++)
-        for (uint32_t s = 0; s < wrs[w].nsge; s++) {
-            uint32_t o = wrs[w].op[s];
-            if (vst[o] == PC_OK && wst[w] != PC_OK) vst[o] = wst[w];
+}
+
+/* Phase 6: per op the first failing WR's status (or the planner's refusal)
+ * into the caller's status; bounce copies of the WRs that succeeded; then
+ * every run gives its bytes back to its rail's load and its channel back
+ * (a failed run breaks it, with err as the reason). Returns 0, or -1 if a
+ * run failed (err then says why, unless it said something already). */
+static int batch_finish(batch *b) {
+    pv_conn *c = b->c;
+    int rc = 0;
+    for (size_t i = 0; i < b->m; i++) b->vst[i] = b->refused[i] >= 0 ? b->refused[i] : PC_OK;
+    for (size_t w = 0; w < b->nw; w++)
+        for (uint32_t s = 0; s < b->wrs[w].nsge; s++) {
+            uint32_t o = b->wrs[w].op[s];
+            if (b->vst[o] == PC_OK && b->wst[w] != PC_OK) b->vst[o] = b->wst[w];
         }
-    for (size_t b = 0; b < nb; b++)
-        if (wst[bn[b].wr] == PC_OK) memcpy(bn[b].dst, bn[b].src, bn[b].len);
-    for (size_t i = 0; i < m; i++) status[where[i]] = vst[i];
-    for (size_t k = 0; k < nruns; k++) {
-        run *u = &runs[k];
-        if (u->failed && !err[0])
-            snprintf(err, errlen, "%s rail %zu: %s (wc %d)", c->rails[u->rail]->name, u->rail,
+    for (size_t k = 0; k < b->nb; k++)
+        if (b->wst[b->bn[k].wr] == PC_OK) memcpy(b->bn[k].dst, b->bn[k].src, b->bn[k].len);
+    for (size_t i = 0; i < b->m; i++) b->status[b->where[i]] = b->vst[i];
+    for (size_t k = 0; k < b->nruns; k++) {
+        run *u = &b->runs[k];
+        if (u->failed && !b->err[0])
+            snprintf(b->err, b->errlen, "%s rail %zu: %s (wc %d)", c->rails[u->rail]->name, u->rail,
                      u->why ? u->why : "failed", u->wc);
         if (u->failed) rc = -1;
         if (u->active) {
             uint64_t bytes = 0;
-            for (size_t w = u->first; w < u->first + u->count; w++) bytes += wrs[w].length;
+            for (size_t w = u->first; w < u->first + u->count; w++) bytes += b->wrs[w].length;
             atomic_fetch_sub(&c->rails[u->rail]->outstanding, bytes);
         }
-        if (u->ch) release(c, u->ch, u->failed, err);
+        if (u->ch) release(c, u->ch, u->failed, b->err);
     }
+    return rc;
+}
+
+/* The backend's read_batch: the six phases above in order. A connection
+ * already dead fails every op at once; out of memory fails the ops it
+ * reached; no op left after the checks is a success unless one of them set
+ * err. */
+static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
+                            int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
+    (void)notify;   /* the bytes land by DMA: read_slots checks them after the batch */
+    pv_conn *c = cp;
+    if (atomic_load(&c->dead)) {
+        for (size_t i = 0; i < n; i++) status[i] = PC_CONNECTION;
+        snprintf(err, errlen, "rdma connection was reset after an error (%s); it is reconnected on the "
+                 "next batch", c->why);
+        return -1;
+    }
+    batch b = {.c = c, .ops = ops, .n = n, .locals = locals, .nlocals = nlocals, .status = status,
+               .err = err, .errlen = errlen};
+    int rc = -1;
+    if (batch_alloc(&b) != 0) goto out;
+    b.m = batch_check(&b);
+    if (!b.m) { rc = err[0] ? -1 : 0; goto out; }
+    if (batch_plan(&b) != 0) goto out;
+    b.deadline = now_s() + c->timeout_s;
+    batch_acquire(&b);
+    batch_build(&b);
+    batch_poll(&b);
+    rc = batch_finish(&b);
 out:
-    free(v); free(where); free(lnuma); free(wrs); free(refused); free(wst); free(vst); free(sw); free(sg); free(bn);
+    batch_free(&b);
     return rc;
 }
 

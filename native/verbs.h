@@ -10,7 +10,7 @@
 
 #include "pc.h"
 
-#define PV_MAX_SGE 3          /* the tag scheme needs 3: tag scratch, destination, tag scratch */
+#define PV_MAX_SGE PC_SLOT_MAX_OPS  /* a whole slot read is one READ: tag scratch, destination, tag scratch */
 #define PV_MAX_RAILS 16
 #define PV_MAX_CHANNELS 64
 #define PV_BOUNCE_MAX 64      /* unregistered local ranges up to this size go through scratch */

@@ -1,6 +1,7 @@
 /* The read planner of the verbs backend: the rules of peercache/rdma/plan.py in C.
  *
- * Ops -> units (ops that must stay on one QP, in order) -> rails (NUMA of the
+ * Ops -> units (ops that must stay on one QP, in order: the header, payload
+ * and trailer of a slot read, pc_slot_ops in pc.h) -> rails (NUMA of the
  * destination, then least outstanding bytes) -> channels (round-robin per
  * rail) -> READs with up to max_sge scatter entries (later READs of a unit
  * fenced) -> chains of at most

@@ -28,8 +28,13 @@ class Client:
     def __init__(self, discovery_addr: str = DEFAULT_DISCOVERY, *, protocol: str = "tcp",
                  pool_bytes: int = 0, page_size: int = 128 * 1024, bind: str = "127.0.0.1",
                  host_discovery: bool = False, dir_cache_ttl: float = 0.0, max_channels: int = 4,
-                 timeout: float = 5.0, auth_key: bytes | str | None = None):
-        """``auth_key``: the cluster secret (None: $PEERCACHE_AUTH_KEY if set, else no authentication)."""
+                 timeout: float = 5.0, auth_key: bytes | str | None = None, integrity: bool = False):
+        """``auth_key``: the cluster secret (None: $PEERCACHE_AUTH_KEY if set, else no authentication).
+
+        ``integrity``: pages this client puts carry a checksum of their payload, and a page it
+        gets is a hit only if its payload matches its checksum (a producer without integrity
+        writes none: its pages are then misses). Off by default: without it, a payload that
+        changed without its slot tag (a bug, a bit flip, a wrong DMA) is not detected."""
         if page_size <= 0:
             raise ConfigError(f"page_size must be positive, got {page_size}")
         slots = pool_bytes // tags.slot_stride(page_size) if pool_bytes else 0
@@ -38,7 +43,8 @@ class Client:
         self.page_size = page_size
         self.node = Node(discovery_addr, protocol=protocol, bind_host=bind, host_discovery=host_discovery,
                          pool_slots=slots, slot_capacity=page_size, max_channels=max_channels,
-                         dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout, auth_key=auth_key)
+                         dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout, auth_key=auth_key,
+                         integrity=integrity)
 
     # -- writes -------------------------------------------------------------------
     def put(self, key: str | bytes, data) -> None:

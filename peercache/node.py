@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from enum import IntEnum
 from typing import Any, Callable, Sequence
 
@@ -23,7 +24,8 @@ from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
 from .rpc import DEFAULT_LIMITS, Limits, RpcClient, RpcServer
 from .transport import make_transport
-from .transport.base import ABSENT, LOC_DTYPE, OP_DTYPE, STATUS_TEXT, Status, native_module
+from .transport.base import (ABSENT, CHECK_INTEGRITY, CHECK_PATTERN, LOC_DTYPE, STATUS_TEXT, Status,
+                             native_module, slot_ops)
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +71,16 @@ class Get(IntEnum):
 class BatchResult:
     """Per-key outcome of a batch read plus the first error's reason."""
 
-    __slots__ = ("status", "lengths", "generations", "error", "invalid")
+    __slots__ = ("status", "lengths", "generations", "error", "invalid", "content_mismatch")
 
     def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
-                 error: str | None, invalid: frozenset = frozenset()):
+                 error: str | None, invalid: frozenset = frozenset(),
+                 content_mismatch: np.ndarray | None = None):
         self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
         #: indices whose directory entry was invalid (status ERROR; see :func:`checked_location`)
         self.invalid = invalid
+        #: with ``check_pattern``: indices of hits whose bytes are not the bench pattern
+        self.content_mismatch = np.empty(0, np.intp) if content_mismatch is None else content_mismatch
 
     @property
     def hits(self) -> int:
@@ -93,13 +98,17 @@ class Node:
     bad_locations = 0
     #: keys whose location (cached or fresh) no longer matched the slot's tag and were looked up again
     stale_locations = 0
+    #: with integrity on: hits refused because the payload did not match its slot checksum
+    integrity_failures = 0
+    #: with integrity on: hits refused because the producer wrote no checksum (integrity off there)
+    integrity_missing = 0
 
     def __init__(self, discovery_addr: str, *, protocol: str = "tcp", bind_host: str = "127.0.0.1",
                  host_discovery: bool = False, pool_slots: int = 0, slot_capacity: int = 0,
                  max_channels: int = 4, dir_cache_ttl: float = 0.0,
                  heartbeat_interval: float = 1.0, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
                  rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None,
-                 auth_key: bytes | str | None = None):
+                 auth_key: bytes | str | None = None, integrity: bool = False):
         if heartbeat_interval <= 0 or heartbeat_interval >= heartbeat_timeout:
             raise ConfigError(f"heartbeat interval {heartbeat_interval}s must be positive and below "
                               f"the timeout {heartbeat_timeout}s")
@@ -108,6 +117,9 @@ class Node:
         self.bind_host = bind_host
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.heartbeat_interval = heartbeat_interval
+        #: write a checksum of each payload at put, and check it before a read is a hit
+        self.integrity = bool(integrity)
+        self._integrity_logged = (float("-inf"), 0, 0)   # (when, failures, missing) at the last log line
         self.cache = DirectoryCache(dir_cache_ttl)
         self.peers: dict[str, dict[str, Any]] = {}
         self.node_id: str | None = None
@@ -152,7 +164,7 @@ class Node:
             self.discovery = RpcClient(discovery_addr, timeout=rpc_timeout, what="discovery", auth=self.auth)
             data_info: dict[str, Any] = {}
             if pool_slots:
-                self.pool = Pool(pool_slots, slot_capacity, region_id=POOL_REGION)
+                self.pool = Pool(pool_slots, slot_capacity, region_id=POOL_REGION, integrity=self.integrity)
                 self.transport.expose(POOL_REGION, self.pool.mm, self.pool.rkey,
                                       fd=self.pool.fd, size=self.pool.size)
                 data_info = self.transport.start(bind_host)
@@ -359,12 +371,18 @@ class Node:
         return error, frozenset(i for i, _ in bad)
 
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
-                       capacities: Sequence[int] | np.ndarray | None = None) -> BatchResult:
+                       capacities: Sequence[int] | np.ndarray | None = None, *,
+                       check_pattern: bool = False) -> BatchResult:
         """Read ``keys`` into ``dest`` at ``offsets``; per-key HIT / MISS / ERROR.
 
         A location whose slot tag does not match (evicted, reused, torn) is
         looked up once more without the cache; if it still does not match it
         is a miss. Bytes of a miss or an error in ``dest`` are unspecified.
+        With integrity on, a hit's payload must match the checksum its producer
+        wrote (else it is a miss, counted in :attr:`integrity_failures`).
+        ``check_pattern`` (the bench): each hit is compared with the bench content
+        of its (key, generation) in the same native pass; the ones that differ
+        are listed in :attr:`BatchResult.content_mismatch`.
         """
         n = len(keys)
         if not isinstance(keys, list):
@@ -378,12 +396,14 @@ class Node:
         locate, read = (self._locate_native, self._read_native) if native else (self._locate, self._read)
         if native:
             self.transport.prepare_local(dest)   # rdma: registered on every rail (cached)
+        checks = (CHECK_PATTERN if check_pattern else 0) | (CHECK_INTEGRITY if self.integrity else 0)
         status = np.full(n, int(Get.MISS), dtype=np.int8)
         lengths = np.zeros(n, dtype=np.uint64)
         gens = np.zeros(n, dtype=np.uint64)
+        content = np.zeros(n, dtype=bool)
         bad: list = []
         locs = locate(keys, bad, True)
-        error, stale = read(keys, locs, dest, offsets, caps, status, lengths, gens)
+        error, stale = read(keys, locs, dest, offsets, caps, status, lengths, gens, content, checks)
         if len(stale):
             # A tag mismatch: the slot was evicted, reused or torn. One fresh lookup, then a miss.
             self.stale_locations += len(stale)
@@ -394,12 +414,26 @@ class Node:
             bad += [(int(stale[j]), why) for j, why in bad2]
             m = len(stale)
             s_st, s_len, s_gen = np.full(m, int(Get.MISS), np.int8), np.zeros(m, np.uint64), np.zeros(m, np.uint64)
+            s_content = np.zeros(m, dtype=bool)
             err2, _ = read(skeys, again, dest, offsets[stale], None if caps is None else caps[stale],
-                           s_st, s_len, s_gen)
-            status[stale], lengths[stale], gens[stale] = s_st, s_len, s_gen
+                           s_st, s_len, s_gen, s_content, checks)
+            status[stale], lengths[stale], gens[stale], content[stale] = s_st, s_len, s_gen, s_content
             error = error or err2
         error, invalid = self._mark_invalid(keys, bad, status, error)
-        return BatchResult(status, lengths, gens, error, invalid)
+        if self.integrity:
+            self._report_integrity()
+        return BatchResult(status, lengths, gens, error, invalid, np.flatnonzero(content))
+
+    def _report_integrity(self, interval: float = 10.0) -> None:
+        """One WARNING line per ``interval`` at most, with the counts since the last one."""
+        when, failures, missing = self._integrity_logged
+        df, dm = self.integrity_failures - failures, self.integrity_missing - missing
+        if (df or dm) and time.monotonic() - when >= interval:
+            log.warning("integrity: %d read(s) did not match their slot checksum and %d came from a producer "
+                        "that writes none (integrity off there), since the last report; each was a miss, "
+                        "no bytes returned (total %d / %d)", df, dm, self.integrity_failures,
+                        self.integrity_missing)
+            self._integrity_logged = (time.monotonic(), self.integrity_failures, self.integrity_missing)
 
     # The two read paths of get_batch_into: ``locate(keys, bad, use_cache)`` gives the locations
     # (invalid entries go to ``bad``), ``read(...)`` fills status/lengths/gens and returns (first
@@ -432,17 +466,20 @@ class Node:
         if bad is not None:
             bad.extend((int(miss[j]), why) for j, why in sub_bad)
 
-    def _read_native(self, keys, locs, dest, offsets, caps, status, lengths, gens) -> tuple[str | None, np.ndarray]:
-        """One native batch (all nodes); returns (first error, indices of stale tags)."""
+    def _read_native(self, keys, locs, dest, offsets, caps, status, lengths, gens, content,
+                     checks: int) -> tuple[str | None, np.ndarray]:
+        """One native batch (all nodes, payload checks in the same pass); returns (first error,
+        indices of stale tags)."""
         mod = self._native
         codes = np.empty(len(locs), dtype=np.int32)
-        args = (locs, dest, offsets, caps, status, lengths, gens, codes)
-        hits, stale, need, errors, ecode, enode, etext = mod.read_slots(self._handles, *args)
+        args = (locs, dest, offsets, caps, status, lengths, gens, codes, checks)
+        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing = mod.read_slots(self._handles, *args)
         error = None
         if need:
             error, made = self._connect_needed(locs, codes)
             if made:
-                hits, stale, need, errors, ecode, enode, etext = mod.read_slots(self._handles, *args)
+                hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing = mod.read_slots(
+                    self._handles, *args)
             if need:
                 status[codes == mod.NEED_PEER] = Get.ERROR
         if ecode:
@@ -453,6 +490,10 @@ class Node:
                 # A dead handle (an rdma channel failed) is dropped: the next batch
                 # connects again, which resets the channels on both sides.
                 self._forget_node(node_id)
+        if c_bad:
+            content |= codes == mod.CONTENT_MISMATCH
+        self.integrity_failures += k_bad
+        self.integrity_missing += k_missing
         return error, (np.flatnonzero(codes == mod.TAG_MISMATCH) if stale else np.empty(0, np.intp))
 
     def _handle_alive(self, idx: int) -> bool:
@@ -491,10 +532,13 @@ class Node:
                 self._handles[idx] = None
         self.transport.forget(node_id)
 
-    def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens) -> tuple[str | None, np.ndarray]:
-        """The Python batch path: one transport batch per node, tags checked here."""
+    def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens, content,
+              checks: int) -> tuple[str | None, np.ndarray]:
+        """The Python batch path (the reference): one transport batch per node, tags and payload
+        checks here."""
         n = len(keys)
-        tagbuf = np.zeros((n, 5), dtype=np.uint64)
+        tagbuf = np.zeros((n, tags.TAG_WORDS), dtype=np.uint64)
+        refused = np.zeros(n, dtype=bool)   # misses by integrity: the bytes are wrong, not stale
         tagbytes = tagbuf.view(np.uint8).reshape(-1)
         by_node: dict[str, list[int]] = {}
         for i, loc in enumerate(locs):
@@ -512,36 +556,23 @@ class Node:
                 error = error or f"no endpoint info for node {node_id}"
                 continue
             m = len(idxs)
-            ops = np.zeros(3 * m, dtype=OP_DTYPE)
             L = [locs[i] for i in idxs]
-            off = np.fromiter((l.offset for l in L), np.uint64, m)
             ln = np.fromiter((l.length for l in L), np.uint64, m)
-            cap = np.fromiter((l.capacity for l in L), np.uint64, m)
             ii = np.asarray(idxs, dtype=np.uint64)
-            ops["region"] = np.repeat(np.fromiter((l.region for l in L), np.uint32, m), 3)
-            ops["rkey"] = np.repeat(np.fromiter((l.rkey for l in L), np.uint64, m), 3)
-            h, p, t = ops[0::3], ops[1::3], ops[2::3]
-            h["remote_offset"], h["length"], h["local_region"], h["local_offset"] = off, tags.HEADER_BYTES, 0, ii * tags.TAG_BYTES
-            p["remote_offset"], p["length"], p["local_region"], p["local_offset"] = off + tags.HEADER_BYTES, ln, 1, offsets[idxs]
-            t["remote_offset"], t["length"], t["local_region"] = off + tags.HEADER_BYTES + cap, tags.TRAILER_BYTES, 0
-            t["local_offset"] = ii * tags.TAG_BYTES + tags.HEADER_BYTES
-            empty = ln == 0
-            if empty.any():  # an empty object has no payload op to issue
-                keep = np.ones(3 * m, dtype=bool)
-                keep[1::3] = ~empty
-                st_full = np.zeros(3 * m, dtype=np.int32)
-                st_full[keep] = self.transport.read_batch(node_id, info, ops[keep], [tagbytes, dest])
-                st = st_full
-            else:
-                st = self.transport.read_batch(node_id, info, ops, [tagbytes, dest])
-            st = np.asarray(st).reshape(m, 3)
-            ok_ops = (st == Status.OK).all(axis=1)
+            ops, key = slot_ops(np.fromiter((l.region for l in L), np.uint32, m),
+                                np.fromiter((l.rkey for l in L), np.uint64, m),
+                                np.fromiter((l.offset for l in L), np.uint64, m), ln,
+                                np.fromiter((l.capacity for l in L), np.uint64, m),
+                                ii * tags.TAG_BYTES, offsets[idxs])
+            st = np.asarray(self.transport.read_batch(node_id, info, ops, [tagbytes, dest]))
+            failed = np.zeros(m, dtype=bool)
+            np.logical_or.at(failed, key, st != Status.OK)
+            ok_ops = ~failed
             idx_arr = np.asarray(idxs)
-            if not ok_ops.all():
-                bad = st[~ok_ops]
-                first = int(bad[bad != Status.OK][0])
+            if failed.any():
+                first = int(st[st != Status.OK][0])
                 error = error or f"read from node {node_id} failed: {STATUS_TEXT[Status(first)]}"
-                status[idx_arr[~ok_ops]] = Get.ERROR
+                status[idx_arr[failed]] = Get.ERROR
                 if first in (Status.PEER_GONE, Status.CONNECTION):
                     self.cache.drop_node(node_id)
             if ok_ops.any():
@@ -549,11 +580,39 @@ class Node:
                 kh = np.fromiter((locs[i].key_hash for i in good), np.uint64, len(good))
                 gen = np.fromiter((locs[i].generation for i in good), np.uint64, len(good))
                 match = tags.check_tags(tagbuf[good], kh, gen, ln[ok_ops])
+                if checks:
+                    keep = self._check_payloads(dest, offsets, good, kh, gen, ln[ok_ops], tagbuf, match,
+                                                content, checks)
+                    refused[good[match & ~keep]] = True
+                    match &= keep
                 status[good[match]] = Get.HIT
                 lengths[good[match]] = ln[ok_ops][match]
                 gens[good[match]] = gen[match]
-        stale = np.flatnonzero([status[i] == Get.MISS and locs[i] is not None for i in range(n)])
+        stale = np.flatnonzero([status[i] == Get.MISS and locs[i] is not None and not refused[i]
+                                for i in range(n)])
         return error, stale
+
+    def _check_payloads(self, dest, offsets, good, kh, gen, ln, tagbuf, match, content, checks) -> np.ndarray:
+        """The payload checks of the Python path on the keys ``good`` whose tags ``match``: False
+        where integrity refuses the bytes (a miss); bench-pattern mismatches go to ``content``."""
+        keep = np.ones(len(good), dtype=bool)
+        view = np.frombuffer(dest, dtype=np.uint8) if not isinstance(dest, np.ndarray) else dest.reshape(-1).view(np.uint8)
+        for j in np.flatnonzero(match):
+            i, o, k = int(good[j]), int(offsets[good[j]]), int(ln[j])
+            page = view[o:o + k]
+            if checks & CHECK_INTEGRITY:
+                want = int(tagbuf[i, tags.CHECKSUM])
+                if want == 0:
+                    self.integrity_missing += 1
+                    keep[j] = False
+                    continue
+                if tags.checksum(page, int(kh[j]), int(gen[j])) != want:
+                    self.integrity_failures += 1
+                    keep[j] = False
+                    continue
+            if checks & CHECK_PATTERN and not tags.verify_patterns(page.reshape(1, -1), kh[j:j + 1], gen[j:j + 1])[0]:
+                content[i] = True
+        return keep
 
     def _data_endpoint(self, node_id: str) -> dict[str, Any] | None:
         peer = self.peers.get(node_id)

@@ -38,13 +38,16 @@ class SlotRef:
 class Pool:
     """``slots`` slots of ``capacity`` payload bytes each in one memfd region."""
 
-    def __init__(self, slots: int, capacity: int, region_id: int = 1, name: str = "peercache-pool"):
+    def __init__(self, slots: int, capacity: int, region_id: int = 1, name: str = "peercache-pool",
+                 integrity: bool = False):
         if slots <= 0:
             raise ConfigError(f"pool needs at least one slot, got {slots}")
         if capacity <= 0:
             raise ConfigError(f"slot capacity must be positive, got {capacity} bytes")
         self.slots = slots
         self.capacity = capacity
+        #: write a checksum of each payload in its slot header (tags.checksum); 0 there otherwise
+        self.integrity = bool(integrity)
         self.stride = tags.slot_stride(capacity)
         self.size = self.stride * slots
         self.region_id = region_id
@@ -113,6 +116,7 @@ class Pool:
         self.words[h + tags.KEY_HASH] = ref.key_hash
         self.words[h + tags.GENERATION] = ref.generation
         self.words[h + tags.LENGTH] = ref.length
+        self.words[h + tags.CHECKSUM] = tags.checksum(payload, ref.key_hash, ref.generation) if self.integrity else 0
         done = busy + 1
         self.words[t] = done
         self.words[h + tags.SEQ] = done

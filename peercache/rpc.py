@@ -461,7 +461,7 @@ class RpcServer:
             if s is not None and not s.closed:
                 s.close(0)
         if self._own_ctx:
-            self.ctx.term()
+            self.ctx.destroy(linger=0)
 
     def stop(self) -> None:
         """Stop both threads, close the socket (and the server's own context)."""
@@ -475,7 +475,10 @@ class RpcServer:
         if not started:
             self._close_sockets()
         elif self._own_ctx and not (self._thread.is_alive() or self._worker.is_alive()):
-            self.ctx.term()
+            # Both threads are gone: close whatever socket of ours is still open with linger 0
+            # (a reply the worker queued as the I/O thread stopped would make term() wait for
+            # ever), then end the context.
+            self.ctx.destroy(linger=0)
 
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED

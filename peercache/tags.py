@@ -2,11 +2,13 @@
 
 A slot in a pool region is laid out as::
 
-    +0   header  : seq u64 | key_hash u64 | generation u64 | length u64   (32 B)
-    +32  payload : `capacity` bytes (the object, `length` <= capacity)
-    +32+capacity trailer : seq u64                                        (8 B)
+    +0   header  : seq u64 | key_hash u64 | generation u64 | length u64 | checksum u64
+                   | 3 x u64 reserved (0)                                          (64 B)
+    +64  payload : `capacity` bytes (the object, `length` <= capacity)
+    +64+capacity trailer : seq u64                                                 (8 B)
 
-and padded to a multiple of 64 bytes. A writer bumps ``seq`` to odd in the
+and padded to a multiple of 64 bytes, so every payload starts on a cache line
+(a copy or a check of it never loads across two lines). A writer bumps ``seq`` to odd in the
 header and the trailer before it touches anything, writes, then stores the
 new even ``seq`` in the trailer and last in the header. A reader copies
 header, payload and trailer in ascending address order (one RDMA READ with a
@@ -15,20 +17,31 @@ header and trailer ``seq`` are equal and even and the key hash, generation
 and length are the ones the directory gave. Any overlap with a writer makes
 the two ``seq`` copies differ, so a stale or torn slot reads as a miss, never
 as wrong bytes.
+
+The checksum word is 0 unless the producer runs with ``integrity`` on; then
+it is :func:`checksum` of the payload (XXH3-64 seeded with the key hash and
+generation), written inside the same seqlock window, and a consumer with
+``integrity`` on recomputes it before it returns a hit. The seqlock catches
+a slot that changed while it was read; only the checksum catches a payload
+that changed without its tag (a bug, a bit flip in host memory, a wrong DMA).
 """
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
+import xxhash
 
-HEADER_BYTES = 32
+HEADER_BYTES = 64
 TRAILER_BYTES = 8
 TAG_BYTES = HEADER_BYTES + TRAILER_BYTES  # scratch bytes per read (header + trailer)
+TAG_WORDS = TAG_BYTES // 8                # header words, then the trailer's seq
 SLOT_ALIGN = 64
 
 # Field positions (in u64 words) inside the header.
-SEQ, KEY_HASH, GENERATION, LENGTH = 0, 1, 2, 3
+SEQ, KEY_HASH, GENERATION, LENGTH, CHECKSUM = 0, 1, 2, 3, 4
+#: The tag scratch word holding the trailer's seq.
+TRAILER_SEQ = TAG_WORDS - 1
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -58,9 +71,9 @@ def key_hash(key: bytes) -> int:
 
 def check_tags(tags: np.ndarray, key_hashes: np.ndarray, generations: np.ndarray,
                lengths: np.ndarray) -> np.ndarray:
-    """Vectorised tag check: ``tags`` is (n, 5) u64 = header words + trailer seq."""
+    """Vectorised tag check: ``tags`` is (n, TAG_WORDS) u64 = header words + trailer seq."""
     seq = tags[:, SEQ]
-    return ((seq & 1) == 0) & (seq != 0) & (tags[:, 4] == seq) \
+    return ((seq & 1) == 0) & (seq != 0) & (tags[:, TRAILER_SEQ] == seq) \
         & (tags[:, KEY_HASH] == key_hashes) & (tags[:, GENERATION] == generations) \
         & (tags[:, LENGTH] == lengths)
 
@@ -99,3 +112,32 @@ def verify_patterns(pages: np.ndarray, khashes: np.ndarray, generations: np.ndar
             good = np.array_equal(page[words * 8:], tail)
         ok[i] = good
     return ok
+
+
+def checksum_seed(khash: int, generation: int) -> int:
+    """Seed of a payload's checksum: ties the bytes to the (key, generation) they were written as."""
+    return (khash ^ ((generation * _GOLDEN) & _MASK64)) & _MASK64
+
+
+def checksum(payload, khash: int, generation: int) -> int:
+    """The slot checksum of ``payload``: XXH3-64 seeded by :func:`checksum_seed`, never 0 (0 = none).
+
+    The native module computes the same value (libxxhash's XXH3, AVX2 when the CPU has it); this
+    is the reference, through the ``xxhash`` package.
+    """
+    seed = checksum_seed(khash, generation)
+    if _native_checksum:
+        return _native_checksum[0](payload, seed)
+    h = xxhash.xxh3_64_intdigest(memoryview(payload).cast("B"), seed)
+    return h or 1
+
+
+def _load_native() -> list:
+    try:
+        from . import _native
+        return [_native.checksum] if hasattr(_native, "checksum") else []
+    except ImportError:
+        return []
+
+
+_native_checksum = _load_native()

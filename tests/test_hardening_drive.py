@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import peercache
-from conftest import BENCH, free_port, scaled
+from peercache import tags
+from conftest import BENCH, scaled
 from peercache.bench import drive, options
 from peercache.bench.serve import READY_LINE
 from peercache.errors import InvalidLocation, PeerCacheError
@@ -117,7 +118,7 @@ def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
     w = drive._Worker.__new__(drive._Worker)
     w.cfg = {"working_set": 8, "batch_size": 2, "page_size": 64, "seed": 1, "op": "get", "verify": True,
              "access": "random", "warmup": 0.0, "duration": 0.3}
-    w.pidx, w.objs, w.slice_bytes, w.gpu, w.recv = 0, 1, 128, None, None
+    w.pidx, w.objs, w.slice_bytes, w.gpu, w.recv, w.fused_verify = 0, 1, 128, None, None, True
     w.keys_arr = np.array([f"k{i}".encode() for i in range(8)], dtype=object)
 
     class Boom:
@@ -263,7 +264,7 @@ def _assert_directory_matches_pool(prod, cons, keys, values):
 
 def test_put_batch_that_evicts_within_the_batch_leaves_exactly_the_pool_in_the_directory(port):
     addr = f"127.0.0.1:{port}"
-    with peercache.Client(addr, host_discovery=True, pool_bytes=4 * 4160, page_size=4096) as prod, \
+    with peercache.Client(addr, host_discovery=True, pool_bytes=4 * tags.slot_stride(4096), page_size=4096) as prod, \
             peercache.Client(addr, page_size=4096) as cons:
         assert prod.node.pool.slots == 4
         keys = [f"k{i}" for i in range(6)]

@@ -138,10 +138,11 @@ def test_native_tag_check_matches_python():
     locs["key_hash"] = rng.integers(1, 2**63, n, dtype=np.uint64)
     locs["generation"] = rng.integers(1, 5, n, dtype=np.uint64)
     locs["length"] = rng.integers(0, 100, n, dtype=np.uint64)
-    t = np.zeros((n, 5), np.uint64)
+    t = np.zeros((n, tags.TAG_WORDS), np.uint64)
     seq = rng.integers(0, 6, n, dtype=np.uint64)
     t[:, 0] = seq
-    t[:, 4] = np.where(rng.random(n) < 0.8, seq, seq + 2)
+    t[:, tags.TRAILER_SEQ] = np.where(rng.random(n) < 0.8, seq, seq + 2)
+    t[:, tags.CHECKSUM] = rng.integers(0, 2**63, n, dtype=np.uint64)   # not part of the tag check
     t[:, 1] = np.where(rng.random(n) < 0.8, locs["key_hash"], 7)
     t[:, 2] = np.where(rng.random(n) < 0.8, locs["generation"], 9)
     t[:, 3] = np.where(rng.random(n) < 0.8, locs["length"], 1000)

@@ -29,13 +29,19 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     order = [(p.part, k) for p, k in bp.schedule]
     # each round: the baseline, then the PeerCache figure just after it
     i = order.index(("memcpy_128k", 1))
-    assert order[i + 1] == ("peercache_shm_128k", 1) and order[i - 1] == ("peercache_shm_128k", 0)
-    # checks and the 64 B drive once; two pairs and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (2 + 2 + 1)
+    assert order[i + 1] == ("peercache_shm_128k", 1) and order[i - 1] == ("peercache_shm_integrity_128k", 0)
+    # the verified and integrity twins right after the unverified run of the same round
+    assert order[i + 2:i + 4] == [("peercache_shm_verified_128k", 1), ("peercache_shm_integrity_128k", 1)]
+    j = order.index(("peercache_tcp_128k", 0))
+    assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
+    # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 4 + 1)
     # same-host shm figures on loopback; the tcp pair on the testbed's network namespaces
     assert bp.points["peercache_shm_128k"].loopback and not bp.points["peercache_tcp_128k"].loopback
     assert bp.points["iperf3_tcp_128k"].params["reverse"] is True
-    assert bp.points["shm_128k_check"].params["verify"] is True
+    assert bp.points["shm_128k_check"].params.get("verify", True) is True        # verified: the default
+    assert bp.points["peercache_shm_128k"].params["verify"] is False           # the unverified baseline
+    assert bp.points["peercache_tcp_integrity_128k"].params["integrity"] is True
 
 
 def test_a_bench_without_a_measured_part_names_it(tmp_path):
@@ -73,7 +79,11 @@ def test_figures_check_lines_and_ratio_verdicts_come_from_tidy_rows():
 def test_every_ratio_has_a_target_in_the_references_data():
     from peercache.lab.analysis.references import load_bench_targets
     t = load_bench_targets()
-    assert t == {"shm_vs_memcpy_128k": 0.9, "tcp_vs_iperf3_128k": 0.9, "pages_per_s_64b": 3e6}
+    assert t == {"shm_vs_memcpy_128k": 0.9, "tcp_vs_iperf3_128k": 0.9, "pages_per_s_64b": 3e6,
+                 "verify_vs_noverify_tcp_128k": 0.9, "verify_vs_noverify_shm_128k": 0.85,
+                 "integrity_vs_off_128k": 0.85}
+    # every ratio the bench prints has one, but the shm integrity figure (shown for what it costs there)
+    assert set(ratios.RATIOS) - set(t) == {"integrity_vs_off_shm_128k"}
 
 
 def test_ratios_are_medians_of_paired_rounds():

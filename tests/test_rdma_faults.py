@@ -23,7 +23,7 @@ import pytest
 from conftest import free_port, rdma_sides, scaled
 from peercache import tags
 from peercache.node import Get, Node
-from peercache.transport.base import OP_DTYPE, Status
+from peercache.transport.base import OP_DTYPE, Status, slot_ops
 
 pytestmark = pytest.mark.rdma
 
@@ -99,7 +99,7 @@ def count_stale(node: Node) -> list[int]:
 
     def counting(*a):
         err, stale = orig(*a)
-        seen[0] += stale
+        seen[0] += len(stale)
         return err, stale
 
     node._read_native = counting
@@ -332,14 +332,14 @@ def _check_hit(dest, i, stride, n, lens_of_version):
 
 
 def test_slots_rewritten_in_place_while_read_over_both_rails():
-    """Adjacent slots (capacity + 40 a multiple of 64, so one slot's trailer touches the next
+    """Adjacent slots (capacity + TAG_BYTES a multiple of 64, so one slot's trailer touches the next
     header), partial objects, two rails: a writer rewrites every key in place while the consumer
     reads them; every HIT is exactly one complete version, and the one its generation names."""
     prod_devs, cons_devs = rdma_sides()
     nr = min(2, len(prod_devs), len(cons_devs))
-    cap, n = 4056, 8
+    cap, n = 4096 - tags.TAG_BYTES, 8
     assert tags.slot_stride(cap) == tags.HEADER_BYTES + cap + tags.TRAILER_BYTES
-    lens = [4000, 3000, 4048, 2040]
+    lens = [4000, 3000, cap, 2040]
 
     def length(i, v):
         return lens[(i + v) % len(lens)]
@@ -627,12 +627,13 @@ def test_mtu_lowered_under_a_live_connection_recovers_at_the_new_mtu(mtu_guard):
 
 
 # ------------------------------------------- 6. slot reads as scatter lists, sizes, both rails
-@pytest.mark.parametrize("cap", [16384, 4056], ids=["cap16k", "cap4056-adjacent"])
+@pytest.mark.parametrize("cap", [16384, 4096 - tags.TAG_BYTES], ids=["cap16k", "cap-adjacent"])   # + tags = 4 KiB
 def test_slot_reads_at_sizes_around_mtu_and_page_on_both_rails(cap):
     prod_devs, cons_devs = rdma_sides()
     nr = min(2, len(prod_devs), len(cons_devs))
     sizes = sorted({s for s in [0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 991, 992, 1023, 1024, 1025, 2047, 2048,
-                                2049, 4055, 4056, 4063, 4064, 4095, 4096, 4097, 8191, 8192, 8193, 12288,
+                                2049, 4023, 4024, 4047, 4048, 4055, 4056, 4063, 4064, 4095, 4096, 4097, 8191, 8192,
+                                8193, 12288,
                                 cap - 1, cap] if s <= cap})
     n = len(sizes)
     addr = f"127.0.0.1:{free_port()}"
@@ -675,8 +676,47 @@ def test_slot_reads_at_sizes_around_mtu_and_page_on_both_rails(cap):
         prod.close()
 
 
+# ------------------------------------------- 7. payload checks after the READ (integrity, bench pattern)
+def test_integrity_and_pattern_checks_run_after_the_read_over_rdma():
+    """Over rdma the bytes land by DMA; the checksum and the bench pattern are checked in the same
+    native pass as the tag, after the READ completes: a payload changed under its tag is a miss with
+    integrity, a reported content mismatch with the pattern check, and a plain hit with neither."""
+    prod_devs, cons_devs = rdma_sides()
+    addr = f"127.0.0.1:{free_port()}"
+    prod = _node(addr, prod_devs[:1], host_discovery=True, pool_slots=8, slot_capacity=8192, name="prod",
+                 integrity=True)
+    cons = plain = None
+    try:
+        cons = _node(addr, cons_devs[:1], name="cons", integrity=True)
+        plain = _node(addr, cons_devs[:1], name="plain")
+        keys = [f"i{i}".encode() for i in range(6)]
+
+        def fill(view, ref):
+            tags.fill_pattern(view, ref.key_hash, ref.generation)
+
+        prod.put_batch(keys, fill=fill)
+        dest = np.zeros(6 * 8192, np.uint8)
+        offs = np.arange(6, dtype=np.uint64) * 8192
+        r = cons.get_batch_into(keys, dest, offs, check_pattern=True)
+        assert (r.status == Get.HIT).all() and r.content_mismatch.tolist() == [], (r.status, r.error)
+        ref = prod.pool.ref(keys[3])
+        prod.pool.bytes[ref.offset + tags.HEADER_BYTES + 5000] ^= 0x10      # under the tag: seq untouched
+        r = cons.get_batch_into(keys, dest, offs, check_pattern=True)
+        assert r.status.tolist() == [Get.HIT] * 3 + [Get.MISS] + [Get.HIT] * 2
+        assert cons.integrity_failures == 1
+        r = plain.get_batch_into(keys, dest, offs, check_pattern=True)    # integrity off: only the pattern sees it
+        assert (r.status == Get.HIT).all() and r.content_mismatch.tolist() == [3]
+        r = plain.get_batch_into(keys, dest, offs)
+        assert (r.status == Get.HIT).all() and r.content_mismatch.tolist() == []
+    finally:
+        for n in (plain, cons):
+            if n is not None:
+                n.close()
+        prod.close()
+
+
 # ------------------------------------------- the planner invariant behind the seqlock (no device)
-@pytest.mark.parametrize("cap", [4056, 4096, 8152, 24])
+@pytest.mark.parametrize("cap", [4096 - tags.TAG_BYTES, 4096, 8192 - tags.TAG_BYTES, 24])   # adjacent slots
 def test_every_trailer_is_read_after_its_payload_on_the_same_qp(cap):
     """The native planner on the ops read_slots issues for slots in ascending order: each slot's
     trailer READ is on the QP of its payload, posted after it and fenced (or in the same READ)."""
@@ -687,19 +727,15 @@ def test_every_trailer_is_read_after_its_payload_on_the_same_qp(cap):
         n = int(rng.integers(1, 24))
         lens = [int(rng.choice([0, 1, cap // 2, cap - 1, cap])) for _ in range(n)]
         first = int(rng.integers(0, 4))
-        rows, payload, trailer = [], {}, {}
-        for i, ln in enumerate(lens):
-            off = (first + i) * stride
-            rows.append((1, 0, 7, off, tags.HEADER_BYTES, i * tags.TAG_BYTES))
-            if ln:
-                payload[i] = len(rows)
-                rows.append((1, 1, 7, off + tags.HEADER_BYTES, ln, i * cap))
-            else:
-                payload[i] = len(rows) - 1          # the header stands in for it
-            trailer[i] = len(rows)
-            rows.append((1, 0, 7, off + tags.HEADER_BYTES + cap, tags.TRAILER_BYTES,
-                         i * tags.TAG_BYTES + tags.HEADER_BYTES))
-        ops = np.array(rows, dtype=OP_DTYPE)
+        ii = np.arange(n, dtype=np.uint64)
+        ops, key = slot_ops(np.full(n, 1), np.full(n, 7), (first + ii) * np.uint64(stride),
+                            np.array(lens, dtype=np.uint64), np.full(n, cap), ii * tags.TAG_BYTES,
+                            ii * np.uint64(cap))
+        starts = np.searchsorted(key, np.arange(n))
+        ends = np.searchsorted(key, np.arange(n), side="right")
+        # a slot's ops are header, payload (none when empty: the header stands in for it), trailer
+        payload = {i: int(starts[i]) + (1 if lens[i] else 0) for i in range(n)}
+        trailer = {i: int(ends[i]) - 1 for i in range(n)}
         nr, ch = int(rng.integers(1, 4)), int(rng.integers(1, 3))
         wrs, refused, _ = verbs.plan(ops, [-1, -1], [-1] * nr, [0] * nr, (256, 16, 3, 16, 64), ch)
         where = {}

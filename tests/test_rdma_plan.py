@@ -8,6 +8,7 @@ from peercache import tags
 from peercache.rdma import plan as P
 from peercache.rdma.completion import (WC, account_channel, account_plan, op_statuses, wc_name,
                                        wc_status)
+from peercache.transport import base
 from peercache.transport.base import OP_DTYPE, Status
 
 H, T = tags.HEADER_BYTES, tags.TRAILER_BYTES
@@ -15,13 +16,10 @@ H, T = tags.HEADER_BYTES, tags.TRAILER_BYTES
 
 def slot_ops(slots):
     """Ops read_slots issues: per key (slot offset, length, capacity, dest offset)."""
-    rows = []
-    for i, (off, length, cap, dest) in enumerate(slots):
-        rows.append((1, 0, 7, off, H, i * tags.TAG_BYTES))
-        if length:
-            rows.append((1, 1, 7, off + H, length, dest))
-        rows.append((1, 0, 7, off + H + cap, T, i * tags.TAG_BYTES + H))
-    return np.array(rows, dtype=OP_DTYPE)
+    off, length, cap, dest = (np.array(c, dtype=np.uint64) for c in zip(*slots))
+    ops, _ = base.slot_ops(np.full(len(slots), 1), np.full(len(slots), 7), off, length, cap,
+                           np.arange(len(slots), dtype=np.uint64) * tags.TAG_BYTES, dest)
+    return ops
 
 
 def ops_of(rows):

@@ -10,7 +10,7 @@ import pytest
 from peercache import tags
 from peercache.rdma import plan as P
 from peercache.rdma.completion import WC, wc_status
-from peercache.transport.base import OP_DTYPE
+from peercache.transport.base import OP_DTYPE, slot_ops
 
 pytestmark = pytest.mark.rdma    # also run in the Soft-RoCE guest by `make test-rdma`
 
@@ -50,17 +50,14 @@ def test_native_cadence_and_chain_length_match(lim):
 
 
 def _slot_ops(rng, n):
-    rows = []
-    caps = rng.choice([64, 4096], n)
+    caps = rng.choice([64, 4096], n).astype(np.uint64)
     stride = tags.slot_stride(4096)
-    slots = rng.permutation(max(n, 64))[:n]
-    for i in range(n):
-        off, cap = int(slots[i]) * stride, int(caps[i])
-        length = int(rng.integers(0, cap + 1))
-        rows.append((1, 0, 7, off, tags.HEADER_BYTES, i * tags.TAG_BYTES))
-        if length:
-            rows.append((1, 1, 7, off + tags.HEADER_BYTES, length, i * 4096))
-        rows.append((1, 0, 7, off + tags.HEADER_BYTES + cap, tags.TRAILER_BYTES, i * tags.TAG_BYTES + tags.HEADER_BYTES))
+    slots = rng.permutation(max(n, 64))[:n].astype(np.uint64)
+    lengths = np.array([int(rng.integers(0, int(c) + 1)) for c in caps], dtype=np.uint64)
+    ii = np.arange(n, dtype=np.uint64)
+    ops, _ = slot_ops(np.full(n, 1), np.full(n, 7), slots * np.uint64(stride), lengths, caps,
+                      ii * tags.TAG_BYTES, ii * 4096)
+    rows = ops.tolist()
     if rng.random() < 0.3:   # some arbitrary ops too: other regions, zero lengths, descending
         for _ in range(int(rng.integers(1, 6))):
             rows.append((int(rng.integers(1, 3)), int(rng.integers(0, 2)), 7, int(rng.integers(0, 1 << 20)),

@@ -27,12 +27,12 @@ def test_pattern_roundtrip_and_mismatch():
 
 
 def test_check_tags_rules():
-    good = np.array([[4, 7, 2, 10, 4]], dtype=np.uint64)
+    good = np.array([[4, 7, 2, 10, 12345, 0, 0, 0, 4]], dtype=np.uint64)   # checksum, reserved: not the tag
     kh, gen, ln = np.array([7], np.uint64), np.array([2], np.uint64), np.array([10], np.uint64)
     assert tags.check_tags(good, kh, gen, ln).tolist() == [True]
-    for col, val in ((0, 5), (4, 6), (1, 8), (2, 3), (3, 11)):  # odd seq, torn, key, gen, length
+    for col, val in ((0, 5), (tags.TRAILER_SEQ, 6), (1, 8), (2, 3), (3, 11)):  # odd seq, torn, key, gen, length
         bad = good.copy()
         bad[0, col] = val
         assert tags.check_tags(bad, kh, gen, ln).tolist() == [False], col
-    empty = np.zeros((1, 5), dtype=np.uint64)
+    empty = np.zeros((1, tags.TAG_WORDS), dtype=np.uint64)
     assert not tags.check_tags(empty, np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.zeros(1, np.uint64))[0]

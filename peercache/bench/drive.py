@@ -63,7 +63,11 @@ class _Worker:
         self.node = Node(cfg["discovery_addr"], protocol=cfg["protocol"],
                          max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
                          rpc_timeout=3.0, name=f"drive-{pidx}",
-                         transport_options=cfg.get("transport_options"), auth_key=cfg.get("auth_key"))
+                         transport_options=cfg.get("transport_options"), auth_key=cfg.get("auth_key"),
+                         integrity=cfg.get("integrity", False))
+        #: the bench pattern is checked in the native batch, on the bytes it just landed (host memory);
+        #: GPU memory is checked here after a download instead
+        self.fused_verify = bool(cfg["verify"]) and not cfg.get("gpu")
         per_batch = cfg["batch_size"] * self.objs * cfg["page_size"]
         self.slice_bytes = per_batch
         total = per_batch * max(cfg["concurrencies"])
@@ -168,7 +172,8 @@ class _Worker:
             t_s = time.perf_counter()
             try:
                 if get:
-                    r = self.node.get_batch_into(keys, self.dest, offsets, caps)
+                    r = self.node.get_batch_into(keys, self.dest, offsets, caps,
+                                                 check_pattern=self.fused_verify)
                     status, err = r.status, r.error
                     if self.gpu is not None and self.recv is not None:
                         # tcp/shm into GPU memory: staged in pinned host memory, then copied.
@@ -187,7 +192,9 @@ class _Worker:
             n_hit = int(np.count_nonzero(hits))
             n_err = 0 if n_hit == len(keys) else int(np.count_nonzero(status == Get.ERROR))
             vfail = 0
-            if get and cfg["verify"] and n_hit:
+            if get and self.fused_verify:
+                vfail = len(r.content_mismatch)
+            elif get and cfg["verify"] and n_hit:
                 if self.gpu is not None:
                     view = self.gpu.download(base, len(keys) * page).reshape(len(keys), page)
                 else:
@@ -321,7 +328,8 @@ def format_table(doc: dict) -> str:
     lines = [f"# {m['host']} ({m['cpu']}), kernel {m['kernel']}, rev {m['git_revision']}",
              f"# protocol={m['protocol']} devices={','.join(m['devices']) or '-'} layout={m['layout']} "
              f"page={m['page_size']} B batch={m['batch_size']} processes={m['processes']} "
-             f"op={m['op']} verify={'on' if m['verify'] else 'off'} dir-cache-ttl={m['dir_cache_ttl']} s",
+             f"op={m['op']} verify={'on' if m['verify'] else 'off'} "
+             f"integrity={'on' if m.get('integrity') else 'off'} dir-cache-ttl={m['dir_cache_ttl']} s",
              f"{'threads':>7} {'GB/s':>8} {'pages/s':>11} {'p50 us':>9} {'p99 us':>9} {'p999 us':>9} "
              f"{'hit %':>7} {'errors':>6}  status"]
     for p in doc["points"]:
@@ -342,7 +350,7 @@ def run(args) -> tuple[int, dict]:
     cfg = {k: getattr(args, k) for k in (
         "discovery_addr", "protocol", "layout", "page_size", "working_set", "max_channels",
         "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup",
-        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device")}
+        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device", "integrity")}
     cfg["transport_options"] = options.transport_options(args)
     cfg["auth_key"] = options.auth_secret(args)   # to the driver processes only, never into the document
     start = meta.now_iso()
@@ -355,7 +363,7 @@ def run(args) -> tuple[int, dict]:
                     "concurrencies": args.concurrencies, "processes": args.processes,
                     "working_set": args.working_set, "max_channels": args.max_channels,
                     "dir_cache_ttl": args.dir_cache_ttl, "duration": args.duration, "warmup": args.warmup,
-                    "op": args.op, "verify": args.verify, "access": args.access,
+                    "op": args.op, "verify": args.verify, "integrity": args.integrity, "access": args.access,
                     "gpu": args.gpu, "gpu_registration": None,
                     "ib_port": args.ib_port if args.protocol == "rdma" else None,
                     "gid_index": args.gid_index if args.protocol == "rdma" else None,

@@ -58,6 +58,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--working-set", type=int, default=1024, help="pages published by serve [%(default)s]")
     p.add_argument("--max-channels", type=int, default=8, help="data channels per peer [%(default)s]")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--integrity", action="store_true",
+                   help="serve: write a checksum (XXH3-64) of each page in its slot header; drive: check it "
+                        "before a read counts as a hit (a mismatch is a miss and a counter) [off]")
     add_auth(p)
 
 

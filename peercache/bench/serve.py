@@ -45,7 +45,8 @@ def run(args) -> int:
     node = Node(args.discovery_addr, protocol=args.protocol, bind_host=bind, host_discovery=True,
                 pool_slots=len(keys), slot_capacity=args.page_size, max_channels=args.max_channels,
                 heartbeat_timeout=args.heartbeat_timeout, name="serve",
-                transport_options=options.transport_options(args), auth_key=options.auth_secret(args))
+                transport_options=options.transport_options(args), auth_key=options.auth_secret(args),
+                integrity=args.integrity)
     try:
         node.add_handler("reader_done", reader_done)
         t0 = time.monotonic()
@@ -54,7 +55,8 @@ def run(args) -> int:
         pub_s = time.monotonic() - t0
         total = len(keys) * args.page_size
         print(f"{READY_LINE} on {args.discovery_addr} protocol={args.protocol} layout={args.layout} "
-              f"objects={len(keys)} page_size={args.page_size} B ({total / 2**20:.1f} MiB, "
+              f"objects={len(keys)} page_size={args.page_size} B integrity={'on' if args.integrity else 'off'} "
+              f"({total / 2**20:.1f} MiB, "
               f"published in {pub_s:.2f} s)", flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
@@ -69,7 +71,7 @@ def run(args) -> int:
         summary = {"schema_version": 1, "mode": "serve",
                    "meta": {**meta.host_block(), "command": meta.command_line(), "start": start,
                             "end": meta.now_iso(), "protocol": args.protocol, "layout": args.layout,
-                            "page_size": args.page_size, "objects": len(keys),
+                            "page_size": args.page_size, "objects": len(keys), "integrity": args.integrity,
                             "devices": options.devices(args), "versions": meta.versions(),
                             "rails": (node.transport.rail_info()
                                       if hasattr(node.transport, "rail_info") else None),

@@ -27,8 +27,16 @@ figures run with verification off. What each figure measures:
   ``peercache-bench drive`` rate, whose Python driver loop adds its own cost per batch,
   is printed beside it as a raw figure.
 
+- ``verify_vs_noverify_{shm,tcp}_128k``: the same drive with every page checked against
+  the bench pattern in the native read pass (fused with the shm copy, right after each
+  tcp reply), over the unverified run measured just before it in the same round.
+- ``integrity_vs_off_128k``: over tcp (the path across hosts), serve and drive with
+  ``--integrity`` (a checksum per page written at put, checked before each hit) over the
+  unverified run without it. ``integrity_vs_off_shm_128k`` is the same on shm, where the
+  copy runs at memory speed and the checksum's own cost shows (no target).
+
 Ratios come from paired rounds: each round's PeerCache figure over the baseline measured
-just before it; the median of those per-round ratios, with min and max.
+just before it (in the same round); the median of those per-round ratios, with min and max.
 """
 from __future__ import annotations
 
@@ -41,7 +49,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -60,8 +67,12 @@ SCENARIO = "bench"
 FIGURES: dict[str, tuple[str, str]] = {
     "memcpy_128k": ("bw", "GB/s"),
     "peercache_shm_128k": ("get_throughput", "GB/s"),
+    "peercache_shm_verified_128k": ("get_throughput", "GB/s"),
+    "peercache_shm_integrity_128k": ("get_throughput", "GB/s"),
     "iperf3_tcp_128k": ("bw", "GB/s"),
     "peercache_tcp_128k": ("get_throughput", "GB/s"),
+    "peercache_tcp_verified_128k": ("get_throughput", "GB/s"),
+    "peercache_tcp_integrity_128k": ("get_throughput", "GB/s"),
     "node_api_pages_per_s_64b": ("pages_per_s", "pages/s"),
     "drive_pages_per_s_64b": ("pages_per_s", "pages/s"),
 }
@@ -69,6 +80,10 @@ FIGURES: dict[str, tuple[str, str]] = {
 RATIOS: dict[str, tuple[str, str | None]] = {
     "shm_vs_memcpy_128k": ("peercache_shm_128k", "memcpy_128k"),
     "tcp_vs_iperf3_128k": ("peercache_tcp_128k", "iperf3_tcp_128k"),
+    "verify_vs_noverify_shm_128k": ("peercache_shm_verified_128k", "peercache_shm_128k"),
+    "verify_vs_noverify_tcp_128k": ("peercache_tcp_verified_128k", "peercache_tcp_128k"),
+    "integrity_vs_off_128k": ("peercache_tcp_integrity_128k", "peercache_tcp_128k"),
+    "integrity_vs_off_shm_128k": ("peercache_shm_integrity_128k", "peercache_shm_128k"),
     "pages_per_s_64b": ("node_api_pages_per_s_64b", None),
 }
 #: ``check`` line -> the verified part behind it.
@@ -77,9 +92,11 @@ CHECKS: dict[str, str] = {"shm_128k": "shm_128k_check", "tcp_128k": "tcp_128k_ch
 #: Run order: parts measured once, or round by round (a round runs its parts back to back, baseline first).
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("once", ("shm_128k_check",)),
-    ("rounds", ("memcpy_128k", "peercache_shm_128k")),
+    ("rounds", ("memcpy_128k", "peercache_shm_128k", "peercache_shm_verified_128k",
+                "peercache_shm_integrity_128k")),
     ("once", ("tcp_128k_check",)),
-    ("rounds", ("iperf3_tcp_128k", "peercache_tcp_128k")),
+    ("rounds", ("iperf3_tcp_128k", "peercache_tcp_128k", "peercache_tcp_verified_128k",
+                "peercache_tcp_integrity_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
     ("once", ("drive_pages_per_s_64b",)),
 )
@@ -272,9 +289,9 @@ def main(argv=None) -> int:
     host = meta.host_block()
     print(f"# {host['host']} ({host.get('cpu')}), {os.cpu_count()} cores, kernel {platform.release()}, "
           f"python {platform.python_version()}, rev {meta.git_revision()}, start {meta.now_iso()}")
-    print(f"# throughput figures: verification off, {args.duration:g} s after {args.warmup:g} s warm-up, "
-          f"{args.rounds} paired rounds, ratio = median of the per-round ratios; check lines: verification on",
-          flush=True)
+    print(f"# throughput figures: verification off except the *_verified ones, {args.duration:g} s after "
+          f"{args.warmup:g} s warm-up, {args.rounds} paired rounds, ratio = median of the per-round ratios; "
+          "check lines: verification on", flush=True)
     t0 = time.monotonic()
     run_dir = Path(args.results) / _run_name()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..auth import NONE as NO_CREDENTIALS
 from ..auth import Credentials
+from ..tags import HEADER_BYTES, TAG_BYTES, TRAILER_BYTES
 
 OP_DTYPE = np.dtype([
     ("region", "<u4"),         # remote region id
@@ -40,6 +41,8 @@ LOC_DTYPE = np.dtype([
     ("key_hash", "<u8"),
 ])
 ABSENT = 0xFFFFFFFF
+#: Payload checks of a batch read (the same numbers as the native module's CHECK_*).
+CHECK_PATTERN, CHECK_INTEGRITY = 1, 2
 
 _native_cache: list = []
 
@@ -52,9 +55,12 @@ def native_module():
             if not hasattr(mod, "read_slots"):
                 # The source folder alone imports as an empty namespace package.
                 raise ImportError("the extension is not built")
-            if mod.OP_ITEMSIZE != OP_DTYPE.itemsize or mod.LOC_ITEMSIZE != LOC_DTYPE.itemsize:
+            if (mod.OP_ITEMSIZE != OP_DTYPE.itemsize or mod.LOC_ITEMSIZE != LOC_DTYPE.itemsize
+                    or getattr(mod, "TAG_BYTES", None) != TAG_BYTES or getattr(mod, "CHECK_INTEGRITY", None)
+                    != CHECK_INTEGRITY):
                 raise ImportError(f"it was built from other sources (op {mod.OP_ITEMSIZE} B, "
-                                  f"location {mod.LOC_ITEMSIZE} B)")
+                                  f"location {mod.LOC_ITEMSIZE} B, slot tags "
+                                  f"{getattr(mod, 'TAG_BYTES', '?')} B)")
             _native_cache.append((mod, None))
         except ImportError as e:
             _native_cache.append((None, f"peercache._native is unavailable ({e}); rebuild it with "
@@ -92,6 +98,40 @@ STATUS_TEXT = {
 def make_ops(n: int) -> np.ndarray:
     """A zeroed op array of length ``n``."""
     return np.zeros(n, dtype=OP_DTYPE)
+
+
+#: The local buffers of a slot read: the tag scratch (header + trailer of each key) and the destination.
+SLOT_TAGS, SLOT_DEST = 0, 1
+
+
+def slot_ops(region, rkey, offset, length, capacity, tag_offset, dest_offset) -> tuple[np.ndarray, np.ndarray]:
+    """The reads of slots, one entry per key in each argument, in the order the seqlock check needs:
+    header, payload, trailer; header and trailer land at ``tag_offset`` of the tag scratch
+    (local buffer SLOT_TAGS, header then trailer), the payload at ``dest_offset`` of the
+    destination (SLOT_DEST); an empty object has no payload op.
+
+    This is the one Python definition of the layout (``pc_slot_ops`` in native/pc.h is the C one).
+    Returns the ops and, for each op, the index of its key.
+    """
+    offset, length = np.asarray(offset, np.uint64), np.asarray(length, np.uint64)
+    capacity, tag_offset = np.asarray(capacity, np.uint64), np.asarray(tag_offset, np.uint64)
+    dest_offset = np.asarray(dest_offset, np.uint64)
+    full = length > 0
+    nops = np.where(full, 3, 2)
+    first = np.cumsum(nops) - nops
+    ops = np.zeros(int(nops.sum()), dtype=OP_DTYPE)
+    key = np.repeat(np.arange(len(offset)), nops)
+    ops["region"], ops["rkey"] = np.repeat(np.asarray(region, np.uint32), nops), np.repeat(np.asarray(rkey, np.uint64), nops)
+    head, pay, trail = first, first[full] + 1, first + nops - 1
+    for idx, local, remote, ln, loff in (
+            (head, SLOT_TAGS, offset, HEADER_BYTES, tag_offset),
+            (pay, SLOT_DEST, offset[full] + HEADER_BYTES, length[full], dest_offset[full]),
+            (trail, SLOT_TAGS, offset + HEADER_BYTES + capacity, TRAILER_BYTES, tag_offset + HEADER_BYTES)):
+        ops["local_region"][idx] = local
+        ops["remote_offset"][idx] = remote
+        ops["length"][idx] = ln
+        ops["local_offset"][idx] = loff
+    return ops, key
 
 
 class Transport(abc.ABC):

@@ -1,7 +1,6 @@
 """The Soft-RoCE guest runner: its pure builders, what it says when it cannot run, and real boots."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time

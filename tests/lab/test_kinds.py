@@ -49,8 +49,9 @@ def test_a_grid_is_the_product_of_its_parameters_in_declaration_order():
                                      "pc_tcp_p1x2_s8K_b8"]
     assert all(p.part == "p" and p.kind == "peercache" and not p.skipped for p in pts)
     # a variable that differs from its default shows in the name, so two such parts never collide
-    tagged = experiments.expand_part("s", "p", dict(part, verify=True, working_set=64), [])
-    assert tagged[0].name == "pc_tcp_p1x1_s4K_b8_ws64_verify" and tagged[0].params["verify"] is True
+    tagged = experiments.expand_part("s", "p", dict(part, verify=False, working_set=64, integrity=True), [])
+    assert tagged[0].name == "pc_tcp_p1x1_s4K_b8_ws64_noverify_integrity"
+    assert tagged[0].params["verify"] is False and tagged[0].params["integrity"] is True
 
 
 def test_point_kind_must_be_registered():

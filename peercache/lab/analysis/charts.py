@@ -207,6 +207,16 @@ def _to_gbs(row: pd.Series | dict) -> float:
     return convert(float(row["value"]), str(row["unit"]), "GB/s")
 
 
+def unverified_note(rows: pd.DataFrame) -> str | None:
+    """What a chart or table says when some of its GET figures ran without checking page contents."""
+    get = rows[(rows["metric"] == "get_throughput") & (rows["status"] == "ok")]
+    n = sum(1 for _, r in get.iterrows() if row_extra(r).get("verified") is False)
+    if not n:
+        return None
+    return (f"unverified: {n} of {len(get)} GET figure(s) ran without checking page contents "
+            "(drive --no-verify)")
+
+
 def _verdict(r: dict) -> str:
     return r.get("verdict") or "unchecked"
 
@@ -621,9 +631,14 @@ def build_scenario(scenario: str, rows: pd.DataFrame, runs: pd.DataFrame,
             chart.notes += _extra_notes(rows)
             limits = list(dict.fromkeys(t["limited by"] for t in chart.table
                                         if t.get("limited by") not in (None, "", "—")))
+            caption = []
             if limits:
                 # the caption (in the image, above the meta block, and in the .md) says what limited the figures
-                chart.caption = "limited by: " + "; ".join(limits)
+                caption.append("limited by: " + "; ".join(limits))
+            unverified = unverified_note(rows)
+            if unverified:
+                caption.append(unverified)
+            chart.caption = " · ".join(caption)
         out.append(chart)
     return out
 

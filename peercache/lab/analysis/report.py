@@ -94,6 +94,8 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         elif not comparable:
             note = "; ".join(n for n in (note, f"{r['tool']} {r['metric']}, not a GET") if n)
         notes = [n for n in (note, row_extra(r).get("note")) if n]
+        if r["metric"] == "get_throughput" and row_extra(r).get("verified") is False:
+            notes.append("unverified: page contents not checked (drive --no-verify)")
         if r.get("verdict") not in (None, "ok", "unchecked"):
             notes.append(f"verdict {r['verdict']}")
         out.append({"scenario": f"{scenario}: {label}",

@@ -343,8 +343,11 @@ class PeerCacheRun(_PeerCacheKnobs):
                             tag="ch{}")
     #: directory cache TTL in seconds (number or null = the testbed's dir_cache_ttl)
     dir_cache_ttl = variable(NULLABLE_SECONDS, None, "--dir-cache-ttl [testbed dir_cache_ttl]", tag="ttl{}")
-    #: check every page's bytes in the read pass (bool); throughput figures run with it off
-    verify = variable(BOOL, False, "verify each page (drive without --no-verify)", tag="verify")
+    #: check every page's bytes in the read pass (bool): on by default, so every figure is of bytes
+    #: that were right; off (--no-verify) only where a figure must exclude the check's cost
+    verify = variable(BOOL, True, "verify each page in the read pass (off: drive --no-verify)", tag="noverify")
+    #: slot checksums: serve writes one per page, drive checks it before a hit (bool, --integrity)
+    integrity = variable(BOOL, False, "payload checksums (serve and drive --integrity)", tag="integrity")
 
     @classmethod
     def point_name(cls, one):
@@ -358,7 +361,7 @@ class PeerCacheRun(_PeerCacheKnobs):
         p = {"protocol": one["protocol"], "layout": one["layout"], "page_size": one["page_size"],
              "batch_size": one["batch_size"], "processes": procs, "threads": threads,
              "destination": one["destinations"], "devices": list(devices) if one["all_devices"] else devices[:1]}
-        p.update({k: one[k] for k in ("working_set", "max_channels", "dir_cache_ttl", "verify")
+        p.update({k: one[k] for k in ("working_set", "max_channels", "dir_cache_ttl", "verify", "integrity")
                   if one[k] != cls.knobs[k].default})
         return {**p, **_timing(one)}
 

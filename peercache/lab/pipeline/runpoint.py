@@ -402,11 +402,12 @@ class PointRun:
             serve_devs = ["--devices", ",".join(self.tb.role_devices("producer", p["devices"]))]
             drive_devs = ["--devices", ",".join(self.tb.role_devices("consumer", p["devices"]))]
         serve = [*bench_p, "serve", *common, *serve_devs, "--readers", "1", "--max-wait", str(int(self.timeout)),
-                 "--quiet"]
+                 "--quiet", *(["--integrity"] if p.get("integrity") else [])]
         drive = [*bench_c, "drive", *common, *drive_devs, "--batch-size", str(p["batch_size"]),
                  "--concurrencies", str(threads), "--processes", str(processes),
                  "--duration", str(self.duration), "--warmup", str(self.warmup),
-                 *([] if p.get("verify") else ["--no-verify"]),
+                 *([] if p.get("verify", True) else ["--no-verify"]),
+                 *(["--integrity"] if p.get("integrity") else []),
                  *(["--max-channels", str(p["max_channels"])] if p.get("max_channels") else []),
                  "--dir-cache-ttl", str(p.get("dir_cache_ttl", self.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))),
                  "--out", out_path]
@@ -422,7 +423,8 @@ class PointRun:
         for pt in doc["points"]:
             c = dict(ctx, threads=pt["concurrency"], processes=pt["processes"], batch=pt["batch_size"],
                      size_bytes=pt["page_size"])
-            extra = {"verified": pt["verified"], "window_start": pt.get("window_start"),
+            extra = {"verified": pt["verified"], "integrity": bool(doc["meta"].get("integrity")),
+                     "window_start": pt.get("window_start"),
                      "window_end": pt.get("window_end"), "destination": ctx.get("extra", {}).get("destination")}
             c.pop("extra", None)
             status = "ok" if pt["status"] == "ok" else "failed"

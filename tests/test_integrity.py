@@ -1,0 +1,170 @@
+"""Payload checks of a read: the opt-in slot checksum (integrity) and the bench pattern check.
+
+The seqlock tag catches a slot that changed while it was read; a payload that changed without
+its tag (a bug, a bit flip in host memory, a wrong DMA) is caught only by the checksum, and only
+with integrity on. Both read paths (native and the pure-Python reference) and the tcp and shm
+transports are covered; over rdma the same native pass runs (tests/test_rdma_faults.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import xxhash
+
+import peercache
+from conftest import free_port
+from peercache import tags
+from peercache.node import Get
+from peercache.transport.base import native_module
+
+mod, _why = native_module()
+needs_native = pytest.mark.skipif(mod is None, reason=str(_why))
+PAGE = 4096
+
+
+@needs_native
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 63, 64, 240, 241, 1024, 4095, 131072, 1 << 20])
+def test_native_checksum_is_the_reference_xxh3(size):
+    buf = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    seed = tags.checksum_seed(0x1234_5678_9ABC_DEF0, 7)
+    want = xxhash.xxh3_64_intdigest(buf.tobytes(), seed) or 1
+    assert mod.checksum(buf, seed) == want
+    assert tags.checksum(buf, 0x1234_5678_9ABC_DEF0, 7) == want
+    if size:
+        buf[size // 2] ^= 1
+        assert mod.checksum(buf, seed) != want
+
+
+def corrupt_payload(node, key: bytes, at: int = 100) -> None:
+    """Flip one payload byte of ``key``'s slot in the producer's pool, leaving its tag alone."""
+    ref = node.pool.ref(key)
+    node.pool.bytes[ref.offset + tags.HEADER_BYTES + at] ^= 0x40
+
+
+@pytest.fixture(params=["native", "python"])
+def path(request):
+    if request.param == "native" and mod is None:
+        pytest.skip(str(_why))
+    return request.param
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def protocol(request):
+    if request.param == "shm" and mod is None:
+        pytest.skip(str(_why))
+    return request.param
+
+
+def pair(protocol, path, producer_integrity, consumer_integrity, ttl=0.0):
+    addr = f"127.0.0.1:{free_port()}"
+    prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=16 * 4200,
+                            page_size=PAGE, integrity=producer_integrity)
+    cons = peercache.Client(addr, protocol=protocol, page_size=PAGE, integrity=consumer_integrity,
+                            dir_cache_ttl=ttl)
+    if path == "python":
+        cons.node._native = None
+    return prod, cons
+
+
+def test_a_payload_changed_under_its_tag_is_a_miss_with_integrity(protocol, path, caplog):
+    prod, cons = pair(protocol, path, True, True)
+    try:
+        pages = {f"k{i}".encode(): bytes([i]) * (PAGE - i) for i in range(4)}
+        prod.put_batch(list(pages), list(pages.values()))
+        assert cons.get_batch(list(pages)) == list(pages.values())
+        assert cons.node.integrity_failures == 0
+        corrupt_payload(prod.node, b"k2")
+        with caplog.at_level(logging.WARNING, logger="peercache.node"):
+            got = cons.get_batch(list(pages))
+            assert got == [pages[b"k0"], pages[b"k1"], None, pages[b"k3"]]
+            dest = np.zeros(4 * PAGE, np.uint8)
+            r = cons.node.get_batch_into(list(pages), dest, np.arange(4) * PAGE)
+            assert r.status.tolist() == [Get.HIT, Get.HIT, Get.MISS, Get.HIT]
+        assert cons.node.integrity_failures == 2
+        lines = [r.getMessage() for r in caplog.records if "integrity" in r.getMessage()]
+        assert len(lines) == 1 and "did not match their slot checksum" in lines[0]   # rate-limited
+        prod.put(b"k2", pages[b"k2"])                   # rewritten: a new checksum, a hit again
+        assert cons.get(b"k2") == pages[b"k2"]
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_without_integrity_a_payload_changed_under_its_tag_is_returned(protocol, path):
+    """What the README says: with integrity off, the tag alone does not see such a change."""
+    prod, cons = pair(protocol, path, False, False)
+    try:
+        prod.put(b"k", b"\x11" * PAGE)
+        corrupt_payload(prod.node, b"k")
+        got = cons.get(b"k")
+        assert got is not None and got != b"\x11" * PAGE and got[100] == 0x11 ^ 0x40
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_a_consumer_with_integrity_refuses_pages_without_a_checksum(protocol, path):
+    prod, cons = pair(protocol, path, False, True)
+    try:
+        prod.put(b"k", b"x" * 100)
+        assert cons.get(b"k") is None
+        assert cons.node.integrity_missing == 1 and cons.node.integrity_failures == 0
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_the_bench_pattern_check_lists_the_hits_whose_bytes_differ(protocol, path):
+    prod, cons = pair(protocol, path, False, False, ttl=30.0)
+    try:
+        keys = [f"p{i}".encode() for i in range(6)]
+
+        def fill(view, ref):
+            tags.fill_pattern(view, ref.key_hash, ref.generation)
+
+        prod.node.put_batch(keys, fill=fill)
+        dest = np.zeros(6 * PAGE, np.uint8)
+        r = cons.node.get_batch_into(keys, dest, np.arange(6) * PAGE, check_pattern=True)
+        assert r.hits == 6 and r.content_mismatch.tolist() == []
+        corrupt_payload(prod.node, keys[1], at=PAGE - 1)      # the last byte: the tail compare
+        corrupt_payload(prod.node, keys[4], at=8)
+        r = cons.node.get_batch_into(keys, dest, np.arange(6) * PAGE, check_pattern=True)
+        assert r.hits == 6 and r.content_mismatch.tolist() == [1, 4]     # hits, reported as wrong
+        r = cons.node.get_batch_into(keys, dest, np.arange(6) * PAGE)    # not asked: not checked
+        assert r.content_mismatch.tolist() == []
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_pattern_check_at_odd_sizes_and_edges_agrees_with_the_reference(protocol, path):
+    """Sizes around the 8-byte words, the 32-byte AVX2 blocks and the 2 KiB copy chunks, one byte
+    flipped at the start, the end or the middle: the read pass and tags.verify_patterns agree."""
+    sizes = [1, 7, 8, 9, 31, 33, 2047, 2049, 4095, 4097, 40000]
+    addr = f"127.0.0.1:{free_port()}"
+    prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=64 * 40100,
+                            page_size=40000)
+    cons = peercache.Client(addr, protocol=protocol, page_size=40000)
+    if path == "python":
+        cons.node._native = None
+    try:
+        keys, flips = [], {}
+        for j, size in enumerate(sizes):
+            for where in (None, 0, size - 1, size // 2):
+                key = f"z{j}-{where}".encode()
+                page = np.zeros(size, np.uint8)
+                tags.fill_pattern(page, tags.key_hash(key), 1)      # a fresh slot's first generation
+                if where is not None:
+                    page[where] ^= 0x01
+                    flips[len(keys)] = (size, where)
+                keys.append(key)
+                prod.put(key, page.tobytes())
+        dest = np.zeros(len(keys) * 40000, np.uint8)
+        r = cons.node.get_batch_into(keys, dest, np.arange(len(keys)) * 40000, check_pattern=True)
+        assert (r.status == Get.HIT).all()
+        assert r.content_mismatch.tolist() == sorted(flips), [flips.get(i) for i in r.content_mismatch]
+    finally:
+        cons.close()
+        prod.close()
