@@ -159,6 +159,10 @@ def test_tiny_local_run_end_to_end(tiny_run):
     assert len(gpu) and (gpu["status"] == "skipped").all() and gpu["reason"].str.contains("no GPU").all()
     get = rows[(rows["metric"] == "get_throughput") & (rows["status"] == "ok")]
     assert (get["value"] > 0).all() and set(get["scenario"]) == {"single_nic", "multi_rail", "whole_machine"}
+    # verified by default: every GET figure says its bytes were checked, and none failed the check
+    assert [json.loads(e).get("verified") for e in get["extra"]] == [True] * len(get)
+    vf = rows[rows["metric"] == "verify_failures"]
+    assert len(vf) and (vf["value"] == 0).all()
     assert set(rows[rows["scenario"] == "whole_machine"]["side"]) == {"per_device", "aggregate"}
     ipc = rows[rows["metric"] == "ipc"]
     assert len(ipc) and ipc["value"].isna().all()                  # no hardware counters here: missing, not 0

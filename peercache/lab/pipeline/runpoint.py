@@ -528,10 +528,12 @@ class PointRun:
             cpu[name] = self.cpu_usage({"consumer": f"{name}/consumer", "producer": f"{name}/producer"},
                                        g["start"], g["end"])
             self.rows.append(Row(metric="get_throughput", value=g["bytes"] / g["seconds"] / 1e9, unit="GB/s",
-                                 extra={"window_start": g["start"], "window_end": g["end"], "cpu": cpu[name]},
+                                 extra={"window_start": g["start"], "window_end": g["end"], "cpu": cpu[name],
+                                        "verified": bool(docs[name]["points"][0].get("verified"))},
                                  **dict(ctx, side="per_device", devices=name)))
         self.rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s",
                              extra={"window_start": agg.window_start, "window_end": agg.window_end,
+                                    "verified": all(d["points"][0].get("verified") for d in docs.values()),
                                     "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
                                     "groups": len(agg.groups), "cpu": cpusample.combine(cpu)},
                              **dict(ctx, side="aggregate", devices=",".join(agg.groups))))
