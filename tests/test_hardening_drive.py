@@ -6,6 +6,8 @@ to start something impossible.
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import resource
@@ -362,14 +364,21 @@ def test_validate_accepts_the_defaults_and_the_test_sizes():
         options.validate(args, argv[0])
 
 
+@contextlib.contextmanager
+def _consumer(addr: str, path: str):
+    """A consumer with locations cached for 30 s, on the native or the pure-Python read path."""
+    with peercache.Client(addr, page_size=4096, dir_cache_ttl=30.0) as cons:
+        if path == "python":
+            cons.node._native = None
+        yield cons
+
+
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_a_stale_cached_location_is_looked_up_once_more_and_read(pair, path):
     """Both read paths share one stale retry: a tag mismatch, one uncached lookup, the new bytes."""
     addr, prod = pair
     prod.put_batch(["a", "b"], [b"a" * 100, b"b" * 100])
-    with peercache.Client(addr, page_size=4096, dir_cache_ttl=30.0) as cons:
-        if path == "python":
-            cons.node._native = None
+    with _consumer(addr, path) as cons:
         assert cons.get_batch(["a", "b"]) == [b"a" * 100, b"b" * 100]   # both locations cached
         prod.put("b", b"B" * 300)                                       # b's cached location is stale
         dest = np.zeros(2 * 4096, dtype=np.uint8)
@@ -386,9 +395,7 @@ def test_stale_cached_location_whose_fresh_entry_is_invalid_is_an_error(pair, pa
     """The retry after a tag mismatch looks the key up again; an invalid answer there is an error too."""
     addr, prod = pair
     prod.put_batch(["good", "bad"], [b"g" * 100, b"b" * 100])
-    with peercache.Client(addr, page_size=4096, dir_cache_ttl=30.0) as cons:
-        if path == "python":
-            cons.node._native = None
+    with _consumer(addr, path) as cons:
         assert cons.get("bad") == b"b" * 100           # location cached for 30 s
         prod.put("bad", b"B" * 100)                      # the cached location is stale now
         poison(prod.node, b"bad", 3, -5)

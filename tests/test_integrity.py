@@ -7,6 +7,7 @@ transports are covered; over rdma the same native pass runs (tests/test_rdma_fau
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -57,20 +58,21 @@ def protocol(request):
     return request.param
 
 
+@contextlib.contextmanager
 def pair(protocol, path, producer_integrity, consumer_integrity, ttl=0.0):
+    """A producer hosting discovery and a consumer (on the pure-Python read path if asked), closed after."""
     addr = f"127.0.0.1:{free_port()}"
-    prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=16 * 4200,
-                            page_size=PAGE, integrity=producer_integrity)
-    cons = peercache.Client(addr, protocol=protocol, page_size=PAGE, integrity=consumer_integrity,
-                            dir_cache_ttl=ttl)
-    if path == "python":
-        cons.node._native = None
-    return prod, cons
+    with peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=16 * 4200,
+                          page_size=PAGE, integrity=producer_integrity) as prod, \
+            peercache.Client(addr, protocol=protocol, page_size=PAGE, integrity=consumer_integrity,
+                             dir_cache_ttl=ttl) as cons:
+        if path == "python":
+            cons.node._native = None
+        yield prod, cons
 
 
 def test_a_payload_changed_under_its_tag_is_a_miss_with_integrity(protocol, path, caplog):
-    prod, cons = pair(protocol, path, True, True)
-    try:
+    with pair(protocol, path, True, True) as (prod, cons):
         pages = {f"k{i}".encode(): bytes([i]) * (PAGE - i) for i in range(4)}
         prod.put_batch(list(pages), list(pages.values()))
         assert cons.get_batch(list(pages)) == list(pages.values())
@@ -87,38 +89,26 @@ def test_a_payload_changed_under_its_tag_is_a_miss_with_integrity(protocol, path
         assert len(lines) == 1 and "did not match their slot checksum" in lines[0]   # rate-limited
         prod.put(b"k2", pages[b"k2"])                   # rewritten: a new checksum, a hit again
         assert cons.get(b"k2") == pages[b"k2"]
-    finally:
-        cons.close()
-        prod.close()
 
 
 def test_without_integrity_a_payload_changed_under_its_tag_is_returned(protocol, path):
     """What the README says: with integrity off, the tag alone does not see such a change."""
-    prod, cons = pair(protocol, path, False, False)
-    try:
+    with pair(protocol, path, False, False) as (prod, cons):
         prod.put(b"k", b"\x11" * PAGE)
         corrupt_payload(prod.node, b"k")
         got = cons.get(b"k")
         assert got is not None and got != b"\x11" * PAGE and got[100] == 0x11 ^ 0x40
-    finally:
-        cons.close()
-        prod.close()
 
 
 def test_a_consumer_with_integrity_refuses_pages_without_a_checksum(protocol, path):
-    prod, cons = pair(protocol, path, False, True)
-    try:
+    with pair(protocol, path, False, True) as (prod, cons):
         prod.put(b"k", b"x" * 100)
         assert cons.get(b"k") is None
         assert cons.node.integrity_missing == 1 and cons.node.integrity_failures == 0
-    finally:
-        cons.close()
-        prod.close()
 
 
 def test_the_bench_pattern_check_lists_the_hits_whose_bytes_differ(protocol, path):
-    prod, cons = pair(protocol, path, False, False, ttl=30.0)
-    try:
+    with pair(protocol, path, False, False, ttl=30.0) as (prod, cons):
         keys = [f"p{i}".encode() for i in range(6)]
 
         def fill(view, ref):
@@ -134,9 +124,6 @@ def test_the_bench_pattern_check_lists_the_hits_whose_bytes_differ(protocol, pat
         assert r.hits == 6 and r.content_mismatch.tolist() == [1, 4]     # hits, reported as wrong
         r = cons.node.get_batch_into(keys, dest, np.arange(6) * PAGE)    # not asked: not checked
         assert r.content_mismatch.tolist() == []
-    finally:
-        cons.close()
-        prod.close()
 
 
 def test_pattern_check_at_odd_sizes_and_edges_agrees_with_the_reference(protocol, path):
