@@ -100,21 +100,20 @@ int pc_pattern_ok(const uint8_t *buf, size_t len, uint64_t key_hash, uint64_t ge
 int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation) {
     uint64_t seed = key_hash ^ (generation * MIX);
     int ok = 1;
-    size_t start = 0;
     if (have_avx2()) {   /* one pass: each line loaded once, stored, and compared in registers */
         size_t w = pc_copy_pattern_avx2(dst, src, len / 8, seed, GOLDEN);
         if (w == (size_t)-1) {
             ok = 0;
             w = len / 8 & ~(size_t)7;
         }
-        start = w * 8;
+        size_t start = w * 8;
         if (start < len) {
             memcpy(dst + start, src + start, len - start);
             if (ok) ok = pattern_from(dst + start, len - start, seed, w);
         }
         return ok;
     }
-    for (size_t o = start; o < len; o += PC_CHECK_CHUNK) {
+    for (size_t o = 0; o < len; o += PC_CHECK_CHUNK) {
         size_t k = len - o < PC_CHECK_CHUNK ? len - o : PC_CHECK_CHUNK;
         PC_PREFETCH_NEXT(src, o, len);
         memcpy(dst + o, src + o, k);

@@ -588,9 +588,8 @@ class Node:
                 status[good[match]] = Get.HIT
                 lengths[good[match]] = ln[ok_ops][match]
                 gens[good[match]] = gen[match]
-        stale = np.flatnonzero([status[i] == Get.MISS and locs[i] is not None and not refused[i]
-                                for i in range(n)])
-        return error, stale
+        located = np.fromiter((loc is not None for loc in locs), bool, n)
+        return error, np.flatnonzero((status == Get.MISS) & located & ~refused)
 
     def _check_payloads(self, dest, offsets, good, kh, gen, ln, tagbuf, match, content, checks) -> np.ndarray:
         """The payload checks of the Python path on the keys ``good`` whose tags ``match``: False

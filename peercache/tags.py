@@ -126,18 +126,9 @@ def checksum(payload, khash: int, generation: int) -> int:
     is the reference, through the ``xxhash`` package.
     """
     seed = checksum_seed(khash, generation)
-    if _native_checksum:
-        return _native_checksum[0](payload, seed)
+    from .transport.base import native_module   # here, not at the top: transport.base imports this module
+    mod, _ = native_module()
+    if mod is not None:
+        return mod.checksum(payload, seed)
     h = xxhash.xxh3_64_intdigest(memoryview(payload).cast("B"), seed)
     return h or 1
-
-
-def _load_native() -> list:
-    try:
-        from . import _native
-        return [_native.checksum] if hasattr(_native, "checksum") else []
-    except ImportError:
-        return []
-
-
-_native_checksum = _load_native()

@@ -127,6 +127,12 @@ class Kind:
         if getattr(cls, "name", None):
             if cls.primary not in cls.metrics:
                 raise TypeError(f"kind {cls.name}: primary metric {cls.primary!r} is not in its metrics")
+            # Kind.expand names points with point_name; a kind with its own expand names them there.
+            needs = ("row_tool",) if cls.expand.__func__ is not Kind.expand.__func__ else ("point_name", "row_tool")
+            missing = [m for m in needs if getattr(cls, m).__func__ is getattr(Kind, m).__func__]
+            if missing:
+                raise TypeError(f"kind {cls.name}: define {', '.join(missing)} (every registered kind names its "
+                                "points and the tool of its rows)")
             KINDS[cls.name] = cls
 
     # -- what a scenario part may say ---------------------------------------------------
@@ -168,7 +174,8 @@ class Kind:
 
     @classmethod
     def point_name(cls, one: dict[str, Any]) -> str:
-        raise NotImplementedError
+        """The point's name from one combination of knob values (defined by every kind that uses Kind.expand)."""
+        raise NotImplementedError(f"kind {cls.__name__} defines no point_name")
 
     @classmethod
     def params(cls, one: dict[str, Any], devices: list[str]) -> dict[str, Any]:
@@ -178,8 +185,8 @@ class Kind:
     # -- what its rows say ---------------------------------------------------------
     @classmethod
     def row_tool(cls, params: dict[str, Any]) -> str:
-        """The ``tool`` column of the point's rows."""
-        raise NotImplementedError
+        """The ``tool`` column of the point's rows (every registered kind defines it)."""
+        raise NotImplementedError(f"kind {cls.__name__} defines no row_tool")
 
     @classmethod
     def unit(cls, metric: str | None = None) -> str:
