@@ -18,7 +18,7 @@ APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest \
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
-.PHONY: run test test-rdma bench setup apt clean
+.PHONY: run test test-rdma bench lab setup apt clean
 
 setup: $(VENV)/.installed
 
@@ -67,6 +67,12 @@ run: setup
 
 bench: setup
 	$(PY) -m peercache.lab.ratios
+
+# JupyterLab on notebooks/ with the project's kernel ("PeerCache Lab", registered in the venv),
+# bound to 127.0.0.1 with a token (printed); LAB_PORT=N for another port.
+LAB_PORT ?= 8888
+lab: setup
+	$(PY) -m peercache.lab.jupyter --port $(LAB_PORT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

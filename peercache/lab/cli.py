@@ -7,7 +7,9 @@ Another module adds a command by appending its register function to
 
 Exit status: 0 ok; 1 a file could not be read or written; 2 the input could
 not be parsed (the parse error, naming the line, on stderr) or bad usage;
-3 the saved output is of a failed run (the tool error on stderr).
+3 the saved output is of a failed run (the tool error on stderr). ``compare``:
+0 nothing regressed, 1 something regressed beyond the tolerance, 2 a run not
+found, no common point or bad usage.
 """
 from __future__ import annotations
 
@@ -154,8 +156,74 @@ def register_parse(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_parse)
 
 
+# --- compare --------------------------------------------------------------------
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from peercache.lab.analysis import compare, explore
+
+    roots = args.roots or explore.DEFAULT_ROOTS
+    try:
+        a = explore.load_run(args.run_a, roots, args.references or None)
+        b = explore.load_run(args.run_b, roots, args.references or None)
+        c = compare.compare_runs(a, b, args.tolerance, args.match)
+    except (LookupError, ValueError, FileNotFoundError) as e:
+        # NoCommonPoints is a ValueError: it says which keys each run has and what to do.
+        print(f"peercache-lab compare: {e}", file=sys.stderr)
+        return EXIT_PARSE
+    text = compare.dumps(c) if args.format == "json" else compare.comparison_markdown(c)
+    if args.out:
+        try:
+            Path(args.out).write_text(text + "\n")
+        except OSError as e:
+            print(f"peercache-lab compare: cannot write {args.out}: {e}; pick a writable path", file=sys.stderr)
+            return EXIT_PARSE
+    else:
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:      # `| head`: the reader has what it wanted; the exit status still says it
+            sys.stdout = None
+    for line in compare.headline(c)[-1:]:
+        print(f"peercache-lab compare: {line}", file=sys.stderr)
+    return 1 if len(c.regressions) else EXIT_OK
+
+
+def register_compare(sub: argparse._SubParsersAction) -> None:
+    """Add ``compare RUN_A RUN_B``: run B against run A point by point; exit 1 on a regression."""
+    p = sub.add_parser("compare", help="compare two runs point by point (exit 1: something regressed)",
+                       description="Compare run B with run A (the baseline) on their common points: B/A ratio, "
+                                   "verdict changes, regressions beyond the tolerance. A run is a folder of tidy "
+                                   "rows (data/tidy/<testbed>, data/reference/<name>, results/bench/<run>) or its "
+                                   "name under those. Exit status: 0 nothing regressed; 1 something regressed "
+                                   "beyond the tolerance; 2 a run not found, no common point, or bad usage.")
+    p.add_argument("run_a", metavar="RUN_A", help="the baseline run (name or folder)")
+    p.add_argument("run_b", metavar="RUN_B", help="the run checked against it (name or folder)")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="fraction B may be worse than A before it counts as regressed [%(default)s]")
+    p.add_argument("--format", choices=["markdown", "json"], default="markdown", help="output [%(default)s]")
+    p.add_argument("--match", choices=["point", "knobs"], default="point",
+                   help="key rows by point name (same scenario file) or by knob values [%(default)s]")
+    p.add_argument("--references", default="data/reference/references.yaml",
+                   help="references YAML for the verdicts ('' for none) [%(default)s]")
+    p.add_argument("--roots", action="append", metavar="DIR",
+                   help="folder holding runs, repeatable [data/tidy, data/reference, results/bench]")
+    p.add_argument("--out", help="write the comparison here instead of stdout")
+    p.set_defaults(func=_run_compare)
+
+
+# --- jupyter --------------------------------------------------------------------
+
+def register_jupyter(sub: argparse._SubParsersAction) -> None:
+    """Add ``jupyter``: JupyterLab on notebooks/ with the "PeerCache Lab" kernel (what ``make lab`` runs)."""
+    from peercache.lab import jupyter
+
+    p = sub.add_parser("jupyter", help="JupyterLab on notebooks/, kernel \"PeerCache Lab\", 127.0.0.1 + token")
+    jupyter.add_arguments(p)
+    p.set_defaults(func=jupyter.run)
+
+
 #: Subcommand registrars, in help order.
-REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [register_hostinfo, register_parse]
+REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [register_hostinfo, register_parse,
+                                                                 register_compare, register_jupyter]
 
 
 def add_command(register: Callable[[argparse._SubParsersAction], None]) -> None:
