@@ -178,3 +178,21 @@ def test_netns_host_runs_inside_namespace():
         assert c.argv[:4] == ["ip", "netns", "exec", pair.ns_a]
     with pytest.raises(HostError, match="does not exist"):
         h.run(["true"], timeout=5)
+
+
+def test_a_pair_in_use_is_refused_not_removed_under_its_holder():
+    """Two runs asking for one pair (two `make bench` at once): the second is refused, naming the first."""
+    ok, why = netns.available()
+    if not ok:
+        pytest.skip(why)
+    tag = f"pck{os.getpid() % 10000}"
+    with netns.NetnsPair(tag=tag, index=229) as first:
+        other = netns.NetnsPair(tag=tag, index=229)
+        with pytest.raises(netns.NetnsError, match=rf"in use by process {os.getpid()}.*wait for it"):
+            other.create()
+        with pytest.raises(netns.NetnsError, match="in use"):
+            other.remove()
+        c = parse_host(f"netns:{first.ns_a}").run(["ip", "-o", "-4", "addr", "show"], timeout=10)
+        assert c.rc == 0 and first.addr_a in c.stdout       # still there for its holder
+    with netns.NetnsPair(tag=tag, index=229) as again:     # released with the first: usable again
+        assert again.ns_a == first.ns_a

@@ -3,15 +3,25 @@
 Addresses come from 198.18.0.0/15, the range RFC 2544 reserves for network
 benchmarking; they exist only inside the namespaces this module creates, so
 no traffic can leave the machine. Needs root and iproute2.
+
+A pair is held with an exclusive lock on ``/run/peercache/netns-<tag>.lock``
+for as long as it exists, so a second run asking for the same pair (two
+``make bench`` at once) is refused, naming the holder, instead of removing
+the namespaces under the first one. The lock goes with its process, so a
+pair left by a killed run is replaced.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 BENCH_NET_PREFIX = "198.18"
+#: where the locks of the pairs in use live
+LOCK_DIR = Path("/run/peercache")
 
 
 class NetnsError(RuntimeError):
@@ -49,6 +59,31 @@ class NetnsPair:
 
     tag: str
     index: int = 0
+    _lock: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _acquire(self) -> None:
+        """Hold the pair's lock, or say which process holds it."""
+        if self._lock is not None:
+            return
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        path = LOCK_DIR / f"netns-{self.tag}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise NetnsError(f"the network-namespace pair {self.tag!r} is in use by process {holder} "
+                             f"(another benchmark or pipeline run, lock {path}); wait for it to finish, "
+                             "or give this run's testbed another netns_pair tag") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock = fd
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)          # closing drops the flock
+            self._lock = None
 
     @property
     def ns_a(self) -> str:
@@ -70,7 +105,8 @@ class NetnsPair:
         """Create both namespaces, the veth pair, addresses and loopbacks."""
         if not 0 <= self.index <= 255:
             raise NetnsError(f"netns pair index {self.index} outside 0..255")
-        self.remove()  # a stale pair from a killed run would block us
+        self._acquire()
+        self._remove()  # a stale pair from a killed run would block us
         va, vb = self.veth
         try:
             _ip("netns", "add", self.ns_a)
@@ -93,7 +129,17 @@ class NetnsPair:
         return f"{self.tag}va"[:15], f"{self.tag}vb"[:15]
 
     def remove(self) -> None:
-        """Remove both namespaces, and a veth end left in the root namespace (idempotent)."""
+        """Remove both namespaces, and a veth end left in the root namespace (idempotent); release the lock.
+
+        A pair another live process holds is left alone (:class:`NetnsError`).
+        """
+        self._acquire()
+        try:
+            self._remove()
+        finally:
+            self._release()
+
+    def _remove(self) -> None:
         for ns in (self.ns_a, self.ns_b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         # A run killed between `link add` and `link set netns` leaves the pair here.
