@@ -11,14 +11,14 @@ CORES  ?= 2
 # backend, pyverbs, what the tests use (sshd, network namespaces), and the
 # Soft-RoCE guest (QEMU, a static busybox, cpio and kmod for its initramfs),
 # and xxHash's header for the slot checksum of the native module.
-APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest \
+APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest sockperf \
             rdma-core libibverbs-dev ibverbs-utils python3-pyverbs linux-perf \
             iproute2 openssh-server openssh-client procps \
-            qemu-system-x86 busybox-static cpio kmod libxxhash-dev
+            qemu-system-x86 busybox-static cpio kmod libxxhash-dev redis-server redis-tools
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
-.PHONY: run test test-rdma bench lab setup apt clean
+.PHONY: run test test-rdma test-hicache bench lab setup apt clean
 
 setup: $(VENV)/.installed
 
@@ -50,7 +50,31 @@ $(VENV)/.installed: $(VENV)/.apt pyproject.toml setup.py $(NATIVE_SRC)
 # why, where this machine cannot run the guest).
 test: setup
 	$(PY) -m pytest
+	@$(MAKE) --no-print-directory test-hicache
 	@$(MAKE) --no-print-directory test-rdma GUEST_FLAGS=--if-available
+
+# The SGLang HiCache contract (tests/test_hicache_sglang.py) in a venv of its own, so torch
+# and SGLang stay out of the engine's dependencies: PyPI torch (CPU use, ~5.5 GB), SGLang
+# without its dependencies plus the few modules its hicache_storage imports, the engine's
+# runtime dependencies (from pyproject.toml) and a .pth to this checkout (its built native
+# extension: same interpreter as $(VENV)).
+SGLANG_VENV    ?= .venv-sglang
+SGLANG_PY      := $(SGLANG_VENV)/bin/python
+SGLANG_VERSION ?= 0.5.23
+SGLANG_MODULES := orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm \
+                  ipython aiohttp pytest pytest-timeout
+$(SGLANG_VENV)/.installed: $(VENV)/.installed Makefile pyproject.toml
+	@test -x $(SGLANG_PY) || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(SGLANG_VENV)
+	$(SGLANG_PY) -m pip install -q --upgrade pip
+	$(SGLANG_PY) -m pip install -q torch
+	$(SGLANG_PY) -m pip install -q --no-deps sglang==$(SGLANG_VERSION)
+	$(SGLANG_PY) -m pip install -q $(SGLANG_MODULES) \
+	  $$($(SGLANG_PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+	@$(SGLANG_PY) -c 'import site, sys; open(site.getsitepackages()[0] + "/peercache-tree.pth", "w").write(sys.argv[1] + "\n")' "$(CURDIR)"
+	@touch $@
+
+test-hicache: setup $(SGLANG_VENV)/.installed
+	$(SGLANG_PY) -m pytest tests/test_hicache_sglang.py -p no:cacheprovider --noconftest
 
 # Every RDMA/verbs test inside a QEMU guest with Debian's kernel and real
 # rxe devices on both ends of two veth pairs; a missing device fails.

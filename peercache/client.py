@@ -1,7 +1,7 @@
 """The library API: a small client for ad-hoc puts and reads.
 
     import peercache
-    with peercache.connect("127.0.0.1:31998") as pc:
+    with peercache.connect("127.0.0.1:31998") as pc:     # or connect(directory="redis://HOST:PORT/0")
         page = pc.get("layer0/page17")              # bytes, or None on a miss
         buf = bytearray(131072)
         n = pc.get("layer0/page17", out=buf)        # read straight into buf
@@ -28,8 +28,13 @@ class Client:
     def __init__(self, discovery_addr: str = DEFAULT_DISCOVERY, *, protocol: str = "tcp",
                  pool_bytes: int = 0, page_size: int = 128 * 1024, bind: str = "127.0.0.1",
                  host_discovery: bool = False, dir_cache_ttl: float = 0.0, max_channels: int = 4,
-                 timeout: float = 5.0, auth_key: bytes | str | None = None, integrity: bool = False):
-        """``auth_key``: the cluster secret (None: $PEERCACHE_AUTH_KEY if set, else no authentication).
+                 timeout: float = 5.0, auth_key: bytes | str | None = None, integrity: bool = False,
+                 directory: str | None = None):
+        """``directory``: None (the embedded directory at ``discovery_addr``), HOST:PORT, or a Redis
+        URL, ``redis://[:PASSWORD@]HOST:PORT/DB`` / ``rediss://...`` (password also from
+        $PEERCACHE_REDIS_PASSWORD); ``discovery_addr`` may be such a URL itself.
+
+        ``auth_key``: the cluster secret (None: $PEERCACHE_AUTH_KEY if set, else no authentication).
 
         ``integrity``: pages this client puts carry a checksum of their payload, and a page it
         gets is a hit only if its payload matches its checksum (a producer without integrity
@@ -44,7 +49,7 @@ class Client:
         self.node = Node(discovery_addr, protocol=protocol, bind_host=bind, host_discovery=host_discovery,
                          pool_slots=slots, slot_capacity=page_size, max_channels=max_channels,
                          dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout, auth_key=auth_key,
-                         integrity=integrity)
+                         integrity=integrity, directory=directory)
 
     # -- writes -------------------------------------------------------------------
     def put(self, key: str | bytes, data) -> None:
@@ -127,5 +132,5 @@ class Client:
 
 
 def connect(discovery_addr: str = DEFAULT_DISCOVERY, **options) -> Client:
-    """A :class:`Client` connected to ``discovery_addr``."""
+    """A :class:`Client` connected to ``discovery_addr`` (or to ``directory=`` "redis://...")."""
     return Client(discovery_addr, **options)

@@ -34,6 +34,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 RETIRED_TOKENS = 4096
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
+_BYTES = {bytes}
 LOC_FIELDS = ("node_id", "region", "rkey", "offset", "length", "capacity", "generation", "key_hash")
 
 
@@ -155,12 +156,21 @@ def _regions(info: dict) -> dict[int, int] | None:
 
 
 class MetaService:
-    """Discovery + directory as RPC handlers, with a reaper for dead nodes."""
+    """Discovery + directory as RPC handlers, with a reaper for dead nodes.
 
-    def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, limits: Limits | None = None):
+    ``table_entries`` > 0 gives the directory a one-sided table of that many entries
+    (:mod:`peercache.dirtable`); the node that hosts this service exposes it through its data
+    transport and calls :meth:`announce_table`, after which the register and members replies
+    carry ``table`` (what a consumer needs to read it). Until then, or without a table, they
+    carry none and consumers use the lookup RPC alone.
+    """
+
+    def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, limits: Limits | None = None,
+                 table_entries: int = 0):
         self.limits = limits or DEFAULT_LIMITS
         self.membership = Membership(heartbeat_timeout, limits=self.limits)
-        self.directory = Directory()
+        self.directory = Directory(table_entries)
+        self._table: dict | None = None
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="discovery-reaper", daemon=True)
         self._reaper.start()
@@ -175,10 +185,30 @@ class MetaService:
         dead = self.membership.expire()
         for n in dead:
             self.directory.drop_node(n)
+        if dead:
+            self.directory.set_table_epoch(self.membership.epoch)
         return dead
+
+    def announce_table(self, node_id: str, data: dict, directory: str) -> None:
+        """Consumers of the directory at ``directory`` (HOST:PORT, where this service answers)
+        read the table from ``node_id``'s data endpoint ``data`` from now on."""
+        table = self.directory.table
+        if table is not None:
+            self._table = {**table.info(), "node_id": node_id, "data": dict(data), "directory": directory}
+
+    def withdraw_table(self) -> None:
+        """Announce no table any more (it could not be exposed)."""
+        self._table = None
+        self.directory.close()
+
+    def table_info(self) -> dict | None:
+        """The table as announced (None: no table)."""
+        return self._table if self.directory.table is not None else None
 
     def stop(self) -> None:
         self._stop.set()
+        self._table = None
+        self.directory.close()
 
     def handlers(self) -> dict:
         """The RPC ops this service answers."""
@@ -223,6 +253,8 @@ class MetaService:
         if len(keys) > lim.max_keys_per_request:
             raise lim.refuse("max_keys_per_request", f"{op} of {len(keys)} keys", " keys per request")
         longest = lim.max_key_bytes
+        if not keys or (set(map(type, keys)) == _BYTES and max(map(len, keys)) <= longest):
+            return keys   # the common case, checked without a Python loop body per key
         for i, k in enumerate(keys):
             if type(k) is not bytes:
                 raise TypeError(f"{op}: {field}[{i}] is {type(k).__name__}; keys are byte strings")
@@ -285,8 +317,14 @@ class MetaService:
         node_id, token, epoch = self.membership.join(info, msg.get("node_id"), msg.get("token"))
         if msg.get("node_id") == node_id:
             self.directory.drop_node(node_id)   # a node back after being dropped republishes all
-        return {"node_id": node_id, "token": token, "epoch": epoch,
-                "heartbeat_timeout": self.membership.heartbeat_timeout, "limits": self.limits.as_dict()}
+        self.directory.number(node_id)          # its member number, for the table's records
+        self.directory.set_table_epoch(epoch)
+        reply = {"node_id": node_id, "token": token, "epoch": epoch,
+                 "heartbeat_timeout": self.membership.heartbeat_timeout, "limits": self.limits.as_dict()}
+        table = self.table_info()
+        if table is not None:
+            reply["table"] = table
+        return reply
 
     def _heartbeat(self, msg: dict) -> dict:
         node_id = msg["node_id"]
@@ -302,10 +340,20 @@ class MetaService:
         node_id = self.authorize(msg, "leave")
         left = self.membership.leave(node_id)
         self.directory.drop_node(node_id)
+        self.directory.set_table_epoch(self.membership.epoch)
         return {"left": left, "epoch": self.membership.epoch}
 
     def _members(self, msg: dict) -> dict:
-        return {"epoch": self.membership.epoch, "nodes": self.membership.members()}
+        """``{epoch, nodes}``; with a table also ``table`` and ``nums`` (member number -> node id,
+        the numbers the table's records carry)."""
+        epoch = self.membership.epoch
+        nodes = self.membership.members()
+        reply = {"epoch": epoch, "nodes": nodes}
+        table = self.table_info()
+        if table is not None:
+            reply["table"] = table
+            reply["nums"] = self.directory.numbers(nodes)
+        return reply
 
     def _publish(self, msg: dict) -> dict:
         node_id = self.authorize(msg, "publish")
@@ -329,14 +377,32 @@ class MetaService:
         return reply
 
     def _lookup(self, msg: dict) -> dict:
+        """Locations of ``keys``.
+
+        With ``recs`` true (what :class:`~peercache.node.Node` asks for) the reply is
+        ``{recs: bytes, nids: {number: node_id}, epoch}``: one fixed LOC_DTYPE record per
+        key found, in order (its ``node`` is the directory's number for the node), the
+        node ids of the numbers present, ``missing`` (little-endian uint32 indices of the
+        keys not found) when some were not, and ``nodes`` (the endpoint infos of the nodes
+        present) only when the request's ``epoch`` is not the current one. Without it, or
+        when an entry fits no record, the original ``{locs: [8-field list | None], nodes, epoch}``.
+        """
         keys = self._keys(msg["keys"], "lookup")
-        locs = self.directory.lookup(keys)
-        nodes = {}
-        for loc in locs:
-            if loc is not None and loc.node_id not in nodes:
-                nodes[loc.node_id] = self.membership.get(loc.node_id)
-        return {"locs": [None if l is None else list(l) for l in locs], "nodes": nodes,
-                "epoch": self.membership.epoch}
+        epoch = self.membership.epoch
+        recs = self.directory.lookup_records(keys) if msg.get("recs") is True else None
+        if recs is not None:
+            blob, missing, nids = recs
+            reply: dict[str, Any] = {"recs": blob, "nids": nids, "epoch": epoch}
+            if missing:
+                reply["missing"] = missing
+            if msg.get("epoch") != epoch and nids:
+                get = self.membership.get
+                reply["nodes"] = {n: get(n) for n in nids.values()}
+            return reply
+        locs = self.directory.lookup_lists(keys)
+        get = self.membership.get
+        nodes = {n: get(n) for n in {loc[0] for loc in locs if loc is not None}}
+        return {"locs": locs, "nodes": nodes, "epoch": epoch}
 
     def _unpublish(self, msg: dict) -> dict:
         node_id = self.authorize(msg, "unpublish")

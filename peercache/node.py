@@ -2,13 +2,17 @@
 
 A node may produce (it has a pool that peers read one-sided), consume (it
 looks keys up and reads them into its own buffers), or both. The node named
-by ``--discovery-addr`` also hosts discovery and the directory.
+by ``--discovery-addr`` also hosts discovery and the directory, unless the
+directory is on Redis (``directory="redis://..."``, :mod:`peercache.redisdir`):
+then no node hosts anything and every node talks to Redis. Either way the
+node reaches its directory through one client (:mod:`peercache.dirclient`).
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from enum import IntEnum
@@ -18,20 +22,31 @@ import numpy as np
 
 from . import auth as _auth
 from . import tags
+from .dirclient import connect_directory, is_redis
 from .directory import DirectoryCache, Location
+from .dirtable import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
+from .dirtable import LINE_BYTES, TABLE_REGION, TableView, key_hashes
 from .discovery import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
-from .rpc import DEFAULT_LIMITS, Limits, RpcClient, RpcServer
+from .rpc import DEFAULT_LIMITS, Limits, RpcServer
 from .transport import make_transport
-from .transport.base import (ABSENT, CHECK_INTEGRITY, CHECK_PATTERN, LOC_DTYPE, STATUS_TEXT, Status,
-                             native_module, slot_ops)
+from .transport.base import (ABSENT, CHECK_INTEGRITY, CHECK_PATTERN, LOC_DTYPE, OP_DTYPE, STATUS_TEXT,
+                             Status, native_module, slot_ops)
 
 log = logging.getLogger(__name__)
 
 POOL_REGION = 1
+#: region, rkey, offset, length, capacity of a LOC record (after its node number)
+_REC_FIELDS = struct.Struct("<IQQQQ")
+_U64_AT = struct.Struct("<Q")
+#: where the second op's remote offset sits in a one-key table read (header op, bucket op)
+_REMOTE_AT = OP_DTYPE.itemsize + OP_DTYPE.fields["remote_offset"][1]
+_NO_STATUS = bytes(8)
 WILDCARDS = ("0.0.0.0", "::", "")
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
+#: the largest slot offset / capacity a location may have (header + trailer must fit 64 bits)
+_SLOT_LIMIT = _U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES
 
 
 def checked_location(raw) -> tuple[Location | None, str | None]:
@@ -60,12 +75,23 @@ def checked_location(raw) -> tuple[Location | None, str | None]:
     return loc, None
 
 
+def _same_endpoint(a: str, b: str) -> bool:
+    """Whether HOST:PORT ``a`` (as its server bound it, maybe a wildcard host) is ``b``."""
+    ha, _, pa = a.rpartition(":")
+    hb, _, pb = b.rpartition(":")
+    ha, hb = ha.strip("[]"), hb.strip("[]")
+    return bool(pa) and pa == pb and (ha == hb or ha in WILDCARDS)
+
+
 class Get(IntEnum):
     """Outcome of one key in a batch read."""
 
     HIT = 0
     MISS = 1
     ERROR = 2
+
+
+_MISS = int(Get.MISS)
 
 
 class BatchResult:
@@ -102,17 +128,37 @@ class Node:
     integrity_failures = 0
     #: with integrity on: hits refused because the producer wrote no checksum (integrity off there)
     integrity_missing = 0
+    #: keys the directory table answered with one one-sided read (found, or definitively absent)
+    table_resolved = 0
+    #: keys the table could not answer (doubtful line, overflowed bucket, unknown node, failed read)
+    #: and that went on to the lookup RPC
+    table_forwarded = 0
 
     def __init__(self, discovery_addr: str, *, protocol: str = "tcp", bind_host: str = "127.0.0.1",
                  host_discovery: bool = False, pool_slots: int = 0, slot_capacity: int = 0,
                  max_channels: int = 4, dir_cache_ttl: float = 0.0,
                  heartbeat_interval: float = 1.0, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
                  rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None,
-                 auth_key: bytes | str | None = None, integrity: bool = False):
+                 auth_key: bytes | str | None = None, integrity: bool = False,
+                 directory: str | None = None, dir_table_entries: int | None = None):
+        """``directory``: where the directory lives: None or HOST:PORT for the embedded one (hosted by
+        the node at ``discovery_addr``, this one with ``host_discovery``), or a redis:// / rediss:// URL
+        (then ``discovery_addr`` may be that URL too, and ``host_discovery`` hosts nothing).
+
+        ``dir_table_entries`` (hosting the embedded directory only): entries of the directory table
+        that consumers read one-sided through this node's data transport (:mod:`peercache.dirtable`;
+        None: :data:`~peercache.dirtable.DEFAULT_ENTRIES`, about 73 bytes of region each; 0: none)."""
         if heartbeat_interval <= 0 or heartbeat_interval >= heartbeat_timeout:
             raise ConfigError(f"heartbeat interval {heartbeat_interval}s must be positive and below "
                               f"the timeout {heartbeat_timeout}s")
         self.discovery_addr = discovery_addr
+        #: the directory spec: HOST:PORT (embedded) or a redis:// URL
+        self.directory = directory or discovery_addr
+        if is_redis(self.directory):
+            host_discovery = False    # Redis is the directory: nothing to host
+        elif directory and host_discovery and directory != discovery_addr:
+            raise ConfigError(f"directory {directory!r} and discovery_addr {discovery_addr!r} differ: the "
+                              "node that hosts the embedded directory hosts it at one address")
         self.protocol = protocol
         self.bind_host = bind_host
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
@@ -143,6 +189,12 @@ class Node:
         #: held across "which keys are still in the pool" + their publish RPC (see put_batch)
         self._publish_lock = threading.Lock()
         self._native = None
+        #: the directory's table as this node reads it (None: lookups go through the RPC alone)
+        self._table: TableView | None = None
+        #: member number -> the cache's node index, as of the epoch ``_table_epoch`` (ABSENT: unknown)
+        self._table_nums = np.full(0, ABSENT, np.uint32)
+        self._table_numl: list[int] = []
+        self._table_epoch: int | None = None
         self._stop = threading.Event()
         self._hb: threading.Thread | None = None
         #: CURVE keys from the cluster secret (auth_key=, else $PEERCACHE_AUTH_KEY); None = no auth
@@ -157,16 +209,33 @@ class Node:
             if mod is not None and self.transport.native and self.cache.native:
                 self._native = mod
             if host_discovery:
-                self.meta = MetaService(heartbeat_timeout)
-                self.server = RpcServer(discovery_addr, self.meta.handlers(), auth=self.auth,
+                entries = DEFAULT_TABLE_ENTRIES if dir_table_entries is None else int(dir_table_entries)
+                if entries < 0:
+                    raise ConfigError(f"--dir-table-entries must be >= 0 (0 disables the table), got {entries}")
+                self.meta = MetaService(heartbeat_timeout, table_entries=entries)
+                self.server = RpcServer(self.directory, self.meta.handlers(), auth=self.auth,
                                         limits=self.meta.limits, deferred_ops=("members",),
                                         warn_open=True).start()
-            self.discovery = RpcClient(discovery_addr, timeout=rpc_timeout, what="discovery", auth=self.auth)
+            #: the directory client (embedded: an RpcClient to discovery; Redis: Redis itself), one
+            #: ``call(op, **fields)`` surface either way
+            self.discovery = connect_directory(self.directory, timeout=rpc_timeout, auth=self.auth,
+                                               heartbeat_timeout=heartbeat_timeout)
             data_info: dict[str, Any] = {}
             if pool_slots:
                 self.pool = Pool(pool_slots, slot_capacity, region_id=POOL_REGION, integrity=self.integrity)
                 self.transport.expose(POOL_REGION, self.pool.mm, self.pool.rkey,
                                       fd=self.pool.fd, size=self.pool.size)
+            table = self.meta.directory.table if self.meta is not None else None
+            if table is not None:
+                try:
+                    # The directory's table is one more region of this node's data server, read
+                    # (token-checked, with a secret) as the pages are.
+                    self.transport.expose(TABLE_REGION, table.mm, table.rkey, fd=table.fd, size=table.size)
+                except PeerCacheError as e:
+                    log.warning("directory table not exposed (%s); consumers will use the lookup RPC", e)
+                    self.meta.withdraw_table()
+                    table = None
+            if pool_slots or table is not None:
                 data_info = self.transport.start(bind_host)
                 handlers = self.transport.control_handlers()
                 if handlers is not None:
@@ -182,6 +251,10 @@ class Node:
                 # discovery refuses locations outside the regions a node registered
                 self.info["regions"] = [[POOL_REGION, self.pool.size]]
             self._register()
+            if table is not None:
+                # after registering: the table is served by this node, under its id
+                self.meta.announce_table(self.node_id, data_info, self.directory)
+                self._use_table(self.meta.table_info())
         except BaseException:
             self.close(leave=False)
             raise
@@ -195,17 +268,53 @@ class Node:
         self.node_id, self.epoch = reply["node_id"], reply["epoch"]
         self.token = reply.get("token")
         self.limits = Limits.from_dict(reply.get("limits"))
+        self._use_table(reply.get("table"))
+
+    def _use_table(self, info) -> None:
+        """Read the directory's table as ``info`` (a register / members reply's ``table``) says;
+        None, or an announcement this version cannot read, means no table."""
+        if not info:
+            self._table = None
+            return
+        if not _same_endpoint(str(info.get("directory") or ""), self.directory):
+            # The table is a view of the directory at that address; this node asks another
+            # endpoint (a relay, a proxy), whose answers the table need not mirror.
+            self._table = None
+            return
+        if self._table is not None and self._table.node_id == info.get("node_id") \
+                and self._table.rkey == info.get("rkey") and self._table.seal == info.get("seal"):
+            return
+        try:
+            view = TableView(info)
+        except ValueError as e:
+            log.warning("%s; lookups use the directory RPC alone", e)
+            self._table = None
+            return
+        if view.data.get("host") in WILDCARDS:
+            view.data["host"] = self.discovery.host
+        self._table_epoch = None   # numbers are mapped again at the first read
+        self._table = view
 
     def _heartbeat_loop(self) -> None:
         # A socket of its own: a heartbeat never waits for this node's other requests (a big
         # lookup in flight, or one waiting out its timeout) to release the shared client.
-        hb = RpcClient(self.discovery_addr, timeout=self.discovery.timeout, what="discovery", auth=self.auth)
+        hb = None
+        while hb is None:
+            disc = self.discovery
+            if disc is None:
+                return
+            try:
+                hb = disc.clone()
+            except PeerCacheError as e:
+                log.warning("heartbeat: cannot reach the directory (%s); trying again", e)
+                if self._stop.wait(self.heartbeat_interval):
+                    return
         try:
             self._heartbeats(hb)
         finally:
             hb.close()
 
-    def _heartbeats(self, hb: RpcClient) -> None:
+    def _heartbeats(self, hb) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             try:
                 reply = hb.call("heartbeat", node_id=self.node_id, token=self.token)
@@ -317,13 +426,25 @@ class Node:
     # -- consuming ------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes], use_cache: bool = True,
                bad: list | None = None) -> list[Location | None]:
-        """Locations of ``keys``: cached ones, the rest with one directory RPC.
+        """Locations of ``keys``: cached ones, then what one read of the directory's table
+        answers, the rest with one directory RPC (``use_cache`` False: the RPC alone).
 
         An invalid directory entry reads as None; with ``bad`` its
         ``(index, why)`` is appended there. Invalid entries are never cached.
         """
         locs = self.cache.get_many(keys) if use_cache else [None] * len(keys)
         missing = [i for i, l in enumerate(locs) if l is None]
+        if missing and use_cache and self._table is not None:
+            mkeys = [keys[i] for i in missing]
+            got = self._table_lookup(mkeys)
+            if got is not None:
+                rows, resolved = got
+                node_id = self.cache.node_id
+                for j in np.flatnonzero(resolved & (rows["node"] != ABSENT)).tolist():
+                    r = rows[j].tolist()
+                    locs[missing[j]] = Location(node_id(r[0]), *r[1:])
+                self.cache.put_rows(mkeys, rows)
+                missing = [missing[j] for j in np.flatnonzero(~resolved).tolist()]
         if missing:
             sub_bad: list = []
             fresh = self._directory_lookup([keys[i] for i in missing], sub_bad)
@@ -341,6 +462,25 @@ class Node:
         and appended to ``bad`` as ``(index, why)``.
         """
         reply = self._lookup_rpc(keys)
+        if "recs" in reply:
+            rows = self._record_rows(reply, keys, bad)
+            out: list[Location | None] = [None] * len(rows)
+            found = np.flatnonzero(rows["node"] != ABSENT)
+            ids = {int(i): self.cache.node_id(int(i)) for i in np.unique(rows["node"][found])}
+            for i, r in zip(found.tolist(), rows[found].tolist()):
+                out[i] = Location(ids[r[0]], *r[1:])
+            return out
+        return self._checked_locs(reply, keys, bad)
+
+    def _lookup_rows(self, keys: Sequence[bytes], bad: list | None = None) -> np.ndarray:
+        """One lookup RPC as LOC_DTYPE rows (node = the cache's index; ABSENT for a miss or an invalid entry)."""
+        reply = self._lookup_rpc(keys)
+        if "recs" in reply:
+            return self._record_rows(reply, keys, bad)
+        return self.cache.rows(self._checked_locs(reply, keys, bad))
+
+    def _checked_locs(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
+        """The locations of an original ``{locs: [8-field list | None], nodes, epoch}`` reply, checked."""
         self.peers.update(reply["nodes"])
         self.epoch = reply["epoch"]
         out: list[Location | None] = []
@@ -350,13 +490,257 @@ class Node:
                 continue
             loc, why = checked_location(raw)
             if loc is None:
-                self.bad_locations += 1
-                if self.bad_locations == 1:
-                    log.warning("directory entry of %r is invalid (%s); reading it as an error", keys[i], why)
-                if bad is not None:
-                    bad.append((i, why))
+                self._bad_entry(keys, i, why, bad)
             out.append(loc)
         return out
+
+    def _bad_entry(self, keys, i: int, why: str, bad: list | None) -> None:
+        self.bad_locations += 1
+        if self.bad_locations == 1:
+            log.warning("directory entry of %r is invalid (%s); reading it as an error", keys[i], why)
+        if bad is not None:
+            bad.append((i, why))
+
+    #: epoch of the node infos this node holds (sent with each lookup: discovery then sends
+    #: infos only when it is stale) and the nodes whose info it received at that epoch
+    _peers_epoch: int | None = None
+    _fresh_peers: frozenset = frozenset()
+
+    def _record_rows(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
+        """Rows of a ``{recs, nids, epoch[, nodes]}`` reply: the records with discovery's node numbers
+        turned into the cache's indices, checked as :func:`checked_location` checks one entry."""
+        blob, nids, n = reply.get("recs"), reply.get("nids"), len(keys)
+        missing = reply.get("missing") or b""
+        m = len(missing) // 4 if type(missing) is bytes and len(missing) % 4 == 0 else -1
+        if (type(blob) is not bytes or m < 0 or len(blob) != (n - m) * LOC_DTYPE.itemsize
+                or not isinstance(nids, dict)):
+            raise RpcError(f"discovery at {self.discovery_addr} sent a malformed lookup reply "
+                           f"({len(blob) if isinstance(blob, bytes) else type(blob).__name__} bytes of records "
+                           f"and {m} missing for {n} keys, {LOC_DTYPE.itemsize} B each); is it a PeerCache "
+                           "of the same version?")
+        if m == 0:
+            rows = np.frombuffer(blob, LOC_DTYPE).copy()
+        else:
+            gone = np.frombuffer(missing, "<u4")
+            if gone[-1] >= n or (m > 1 and not (gone[1:] > gone[:-1]).all()):
+                raise RpcError(f"discovery at {self.discovery_addr} sent a malformed lookup reply (missing "
+                               f"indices not increasing below {n}); is it a PeerCache of the same version?")
+            rows = np.zeros(n, LOC_DTYPE)
+            rows["node"] = ABSENT
+            have = np.ones(n, bool)
+            have[gone] = False
+            rows[have] = np.frombuffer(blob, LOC_DTYPE)
+        nodes = reply.get("nodes")
+        epoch = reply.get("epoch")
+        if nodes:   # our epoch was stale: the infos of the nodes present, current as of ``epoch``
+            self.peers.update(nodes)
+            self._fresh_peers, self._peers_epoch = frozenset(nodes), epoch
+        self.epoch = epoch
+        num = rows["node"]
+        found = num != ABSENT
+        if not found.any():
+            return rows
+        unknown = [nid for nid in nids.values() if nid not in self._fresh_peers]
+        if unknown:
+            self._refresh_peers(unknown)
+        if len(nids) == 1 and found.all():
+            (number, node_id), = nids.items()
+            if number != int(num[0]) or not (num == number).all():
+                return self._record_errors(rows, keys, bad, nids)
+            if not isinstance(node_id, str) or not node_id:
+                return self._record_errors(rows, keys, bad, nids)
+            rows["node"] = self.cache.node_index(node_id)
+        else:
+            return self._record_errors(rows, keys, bad, nids)
+        return self._check_rows(rows, keys, bad)
+
+    def _record_errors(self, rows: np.ndarray, keys, bad: list | None, nids: dict) -> np.ndarray:
+        """Node numbers to indices for a reply of several nodes (or one whose numbers do not add up)."""
+        num = rows["node"].copy()
+        out = np.full(len(rows), ABSENT, np.uint32)
+        for number, node_id in nids.items():
+            sel = num == number
+            if type(number) is int and isinstance(node_id, str) and node_id:
+                out[sel] = self.cache.node_index(node_id)
+        rows["node"] = out
+        for i in np.flatnonzero((num != ABSENT) & (out == ABSENT)).tolist():
+            self._bad_entry(keys, i, f"node number {int(num[i])} has no node id in the reply", bad)
+        return self._check_rows(rows, keys, bad)
+
+    _SLOT_LIMIT = np.uint64(_U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES)
+
+    def _check_rows(self, rows: np.ndarray, keys, bad: list | None) -> np.ndarray:
+        """Rows that cannot be a slot become ABSENT and ``bad`` entries (as :func:`checked_location`)."""
+        cap, lim = rows["capacity"], self._SLOT_LIMIT
+        wrong = (rows["length"] > cap) | (cap > lim) | (rows["offset"] > lim - np.minimum(cap, lim))
+        wrong &= rows["node"] != ABSENT
+        if wrong.any():
+            for i in np.flatnonzero(wrong).tolist():
+                r = rows[i]
+                why = (f"length {int(r['length'])} exceeds the slot capacity {int(r['capacity'])}"
+                       if r["length"] > r["capacity"] else
+                       f"slot at offset {int(r['offset'])} with capacity {int(r['capacity'])} overflows 64 bits")
+                self._bad_entry(keys, i, why, bad)
+            rows["node"][wrong] = ABSENT
+        return rows
+
+    _table_warned = False
+
+    def _table_lookup(self, keys: list) -> tuple[np.ndarray, np.ndarray] | None:
+        """``keys`` in the directory's table with one one-sided read of their buckets (and its
+        header, in the same batch): ``(rows, resolved)``, rows as LOC_DTYPE with the cache's node
+        indices (ABSENT where not found), ``resolved`` where the table answered (found, or
+        definitively absent). Nothing doubtful is trusted: a line that fails its check, an
+        overflowed bucket, a node number this node cannot map, a record that cannot be a slot
+        leave the key unresolved (for the lookup RPC). None when the read itself failed."""
+        view = self._table
+        n = len(keys)
+        if view is None:          # withdrawn since the caller looked
+            return None
+        kh = key_hashes(keys)
+        ub, inv, remote, length, local, nbytes = view.plan(kh)
+        buf = np.empty(nbytes, np.uint8)
+        if not self._table_read(view, remote, length, local, buf):
+            self.table_forwarded += n
+            return None
+        epoch, recs, found, absent = view.parse(buf, ub, inv, kh)
+        if epoch is None:
+            self.table_forwarded += n
+            return None
+        rows = np.ascontiguousarray(recs).view(LOC_DTYPE).reshape(n)
+        num = rows["node"]
+        if epoch != self._table_epoch:
+            self._sync_table(epoch)
+        nums = self._table_nums
+        known = num < len(nums)
+        if found.any() and not known[found].all() or (known & found).any() \
+                and (nums[num[known & found]] == ABSENT).any():
+            self._sync_table(epoch)      # a member this node has not mapped yet
+            nums = self._table_nums
+            known = num < len(nums)
+        idx = np.full(n, ABSENT, np.uint32)
+        idx[known] = nums[num[known]]
+        found &= idx != ABSENT
+        cap, lim = rows["capacity"], self._SLOT_LIMIT
+        found &= ~((rows["length"] > cap) | (cap > lim) | (rows["offset"] > lim - np.minimum(cap, lim)))
+        rows["node"] = np.where(found, idx, ABSENT)
+        resolved = found | absent
+        r = int(resolved.sum())
+        self.table_resolved += r
+        self.table_forwarded += n - r
+        return rows, resolved
+
+    def _table_one(self, key: bytes) -> np.ndarray | None:
+        """One key in the directory table (as :meth:`_table_lookup`, without NumPy passes): its
+        row (node ABSENT: definitively absent), or None when the table could not answer."""
+        view = self._table
+        if view is None:          # withdrawn since the caller looked
+            return None
+        khash = tags.key_hash(key)
+        bucket, remote = view.plan_one(khash)
+        buf = bytearray(LINE_BYTES + view.bucket_bytes)
+        if not self._table_read_one(view, remote, buf):
+            self.table_forwarded += 1
+            return None
+        epoch, rec, absent = view.parse_one(bytes(buf), bucket, khash)
+        if epoch is None or (rec is None and not absent):
+            self.table_forwarded += 1
+            return None
+        if epoch != self._table_epoch:
+            self._sync_table(epoch)
+        if rec is None:
+            row = np.zeros(1, LOC_DTYPE)
+            row["node"] = ABSENT
+            self.table_resolved += 1
+            return row
+        num = int.from_bytes(rec[:4], "little")
+        nums = self._table_numl
+        if num >= len(nums) or nums[num] == ABSENT:
+            self._sync_table(epoch)      # a member this node has not mapped yet
+            nums = self._table_numl
+            if num >= len(nums) or nums[num] == ABSENT:
+                self.table_forwarded += 1
+                return None
+        _region, _rkey, offset, length, cap = _REC_FIELDS.unpack_from(rec, 4)
+        lim = _SLOT_LIMIT
+        if length > cap or cap > lim or offset > lim - cap:
+            self.table_forwarded += 1      # the RPC reports it as an invalid entry
+            return None
+        row = np.frombuffer(nums[num].to_bytes(4, "little") + rec[4:], LOC_DTYPE)
+        self.table_resolved += 1
+        return row
+
+    def _table_read_one(self, view: TableView, remote: int, buf: bytearray) -> bool:
+        """:meth:`_table_read` of the header and one bucket (at ``remote``), straight through the
+        native handle where the transport has one."""
+        if not self.transport.native or (self.meta is not None and view.node_id == self.node_id):
+            return self._table_read(view, np.array([0, remote], np.uint64),
+                                    np.array([LINE_BYTES, view.bucket_bytes], np.uint64),
+                                    np.array([0, LINE_BYTES], np.uint64), np.frombuffer(buf, np.uint8))
+        ops = bytearray(view.ops_one)      # bytes, patched: a NumPy field store costs ~2 us
+        _U64_AT.pack_into(ops, _REMOTE_AT, remote)
+        st = bytearray(8)
+        try:
+            h = self.transport.native_peer(view.node_id, view.data)
+        except PeerCacheError as e:
+            return self._table_failed(view, f"{STATUS_TEXT[Status.PEER_GONE]}: {e}")
+        err = h.read_batch(ops, [buf], st)
+        if err or st != _NO_STATUS:
+            if not h.alive():
+                self.transport.forget(view.node_id)
+            codes = [c for c in np.frombuffer(st, np.int32).tolist() if c]
+            first = codes[0] if codes else int(Status.CONNECTION)
+            return self._table_failed(view, STATUS_TEXT.get(first, f"status {first}") + (f" ({err})" if err else ""))
+        return True
+
+    def _table_failed(self, view: TableView, why: str) -> bool:
+        if not self._table_warned:
+            self._table_warned = True
+            log.warning("directory table read from node %s failed (%s); those lookups go through the "
+                        "directory RPC", view.node_id, why)
+        return False
+
+    def _table_read(self, view: TableView, remote, length, local, buf: np.ndarray) -> bool:
+        """Land the table ranges in ``buf``: from this process's own table when it hosts it, else
+        with one batch through the data transport. False (logged once) when a read failed."""
+        if self.meta is not None and view.node_id == self.node_id:
+            table = self.meta.directory.table
+            if table is None:
+                return False
+            mem = np.frombuffer(table.mm, np.uint8)
+            for r, ln, lo in zip(remote.tolist(), length.tolist(), local.tolist()):
+                buf[lo:lo + ln] = mem[r:r + ln]
+            return True
+        ops = np.zeros(len(remote), dtype=OP_DTYPE)
+        ops["region"], ops["rkey"] = view.region, view.rkey
+        ops["remote_offset"], ops["length"], ops["local_offset"] = remote, length, local
+        st = self.transport.read_batch(view.node_id, view.data, ops, [buf])
+        if st.any():
+            first = int(st[st != Status.OK][0])
+            return self._table_failed(view, STATUS_TEXT.get(first, f"status {first}"))
+        return True
+
+    def _sync_table(self, epoch: int) -> None:
+        """Map member numbers to node ids (and refresh the peers' infos) with one members call."""
+        reply = self.discovery.call("members")
+        nodes = reply.get("nodes") or {}
+        self.peers.update(nodes)
+        self._fresh_peers, self._peers_epoch = frozenset(nodes), reply.get("epoch")
+        self._use_table(reply.get("table"))
+        nums = reply.get("nums") or {}
+        arr = np.full(max([k for k in nums if type(k) is int and 0 <= k < _U32] or [-1]) + 1, ABSENT, np.uint32)
+        for number, node_id in nums.items():
+            if type(number) is int and 0 <= number < len(arr) and isinstance(node_id, str) and node_id:
+                arr[number] = self.cache.node_index(node_id)
+        self._table_nums, self._table_numl = arr, arr.tolist()
+        self._table_epoch = epoch
+
+    def _refresh_peers(self, unknown: list) -> None:
+        """Infos of nodes a reply named that this node has none of (current as of its epoch): one members call."""
+        reply = self.discovery.call("members")
+        self.peers.update(reply["nodes"])
+        self._fresh_peers = frozenset(reply["nodes"]) | frozenset(unknown)
+        self._peers_epoch = reply["epoch"]
 
     @staticmethod
     def _mark_invalid(keys, bad: list, status: np.ndarray, error: str | None) -> tuple[str | None, frozenset]:
@@ -397,7 +781,10 @@ class Node:
         if native:
             self.transport.prepare_local(dest)   # rdma: registered on every rail (cached)
         checks = (CHECK_PATTERN if check_pattern else 0) | (CHECK_INTEGRITY if self.integrity else 0)
-        status = np.full(n, int(Get.MISS), dtype=np.int8)
+        # Per call: only the arrays the result hands back (np.full's Python wrapper costs a
+        # microsecond of a 4 KiB GET's ~20, so the status array is filled in place).
+        status = np.empty(n, dtype=np.int8)
+        status.fill(_MISS)
         lengths = np.zeros(n, dtype=np.uint64)
         gens = np.zeros(n, dtype=np.uint64)
         content = np.zeros(n, dtype=bool)
@@ -422,7 +809,8 @@ class Node:
         error, invalid = self._mark_invalid(keys, bad, status, error)
         if self.integrity:
             self._report_integrity()
-        return BatchResult(status, lengths, gens, error, invalid, np.flatnonzero(content))
+        return BatchResult(status, lengths, gens, error, invalid,
+                           np.flatnonzero(content) if checks & CHECK_PATTERN else None)
 
     def _report_integrity(self, interval: float = 10.0) -> None:
         """One WARNING line per ``interval`` at most, with the counts since the last one."""
@@ -443,24 +831,65 @@ class Node:
         return self.lookup(keys, use_cache=use_cache, bad=bad)
 
     def _locate_native(self, keys: list, bad: list, use_cache: bool) -> np.ndarray:
+        # Without the cache (the stale retry) the table is skipped too: a location that did
+        # not match its slot's tag is asked of the directory itself, so it can never loop.
         locs = np.empty(len(keys), dtype=LOC_DTYPE)
         if use_cache:
             if self.cache.lookup_into(keys, locs) == len(keys):
                 return locs
         else:
             locs["node"] = ABSENT
-        self._fill_from_directory(keys, locs, bad)
+        self._fill_from_directory(keys, locs, bad, use_table=use_cache)
         return locs
 
-    def _fill_from_directory(self, keys: list, locs: np.ndarray, bad: list | None = None) -> None:
-        """Look up the rows of ``locs`` that are ABSENT with one directory RPC.
+    def lookup_rows(self, keys: Sequence[bytes], bad: list | None = None) -> np.ndarray:
+        """Locations of ``keys`` as LOC_DTYPE rows (node = the cache's index, see
+        ``cache.node_id``; ABSENT for a miss or an invalid entry), resolved as a batch read
+        resolves them: the cache, the directory's table, then the lookup RPC."""
+        return self._locate_native(keys if isinstance(keys, list) else list(keys),
+                                   [] if bad is None else bad, True)
+
+    def _fill_from_directory(self, keys: list, locs: np.ndarray, bad: list | None = None,
+                             use_table: bool = True) -> None:
+        """Look up the rows of ``locs`` that are ABSENT: in the directory's table (one one-sided
+        read, ``use_table``), the ones it cannot answer with one directory RPC.
 
         Invalid entries stay ABSENT and go to ``bad`` as ``(index into keys, why)``.
         """
-        miss = np.flatnonzero(locs["node"] == ABSENT)
+        node = locs["node"]
+        todo = None if len(node) == 1 or not (node != ABSENT).any() else np.flatnonzero(node == ABSENT)
+        if use_table and self._table is not None:
+            tkeys = keys if todo is None else [keys[i] for i in todo]
+            if len(tkeys) == 1:                # the latency path: no NumPy pass per line
+                row = self._table_one(tkeys[0])
+                if row is not None:
+                    locs[0 if todo is None else int(todo[0])] = row[0]
+                    self.cache.put_rows(tkeys, row)
+                    return
+                got = None
+            else:
+                got = self._table_lookup(tkeys)
+            if got is not None:
+                rows, resolved = got
+                if todo is None:
+                    locs[:] = rows
+                else:
+                    locs[todo] = rows
+                self.cache.put_rows(tkeys, rows)
+                if resolved.all():
+                    return
+                left = np.flatnonzero(~resolved)
+                todo = left if todo is None else todo[left]
+        if todo is None:
+            mkeys, sub_bad = keys, (bad if bad is not None else [])
+            rows = self._lookup_rows(mkeys, sub_bad)
+            locs[:] = rows
+            self.cache.put_rows(mkeys, rows)
+            return
+        miss = todo
         mkeys = [keys[i] for i in miss]
-        sub_bad: list = []
-        rows = self.cache.rows(self._directory_lookup(mkeys, sub_bad))
+        sub_bad = []
+        rows = self._lookup_rows(mkeys, sub_bad)
         locs[miss] = rows
         self.cache.put_rows(mkeys, rows)
         if bad is not None:
@@ -620,7 +1049,7 @@ class Node:
         data = dict(peer.get("data") or {})
         if data.get("host") in WILDCARDS:
             # A producer listening on all interfaces is reached where discovery is.
-            data["host"] = self.discovery_addr.rpartition(":")[0].strip("[]")
+            data["host"] = self.discovery.host
         return data
 
     def exists_batch(self, keys: Sequence[bytes]) -> list[bool]:
@@ -640,11 +1069,16 @@ class Node:
 
     # -- lifecycle ------------------------------------------------------------------
     def add_handler(self, op: str, fn, owner_only: bool = True) -> None:
-        """Serve an extra control op (only on the discovery-hosting node).
+        """Serve an extra control op (only on the discovery-hosting node, or any node with Redis).
 
         With ``owner_only`` a request must come from a registered node, with
         the token discovery issued it (a peer's :meth:`call`); others are refused.
+        With a Redis directory the requests come through Redis lists (see
+        :meth:`peercache.redisdir.RedisDirectory.serve_op`).
         """
+        if is_redis(self.directory):
+            self.discovery.serve_op(op, fn, owner_only)
+            return
         if self.server is None or self.meta is None:
             raise ConfigError("only the node that hosts discovery serves extra ops")
         self.server.handlers[op] = self.meta.owner_only(op, fn) if owner_only else fn
@@ -654,19 +1088,59 @@ class Node:
         return self.discovery.call(op, timeout=timeout, node_id=self.node_id, token=self.token, **fields)
 
     def _lookup_rpc(self, keys: Sequence[bytes]) -> dict:
-        """The lookup reply for ``keys``: one RPC, or as many as discovery's limits need, merged."""
+        """The lookup reply for ``keys``: one RPC, or as many as discovery's limits need, merged.
+
+        It asks for fixed binary records (``recs``) and sends the epoch of the node infos it
+        holds; a directory that answers with the original ``locs`` lists is read as before.
+        """
         parts = list(self._chunks(keys, 8))
+        ask = {"recs": True, "epoch": self._peers_epoch}
         if len(parts) == 1:
-            return self.discovery.call("lookup", keys=list(keys))
-        locs: list = []
+            return self.discovery.call("lookup", keys=keys if isinstance(keys, list) else list(keys), **ask)
+        replies = [self.discovery.call("lookup", keys=list(keys[a:b]), **ask) for a, b in parts]
         nodes: dict = {}
-        epoch = self.epoch
-        for a, b in parts:
-            r = self.discovery.call("lookup", keys=list(keys[a:b]))
-            locs += r["locs"]
-            nodes.update(r["nodes"])
-            epoch = r["epoch"]
+        for r in replies:
+            nodes.update(r.get("nodes") or {})
+        epoch = replies[-1].get("epoch", self.epoch)
+        if all("recs" in r for r in replies):
+            nids: dict = {}
+            for r in replies:
+                nids.update(r.get("nids") or {})
+            merged = {"recs": b"".join(r["recs"] for r in replies), "nids": nids, "epoch": epoch}
+            gone = []
+            for (a, b), r in zip(parts, replies):
+                g = np.frombuffer(r.get("missing") or b"", "<u4")
+                if len(g) and int(g.max()) >= b - a:
+                    raise RpcError(f"discovery at {self.discovery_addr} sent a malformed lookup reply (a missing "
+                                   f"index beyond its {b - a} keys); is it a PeerCache of the same version?")
+                gone.append(g.astype(np.int64) + a)
+            if any(len(g) for g in gone):
+                merged["missing"] = np.concatenate(gone).astype("<u4").tobytes()
+            if nodes:
+                merged["nodes"] = nodes
+            return merged
+        locs: list = []
+        for (a, b), r in zip(parts, replies):
+            locs += r["locs"] if "recs" not in r else self._record_lists(r, b - a)
         return {"locs": locs, "nodes": nodes, "epoch": epoch}
+
+    def _record_lists(self, reply: dict, n: int) -> list:
+        """A ``recs`` reply of ``n`` keys as ``locs`` lists (to merge it with a ``locs`` reply of a split batch)."""
+        missing = set(np.frombuffer(reply.get("missing") or b"", "<u4").tolist())
+        rows = iter(np.frombuffer(reply["recs"], LOC_DTYPE).tolist())
+        nids = reply.get("nids") or {}
+        out: list = []
+        try:
+            for i in range(n):
+                if i in missing:
+                    out.append(None)
+                    continue
+                node, *fields = next(rows)
+                out.append([nids.get(node, f"?{node}"), *fields])
+        except StopIteration:
+            raise RpcError(f"discovery at {self.discovery_addr} sent a malformed lookup reply (fewer records "
+                           f"than its {n} keys less the missing ones); is it a PeerCache of the same version?") from None
+        return out
 
     def close(self, leave: bool = True) -> None:
         """Leave the cluster and release every resource (idempotent)."""

@@ -22,6 +22,22 @@ from . import tags
 from .errors import ConfigError
 
 
+def sealed_region(name: str, size: int, what: str, hint: str) -> tuple[int, mmap.mmap]:
+    """(fd, mapping) of a memfd of ``size`` bytes whose size is sealed; ConfigError naming ``what`` and ``hint``.
+
+    Consumers on this host map such a region (shm transport): a size change
+    would SIGBUS them, so the size is sealed for good.
+    """
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return fd, mmap.mmap(fd, size)
+    except OSError as e:
+        os.close(fd)
+        raise ConfigError(f"cannot allocate a {size} byte {what}: {e}; {hint}") from e
+
+
 @dataclass(frozen=True)
 class SlotRef:
     """Where one object was written: enough for a directory entry."""
@@ -53,17 +69,8 @@ class Pool:
         self.region_id = region_id
         #: capability the data path checks before serving a range of this region
         self.rkey = secrets.randbits(63) | 1
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, self.size)
-            # Consumers on this host map the region (shm transport): a size
-            # change would SIGBUS them, so the size is sealed for good.
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.mm = mmap.mmap(self.fd, self.size)
-        except OSError as e:
-            os.close(self.fd)
-            raise ConfigError(f"cannot allocate a {self.size} byte pool ({slots} slots x "
-                              f"{capacity} B): {e}; lower --working-set or --page-size") from e
+        self.fd, self.mm = sealed_region(name, self.size, f"pool ({slots} slots x {capacity} B)",
+                                         "lower --working-set or --page-size")
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
         self.words = np.frombuffer(self.mm, dtype=np.uint64)
         self._generation = np.zeros(slots, dtype=np.uint64)

@@ -48,6 +48,8 @@ SOCKET_MAX_FACTOR = 4
 SOCKET_MAX_BYTES = SOCKET_MAX_FACTOR * MAX_REQUEST_BYTES
 #: Largest reply a client accepts (members and lookups of many nodes can exceed a request).
 MAX_REPLY_BYTES = 64 << 20
+#: How often (seconds) a client reads its connection's handshake events between timeouts.
+MONITOR_DRAIN_S = 1.0
 #: Requests up to this size are decoded and answered by the I/O thread itself.
 INLINE_BYTES = 64 << 10
 
@@ -349,27 +351,24 @@ class RpcServer:
                 ready = dict(poller.poll(100))
                 if not ready:
                     continue
+                # Each socket is drained while ZMQ_EVENTS says a message waits: no receive that
+                # fails with Again (an exception per wakeup), at most a bounded batch per socket.
                 if self._zap is not None and self._zap in ready:
                     for _ in range(64):
-                        try:
-                            frames = self._zap.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
+                        if not self._zap.get(zmq.EVENTS) & zmq.POLLIN:
                             break
+                        frames = self._zap.recv_multipart(zmq.NOBLOCK)
                         self._zap.send_multipart(_auth.zap_reply(frames, self.auth))
                 if self._replies in ready:
                     for _ in range(256):
-                        try:
-                            frames = self._replies.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
+                        if not self._replies.get(zmq.EVENTS) & zmq.POLLIN:
                             break
-                        self.sock.send_multipart(frames)
+                        self.sock.send_multipart(self._replies.recv_multipart(zmq.NOBLOCK))
                 if self.sock in ready:
                     for _ in range(64):
-                        try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
+                        if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
                             break
-                        self._on_request(frames)
+                        self._on_request(self.sock.recv_multipart(zmq.NOBLOCK))
         except Exception:  # never let the control plane die silently
             log.exception("rpc server on %s stopped on an unexpected error", self.address)
             raise
@@ -383,8 +382,8 @@ class RpcServer:
         if len(frames) < 2:
             self.stats["dropped"] += 1
             return
-        ident = frames[0].bytes
-        envelope = [f.bytes for f in frames[1:-1]]
+        ident = frames[0]
+        envelope = frames[1:-1]
         if len(envelope) > 4 or any(len(e) > 255 for e in envelope):
             # Not a client of ours (DEALER clients send [b"", request id, body]): nothing to answer to.
             self.stats["dropped"] += 1
@@ -392,13 +391,13 @@ class RpcServer:
         body = frames[-1]
         n = len(body)
         if n <= self.inline_bytes:
-            msg, err = self._decode(body.bytes, large=False)
+            msg, err = self._decode(body, large=False)
             if msg is not None and msg["op"] in self.deferred_ops:
                 self._enqueue(ident, envelope, msg, n)
                 return
             reply = err if msg is None else self._dispatch(msg)
         elif n > self.limits.max_message_bytes:
-            reply = self.handle(body.buffer, large=True)   # refused on size before decoding
+            reply = self.handle(body, large=True)   # refused on size before decoding
         else:
             self._enqueue(ident, envelope, body, n)
             return
@@ -449,7 +448,7 @@ class RpcServer:
                 if isinstance(payload, dict):
                     reply = self._dispatch(payload)
                 else:
-                    reply = self.handle(payload.buffer, large=True)
+                    reply = self.handle(payload, large=True)
                 del payload
                 push.send_multipart([ident, *envelope, self._pack_reply(reply)])
         finally:
@@ -512,6 +511,8 @@ class RpcClient:
         except zmq.ZMQError:
             mon = None
         self._seen = {"connected": False, "handshake": False, "failed": None}
+        self._rcvtimeo = -2              # what RCVTIMEO is set to (set before the first wait)
+        self._drained = time.monotonic()
         s.connect(self.url)
         return s, mon
 
@@ -571,21 +572,35 @@ class RpcClient:
         body = pack(fields)
         wait = self.timeout if timeout is None else timeout
         with self._lock:
-            self._drain_monitor()
+            now = time.monotonic()
+            if now - self._drained > MONITOR_DRAIN_S:
+                # The handshake events only explain a timeout: read them now and then (and at a
+                # timeout), not on every call, so a call costs one send and one blocking receive.
+                self._drained = now
+                self._drain_monitor()
             rid = next(self._ids).to_bytes(8, "little")
-            self._sock.send_multipart([b"", rid, body])
-            deadline = time.monotonic() + wait
+            sock = self._sock
+            sock.send_multipart([b"", rid, body])
+            deadline = now + wait
+            ms = int(wait * 1000) + 1
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+                if ms != self._rcvtimeo:
+                    sock.setsockopt(zmq.RCVTIMEO, ms)
+                    self._rcvtimeo = ms
+                try:
+                    # A receive that blocks in ZeroMQ with the GIL released (no poll, then recv).
+                    frames = sock.recv_multipart() if ms > 0 else None
+                except zmq.Again:
+                    frames = None
+                if frames is None:
                     err = self._timeout_error(op, wait)
                     # Drop the socket so a late reply cannot be taken for the next call.
                     self._close()
                     self._sock, self._mon = self._connect()
                     raise err
-                frames = self._sock.recv_multipart()
                 if len(frames) >= 3 and frames[1] == rid:
                     break
+                ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)   # a late reply of an old call
         try:
             reply = unpack(frames[-1])
         except Exception as e:

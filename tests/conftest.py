@@ -12,6 +12,9 @@ import pytest
 
 BENCH = [sys.executable, "-m", "peercache.bench.cli"]
 
+#: Real redis-server fixtures (`redis_server`, `redis_cluster`) for every test: tests/redis_fixtures.py.
+pytest_plugins = ["redis_fixtures"]
+
 #: How much slower this machine runs than the one the timeouts were written on: the Soft-RoCE
 #: guest (emulated CPU) measures it at boot and exports it; 1 elsewhere.
 SLOWNESS = max(1.0, float(os.environ.get("PEERCACHE_SLOWNESS") or 1))

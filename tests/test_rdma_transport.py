@@ -245,7 +245,10 @@ def test_qp_exchange_through_the_producers_control_endpoint(fake_verbs):
         info = prod.info["data"]
         assert info["host"] == "127.0.0.1" and info["control_port"] == prod.control.port
         assert [r["device"] for r in info["rails"]] == ["p0", "p1"]
-        (rid, cap, size, keys), = info["regions"]
+        # The pool, and the directory table of the node hosting discovery (read one-sided too).
+        regions = {r[0]: r for r in info["regions"]}
+        assert sorted(regions) == [1, 2] and regions[2][1] == prod.meta.directory.table.rkey
+        rid, cap, size, keys = regions[1]
         assert rid == 1 and cap == prod.pool.rkey and size == prod.pool.size
         assert len(keys) == 2 and keys[0][1] != keys[1][1]            # one rkey per rail
         cons._native = SimpleNamespace(adopt=lambda capsule: capsule)
@@ -254,9 +257,10 @@ def test_qp_exchange_through_the_producers_control_endpoint(fake_verbs):
         # Consumer rail 0 pairs with producer rail 0; three channels each, QPs crossed over.
         assert [r.name for r in theirs.rails] == ["p0"] and theirs.nchan == 3
         assert theirs.remote == mine.local_info() and mine.remote == theirs.local_info()
-        assert mine.regions == [(1, cap, size, [tuple(keys[0])])]
+        mine_regions = {r[0]: r for r in mine.regions}
+        assert sorted(mine_regions) == [1, 2] and mine_regions[1] == (1, cap, size, [tuple(keys[0])])
         bad = cons._connect(prod.node_id, info, rkey_xor=0xFF)       # fault injection replaces it
-        assert bad.regions[0][3][0][1] == keys[0][1] ^ 0xFF
+        assert {r[0]: r for r in bad.regions}[1][3][0][1] == keys[0][1] ^ 0xFF
         assert theirs.closed and prod.transport._accepted[f"{cons.id}/{prod.node_id}"] is not theirs
         cons.handles._handles[prod.node_id] = bad
         cons.close()                                                   # tells the producer to drop its QPs

@@ -19,11 +19,43 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("meta", help="standalone discovery + directory process")
     m.add_argument("--discovery-addr", default=options.DEFAULT_DISCOVERY)
     m.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    options.add_directory(m)
     options.add_auth(m)
     return p
 
 
+def _meta_redis(args) -> int:
+    """With a Redis directory there is nothing to host: meta checks Redis and reaps expired nodes."""
+    import threading
+
+    from ..redisdir import RedisDirectory
+
+    options.check_directory(args)
+    d = RedisDirectory(args.directory, timeout=5.0, heartbeat_timeout=args.heartbeat_timeout)
+    print(f"peercache-bench meta: ready on {d.address} ({'Redis Cluster' if d.cluster else 'Redis'}; "
+          "reaping expired nodes)", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    period = max(0.05, min(1.0, args.heartbeat_timeout / 4))
+    try:
+        while not stop.wait(period):
+            try:
+                d.reap()
+            except PeerCacheError as e:
+                logging.getLogger("peercache.bench.meta").warning("reaping: %s", e)
+    finally:
+        d.close()
+    return 0
+
+
 def _meta(args) -> int:
+    from ..dirclient import is_redis
+    if is_redis(args.directory):
+        return _meta_redis(args)
+    if args.directory:
+        options.check_addr(args.directory, "--directory")
+        args.discovery_addr = args.directory
     from ..discovery import MetaService
     from ..rpc import RpcServer
     import threading

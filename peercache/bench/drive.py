@@ -8,8 +8,10 @@ of rates measured over different windows.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import multiprocessing as mp
 import os
+import random
 import signal
 import sys
 import threading
@@ -19,12 +21,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import tags
+from ..dirclient import connect_directory, is_redis
 from ..errors import PeerCacheError
 from ..node import Get, Node
+from ..redisdir import parse_url
 from . import meta, options
 
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
+#: Per-batch latencies one driver thread keeps for the percentiles: beyond this many, a uniform
+#: sample of the window's batches (reservoir sampling), so memory stays bounded on long points.
+LATENCY_SAMPLES = 100_000
 
 
 @dataclass
@@ -39,14 +46,26 @@ class ThreadStats:
     verify_failures: int = 0
     batches: int = 0
     latencies: list = field(default_factory=list)
+    #: batches whose latency was offered to ``latencies`` (more than it holds once it is full)
+    latency_seen: int = 0
     #: reason of the first batch with errors (the point's reason when nothing aborted)
     first_error: str | None = None
 
     def add(self, other: "ThreadStats") -> None:
-        for f in ("bytes", "keys", "hits", "misses", "errors", "verify_failures", "batches"):
+        for f in ("bytes", "keys", "hits", "misses", "errors", "verify_failures", "batches", "latency_seen"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.latencies.extend(other.latencies)
         self.first_error = self.first_error or other.first_error
+
+    def sample_latency(self, seconds: float, rnd: random.Random) -> None:
+        """Keep one batch's latency: all of the first LATENCY_SAMPLES, then a uniform sample of them all."""
+        self.latency_seen += 1
+        if len(self.latencies) < LATENCY_SAMPLES:
+            self.latencies.append(seconds)
+        else:
+            j = rnd.randrange(self.latency_seen)
+            if j < LATENCY_SAMPLES:
+                self.latencies[j] = seconds
 
 
 class _Worker:
@@ -60,7 +79,7 @@ class _Worker:
         self.keys_arr = np.empty(len(self.keys), dtype=object)
         self.keys_arr[:] = self.keys
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
-        self.node = Node(cfg["discovery_addr"], protocol=cfg["protocol"],
+        self.node = Node(cfg["discovery_addr"], directory=cfg.get("directory"), protocol=cfg["protocol"],
                          max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
                          rpc_timeout=3.0, name=f"drive-{pidx}",
                          transport_options=cfg.get("transport_options"), auth_key=cfg.get("auth_key"),
@@ -100,7 +119,7 @@ class _Worker:
             if time.monotonic() > deadline:
                 raise PeerCacheError(
                     f"the working set ({len(self.keys)} objects) is not published at "
-                    f"{self.cfg['discovery_addr']} after {self.cfg['ready_timeout']:.0f} s; start "
+                    f"{self.node.discovery.address} after {self.cfg['ready_timeout']:.0f} s; start "
                     "`peercache-bench serve` with the same --working-set/--layout/--page-size")
             time.sleep(0.2)
 
@@ -141,6 +160,7 @@ class _Worker:
         cfg = self.cfg
         ws, batch, objs, page = cfg["working_set"], cfg["batch_size"], self.objs, cfg["page_size"]
         rng = np.random.default_rng(cfg["seed"] * 7919 + self.pidx * 131 + tid)
+        rnd = random.Random(cfg["seed"] * 7919 + self.pidx * 131 + tid)
         base = tid * self.slice_bytes
         offsets = base + np.arange(batch * objs, dtype=np.uint64) * page
         caps = np.full(batch * objs, page, dtype=np.uint64)
@@ -210,7 +230,7 @@ class _Worker:
                 st.verify_failures += vfail
                 b = n_hit * page if get else 0
                 st.bytes += b
-                st.latencies.append(lat)
+                st.sample_latency(lat, rnd)
                 pending += b if get else n_hit
                 if done >= next_flush:   # progress counter: a few lock takes a second, not one per batch
                     self._add_live(pending)
@@ -258,11 +278,20 @@ def _die_with_parent(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _worker_class(cfg: dict) -> type:
+    """The worker class a driver process runs: drive's own, or ``cfg["worker"]`` ("module:Class")."""
+    spec = cfg.get("worker")
+    if not spec:
+        return _Worker
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _worker_main(conn, cfg: dict, pidx: int, live, parent_pid: int | None = None) -> None:
     _die_with_parent(parent_pid)
     worker = None
     try:
-        worker = _Worker(cfg, pidx, live)
+        worker = _worker_class(cfg)(cfg, pidx, live)
         worker.wait_ready()
         conn.send(("ready", worker.gpu_method))
         while True:
@@ -315,6 +344,7 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
         "pages_per_s": round(total.hits / objs / dur, 1),
         "objects_per_s": round(total.hits / dur, 1),
         "latency_us": _percentiles(total.latencies),
+        "latency_samples": len(total.latencies), "latency_batches": total.latency_seen,
         "hit_rate": round(total.hits / total.keys, 6) if total.keys else None,
         "keys": total.keys, "errors": total.errors, "verify_failures": total.verify_failures,
         "verified": bool(cfg["verify"] and get),
@@ -343,20 +373,27 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> tuple[int, dict]:
-    """Run every concurrency point; returns (exit status, result document)."""
+def run(args, worker: str | None = None) -> tuple[int, dict]:
+    """Run every concurrency point; returns (exit status, result document).
+
+    ``worker`` ("module:Class", a subclass of drive's worker) is what each
+    driver process runs instead of drive's own reader (hicache_drive's).
+    """
     options.validate(args, "drive")
     check_prerequisites(args)
     cfg = {k: getattr(args, k) for k in (
         "discovery_addr", "protocol", "layout", "page_size", "working_set", "max_channels",
         "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup",
         "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device", "integrity")}
+    cfg["directory"] = options.directory(args)
+    cfg["worker"] = worker
     cfg["transport_options"] = options.transport_options(args)
     cfg["auth_key"] = options.auth_secret(args)   # to the driver processes only, never into the document
     start = meta.now_iso()
     doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "drive",
            "meta": {**meta.host_block(), "command": meta.command_line(), "start": start, "end": None,
                     "discovery_addr": args.discovery_addr, "protocol": args.protocol,
+                    "directory": _safe_directory(cfg["directory"]),
                     "devices": options.devices(args), "layout": args.layout,
                     "objects_per_page": options.objects_per_page(args.layout),
                     "page_size": args.page_size, "batch_size": args.batch_size,
@@ -386,7 +423,7 @@ def run(args) -> tuple[int, dict]:
             if msg[0] == "error":
                 raise PeerCacheError(msg[1])
             doc["meta"]["gpu_registration"] = msg[1]
-        say(f"drive: {args.processes} process(es) ready against {args.discovery_addr}")
+        say(f"drive: {args.processes} process(es) ready against {_safe_directory(cfg['directory'])}")
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3
             if k == 0 and args.start_at is not None:
@@ -438,8 +475,17 @@ def run(args) -> tuple[int, dict]:
     return (0 if doc["status"] == "ok" else 1), doc
 
 
+def _safe_directory(spec: str) -> str:
+    """The directory spec for documents and messages (a Redis URL's password masked)."""
+    return parse_url(spec).safe if is_redis(spec) else spec
+
+
 def check_prerequisites(args) -> None:
-    """Fail before any process starts when --gpu or --protocol rdma cannot work here."""
+    """Fail before any process starts when --gpu or --protocol rdma cannot work here, or a Redis
+    directory does not answer (an error naming its URL, within its connect timeout)."""
+    spec = options.directory(args)
+    if is_redis(spec):
+        connect_directory(spec, timeout=3.0).close()
     if args.gpu:
         from .. import gpu
         gpu.require()
@@ -521,7 +567,8 @@ def _collect(conns, procs, lives, t0, conc, k, args, say) -> list[dict]:
 def _tell_serve(args, doc: dict) -> None:
     try:
         # reader_done is accepted only in a registered node's name: register, tell, leave.
-        cli = Node(args.discovery_addr, rpc_timeout=2.0, name="drive", auth_key=options.auth_secret(args))
+        cli = Node(args.discovery_addr, directory=options.directory(args), rpc_timeout=2.0, name="drive",
+                   auth_key=options.auth_secret(args))
         try:
             cli.call("reader_done", summary={"status": doc["status"], "points": len(doc["points"])})
         finally:

@@ -6,7 +6,9 @@ import math
 import os
 
 from .. import tags
+from ..dirclient import is_redis
 from ..errors import ConfigError
+from ..redisdir import PASSWORD_ENV as REDIS_PASSWORD_ENV, parse_url
 from ..transport import PROTOCOLS
 
 LAYOUTS = {"mla": ("",), "mha": ("/k", "/v")}  # object suffixes per page
@@ -46,6 +48,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     """Flags shared by serve and drive (they must agree on the working set)."""
     p.add_argument("--discovery-addr", default=DEFAULT_DISCOVERY,
                    help="HOST:PORT of discovery (serve binds it; drive connects to it) [%(default)s]")
+    add_directory(p)
     p.add_argument("--protocol", default="tcp", choices=PROTOCOLS, help="data transport [%(default)s]")
     p.add_argument("--device-name", default=None, help="one RDMA device (rdma protocol)")
     p.add_argument("--devices", default=None, help="comma-separated RDMA devices, one rail each (rdma)")
@@ -62,6 +65,32 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="serve: write a checksum (XXH3-64) of each page in its slot header; drive: check it "
                         "before a read counts as a hit (a mismatch is a miss and a counter) [off]")
     add_auth(p)
+
+
+def add_directory(p: argparse.ArgumentParser) -> None:
+    """``--directory`` (serve, drive and meta)."""
+    p.add_argument("--directory", default=None, metavar="SPEC",
+                   help="where the directory lives: HOST:PORT = the embedded one (the same as "
+                        "--discovery-addr), or redis://[USER:PASSWORD@]HOST:PORT/DB / rediss://... "
+                        f"(Redis or Redis Cluster; the password also from ${REDIS_PASSWORD_ENV}) "
+                        "[the embedded directory at --discovery-addr]")
+
+
+def directory(args) -> str:
+    """The directory spec of a run: --directory, else --discovery-addr."""
+    return getattr(args, "directory", None) or args.discovery_addr
+
+
+def check_directory(args) -> None:
+    """--directory: a Redis URL that parses, or HOST:PORT (then it stands for --discovery-addr)."""
+    spec = getattr(args, "directory", None)
+    if not spec:
+        return
+    if is_redis(spec):
+        parse_url(spec)
+        return
+    check_addr(spec, "--directory")
+    args.discovery_addr = spec
 
 
 def add_auth(p: argparse.ArgumentParser) -> None:
@@ -87,6 +116,13 @@ def serve_parser(p: argparse.ArgumentParser) -> None:
                    help="exit after this many seconds even if readers are missing [%(default)s]")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="drop nodes silent for this long [%(default)s]")
+    from ..dirtable import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
+    per_entry = LINE_BYTES * (DEFAULT_WAYS + 1) / DEFAULT_WAYS
+    p.add_argument("--dir-table-entries", type=int, default=DEFAULT_ENTRIES,
+                   help="entries of the directory table drivers read one-sided (embedded directory only): "
+                        f"about {per_entry:.0f} B of memory each, {DEFAULT_ENTRIES * per_entry / 2**20:.0f} MiB "
+                        "at the default, touched as it fills (pinned whole under rdma); keys beyond it are "
+                        "answered by the lookup RPC; 0 = no table [%(default)s]")
     p.add_argument("--out", default=None, help="write serve's JSON summary here")
 
 
@@ -141,6 +177,7 @@ def objects_per_page(layout: str) -> int:
 
 def validate(args, mode: str) -> None:
     """Refuse impossible combinations before anything starts."""
+    check_directory(args)
     check_addr(args.discovery_addr)
     if args.page_size <= 0:
         raise ConfigError(f"--page-size must be positive, got {args.page_size}")
@@ -160,6 +197,9 @@ def validate(args, mode: str) -> None:
             raise ConfigError(f"--readers must be >= 0, got {args.readers}")
         _seconds("--max-wait", args.max_wait, allow_inf=True)
         _seconds("--heartbeat-timeout", args.heartbeat_timeout, positive=True)
+        if getattr(args, "dir_table_entries", 0) < 0:
+            raise ConfigError(f"--dir-table-entries must be >= 0 (0 = no directory table), got "
+                              f"{args.dir_table_entries}")
         objects = args.working_set * objs
         pool = objects * slot_bytes(args.page_size)
         _fits(pool + objects * SERVE_BYTES_PER_OBJECT,

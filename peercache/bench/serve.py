@@ -1,4 +1,8 @@
-"""``peercache-bench serve``: host discovery, publish the working set, wait for readers."""
+"""``peercache-bench serve``: host discovery, publish the working set, wait for readers.
+
+With ``--directory redis://...`` serve hosts no discovery: it registers and
+publishes in Redis, and drivers' ``reader_done`` reaches it through Redis.
+"""
 from __future__ import annotations
 
 import json
@@ -42,11 +46,12 @@ def run(args) -> int:
                 done.set()
             return {"readers_done": len(readers_done)}
 
-    node = Node(args.discovery_addr, protocol=args.protocol, bind_host=bind, host_discovery=True,
+    where = options.directory(args)
+    node = Node(args.discovery_addr, directory=where, protocol=args.protocol, bind_host=bind, host_discovery=True,
                 pool_slots=len(keys), slot_capacity=args.page_size, max_channels=args.max_channels,
                 heartbeat_timeout=args.heartbeat_timeout, name="serve",
                 transport_options=options.transport_options(args), auth_key=options.auth_secret(args),
-                integrity=args.integrity)
+                integrity=args.integrity, dir_table_entries=args.dir_table_entries)
     try:
         node.add_handler("reader_done", reader_done)
         t0 = time.monotonic()
@@ -54,7 +59,7 @@ def run(args) -> int:
             node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)
         pub_s = time.monotonic() - t0
         total = len(keys) * args.page_size
-        print(f"{READY_LINE} on {args.discovery_addr} protocol={args.protocol} layout={args.layout} "
+        print(f"{READY_LINE} on {node.discovery.address} protocol={args.protocol} layout={args.layout} "
               f"objects={len(keys)} page_size={args.page_size} B integrity={'on' if args.integrity else 'off'} "
               f"({total / 2**20:.1f} MiB, "
               f"published in {pub_s:.2f} s)", flush=True)

@@ -35,6 +35,30 @@ figures run with verification off. What each figure measures:
   unverified run without it. ``integrity_vs_off_shm_128k`` is the same on shm, where the
   copy runs at memory speed and the checksum's own cost shows (no target).
 
+- ``latency_4k_uncached_vs_rtt`` / ``latency_4k_cached_vs_rtt``: the p50 of one 4 KiB GET
+  (``drive --protocol tcp --batch-size 1 --page-size 4096``, one thread, one channel; the
+  time of each ``get_batch_into`` call) with ``--dir-cache-ttl 0`` (every GET asks the
+  directory, then reads) and with the location cached, over the p50 round trip of
+  ``sockperf ping-pong --tcp -m 4096 --full-rtt`` between the same two network namespaces,
+  measured just before them in the same round. Targets are upper bounds (``at_most``).
+
+- ``hicache_v1_vs_drive_128k``: SGLang HiCache's zero-copy read, ``PeerCacheStore.batch_get_v1``
+  of 128 pages of 128 KiB (SGLang's storage batch) into a page_first host KV pool
+  (``python -m peercache.bench.hicache_drive drive``: drive's loop, window and document, each
+  batch read through the store) against ``drive`` at the same geometry over shm, against the
+  same kind of ``serve``, drive measured just before it in the same round.
+
+- ``dir_lookups_embedded_128``: directory lookups per second (keys/s, the ``ops/s`` of its
+  rows) at a batch of 128 keys, ``python -m peercache.bench.dirbench --directory 127.0.0.1:P``:
+  a producer node hosting the embedded directory publishes 16384 keys, then 2 client
+  processes, one lookup in flight each, look up random batches (no cache). Target: at least.
+- ``dir_lookups_redis_vs_mget_128``: the same dirbench against the Redis backend
+  (``--directory redis://127.0.0.1:P/0``) over ``redis-benchmark -c 2 -P 1 --csv MGET`` of 128
+  keys (56-byte values, the size of the backend's records, under its own entry names) on the same redis-server (one
+  per bench run, started and stopped by ``peercache.lab.launch.redis``, emptied before each
+  point), measured just before it in the same round; equal concurrency: 2 client processes
+  against 2 connections, one request in flight on each.
+
 Ratios come from paired rounds: each round's PeerCache figure over the baseline measured
 just before it (in the same round); the median of those per-round ratios, with min and max.
 """
@@ -75,6 +99,14 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_tcp_integrity_128k": ("get_throughput", "GB/s"),
     "node_api_pages_per_s_64b": ("pages_per_s", "pages/s"),
     "drive_pages_per_s_64b": ("pages_per_s", "pages/s"),
+    "drive_shm_128k_b128": ("get_throughput", "GB/s"),
+    "hicache_v1_shm_128k": ("get_throughput", "GB/s"),
+    "sockperf_tcp_4k": ("rtt_p50", "us"),
+    "peercache_tcp_4k_uncached": ("latency_p50", "us"),
+    "peercache_tcp_4k_cached": ("latency_p50", "us"),
+    "dirlookup_embedded_128": ("keys_per_s", "ops/s"),
+    "redis_mget_128": ("keys_per_s", "ops/s"),
+    "dirlookup_redis_128": ("keys_per_s", "ops/s"),
 }
 #: ratio -> (PeerCache figure, baseline figure measured just before it in each round; None: the figure itself).
 RATIOS: dict[str, tuple[str, str | None]] = {
@@ -85,6 +117,11 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "integrity_vs_off_128k": ("peercache_tcp_integrity_128k", "peercache_tcp_128k"),
     "integrity_vs_off_shm_128k": ("peercache_shm_integrity_128k", "peercache_shm_128k"),
     "pages_per_s_64b": ("node_api_pages_per_s_64b", None),
+    "hicache_v1_vs_drive_128k": ("hicache_v1_shm_128k", "drive_shm_128k_b128"),
+    "latency_4k_uncached_vs_rtt": ("peercache_tcp_4k_uncached", "sockperf_tcp_4k"),
+    "latency_4k_cached_vs_rtt": ("peercache_tcp_4k_cached", "sockperf_tcp_4k"),
+    "dir_lookups_embedded_128": ("dirlookup_embedded_128", None),
+    "dir_lookups_redis_vs_mget_128": ("dirlookup_redis_128", "redis_mget_128"),
 }
 #: ``check`` line -> the verified part behind it.
 CHECKS: dict[str, str] = {"shm_128k": "shm_128k_check", "tcp_128k": "tcp_128k_check",
@@ -98,6 +135,9 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("iperf3_tcp_128k", "peercache_tcp_128k", "peercache_tcp_verified_128k",
                 "peercache_tcp_integrity_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
+    ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
+    ("rounds", ("sockperf_tcp_4k", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached")),
+    ("rounds", ("dirlookup_embedded_128", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),
 )
 
@@ -116,8 +156,10 @@ class BenchPlan:
 
 
 def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCENARIOS_FILE,
-         testbed_file: Path = TESTBED_FILE) -> BenchPlan:
-    """The bench's points (one per part) and their run order for ``rounds`` paired rounds; nothing runs."""
+         testbed_file: Path = TESTBED_FILE, only: list[str] | None = None) -> BenchPlan:
+    """The bench's points (one per part) and their run order for ``rounds`` paired rounds; nothing runs.
+
+    ``only``: ratio names; the schedule keeps just the parts behind them (``--only``, a quick look)."""
     sc = experiments.load_scenarios(scenarios_file, forms=("local",))
     tb = experiments.load_testbed(testbed_file, sc)
     tb.doc.update(duration=duration, warmup=warmup, repetitions=rounds)
@@ -137,6 +179,12 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
     for how, parts in STAGES:
         for r in range(rounds if how == "rounds" else 1):
             schedule += [(by_part[part], r) for part in parts]
+    if only:
+        unknown = sorted(set(only) - set(RATIOS))
+        if unknown:
+            raise experiments.DefinitionError(f"--only: no ratio(s) {unknown}; the bench's ratios are {sorted(RATIOS)}")
+        keep = {x for name in only for x in RATIOS[name] if x}
+        schedule = [(pt, r) for pt, r in schedule if pt.part in keep]
     return BenchPlan(tb, by_part, schedule)
 
 
@@ -186,10 +234,14 @@ def single(res: dict, name: str, part: str) -> None:
                            "rounds": len(vals)}
 
 
-def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], rounds: int) -> None:
-    """Fill ``res`` (raw, rounds, ratios, checks) from every point's rows."""
+def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], rounds: int,
+              only: list[str] | None = None) -> None:
+    """Fill ``res`` (raw, rounds, ratios, checks) from every point's rows (``only``: just those ratios)."""
     in_rounds = {part for how, parts in STAGES if how == "rounds" for part in parts}
+    measured = {part for part, _ in point_rows}
     for part in FIGURES:
+        if only and part not in measured:
+            continue
         reps = sorted(k for p, k in point_rows if p == part)
         vals = [figure(point_rows[(part, k)], part) for k in reps]
         if part in in_rounds:
@@ -197,9 +249,13 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
         else:
             res["raw"][part] = round(vals[0], 4) if FIGURES[part][1] == "GB/s" else round(vals[0])
     for name, part in CHECKS.items():
+        if only and part not in measured:
+            continue
         reps = sorted(k for p, k in point_rows if p == part)
         res["checks"].append(check_line(name, point_rows[(part, reps[-1])]))
     for name, (pc, base) in RATIOS.items():
+        if only and name not in only:
+            continue
         if base is None:
             single(res, name, pc)
         else:
@@ -208,31 +264,42 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
     res["raw"] = {k: res["raw"][k] for k in FIGURES if k in res["raw"]}
 
 
-def ratio_rows(res: dict, run_id: str, targets: dict[str, float]) -> pd.DataFrame:
-    """One tidy row per ratio with its verdict against the references' ``bench_targets``."""
+def ratio_rows(res: dict, run_id: str, targets: dict[str, float],
+               at_most: dict[str, float] | None = None) -> pd.DataFrame:
+    """One tidy row per ratio with its verdict against the references' ``bench_targets``
+    (``targets``: at least; ``at_most``: at most, a latency over its baseline)."""
     out = []
+    at_most = at_most or {}
     for name, v in res["ratios"].items():
         pc, base = RATIOS[name]
-        t = targets.get(name)
-        verdict = "unchecked" if t is None else ("ok" if v["median"] >= t else "low")
+        t, most = (at_most[name], True) if name in at_most else (targets.get(name), False)
+        if t is None:
+            verdict = "unchecked"
+        elif most:
+            verdict = "ok" if v["median"] <= t else "high"
+        else:
+            verdict = "ok" if v["median"] >= t else "low"
+        op = {("ok", False): ">=", ("low", False): "<", ("ok", True): "<=", ("high", True): ">"}.get((verdict, most))
         why = (f"no bench_targets.{name} in the references" if t is None else
-               f"median {v['median']:.4g} {'>=' if verdict == 'ok' else '<'} target {t:g} (bench_targets.{name})")
+               f"median {v['median']:.4g} {op} target {t:g} (bench_targets.{name})")
         row = tidy.Row(experiment=SCENARIO, testbed=SCENARIO, scenario=SCENARIO, run_id=run_id, metric=name,
                        value=float(v["median"]), unit="ratio" if base else FIGURES[pc][1], side="aggregate",
                        tool="peercache.lab.ratios",
                        extra={"min": v["min"], "max": v["max"], "rounds": v["rounds"], "each": v.get("each"),
-                              "peercache": pc, "baseline": base, "target_at_least": t})
+                              "peercache": pc, "baseline": base,
+                              ("target_at_most" if most else "target_at_least"): t})
         out.append(dict(row.to_dict(), verdict=verdict, verdict_reason=why))
     return pd.DataFrame(out)
 
 
-def write_tidy(run_dir: Path, point_rows: dict, res: dict | None, targets: dict[str, float]) -> Path:
+def write_tidy(run_dir: Path, point_rows: dict, res: dict | None, targets: dict[str, float],
+               at_most: dict[str, float] | None = None) -> Path:
     """results/bench/<run>/rows.parquet (every point's rows and the ratios, with verdicts) and runs.parquet."""
     metas = [tidy.read_result(p)[0] for p in sorted(run_dir.rglob(tidy.RESULT_FILE))]
     rows = collect.normalize_rows(collect.rows_frame(r for rs in point_rows.values() for r in rs))
     rows = apply_verdicts(rows, {})
     if res is not None and res["ratios"]:
-        rr = ratio_rows(res, f"{SCENARIO}/{run_dir.name}/ratios", targets)
+        rr = ratio_rows(res, f"{SCENARIO}/{run_dir.name}/ratios", targets, at_most)
         rows = pd.concat([rows, collect.normalize_rows(rr).assign(verdict=rr["verdict"].values,
                                                                    verdict_reason=rr["verdict_reason"].values)],
                          ignore_index=True)
@@ -246,8 +313,14 @@ def run(bp: BenchPlan, run_dir: Path, log=print) -> tuple[dict, dict]:
     res: dict = {"ratios": {}, "raw": {}, "rounds": {}, "checks": [], "notes": []}
     point_rows: dict[tuple[str, int], list[tidy.Row]] = {}
     tb = bp.testbed
-    with runpoint.testbed_hosts(tb) as pair, runpoint.testbed_hosts(tb, loopback=True) as lo:
-        if pair.note:
+    # The netns pair only when a scheduled part uses it (an --only run of loopback parts leaves it alone);
+    # one redis-server for the run's Redis points (the MGET limit and the backend on the same server).
+    on_loopback = all(pt.loopback for pt, _ in bp.schedule)
+    with runpoint.testbed_hosts(tb, loopback=on_loopback) as pair, runpoint.testbed_hosts(tb, loopback=True) as lo, \
+            runpoint.shared_redis():
+        if on_loopback:
+            pass
+        elif pair.note:
             res["notes"].append(f"tcp over loopback 127.0.0.1, not netns: {pair.note}")
         else:
             spec = {role: tb["hosts"][role]["host"].removeprefix("netns:") for role in ("producer", "consumer")}
@@ -275,14 +348,18 @@ def main(argv=None) -> int:
     p.add_argument("--results", default="results/bench",
                    help="folder of the bench's runs; this run goes in <results>/<UTC time>-<pid>/ [%(default)s]")
     p.add_argument("--out", default=None, help="also write the JSON document here")
+    p.add_argument("--only", default=None, metavar="RATIO,...",
+                   help="run only the parts behind these ratios (a quick look; `make bench` runs them all)")
     args = p.parse_args(argv)
+    only = [x for x in (args.only or "").split(",") if x] or None
     if args.duration <= 0 or args.duration > 30 or args.warmup < 0 or args.warmup > 10:
         p.error("--duration must be in (0, 30] and --warmup in [0, 10] seconds")
     if not 1 <= args.rounds <= 5:
         p.error("--rounds must be 1..5 (the whole bench must stay well under 5 minutes)")
     try:
-        bp = plan(args.rounds, args.duration, args.warmup)
+        bp = plan(args.rounds, args.duration, args.warmup, only=only)
         targets = load_bench_targets()
+        at_most = load_bench_targets(bound="at_most")
     except (experiments.DefinitionError, ValueError) as e:
         print(f"bench: invalid definition: {e}", file=sys.stderr)
         return 2
@@ -298,12 +375,12 @@ def main(argv=None) -> int:
     res, point_rows = None, {}
     try:
         res, point_rows = run(bp, run_dir)
-        summarise(res, point_rows, args.rounds)
+        summarise(res, point_rows, args.rounds, only)
     except BenchError as e:
         print(f"bench: FAILED: {e} (logs and results: {run_dir})", file=sys.stderr)
-        write_tidy(run_dir, point_rows, None, targets)
+        write_tidy(run_dir, point_rows, None, targets, at_most)
         return 1
-    write_tidy(run_dir, point_rows, res, targets)
+    write_tidy(run_dir, point_rows, res, targets, at_most)
     for line in res["checks"]:
         print(line)
     for n in res["notes"]:
@@ -316,7 +393,10 @@ def main(argv=None) -> int:
         print(f"ratio {k} {fmt(v['median'])} (median of {v['rounds']} paired rounds; min {fmt(v['min'])}, "
               f"max {fmt(v['max'])})")
         t = targets.get(k)
-        if t is None:
+        if k in at_most:
+            print(f"#   target <= {at_most[k]:g} (data/reference/references.yaml): "
+                  f"{'met' if v['median'] <= at_most[k] else 'NOT met'}")
+        elif t is None:
             print(f"#   no target for {k} in the references")
         else:
             print(f"#   target >= {t:g} (data/reference/references.yaml): "

@@ -33,7 +33,8 @@ def test_point_names_are_those_of_the_tidy_data_and_charts():
 
 def test_every_kind_declares_typed_knobs_metrics_in_known_units_and_a_runner():
     from peercache.lab.pipeline.runpoint import PointRun
-    assert set(kinds.KINDS) == {"perftest", "iperf3", "memcpy", "peercache", "group", "node_api"}
+    assert set(kinds.KINDS) == {"perftest", "iperf3", "memcpy", "peercache", "group", "node_api", "sockperf", "hicache",
+                                 "dirlookup", "redis_benchmark"}
     for name, k in kinds.KINDS.items():
         assert callable(getattr(PointRun, k.runs_with)), name
         assert k.primary in k.metrics and all(u in tidy.UNITS for u in k.metrics.values()), name

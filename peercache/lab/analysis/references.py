@@ -238,8 +238,9 @@ def apply_verdicts(df: pd.DataFrame, refs: dict[str, TestbedRefs]) -> pd.DataFra
     return out
 
 
-def load_bench_targets(path=None) -> dict[str, float]:
-    """``make bench``'s targets (ratio name -> the least median that meets it) from the references file."""
+def load_bench_targets(path=None, bound: str = "at_least") -> dict[str, float]:
+    """``make bench``'s targets from the references file: ratio name -> the least median that meets
+    it (``bound="at_least"``), or the largest (``bound="at_most"``: a latency over its baseline)."""
     import yaml
 
     path = Path(path) if path else Path(__file__).resolve().parents[3] / "data" / "reference" / "references.yaml"
@@ -247,7 +248,12 @@ def load_bench_targets(path=None) -> dict[str, float]:
     out = {}
     for name, t in (doc.get("bench_targets") or {}).items():
         try:
-            out[str(name)] = float(t["at_least"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: bench_targets.{name} must be {{at_least: N}}, got {t!r}") from None
+            (how, value), = t.items()
+            if how not in ("at_least", "at_most"):
+                raise KeyError(how)
+            if how == bound:
+                out[str(name)] = float(value)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"{path}: bench_targets.{name} must be {{at_least: N}} or {{at_most: N}}, "
+                             f"got {t!r}") from None
     return out

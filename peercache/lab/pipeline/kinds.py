@@ -282,6 +282,30 @@ class Iperf3Run(_Timed):
         return "iperf3"
 
 
+class SockperfRun(_Timed):
+    """sockperf TCP ping-pong (the raw round trip of a path): server on the producer, client on the consumer."""
+
+    name = "sockperf"
+    runs_with = "sockperf"
+    metrics = {"rtt_p50": "us", "rtt_p99": "us", "rtt_p999": "us", "rtt_avg": "us", "observations": "count"}
+    primary = "rtt_p50"
+
+    #: message size in bytes, -m, echoed back (int, swept): the page size of the GETs it is the limit for
+    msg_size = parameter(POSITIVE_INT, doc="message size in bytes (-m), echoed back")
+
+    @classmethod
+    def point_name(cls, one):
+        return f"sockperf_pp_m{sizes(one['msg_size'])}"
+
+    @classmethod
+    def params(cls, one, devices):
+        return {"msg_size": one["msg_size"], **_timing(one)}
+
+    @classmethod
+    def row_tool(cls, params):
+        return "sockperf"
+
+
 class MemcpyRun(_Timed):
     """One-thread memcpy of pool-shaped pages into a batch buffer on the producer (the shm limit), per NUMA node."""
 
@@ -381,6 +405,24 @@ class PeerCacheRun(_PeerCacheKnobs):
         return list(params.get("devices") or []) if params.get("protocol") == "rdma" else []
 
 
+class HiCacheRun(PeerCacheRun):
+    """``serve`` on the producer; on the consumer drive's loop with every batch read through SGLang HiCache's
+    v1 path (``PeerCacheStore.batch_get_v1`` into a page_first host KV pool: peercache.bench.hicache_drive)."""
+
+    name = "hicache"
+    runs_with = "peercache"
+    #: the consumer's tool: drive's flags and result document, the read through the HiCache store
+    drive_module: ClassVar[str] = "peercache.bench.hicache_drive"
+
+    @classmethod
+    def point_name(cls, one):
+        return PeerCacheRun.point_name(one).replace("pc_", "hc_", 1)
+
+    @classmethod
+    def row_tool(cls, params):
+        return "peercache-hicache"
+
+
 class PeerCacheGroupRun(_PeerCacheKnobs):
     """One serve/drive pair per NIC (or per group without NICs), all measuring one shared, barrier-aligned window."""
 
@@ -446,6 +488,86 @@ class NodeApiRun(_Timed):
     @classmethod
     def row_tool(cls, params):
         return "peercache-node-api"
+
+
+# Directory throughput (issue 16): keys/s and batches/s are rates of ops (an op = one key, resp. one batch).
+_DIR_METRICS = {"keys_per_s": "ops/s", "batches_per_s": "ops/s", "latency_p50": "us", "latency_p99": "us"}
+
+
+class DirLookupRun(_Timed):
+    """Directory lookups/s (``python -m peercache.bench.dirbench``) on this host: a producer node publishes
+    ``keys`` keys, then ``clients`` client processes look up random batches, one batch in flight each.
+
+    ``directory: embedded``: dirbench hosts the embedded directory itself (as serve's node does) on a free
+    127.0.0.1 port. ``directory: redis``: the Redis backend on a redis-server started by launch code
+    (peercache.lab.launch.redis) and emptied first; in ``make bench`` one server for the whole run (see
+    runpoint.shared_redis), the one the ``redis_benchmark`` point measured just before. Equal concurrency for that
+    pair: ``clients`` here is the client *processes* (each one connection, one batch in flight) and the
+    redis_benchmark part's ``clients`` its connections (``-c``, no pipelining): give both the same value.
+    """
+
+    name = "dirlookup"
+    runs_with = "dirlookup"
+    metrics = {**_DIR_METRICS, "misses": "count", "verify_failures": "count"}
+    primary = "keys_per_s"
+
+    #: the directory backend (str): embedded (HOST:PORT) or redis (redis://127.0.0.1:PORT/0)
+    directory = variable(one_of("embedded", "redis"), doc="directory backend (dirbench --directory)")
+    #: keys per lookup (int, swept), --batch
+    batch = parameter(POSITIVE_INT, doc="keys per lookup (--batch)")
+    #: client processes, one batch in flight each (int, swept), --clients
+    clients = parameter(POSITIVE_INT, [1], "client processes, one batch in flight each (--clients)")
+    #: keys published before the lookups (int), --keys
+    keys = variable(POSITIVE_INT, 16384, "keys published (--keys)", tag="k{}")
+
+    @classmethod
+    def point_name(cls, one):
+        return f"dir_{one['directory']}_b{one['batch']}_c{one['clients']}"
+
+    @classmethod
+    def params(cls, one, devices):
+        return {"directory": one["directory"], "batch": one["batch"], "clients": one["clients"],
+                "keys": one["keys"], **_timing(one)}
+
+    @classmethod
+    def row_tool(cls, params):
+        return "peercache-dirbench"
+
+
+class RedisBenchmarkRun(_Timed):
+    """``redis-benchmark`` MGET of ``batch`` keys (Redis's own client, the raw limit of a Redis directory) on a
+    redis-server started by launch code on this host (in ``make bench``: the run's shared one), emptied first.
+
+    The keys are those the Redis backend stores the bench's first ``batch`` entries under
+    (``pc:e:pc/<i>``), each holding ``value_bytes`` bytes; ``clients`` connections (``-c``), no pipelining
+    (``-P 1``): one MGET in flight per connection, as each dirlookup client process has one lookup in
+    flight. A short calibration run sizes ``-n`` so the measured run lasts about the point's duration.
+    """
+
+    name = "redis_benchmark"
+    runs_with = "redis_benchmark"
+    metrics = dict(_DIR_METRICS)
+    primary = "keys_per_s"
+
+    #: keys per MGET (int, swept)
+    batch = parameter(POSITIVE_INT, doc="keys per MGET")
+    #: parallel connections, -c (int, swept): the dirlookup clients it is the limit for
+    clients = parameter(POSITIVE_INT, [1], "connections (-c), one MGET in flight each")
+    #: bytes of each key's value (int): one Redis backend entry is a 56-byte LOC_DTYPE record
+    value_bytes = variable(POSITIVE_INT, 56, "bytes per value (a Redis backend entry's size)", tag="v{}")
+
+    @classmethod
+    def point_name(cls, one):
+        return f"redis_mget_b{one['batch']}_c{one['clients']}"
+
+    @classmethod
+    def params(cls, one, devices):
+        return {"batch": one["batch"], "clients": one["clients"], "value_bytes": one["value_bytes"],
+                **_timing(one)}
+
+    @classmethod
+    def row_tool(cls, params):
+        return "redis-benchmark"
 
 
 def _timing(one: dict[str, Any]) -> dict[str, Any]:

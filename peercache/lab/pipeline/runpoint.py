@@ -28,11 +28,13 @@ from typing import Any, Iterator
 
 from peercache.lab.system import cpusample, crosscheck
 from peercache.lab.pipeline import experiments
-from peercache.lab.tools import iperf3, perfstat, perftest
+from peercache.lab.tools import iperf3, perfstat, perftest, sockperf
 from peercache.lab.launch import netns
+from peercache.lab.launch import redis as redis_launch
+from peercache.lab.tools import redis_benchmark
 from peercache.lab.system import numa
 from peercache.lab.errors import ParseError, ToolError
-from peercache.lab.launch.hosts import Host, parse_host
+from peercache.lab.launch.hosts import CommandTimeout, Host, parse_host
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
                      Readiness, SideSpec, WindowBytes)
 from peercache.lab.tidy import Row, RunMeta, convert, write_result
@@ -91,6 +93,41 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
     finally:
         if pair is not None:
             pair.remove()
+
+
+#: The redis-server the Redis points of one bench run share (see :func:`shared_redis`); None outside one.
+_SHARED_REDIS: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def shared_redis() -> Iterator[None]:
+    """Inside it, every Redis point (dirlookup with redis, redis_benchmark) uses one redis-server, started
+    at the first such point and stopped on leaving; outside it, each point starts and stops its own."""
+    global _SHARED_REDIS
+    if _SHARED_REDIS is not None:
+        yield
+        return
+    _SHARED_REDIS = {}
+    try:
+        yield
+    finally:
+        srv, _SHARED_REDIS = _SHARED_REDIS.get("server"), None
+        if srv is not None:
+            srv.stop()
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[redis_launch.RedisServer]:
+    """The point's redis-server on 127.0.0.1, emptied: the shared one inside :func:`shared_redis`, else its own."""
+    if _SHARED_REDIS is None:
+        with redis_launch.RedisServer() as srv:
+            yield srv
+        return
+    srv = _SHARED_REDIS.get("server")
+    if srv is None or not srv.running:
+        srv = _SHARED_REDIS["server"] = redis_launch.RedisServer().start()
+    srv.flush()
+    yield srv
 
 
 def guest_block() -> dict[str, Any] | None:
@@ -352,6 +389,31 @@ class PointRun:
                                     "per_process_Bps": {g: r.received_bps / 8 for g, r in results.items()}},
                              **ctx))
 
+    def sockperf(self, th: TestbedHosts) -> None:
+        """sockperf TCP ping-pong between the point's two hosts: the round trip a GET on that path is compared with."""
+        p = self.point.params
+        port = self.ports.allocate()
+        secs = max(1, math.ceil(self.duration))
+        ctx = self.ctx(tool="sockperf", protocol="tcp", size_bytes=p["msg_size"], host=str(th.consumer),
+                       peer=str(th.producer), side="client", threads=1, processes=1)
+        # The server echoes until it is ended; the pair runner ends it after the client.
+        res, err = self._pair(sockperf.server_command(port, bind=th.producer_addr),
+                              sockperf.client_command(th.producer_addr, port, p["msg_size"], secs),
+                              Readiness(port=port, addr=th.producer_addr, timeout=15 * self.slow), th, [],
+                              server_exits=False)
+        self._record(res)
+        text = res.client.stdout if res is not None and res.client is not None else ""
+        try:
+            result = sockperf.parse_output(text, source=f"{self.run_id}/client", host=str(th.consumer))
+        except (ParseError, ToolError) as e:
+            self.fail("rtt_p50", "us", f"{err}: {e}" if err else str(e),
+                      **{k: ctx[k] for k in ("tool", "protocol", "size_bytes")})
+            return
+        if err:
+            self.notes.append(f"pair reported a failure after a complete sockperf report: {err}")
+        self.rows += sockperf.to_rows(result, **ctx)
+        self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
+
     def perftest(self, th: TestbedHosts) -> None:
         p = self.point.params
         devices = self.tb.devices[:1]
@@ -392,7 +454,8 @@ class PointRun:
     def _serve_drive(self, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
                      out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
         bench_p = _python_tool(th.producer, self.tb, "peercache.bench.cli")
-        bench_c = _python_tool(th.consumer, self.tb, "peercache.bench.cli")
+        # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
+        bench_c = _python_tool(th.consumer, self.tb, getattr(self.point.spec, "drive_module", "peercache.bench.cli"))
         ws = p.get("working_set") or max(4 * p["batch_size"],
                                          int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["page_size"])
         common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
@@ -458,7 +521,7 @@ class PointRun:
         port = self.ports.allocate()
         out = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
         serve, drive = self._serve_drive(th, port, p, p["processes"], p["threads"], out)
-        ctx = self.ctx(tool="peercache-bench", side="client", host=str(th.consumer), peer=str(th.producer),
+        ctx = self.ctx(tool=self.point.spec.row_tool(p), side="client", host=str(th.consumer), peer=str(th.producer),
                        protocol=p["protocol"], layout=p["layout"], devices=",".join(p.get("devices") or []),
                        numa_node=_numa_of(self.tb, p.get("devices") or []),
                        extra={"destination": p.get("destination", "host")})
@@ -577,6 +640,124 @@ class PointRun:
         self.rows.append(Row(metric="verified_keys", value=float(doc["verified_keys"]), unit="count", **ctx))
         self.rows.append(Row(metric="verify_failures", value=float(doc["verify_failures"]), unit="count", **ctx))
         self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
+
+    def _local_only(self, th: TestbedHosts, what: str) -> str | None:
+        # The redis-server (and the embedded directory dirbench hosts) run here, on 127.0.0.1.
+        if th.producer.__class__.__name__ != "LocalHost":
+            return (f"{what} runs on this host over 127.0.0.1 (its redis-server is started here); "
+                    f"give the part place: loopback (its producer host is {th.producer})")
+        return None
+
+    def dirlookup(self, th: TestbedHosts) -> None:
+        """Directory lookups/s at one batch size: dirbench against the embedded directory or a redis-server."""
+        p = self.point.params
+        ctx = self.ctx(tool="peercache-dirbench", side="client", host=str(th.producer), protocol="tcp",
+                       batch=p["batch"], processes=p["clients"], threads=1)
+        where = {k: ctx[k] for k in ("tool", "protocol", "batch", "processes")}
+        why = self._local_only(th, "a dirlookup point")
+        if why:
+            self.fail("keys_per_s", "ops/s", why, **where)
+            return
+        with contextlib.ExitStack() as stack:
+            if p["directory"] == "redis":
+                srv = stack.enter_context(redis_server())
+                spec, shown = srv.url, srv.url
+                self.notes.append(f"redis-server {redis_launch.server_version()} on {srv.url} (no persistence)")
+            else:
+                spec = shown = f"127.0.0.1:{self.ports.allocate()}"
+            argv = [*_python_tool(th.producer, self.tb, "peercache.bench.dirbench"), "--directory", spec,
+                    "--batch", str(p["batch"]), "--keys", str(p["keys"]), "--clients", str(p["clients"]),
+                    "--duration", str(self.duration), "--warmup", str(self.warmup)]
+            if self.slow > 1:
+                argv += ["--ready-timeout", f"{60 * self.slow:.0f}"]
+            self.commands["client"] = argv
+            wrapped = self.cpu_wrap("consumer", th.producer, argv)
+            t0 = time.time()
+            r = th.producer.run(wrapped, timeout=self.timeout)
+            t1 = time.time()
+        (self.raw_dir / "dirbench.log").write_text(r.stdout + r.stderr)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            self.fail("keys_per_s", "ops/s", f"dirbench --directory {shown} exited {r.rc} without a result: "
+                      f"{r.stderr.strip()[-300:]}", **where)
+            return
+        doc = json.loads(lines[-1])
+        (self.raw_dir / "dirbench.json").write_text(json.dumps(doc, indent=1))
+        res = doc.get("result") or {}
+        extra = {"directory": p["directory"], "keys_published": p["keys"], "window_start": res.get("window_start"),
+                 "window_end": res.get("window_end"), "verified_keys": res.get("verified_keys")}
+        if doc["status"] != "ok":
+            self.fail("keys_per_s", "ops/s", f"dirbench: {doc['error']}", **where)
+        else:
+            for metric, value in (("keys_per_s", res["keys_per_s"]), ("batches_per_s", res["batches_per_s"]),
+                                  ("latency_p50", res["latency_us"]["p50"]),
+                                  ("latency_p99", res["latency_us"]["p99"])):
+                unit = "us" if metric.startswith("latency") else "ops/s"
+                self.rows.append(Row(metric=metric, value=value, unit=unit, raw_value=value, raw_unit=unit,
+                                     extra=extra, **ctx))
+        for metric in ("misses", "verify_failures"):
+            if metric in res:
+                self.rows.append(Row(metric=metric, value=float(res[metric]), unit="count", extra=extra, **ctx))
+        span = t1 - t0   # the clients' window is the end of the run (after spawn, publish and warm-up)
+        self._attach_cpu_to("keys_per_s", self.cpu_usage({"consumer": "consumer"}, t0 + 0.4 * span, t1 - 0.1 * span))
+
+    def _attach_cpu_to(self, metric: str, usage: dict[str, Any]) -> None:
+        """The CPU evidence in the ``extra`` of the point's ``metric`` rows (kinds whose figure is not a bandwidth)."""
+        for r in self.rows:
+            if r.metric == metric:
+                r.extra = dict(r.extra, cpu=usage)
+
+    def redis_benchmark(self, th: TestbedHosts) -> None:
+        """redis-benchmark's MGET of ``batch`` keys on a redis-server here: the raw limit of the Redis directory."""
+        p = self.point.params
+        ctx = self.ctx(tool="redis-benchmark", side="client", host=str(th.producer), protocol="tcp",
+                       batch=p["batch"], processes=1, threads=p["clients"])
+        where = {k: ctx[k] for k in ("tool", "protocol", "batch")}
+        why = self._local_only(th, "a redis_benchmark point")
+        if why:
+            self.fail("keys_per_s", "ops/s", why, **where)
+            return
+        # The keys under which the Redis backend (prefix "pc") stores the bench's first `batch` entries.
+        keys = [f"pc:e:pc/{i}" for i in range(p["batch"])]
+        with redis_server() as srv:
+            self.notes.append(f"redis-server {redis_launch.server_version()} on {srv.url} (no persistence)")
+            srv.seed(keys, "v" * p["value_bytes"])
+            # Calibration (also the warm-up): a short run, then -n sized to last about the duration.
+            calib = redis_benchmark.mget_command(srv.port, keys, requests=max(200, 1000 * p["clients"]),
+                                                 clients=p["clients"])
+            first = self._redis_benchmark_run(th, calib, "calibration", p["batch"])
+            n = int(min(50_000_000, max(1000, first.rps * self.duration)))
+            argv = redis_benchmark.mget_command(srv.port, keys, requests=n, clients=p["clients"])
+            self.commands["client"] = argv
+            wrapped = self.cpu_wrap("consumer", th.producer, argv)
+            t0 = time.time()
+            result = self._redis_benchmark_run(th, wrapped, "measured", p["batch"])
+            t1 = time.time()
+        extra = {"requests": n, "seconds": round(t1 - t0, 3), "value_bytes": p["value_bytes"],
+                 "calibration_rps": first.rps}
+        self.rows += redis_benchmark.to_rows(result, extra=extra, **ctx)
+        span = t1 - t0
+        self._attach_cpu_to("keys_per_s", self.cpu_usage({"consumer": "consumer"}, t0 + 0.2 * span,
+                                                         t1 - 0.2 * span))
+
+    def _redis_benchmark_run(self, th: TestbedHosts, argv: list[str], label: str, batch: int):
+        """One redis-benchmark run (bounded: it retries forever when it cannot connect), parsed and checked."""
+        try:
+            r = th.producer.run(argv, timeout=self.timeout)
+            out, err, rc = r.stdout, r.stderr, r.rc
+        except CommandTimeout as e:
+            out, err, rc = e.completed.stdout, e.completed.stderr, None
+        (self.raw_dir / f"redis-benchmark.{label}.csv").write_text(out)
+        (self.raw_dir / f"redis-benchmark.{label}.stderr").write_text(err)
+        te = redis_benchmark.classify_failure(out, err, rc, host=str(th.producer))
+        if te is not None:
+            raise te
+        if rc is None:
+            raise ToolError(host=str(th.producer), tool="redis-benchmark", kind="failed",
+                            detail=f"the {label} run did not finish within {self.timeout:.0f} s",
+                            check="read redis-benchmark.*.stderr beside the result")
+        return redis_benchmark.mget_result(redis_benchmark.parse_csv(out, source=f"{self.run_id}/{label}"),
+                                           batch, source=f"{self.run_id}/{label}")
 
     def memcpy(self, th: TestbedHosts) -> None:
         """The memory-copy ceiling of the producer, measured on each of its NUMA nodes (one row per node)."""

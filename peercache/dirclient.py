@@ -1,0 +1,115 @@
+"""Directory clients: one interface to the embedded directory and to Redis / Redis Cluster.
+
+Public entry point (used by :class:`~peercache.node.Node` and by the directory bench)::
+
+    connect_directory(spec: str, *, timeout: float = 5.0, auth=None,
+                      heartbeat_timeout: float = 5.0) -> DirectoryClient
+
+``spec`` picks the backend: ``HOST:PORT`` (or a zmq URL) is the embedded
+directory hosted by the discovery node / ``peercache-bench meta`` at that
+address; ``redis://[USER:PASSWORD@]HOST:PORT/DB`` and ``rediss://...`` (TLS)
+are the Redis backend (:mod:`peercache.redisdir`; a Redis Cluster is found
+by asking the server, or forced with ``?cluster=yes|no``).
+
+Every client answers the same surface as :class:`~peercache.rpc.RpcClient`:
+``call(op, timeout=None, **fields) -> dict`` with the ops ``register``,
+``heartbeat``, ``leave``, ``members``, ``publish``, ``lookup``, ``unpublish``
+(the same request and reply fields whichever backend answers them: ``lookup`` with
+``recs=True`` answers fixed LOC_DTYPE records ``{recs, nids, epoch[, missing][, nodes]}``
+on both, without it the 8-field ``locs`` lists) plus any
+extra op a node serves (serve's ``reader_done``); a directory that cannot be
+reached raises :class:`~peercache.errors.DiscoveryUnreachable`, a refused
+request :class:`~peercache.errors.RpcError`. Besides ``call``:
+
+- ``clone()``: a second client to the same directory with its own connection
+  (the heartbeat thread's, so a heartbeat never waits behind a big request);
+- ``serve_op(op, fn, owner_only=True)``: answer an extra op (Redis only; the
+  embedded directory serves extra ops on the discovery node's own RPC server);
+- ``host``: the host a producer bound to a wildcard address is reached at;
+- ``address``: the spec as given, with any password masked (for messages);
+- ``close()``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from .discovery import DEFAULT_HEARTBEAT_TIMEOUT
+from .errors import ConfigError
+from .rpc import RpcClient
+
+REDIS_SCHEMES = ("redis://", "rediss://")
+
+
+def is_redis(spec: str | None) -> bool:
+    """Whether ``spec`` names the Redis backend (redis:// or rediss://)."""
+    return isinstance(spec, str) and spec.lower().startswith(REDIS_SCHEMES)
+
+
+class DirectoryClient(Protocol):
+    """What :class:`~peercache.node.Node` needs of a directory backend (see the module doc)."""
+
+    kind: str
+    address: str
+    host: str
+    timeout: float
+
+    def call(self, op: str, timeout: float | None = None, **fields) -> dict: ...
+
+    def clone(self) -> "DirectoryClient": ...
+
+    def serve_op(self, op: str, fn: Callable[[dict], dict], owner_only: bool = True) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedDirectory:
+    """The embedded directory: requests over :class:`RpcClient` to the discovery node at ``addr``."""
+
+    kind = "embedded"
+
+    def __init__(self, addr: str, *, timeout: float = 5.0, auth=None):
+        self.address = addr
+        self.auth = auth
+        self.rpc = RpcClient(addr, timeout=timeout, what="discovery", auth=auth)
+        self.host = addr.rpartition(":")[0].strip("[]") if "://" not in addr else \
+            addr.split("://", 1)[1].rpartition(":")[0].strip("[]")
+
+    @property
+    def timeout(self) -> float:
+        return self.rpc.timeout
+
+    def call(self, op: str, timeout: float | None = None, **fields) -> dict:
+        return self.rpc.call(op, timeout=timeout, **fields)
+
+    def clone(self) -> "EmbeddedDirectory":
+        return EmbeddedDirectory(self.address, timeout=self.rpc.timeout, auth=self.auth)
+
+    def serve_op(self, op: str, fn, owner_only: bool = True) -> None:
+        raise ConfigError(f"the embedded directory at {self.address} serves extra ops on the node that "
+                          "hosts discovery (Node.add_handler there), not through a client")
+
+    def close(self) -> None:
+        self.rpc.close()
+
+
+def connect_directory(spec: str, *, timeout: float = 5.0, auth=None,
+                      heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> DirectoryClient:
+    """A client of the directory named by ``spec`` (see the module doc).
+
+    ``auth``: the cluster's CURVE keys (embedded directory only; a Redis
+    directory is protected by its password / ACL). ``heartbeat_timeout``:
+    with Redis, the TTL of this node's membership key (renewed by each
+    heartbeat); the embedded directory uses its host's own timeout.
+    Raises DiscoveryUnreachable naming ``spec`` when a Redis directory does
+    not answer, ConfigError for a spec that is neither form.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"directory {spec!r} is neither HOST:PORT (the embedded directory) nor "
+                          "redis://HOST:PORT/DB / rediss://HOST:PORT/DB")
+    if is_redis(spec):
+        from .redisdir import RedisDirectory
+        return RedisDirectory(spec, timeout=timeout, heartbeat_timeout=heartbeat_timeout)
+    if "://" in spec and not spec.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ConfigError(f"directory {spec!r}: unknown scheme; use HOST:PORT (embedded) or "
+                          "redis://HOST:PORT/DB / rediss://HOST:PORT/DB")
+    return EmbeddedDirectory(spec, timeout=timeout, auth=auth)

@@ -1,0 +1,723 @@
+"""SGLang HiCache L3 storage backend: ``peercache.hicache.PeerCacheStore``.
+
+SGLang loads it with its ``dynamic`` storage backend::
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "peercache",
+        "module_path": "peercache.hicache", "class_name": "PeerCacheStore",
+        "interface_v1": 1, "discovery_addr": "10.0.0.1:31998", "protocol": "rdma"}'
+
+and builds it as ``PeerCacheStore(storage_config, kwargs)``. With
+``"interface_v1": 1`` SGLang calls the zero-copy path: :meth:`register_mem_pool_host`
+makes the host KV pool's buffer the receive region of this node (registered
+once), :meth:`batch_get_v1` reads pages one-sided straight into the host pool
+pages, :meth:`batch_set_v1` copies host pool pages into the published pool in
+one native copy per batch (GIL released) and publishes them with one
+directory call. :meth:`batch_exists` answers SGLang's consecutive-prefix count
+with one directory lookup and leaves the locations in the directory cache, so
+the ``batch_get_v1`` of the same prefetch needs no second lookup.
+
+Layouts: MLA pages are one object, written only by the storage-writer rank and
+read by every rank; MHA pages are two objects (K and V) per rank, their keys
+carry the rank. Keys are ``<tenant>/<model>/<page hash><suffix>``.
+
+The module imports without torch or SGLang: then :class:`PeerCacheStore`
+derives from a local stand-in with the same methods as SGLang's ``HiCacheStorage``.
+"""
+from __future__ import annotations
+
+import ctypes
+import inspect
+import logging
+import math
+import re
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from . import tags
+from .auth import load_secret
+from .errors import ConfigError, PeerCacheError
+from .node import Get, Node
+from .transport.base import native_module
+
+log = logging.getLogger(__name__)
+_HIT, _ERROR = int(Get.HIT), int(Get.ERROR)
+assert _HIT == 0, "batch_get_v1's fast path reads HIT as 0"
+
+try:  # SGLang's own base class when SGLang (and torch) are importable
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _SGLangHiCacheStorage
+except Exception as _e:  # ImportError, or a torch/CUDA import failure inside SGLang
+    _SGLangHiCacheStorage = None
+    SGLANG_MISSING = f"{type(_e).__name__}: {_e}"
+else:
+    SGLANG_MISSING = None
+
+
+class _StandInHiCacheStorage(ABC):
+    """The methods of SGLang's ``HiCacheStorage`` (0.5.x), for use without SGLang installed."""
+
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        self.mem_pool_host = mem_pool_host
+
+    @abstractmethod
+    def get(self, key, target_location=None, target_sizes=None): ...
+
+    @abstractmethod
+    def batch_get(self, keys, target_locations=None, target_sizes=None): ...
+
+    @abstractmethod
+    def set(self, key, value=None, target_location=None, target_sizes=None) -> bool: ...
+
+    @abstractmethod
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool: ...
+
+    @abstractmethod
+    def exists(self, key) -> bool: ...
+
+    def batch_exists(self, keys, extra_info=None) -> int:
+        for i, k in enumerate(keys):
+            if not self.exists(k):
+                return i
+        return len(keys)
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
+        pass
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def get_stats(self):
+        return None
+
+
+#: The base class PeerCacheStore derives from: SGLang's when importable, else the stand-in.
+HiCacheStorage = _SGLangHiCacheStorage if _SGLangHiCacheStorage is not None else _StandInHiCacheStorage
+
+#: Extra-config keys SGLang itself reads (the dynamic loader, the v1 switch, heterogeneous TP).
+SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
+PROTOCOLS = ("tcp", "shm", "rdma")
+DEFAULT_POOL_BYTES = 1 << 30
+DEFAULT_DIR_CACHE_TTL = 5.0
+#: Slot size of the generic path when neither a host pool nor 'page_bytes' gave one.
+DEFAULT_PAGE_BYTES = 128 << 10
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def _size(key: str, v: Any) -> int:
+    """A byte count: an int >= 0 or a string like '4GiB' / '512M'."""
+    if isinstance(v, bool):
+        raise ConfigError(f"extra config {key!r}: {v!r} is not a byte count; give an integer or e.g. '4GiB'")
+    if isinstance(v, int):
+        n = v
+    elif isinstance(v, str) and (m := _SIZE.match(v)):
+        n = int(m.group(1)) << (10 * "KMGT".find(m.group(2).upper()) + 10 if m.group(2) else 0)
+    else:
+        raise ConfigError(f"extra config {key!r}: {v!r} is not a byte count; give an integer or e.g. '4GiB'")
+    if n < 0:
+        raise ConfigError(f"extra config {key!r}: {n} is negative; give a byte count >= 0")
+    return n
+
+
+def _text(key: str, v: Any, pattern: str = r"^[A-Za-z0-9._:@/+-]+$") -> str:
+    if not isinstance(v, str) or not v or not re.match(pattern, v):
+        raise ConfigError(f"extra config {key!r}: {v!r} is not a non-empty string of letters, digits and ._:@/+-")
+    return v
+
+
+def _seconds(key: str, v: Any, positive: bool) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v) \
+            or (v <= 0 if positive else v < 0):
+        raise ConfigError(f"extra config {key!r}: {v!r} is not a finite number of seconds "
+                          f"{'> 0' if positive else '>= 0'}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """What PeerCacheStore reads from SGLang's extra config, validated."""
+
+    discovery_addr: str = "127.0.0.1:31998"
+    directory: Optional[str] = None
+    protocol: str = "tcp"
+    devices: tuple = ()
+    ib_port: int = 1
+    gid_index: Optional[int] = None
+    pool_bytes: int = DEFAULT_POOL_BYTES
+    page_bytes: Optional[int] = None
+    bind: str = "127.0.0.1"
+    host_discovery: bool = False
+    dir_cache_ttl: float = DEFAULT_DIR_CACHE_TTL
+    max_channels: int = 4
+    timeout: float = 5.0
+    auth_key: Optional[bytes] = None
+    integrity: bool = False
+    tenant: str = "default"
+    model: Optional[str] = None
+
+    @classmethod
+    def from_extra(cls, extra: Optional[dict]) -> "StoreConfig":
+        """Validate ``extra`` (SGLang's ``--hicache-storage-backend-extra-config``); ConfigError names the key."""
+        extra = dict(extra or {})
+        known = {f for f in cls.__dataclass_fields__ if f != "auth_key"} | {"auth_key", "auth_key_file"}
+        unknown = sorted(set(extra) - known - set(SGLANG_KEYS))
+        if unknown:
+            raise ConfigError(f"extra config {unknown[0]!r} is not a PeerCacheStore setting; known: "
+                              f"{sorted(known)} (and SGLang's {list(SGLANG_KEYS)})")
+        kw: dict[str, Any] = {}
+        if "discovery_addr" in extra:
+            a = _text("discovery_addr", extra["discovery_addr"])
+            host, sep, port = a.rpartition(":")
+            if "://" not in a and (not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535):
+                raise ConfigError(f"extra config 'discovery_addr': {a!r} is not HOST:PORT with a port in "
+                                  "1..65535 (for example 127.0.0.1:31998)")
+            kw["discovery_addr"] = a
+        if "directory" in extra:
+            kw["directory"] = _text("directory", extra["directory"], r"^[A-Za-z0-9._:@/+,=?&%-]+$")
+        if "protocol" in extra:
+            if extra["protocol"] not in PROTOCOLS:
+                raise ConfigError(f"extra config 'protocol': {extra['protocol']!r} is not one of {list(PROTOCOLS)}")
+            kw["protocol"] = extra["protocol"]
+        if "devices" in extra:
+            d = extra["devices"]
+            d = d.split(",") if isinstance(d, str) else d
+            if not isinstance(d, (list, tuple)) or not d or not all(isinstance(x, str) and x.strip() for x in d):
+                raise ConfigError(f"extra config 'devices': {extra['devices']!r} is not a list of RDMA device "
+                                  "names (e.g. [\"mlx5_0\", \"mlx5_1\"] or \"mlx5_0,mlx5_1\")")
+            kw["devices"] = tuple(x.strip() for x in d)
+        for key in ("ib_port", "max_channels"):
+            if key in extra:
+                v = extra[key]
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ConfigError(f"extra config {key!r}: {v!r} is not an integer >= 1")
+                kw[key] = v
+        if "gid_index" in extra and extra["gid_index"] is not None:
+            v = extra["gid_index"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"extra config 'gid_index': {v!r} is not an integer >= 0 (or null: auto)")
+            kw["gid_index"] = v
+        if "pool_bytes" in extra:
+            kw["pool_bytes"] = _size("pool_bytes", extra["pool_bytes"])
+        if "page_bytes" in extra and extra["page_bytes"] is not None:
+            kw["page_bytes"] = _size("page_bytes", extra["page_bytes"])
+            if kw["page_bytes"] == 0:
+                raise ConfigError("extra config 'page_bytes': 0; give the bytes of one stored object")
+        if "bind" in extra:
+            kw["bind"] = _text("bind", extra["bind"])
+        for key in ("host_discovery", "integrity"):
+            if key in extra:
+                if not isinstance(extra[key], bool):
+                    raise ConfigError(f"extra config {key!r}: {extra[key]!r} is not true or false")
+                kw[key] = extra[key]
+        if "dir_cache_ttl" in extra:
+            kw["dir_cache_ttl"] = _seconds("dir_cache_ttl", extra["dir_cache_ttl"], positive=False)
+        if "timeout" in extra:
+            kw["timeout"] = _seconds("timeout", extra["timeout"], positive=True)
+        if "auth_key" in extra and "auth_key_file" in extra:
+            raise ConfigError("extra config 'auth_key' and 'auth_key_file' are both set; give one of them")
+        if "auth_key" in extra:
+            v = extra["auth_key"]
+            if not isinstance(v, (str, bytes)) or not v:
+                raise ConfigError("extra config 'auth_key' is not a non-empty string (the cluster secret)")
+            kw["auth_key"] = v.encode() if isinstance(v, str) else v
+        elif "auth_key_file" in extra:
+            v = extra["auth_key_file"]
+            if not isinstance(v, str) or not v:
+                raise ConfigError(f"extra config 'auth_key_file': {v!r} is not a file path")
+            try:
+                kw["auth_key"] = load_secret(v)
+            except (ConfigError, OSError) as e:
+                raise ConfigError(f"extra config 'auth_key_file': {e}") from e
+        if "tenant" in extra:
+            kw["tenant"] = _text("tenant", extra["tenant"])
+        if "model" in extra and extra["model"] is not None:
+            kw["model"] = _text("model", extra["model"])
+        if kw.get("devices") and kw.get("protocol", "tcp") != "rdma":
+            raise ConfigError("extra config 'devices' is set but 'protocol' is not \"rdma\"; devices are RDMA "
+                              "rails: set protocol to rdma or drop devices")
+        return cls(**kw)
+
+
+@dataclass
+class _Region:
+    """The registered host KV pool buffer: its address range and a byte view of it."""
+
+    base: int
+    size: int
+    view: np.ndarray
+    owner: Any   # keeps the pool's buffer alive while the view exists
+
+
+def _address_and_size(buf) -> tuple[int, int]:
+    """(address, bytes) of a torch tensor or anything with the buffer protocol (numpy, bytearray)."""
+    if hasattr(buf, "data_ptr") and hasattr(buf, "element_size"):
+        if getattr(buf, "is_cuda", False):
+            raise ConfigError("the host KV pool buffer is on a GPU; HiCache's L3 tier reads into host memory")
+        if not buf.is_contiguous():
+            raise ConfigError("the host KV pool buffer is not contiguous; use a page_first host layout")
+        return int(buf.data_ptr()), int(buf.numel() * buf.element_size())
+    arr = np.asarray(memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else buf)
+    if not arr.flags.c_contiguous:
+        raise ConfigError("the host KV pool buffer is not contiguous; use a page_first host layout")
+    return int(arr.ctypes.data), int(arr.nbytes)
+
+
+def _byte_view(addr: int, size: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr)) if size else np.empty(0, np.uint8)
+
+
+def _as_bytes(value) -> np.ndarray:
+    """A flat uint8 view of a tensor (torch, on CPU) or a buffer (numpy, bytes, bytearray)."""
+    if hasattr(value, "data_ptr") and hasattr(value, "element_size"):
+        t = value.detach()
+        if getattr(t, "is_cuda", False):
+            t = t.cpu()
+        t = t.contiguous()
+        return _byte_view(int(t.data_ptr()), int(t.numel() * t.element_size())).copy() if t.numel() else \
+            np.empty(0, np.uint8)
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(value).cast("B"), dtype=np.uint8)
+
+
+def _writable_bytes(target) -> tuple[np.ndarray, int]:
+    """A writable flat uint8 view of ``target`` (torch tensor or writable buffer) and its size."""
+    if hasattr(target, "data_ptr") and hasattr(target, "element_size"):
+        addr, size = _address_and_size(target)
+        return _byte_view(addr, size), size
+    if isinstance(target, np.ndarray):
+        if not target.flags.writeable or not target.flags.c_contiguous:
+            raise ConfigError("target location is read-only or not contiguous; pass a writable contiguous array")
+        v = target.reshape(-1).view(np.uint8)
+        return v, v.nbytes
+    mv = memoryview(target).cast("B")
+    if mv.readonly:
+        raise ConfigError("target location is read-only; pass a bytearray, a writable array or a tensor")
+    v = np.frombuffer(mv, dtype=np.uint8)
+    return v, v.nbytes
+
+
+_torch: list = []
+
+
+def _new_page(data: np.ndarray):
+    """What get/batch_get return without a target: a torch uint8 tensor when torch is there, else numpy."""
+    if not _torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        _torch.append(torch)
+    return data if _torch[0] is None else _torch[0].from_numpy(data)
+
+
+class PeerCacheStore(HiCacheStorage):
+    """SGLang HiCache storage backed by a PeerCache cluster (see the module docstring)."""
+
+    def __init__(self, storage_config=None, kwargs: Optional[dict] = None):
+        extra = getattr(storage_config, "extra_config", None) if storage_config is not None else None
+        self.config = StoreConfig.from_extra(extra)
+        self.storage_config = storage_config
+        sc = storage_config
+        self.tp_rank = int(getattr(sc, "tp_rank", 0) or 0)
+        self.tp_size = int(getattr(sc, "tp_size", 1) or 1)
+        self.pp_rank = int(getattr(sc, "pp_rank", 0) or 0)
+        self.pp_size = int(getattr(sc, "pp_size", 1) or 1)
+        self.is_mla = bool(getattr(sc, "is_mla_model", False))
+        writer = getattr(sc, "is_storage_writer", None)
+        self.is_writer = bool(writer) if writer is not None else (not self.is_mla or self.tp_rank == 0)
+        model = self.config.model or (getattr(sc, "model_name", None) or "model")
+        self.prefix = f"{self.config.tenant}/{str(model).replace(' ', '_')}/"
+        pp = f"_pp{self.pp_rank}" if self.pp_size > 1 else ""
+        #: per-object suffixes of a v1 page (MLA: one object; MHA: K and V of this rank)
+        self.rank_suffix = pp if self.is_mla else f"_{self.tp_rank}{pp}"
+        self.mem_pool_host = None
+        self._region: Optional[_Region] = None
+        self._sizes_cache: dict = {}
+        self._node: Optional[Node] = None
+        self._node_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._closed = False
+        self._native, self._native_why = native_module()
+        self._reset_stats()
+        if self.config.page_bytes is not None:
+            self._ensure_node(self.config.page_bytes)
+
+    # -- keys and connection ----------------------------------------------------------------
+    def _suffixes(self, objs: int) -> list[str]:
+        if objs == 1:
+            return [f"{self.rank_suffix}_k"]
+        if objs == 2:
+            return [f"{self.rank_suffix}_k", f"{self.rank_suffix}_v"]
+        return [f"{self.rank_suffix}_{j}" for j in range(objs)]
+
+    def object_keys(self, keys: Sequence[str], objs: int) -> list[bytes]:
+        """The PeerCache keys of SGLang page hashes ``keys`` with ``objs`` objects per page."""
+        suf = self._suffixes(objs)
+        return [f"{self.prefix}{k}{s}".encode() for k in keys for s in suf]
+
+    def _generic_key(self, key: str) -> bytes:
+        return f"{self.prefix}{key}{self.rank_suffix}".encode()
+
+    def _ensure_node(self, page_bytes: int) -> Node:
+        with self._node_lock:
+            if self._closed:
+                raise ConfigError("this PeerCacheStore is closed; create a new one")
+            if self._node is not None:
+                if page_bytes > self._node_page_bytes:
+                    raise ConfigError(f"objects of {page_bytes} bytes do not fit this store's "
+                                      f"{self._node_page_bytes} byte slots; set extra config 'page_bytes' "
+                                      f"to {page_bytes}")
+                return self._node
+            c = self.config
+            slots = c.pool_bytes // tags.slot_stride(page_bytes) if c.pool_bytes else 0
+            if c.pool_bytes and slots == 0:
+                raise ConfigError(f"extra config 'pool_bytes': {c.pool_bytes} holds no {page_bytes} byte page; "
+                                  "raise it (or 0: a reader that stores nothing)")
+            topts = ({"devices": list(c.devices), "ib_port": c.ib_port, "gid_index": c.gid_index}
+                     if c.protocol == "rdma" else {})
+            kw: dict[str, Any] = {}
+            if c.directory is not None:
+                if "directory" not in inspect.signature(Node.__init__).parameters:
+                    raise ConfigError("extra config 'directory': this PeerCache build has no directory "
+                                      "backend option; drop it to use the directory of 'discovery_addr'")
+                kw["directory"] = c.directory
+            self._node = Node(c.discovery_addr, protocol=c.protocol, bind_host=c.bind,
+                              host_discovery=c.host_discovery, pool_slots=slots, slot_capacity=page_bytes,
+                              max_channels=c.max_channels, dir_cache_ttl=c.dir_cache_ttl, rpc_timeout=c.timeout,
+                              name=f"hicache-tp{self.tp_rank}", transport_options=topts, auth_key=c.auth_key,
+                              integrity=c.integrity, **kw)
+            self._node_page_bytes = page_bytes
+            return self._node
+
+    @property
+    def node(self) -> Node:
+        """The PeerCache node (created at the first operation when 'page_bytes' is not configured)."""
+        node = self._node
+        if node is not None:
+            return node
+        return self._ensure_node(self.config.page_bytes or DEFAULT_PAGE_BYTES)
+
+    # -- the host pool (v1) -----------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        """Make the host KV pool's buffer this node's receive region (one registration for its life)."""
+        super().register_mem_pool_host(mem_pool_host)
+        buf = getattr(mem_pool_host, "kv_buffer", None)
+        if buf is None or isinstance(buf, (list, tuple)):
+            raise ConfigError(f"host KV pool {type(mem_pool_host).__name__} has no single kv_buffer; PeerCacheStore "
+                              "needs a page_first host layout (--hicache-mem-layout page_first)")
+        addr, size = _address_and_size(buf)
+        self._region = _Region(addr, size, _byte_view(addr, size), buf)
+        page = self._first_page_bytes(mem_pool_host)
+        node = self._ensure_node(self.config.page_bytes or page)
+        node.transport.prepare_local(self._region.view)   # rdma: registered on every rail, once
+
+    @staticmethod
+    def _indices(n: int):
+        try:
+            import torch
+            return torch.arange(n, dtype=torch.int64)
+        except ImportError:
+            return np.arange(n, dtype=np.int64)
+
+    def _first_page_bytes(self, pool) -> int:
+        page_tokens = int(getattr(pool, "page_size", 1) or 1)
+        _, sizes = pool.get_page_buffer_meta(self._indices(page_tokens))
+        if not sizes:
+            raise ConfigError(f"host KV pool {type(pool).__name__} gave no page buffers for page 0")
+        return int(max(sizes))
+
+    def _page_meta(self, keys: Sequence[str], host_indices) -> tuple[np.ndarray, np.ndarray, int]:
+        """(offsets into the region, sizes, objects per page) of the pages ``host_indices`` holds."""
+        if self._region is None or self.mem_pool_host is None:
+            raise ConfigError("batch_get_v1/batch_set_v1 before register_mem_pool_host; SGLang registers the "
+                              "host pool at attach (set \"interface_v1\": 1 only with a host pool)")
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        n = len(keys)
+        if n == 0 or len(ptrs) % n:
+            raise ConfigError(f"{len(ptrs)} page buffers for {n} keys; the host pool's page size does not "
+                              "match the keys")
+        r = self._region
+        # Per-batch work in plain Python where it is cheaper than a numpy call (128 pages).
+        big = max(sizes)
+        if min(ptrs) < r.base or max(ptrs) + big > r.base + r.size:
+            raise ConfigError("a page buffer of the host pool lies outside its registered kv_buffer; "
+                              "register_mem_pool_host again after the pool is reallocated")
+        p = np.fromiter(ptrs, np.uint64, len(ptrs))
+        p -= np.uint64(r.base)
+        if min(sizes) == big:   # one object size (every SGLang pool): a cached array of it
+            key = (len(sizes), big)
+            s = self._sizes_cache.get(key)
+            if s is None:
+                s = self._sizes_cache[key] = np.full(len(sizes), big, dtype=np.uint64)
+                s.flags.writeable = False
+        else:
+            s = np.fromiter(sizes, np.uint64, len(sizes))
+        return p, s, len(p) // n
+
+    def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
+        """Read pages one-sided straight into the host pool pages; True per page that arrived whole."""
+        if not keys:
+            return []
+        offsets, sizes, objs = self._page_meta(keys, host_indices)
+        okeys = self.object_keys(keys, objs)
+        node = self.node
+        t0 = time.perf_counter()
+        try:
+            r = node.get_batch_into(okeys, self._region.view, offsets, sizes)
+        except PeerCacheError as e:
+            log.warning("PeerCacheStore.batch_get_v1 of %d pages failed: %s", len(keys), e)
+            self._count(read_errors=len(keys))
+            return [False] * len(keys)
+        dt = time.perf_counter() - t0
+        n = len(keys)
+        # HIT is 0, and a hit's length is at most its capacity: all hit and at least as long = all whole.
+        if not r.status.any() and r.lengths.min() >= sizes.max():   # the common case
+            self._count_read(n, int(sizes[0]) * len(sizes), n, 0, 0, dt)
+            return [True] * n
+        whole = (r.status == _HIT) & (r.lengths == sizes)
+        hit = whole.reshape(n, objs).all(axis=1)
+        nhit = int(hit.sum())
+        err = int((r.status == _ERROR).reshape(n, objs).any(axis=1).sum())
+        if err and r.error:
+            log.warning("PeerCacheStore.batch_get_v1: %d of %d pages failed: %s", err, n, r.error)
+        self._count_read(nhit, int(sizes.reshape(n, objs)[hit].sum()), nhit, n - nhit - err, err, dt)
+        return hit.tolist()
+
+    def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
+        """Copy host pool pages into the published pool (one native copy per batch) and publish them once."""
+        if not keys:
+            return []
+        if self.is_mla and not self.is_writer:
+            return [True] * len(keys)   # MLA pages are the same on every rank: the writer rank stores them
+        offsets, sizes, objs = self._page_meta(keys, host_indices)
+        okeys = self.object_keys(keys, objs)
+        node = self.node
+        if node.pool is None:
+            raise ConfigError("this store has no pool to write into (extra config 'pool_bytes' is 0)")
+        size = int(sizes[0])
+        if not (sizes == size).all() or size != node.pool.capacity:
+            raise ConfigError(f"host pool objects of {sorted(set(sizes.tolist()))} bytes, but the store's slots "
+                              f"hold {node.pool.capacity}; set extra config 'page_bytes' to the object size")
+        t0 = time.perf_counter()
+        try:
+            node.put_batch(okeys, fill=self._batch_fill(offsets, size, node))
+        except PeerCacheError as e:
+            log.warning("PeerCacheStore.batch_set_v1 of %d pages failed: %s", len(keys), e)
+            self._count(write_errors=len(keys))
+            return [False] * len(keys)
+        self._count(pages_written=len(keys), bytes_written=size * len(okeys),
+                    write_seconds=time.perf_counter() - t0)
+        return [True] * len(keys)
+
+    def _batch_fill(self, src_offsets: np.ndarray, size: int, node: Node):
+        """A ``put_batch`` fill that copies every page with one native call when the last slot is filled.
+
+        Each slot's tag is final before its payload arrives, which is safe: readers learn the new
+        (key, generation) only from the publish that follows the copy, and a reader holding an
+        older location sees another generation (a miss). With integrity on, the checksum is taken
+        inside each slot's write, so each page is copied in its own fill instead.
+        """
+        region = self._region.view
+        n = len(src_offsets)
+        if node.integrity or self._native is None:
+            it = iter(src_offsets.tolist())
+
+            def fill_each(payload, ref):
+                o = next(it)
+                payload[:size] = region[o:o + size]
+            return fill_each
+        dst = np.empty(n, dtype=np.uint64)
+        pool_bytes = node.pool.bytes
+        seen = [0]
+
+        def fill(payload, ref):
+            i = seen[0]
+            dst[i] = ref.offset + tags.HEADER_BYTES
+            seen[0] = i + 1
+            if i + 1 == n:
+                self._native.copy_pages(region, pool_bytes, src_offsets, dst, size)
+        return fill
+
+    # -- prefix existence ------------------------------------------------------------------------
+    def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        """Pages present from the start: one directory lookup, whose locations the next batch_get_v1 of
+        these keys reads from the directory cache (a prefetch costs one directory call, not two)."""
+        if not keys:
+            return 0
+        objs = self._objects_per_page()
+        okeys = self.object_keys(keys, objs)
+        node = self.node
+        try:
+            # Always a fresh lookup (a cached location may be of an evicted page), kept in the
+            # directory cache for the batch_get_v1 of this prefetch.
+            bad: list = []
+            locs = node.lookup(okeys, use_cache=False, bad=bad)
+            found = np.fromiter((loc is not None for loc in locs), bool, len(okeys))
+            found[[i for i, _ in bad]] = True   # an invalid entry is known; reading it is an error, not a miss
+            present = found.reshape(len(keys), objs).all(axis=1)
+        except PeerCacheError as e:
+            log.warning("PeerCacheStore.batch_exists failed: %s", e)
+            return 0
+        missing = np.flatnonzero(~present)
+        return int(missing[0]) if len(missing) else len(keys)
+
+    def _objects_per_page(self) -> int:
+        pool = self.mem_pool_host
+        if pool is None or self._region is None:
+            return 1 if self.is_mla else 2
+        if not hasattr(self, "_objs"):
+            ptrs, _ = pool.get_page_buffer_meta(self._indices(int(getattr(pool, "page_size", 1) or 1)))
+            self._objs = max(1, len(ptrs))
+        return self._objs
+
+    # -- the generic path (tensors or buffers) ---------------------------------------------------
+    def set(self, key: str, value=None, target_location=None, target_sizes=None) -> bool:
+        return self.batch_set([key], None if value is None else [value],
+                              None if target_location is None else [target_location],
+                              None if target_sizes is None else [target_sizes])
+
+    def batch_set(self, keys: List[str], values=None, target_locations=None, target_sizes=None) -> bool:
+        """Store whole values (tensors, arrays, bytes; or raw addresses with sizes) under ``keys``."""
+        if not keys:
+            return True
+        if values is None:
+            if target_locations is None or target_sizes is None:
+                raise ConfigError("batch_set needs values, or target_locations with target_sizes")
+            values = [_byte_view(int(a), int(s)) for a, s in zip(target_locations, target_sizes)]
+        if len(values) != len(keys):
+            raise ConfigError(f"batch_set: {len(keys)} keys but {len(values)} values")
+        data = [_as_bytes(v) for v in values]
+        node = self.node
+        if node.pool is None:
+            raise ConfigError("this store has no pool to write into (extra config 'pool_bytes' is 0)")
+        t0 = time.perf_counter()
+        try:
+            node.put_batch([self._generic_key(k) for k in keys], data)
+        except PeerCacheError as e:
+            log.warning("PeerCacheStore.batch_set of %d values failed: %s", len(keys), e)
+            self._count(write_errors=len(keys))
+            return False
+        self._count(pages_written=len(keys), bytes_written=sum(d.nbytes for d in data),
+                    write_seconds=time.perf_counter() - t0)
+        return True
+
+    def get(self, key: str, target_location=None, target_sizes=None):
+        return self.batch_get([key], None if target_location is None else [target_location],
+                              None if target_sizes is None else [target_sizes])[0]
+
+    def batch_get(self, keys: List[str], target_locations=None, target_sizes=None) -> list:
+        """Values of ``keys``: read into ``target_locations`` (returned) or new uint8 pages; None on a miss."""
+        if not keys:
+            return []
+        node = self.node
+        bkeys = [self._generic_key(k) for k in keys]
+        n = len(keys)
+        cap = self._node_page_bytes
+        t0 = time.perf_counter()
+        out: list = [None] * n
+        if target_locations is not None:
+            if len(target_locations) != n:
+                raise ConfigError(f"batch_get: {n} keys but {len(target_locations)} target locations")
+            views = []
+            for i, t in enumerate(target_locations):
+                if isinstance(t, int):
+                    if target_sizes is None:
+                        raise ConfigError("batch_get: target locations given as addresses need target_sizes")
+                    views.append((_byte_view(t, int(target_sizes[i])), t))
+                else:
+                    views.append((_writable_bytes(t)[0], t))
+            # One batch when the targets lie in one buffer is not knowable here: one read per target.
+            status, lengths = np.full(n, int(Get.MISS), np.int8), np.zeros(n, np.uint64)
+            for i, (v, _) in enumerate(views):
+                r = node.get_batch_into([bkeys[i]], v, [0], [v.nbytes])
+                status[i], lengths[i] = r.status[0], r.lengths[0]
+            for i in range(n):
+                if status[i] == Get.HIT:
+                    out[i] = views[i][1]
+        else:
+            dest = np.empty(n * cap, dtype=np.uint8)
+            r = node.get_batch_into(bkeys, dest, np.arange(n, dtype=np.uint64) * np.uint64(cap), [cap] * n)
+            status, lengths = r.status, r.lengths
+            for i in range(n):
+                if status[i] == Get.HIT:
+                    out[i] = _new_page(dest[i * cap: i * cap + int(lengths[i])].copy())
+        hits = int((status == Get.HIT).sum())
+        errs = int((status == Get.ERROR).sum())
+        self._count(pages_read=hits, bytes_read=int(lengths[status == Get.HIT].sum()), hits=hits,
+                    misses=n - hits - errs, read_errors=errs, read_seconds=time.perf_counter() - t0)
+        return out
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is stored: its generic value, or every object of its v1 page."""
+        node = self.node
+        okeys = [self._generic_key(key)] + self.object_keys([key], self._objects_per_page())
+        present = node.exists_batch(okeys)
+        return bool(present[0] or all(present[1:]))
+
+    # -- housekeeping ----------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Remove every page this store wrote (from its pool and the directory) and reset the counters."""
+        node = self._node
+        if node is not None and node.pool is not None:
+            keys = [r.key for r in node.pool.refs()]
+            if keys:
+                node.remove_batch(keys)
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        with self._stats_lock:
+            self._stats = {k: 0 for k in ("pages_read", "pages_written", "bytes_read", "bytes_written", "hits",
+                                          "misses", "read_errors", "write_errors")}
+            self._stats.update(read_seconds=0.0, write_seconds=0.0)
+
+    def _count_read(self, pages: int, nbytes: int, hits: int, misses: int, errors: int, seconds: float) -> None:
+        with self._stats_lock:
+            st = self._stats
+            st["pages_read"] += pages
+            st["bytes_read"] += nbytes
+            st["hits"] += hits
+            st["misses"] += misses
+            st["read_errors"] += errors
+            st["read_seconds"] += seconds
+
+    def _count(self, **inc) -> None:
+        with self._stats_lock:
+            for k, v in inc.items():
+                self._stats[k] += v
+
+    def get_stats(self) -> dict:
+        """Counters since the start (or the last clear), with read/write bandwidth in GB/s."""
+        with self._stats_lock:
+            s = dict(self._stats)
+        s["read_bandwidth_GBps"] = round(s["bytes_read"] / s["read_seconds"] / 1e9, 4) if s["read_seconds"] else 0.0
+        s["write_bandwidth_GBps"] = (round(s["bytes_written"] / s["write_seconds"] / 1e9, 4)
+                                     if s["write_seconds"] else 0.0)
+        node = self._node
+        s["protocol"] = self.config.protocol
+        s["stale_locations"] = node.stale_locations if node is not None else 0
+        s["directory_cache_hits"] = node.cache.hits if node is not None else 0
+        return s
+
+    def close(self) -> None:
+        """Leave the cluster: the pool, its registration, the receive region's and every connection (idempotent)."""
+        with self._node_lock:
+            self._closed = True
+            node, self._node = self._node, None
+        if node is not None:
+            node.close()
+        self._region = None
+        self.mem_pool_host = None
+
+    def __enter__(self) -> "PeerCacheStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

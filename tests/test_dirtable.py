@@ -1,0 +1,471 @@
+"""The directory table: locations a consumer reads one-sided from the discovery host's data
+server (peercache/dirtable.py), checked line by line, with the lookup RPC for everything the
+table cannot answer."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from peercache import tags
+from peercache.directory import Directory
+from peercache.dirtable import LINE_BYTES, MAGIC, DirTable, TableView, bucket_line, line_check
+from peercache.discovery import MetaService
+from peercache.node import Get, Node
+from peercache.rpc import RpcServer
+from peercache.transport.base import native_module
+
+from conftest import free_port
+
+PAGE = 4096
+
+
+def loc(key: bytes, off: int, gen: int = 1, length: int = 10) -> list:
+    return [1, 99, off, length, 64, gen, tags.key_hash(key)]
+
+
+def read_all(table: DirTable, view: TableView, keys: list[bytes]):
+    """What one read of the keys' buckets returns, copied straight from the table's memory."""
+    kh = np.fromiter((tags.key_hash(k) for k in keys), np.uint64, len(keys))
+    ub, inv, remote, length, local, nbytes = view.plan(kh)
+    mem = np.frombuffer(table.mm, np.uint8)
+    buf = np.zeros(nbytes, np.uint8)
+    for r, ln, lo in zip(remote.tolist(), length.tolist(), local.tolist()):
+        buf[lo:lo + ln] = mem[r:r + ln]
+    return view.parse(buf, ub, inv, kh)
+
+
+def one(table: DirTable, view: TableView, key: bytes):
+    kh = tags.key_hash(key)
+    b, remote = view.plan_one(kh)
+    raw = bytes(table.mm[:LINE_BYTES]) + bytes(table.mm[remote:remote + view.bucket_bytes])
+    return view.parse_one(raw, b, kh)
+
+
+def view_of(table: DirTable) -> TableView:
+    return TableView({**table.info(), "node_id": "host"})
+
+
+def entry_line(table: DirTable, key: bytes) -> int:
+    return table._line_of[key]
+
+
+# -- the table on its own ------------------------------------------------------------------
+
+def test_round_trip_overflow_and_definitive_misses():
+    d = Directory(table_entries=7)                # one bucket of 7 ways
+    t, v = d.table, view_of(d.table)
+    keys = [b"k%d" % i for i in range(10)]
+    d.publish("n1", keys, [loc(k, 64 * i, gen=i + 1) for i, k in enumerate(keys)])
+    assert len(t) == 7 and t.spilled == 3
+    epoch, recs, found, absent = read_all(t, v, keys + [b"never"])
+    assert found[:7].all() and not found[7:].any()
+    assert not absent.any()                       # overflowed: only the dict knows the rest
+    assert recs[:7, 2].tolist() == [64 * i for i in range(7)]                  # offsets
+    assert recs[:7, 5].tolist() == list(range(1, 8))                           # generations
+    assert recs[:7, 6].tolist() == [tags.key_hash(k) for k in keys[:7]]
+    assert (recs[:7, 0] & 0xFFFFFFFF).tolist() == [d.number("n1")] * 7       # member numbers
+    # the one-key parser agrees with the batch parser
+    for k, f in zip(keys + [b"never"], found.tolist()):
+        e, rec, a = one(t, v, k)
+        assert e == epoch and (rec is not None) == f and not a
+    d.unpublish("n1", keys[7:])                   # no key of the bucket lives elsewhere now
+    _, _, found, absent = read_all(t, v, keys + [b"never"])
+    assert found[:7].all() and absent[7:].all()
+    assert one(t, v, b"never") == (epoch, None, True)
+    d.unpublish("n1", keys[:3])
+    _, _, found, absent = read_all(t, v, keys[:4])
+    assert found.tolist() == [False, False, False, True] and absent.tolist() == [True, True, True, False]
+    d.close()
+
+
+def test_republish_in_place_and_records_the_table_cannot_hold():
+    d = Directory(table_entries=64)
+    t, v = d.table, view_of(d.table)
+    d.publish("n1", [b"a"], [loc(b"a", 0, gen=1)])
+    line = entry_line(t, b"a")
+    d.publish("n1", [b"a"], [loc(b"a", 128, gen=2)])
+    assert entry_line(t, b"a") == line and len(t) == 1
+    _, recs, found, _ = read_all(t, v, [b"a"])
+    assert found[0] and recs[0, 2] == 128 and recs[0, 5] == 2
+    # a key hash that is not the key's own: kept out of the table (only the dict answers it)
+    d.publish("n1", [b"liar"], [loc(b"someone-else", 0)])
+    # a field beyond a record's width: stored as a Location by the dict, kept out too
+    d.publish("n1", [b"wide"], [[1 << 40, 99, 0, 10, 64, 1, tags.key_hash(b"wide")]])
+    assert len(t) == 1 and t.spilled == 2
+    _, _, found, absent = read_all(t, v, [b"liar", b"wide"])
+    assert not found.any() and not absent.any()
+    d.unpublish("n1", [b"liar", b"wide", b"a"])
+    assert len(t) == 0 and t.spilled == 0
+    _, _, found, absent = read_all(t, v, [b"liar", b"wide", b"a"])
+    assert absent.all()
+    d.close()
+
+
+def test_garbage_and_torn_lines_are_never_trusted():
+    d = Directory(table_entries=64)
+    t, v = d.table, view_of(d.table)
+    keys = [b"g%d" % i for i in range(20)]
+    d.publish("n1", keys, [loc(k, 64 * i, gen=1) for i, k in enumerate(keys)])
+    rng = np.random.default_rng(7)
+    victim = keys[3]
+    line = entry_line(t, victim)
+    good = t.words[line].copy()
+    # torn: the new record's first half with the old record's second half and old check
+    d.publish("n1", [victim], [loc(victim, 4096, gen=9, length=33)])
+    new = t.words[line].copy()
+    t.words[line] = np.concatenate([new[:3], good[3:]])
+    _, _, found, absent = read_all(t, v, [victim])
+    assert not found[0] and not absent[0]
+    assert one(t, v, victim)[1:] == (None, False)
+    # the same torn the other way round, and a check word that belongs to the new record
+    t.words[line] = np.concatenate([good[:3], new[3:]])
+    assert not read_all(t, v, [victim])[2][0]
+    # random garbage with the key's hash in place (so the parser looks at it) is not trusted
+    junk = rng.integers(0, 2**63, 8, dtype=np.uint64)
+    junk[6] = tags.key_hash(victim)
+    t.words[line] = junk
+    _, _, found, absent = read_all(t, v, [victim])
+    assert not found[0] and not absent[0]
+    # a garbage line in a bucket makes a missing key of that bucket doubtful, not absent
+    kh_never = next(h for h in (tags.key_hash(b"x%d" % i) for i in range(10_000))
+                    if h % t.buckets == tags.key_hash(victim) % t.buckets)
+    view_buckets = np.array([kh_never], np.uint64)
+    ub, inv, remote, length, local, nbytes = v.plan(view_buckets)
+    mem = np.frombuffer(t.mm, np.uint8)
+    buf = np.zeros(nbytes, np.uint8)
+    for r, ln, lo in zip(remote.tolist(), length.tolist(), local.tolist()):
+        buf[lo:lo + ln] = mem[r:r + ln]
+    assert not v.parse(buf, ub, inv, view_buckets)[3][0]
+    # a line copied to another place does not check there (the line number is in its check)
+    other = entry_line(t, keys[5])
+    assert line_check(t.words[other][:7].tobytes(), line, t.seal) != int(t.words[other][7])
+    assert line_check(t.words[other][:7].tobytes(), other, t.seal) == int(t.words[other][7])
+    # a header that does not check makes everything doubtful
+    t.words[0, 1] ^= np.uint64(1)
+    assert read_all(t, v, keys[:2])[0] is None and one(t, v, keys[0])[0] is None
+    d.close()
+
+
+def test_copies_racing_the_writer_never_yield_a_mixed_record():
+    """A reader copying the table (memcpy, no order) while a writer rewrites entries: anything the
+    parser trusts is a record the writer wrote, never a mix of two."""
+    d = Directory(table_entries=14)
+    t, v = d.table, view_of(d.table)
+    keys = [b"r%d" % i for i in range(10)]
+    stop = threading.Event()
+
+    def writer():
+        gen = 1
+        while not stop.is_set() and gen < 2_000_000:
+            d.publish("n1", keys, [loc(k, 64 * gen, gen=gen, length=gen % 64) for k in keys])
+            gen += 1
+
+    th = threading.Thread(target=writer)
+    th.start()
+    trusted = 0
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            _, recs, found, _ = read_all(t, v, keys)
+            r = recs[found]
+            assert (r[:, 2] == r[:, 5] * 64).all() and (r[:, 3] == r[:, 5] % 64).all()
+            trusted += int(found.sum())
+    finally:
+        stop.set()
+        th.join()
+    assert trusted > 0
+    d.close()
+
+
+def test_dropped_node_leaves_the_table():
+    d = Directory(table_entries=64)
+    d.publish("n1", [b"a", b"b"], [loc(b"a", 0), loc(b"b", 64)])
+    d.publish("n2", [b"c"], [loc(b"c", 0)])
+    assert len(d.table) == 3
+    d.drop_node("n1")
+    _, _, found, absent = read_all(d.table, view_of(d.table), [b"a", b"b", b"c"])
+    assert found.tolist() == [False, False, True] and absent.tolist() == [True, True, False]
+    d.close()
+
+
+# -- nodes: a consumer reading the table through the data transport --------------------------
+
+def pages(keys):
+    return [bytes([i % 251 + 1]) * PAGE for i in range(len(keys))]
+
+
+def counted(node: Node) -> list:
+    """Ops this node sends to discovery, in order."""
+    calls = []
+    orig = node.discovery.call
+
+    def call(op, **kw):
+        calls.append(op)
+        return orig(op, **kw)
+    node.discovery.call = call
+    return calls
+
+
+def protocols():
+    out = ["tcp"]
+    mod, why = native_module()
+    out.append(pytest.param("shm", marks=pytest.mark.skipif(mod is None, reason=f"shm: {why}")))
+    return out
+
+
+@pytest.mark.parametrize("protocol", protocols())
+def test_consumer_reads_every_key_through_the_table(port, protocol):
+    addr = f"127.0.0.1:{port}"
+    keys = [b"page-%d" % i for i in range(300)]
+    with Node(addr, protocol=protocol, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
+        prod.put_batch(keys, pages(keys))
+        assert len(prod.meta.directory.table) == len(keys)
+        with Node(addr, protocol=protocol, dir_cache_ttl=0.0) as cons:
+            assert cons._table is not None and cons._table.node_id == prod.node_id
+            calls = counted(cons)
+            dest = np.zeros(len(keys) * PAGE, np.uint8)
+            r = cons.get_batch_into(keys, dest, np.arange(len(keys)) * PAGE)
+            assert r.hits == len(keys)
+            assert (dest.reshape(len(keys), PAGE)[:, 0] == [i % 251 + 1 for i in range(len(keys))]).all()
+            one_page = np.zeros(PAGE, np.uint8)
+            for i in range(0, len(keys), 7):
+                r = cons.get_batch_into([keys[i]], one_page, [0])
+                assert r.status[0] == Get.HIT and one_page[0] == i % 251 + 1
+            r = cons.get_batch_into([b"absent", keys[1]], dest, [0, PAGE])
+            assert r.status.tolist() == [Get.MISS, Get.HIT]
+            assert cons.get_batch_into([b"absent"], one_page, [0]).status[0] == Get.MISS
+            n_single = len(range(0, len(keys), 7))
+            assert cons.table_resolved == len(keys) + n_single + 3 and cons.table_forwarded == 0
+            assert "lookup" not in calls and calls.count("members") <= 1
+            # the Python lookup path (and exists) resolves through the table too
+            assert cons.exists_batch([keys[0], b"absent", keys[2]]) == [True, False, True]
+            assert [l.offset for l in cons.lookup(keys[:3])] == [prod.pool.ref(k).offset for k in keys[:3]]
+            assert "lookup" not in calls and cons.stale_locations == 0
+        # the hosting node resolves through its own table, read in place
+        host_calls = counted(prod)
+        assert [l.offset for l in prod.lookup(keys[:3])] == [prod.pool.ref(k).offset for k in keys[:3]]
+        assert prod.table_resolved == 3 and "lookup" not in host_calls
+
+
+def test_python_read_path_uses_the_table(port):
+    addr = f"127.0.0.1:{port}"
+    keys = [b"py-%d" % i for i in range(20)]
+    with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
+        prod.put_batch(keys, pages(keys))
+        with Node(addr, dir_cache_ttl=0.0) as cons:
+            cons._native = None
+            calls = counted(cons)
+            dest = np.zeros(len(keys) * PAGE, np.uint8)
+            assert cons.get_batch_into(keys, dest, np.arange(len(keys)) * PAGE).hits == len(keys)
+            assert "lookup" not in calls and cons.table_resolved == len(keys)
+
+
+def test_doubtful_entries_go_to_the_lookup_rpc(port):
+    addr = f"127.0.0.1:{port}"
+    keys = [b"t-%d" % i for i in range(40)]
+    with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
+        prod.put_batch(keys, pages(keys))
+        table = prod.meta.directory.table
+        victim = keys[11]
+        line = table._line_of[victim]
+        junk = np.random.default_rng(3).integers(0, 2**63, 8, dtype=np.uint64)
+        junk[6] = tags.key_hash(victim)
+        table.words[line] = junk                                  # garbage where the entry was
+        with Node(addr, dir_cache_ttl=0.0) as cons:
+            calls = counted(cons)
+            one_page = np.zeros(PAGE, np.uint8)
+            r = cons.get_batch_into([victim], one_page, [0])
+            assert r.status[0] == Get.HIT and one_page[0] == 11 % 251 + 1
+            assert cons.table_forwarded == 1 and cons.table_resolved == 0 and calls.count("lookup") == 1
+            dest = np.zeros(len(keys) * PAGE, np.uint8)
+            r = cons.get_batch_into(keys, dest, np.arange(len(keys)) * PAGE)
+            assert r.hits == len(keys)
+            assert cons.table_forwarded == 2 and cons.table_resolved == len(keys) - 1
+            assert calls.count("lookup") == 2 and cons.stale_locations == 0
+
+
+def test_a_stale_table_entry_is_caught_by_the_slot_tag_and_never_loops(port):
+    addr = f"127.0.0.1:{port}"
+    keys = [b"s-%d" % i for i in range(8)]
+    with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
+        prod.put_batch(keys, pages(keys))
+        table = prod.meta.directory.table
+        key = keys[2]
+        line = table._line_of[key]
+        old = table.words[line].copy()                            # a consistent entry of generation 1
+        prod.put_batch([key], [b"\x77" * PAGE])                   # republished: generation 2
+        assert prod.pool.ref(key).generation == 2
+        table.words[line] = old                                   # the table still says generation 1
+        with Node(addr, dir_cache_ttl=0.0) as cons:
+            calls = counted(cons)
+            one_page = np.zeros(PAGE, np.uint8)
+            for rounds in (1, 2):
+                r = cons.get_batch_into([key], one_page, [0])
+                assert r.status[0] == Get.HIT and r.generations[0] == 2 and one_page[0] == 0x77
+                assert cons.stale_locations == rounds                # one tag mismatch per GET ...
+                assert calls.count("lookup") == rounds               # ... answered by one RPC, no loop
+                assert cons.table_resolved == rounds
+            dest = np.zeros(2 * PAGE, np.uint8)
+            r = cons.get_batch_into([key, keys[3]], dest, [0, PAGE])
+            assert r.hits == 2 and cons.stale_locations == 3 and calls.count("lookup") == 3
+
+
+def test_a_left_or_dropped_producer_leaves_the_table(port):
+    """A pool-less discovery host serves the table; producers' entries leave it with them."""
+    addr = f"127.0.0.1:{port}"
+    with Node(addr, host_discovery=True, heartbeat_interval=0.1, heartbeat_timeout=0.6) as host:
+        assert host.pool is None and host._table is not None and host.info["data"]
+        table = host.meta.directory.table
+        p1 = Node(addr, pool_slots=4, slot_capacity=PAGE, heartbeat_interval=0.1, heartbeat_timeout=0.6)
+        p2 = Node(addr, pool_slots=4, slot_capacity=PAGE, heartbeat_interval=0.1, heartbeat_timeout=0.6)
+        try:
+            p1.put_batch([b"a", b"b"], [b"A" * PAGE, b"B" * PAGE])
+            p2.put_batch([b"c"], [b"C" * PAGE])
+            with Node(addr, dir_cache_ttl=0.0, heartbeat_interval=0.1, heartbeat_timeout=0.6) as cons:
+                dest = np.zeros(3 * PAGE, np.uint8)
+                assert cons.get_batch_into([b"a", b"b", b"c"], dest, [0, PAGE, 2 * PAGE]).hits == 3
+                assert cons.table_resolved == 3 and len(table) == 3
+                p1.close()                                        # leaves: its entries go at once
+                assert len(table) == 1
+                calls = counted(cons)
+                r = cons.get_batch_into([b"a", b"c"], dest, [0, PAGE])
+                assert r.status.tolist() == [Get.MISS, Get.HIT] and "lookup" not in calls
+                p2.close(leave=False)                             # silent: dropped by the reaper
+                deadline = time.monotonic() + 5
+                while len(table) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert len(table) == 0
+                assert cons.get_batch_into([b"c"], dest, [0]).status[0] == Get.MISS
+                assert "lookup" not in calls and cons.table_forwarded == 0
+        finally:
+            p1.close()
+            p2.close()
+
+
+def test_a_member_that_joined_later_is_mapped_with_one_members_call(port):
+    addr = f"127.0.0.1:{port}"
+    with Node(addr, host_discovery=True, pool_slots=4, slot_capacity=PAGE) as prod:
+        prod.put_batch([b"a"], [b"A" * PAGE])
+        with Node(addr, dir_cache_ttl=0.0) as cons:
+            dest = np.zeros(PAGE, np.uint8)
+            assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
+            with Node(addr, pool_slots=4, slot_capacity=PAGE) as prod2:
+                prod2.put_batch([b"z"], [b"Z" * PAGE])
+                calls = counted(cons)
+                r = cons.get_batch_into([b"z"], dest, [0])
+                assert r.status[0] == Get.HIT and dest[0] == ord("Z")
+                assert calls == ["members"] and cons.table_resolved == 2
+
+
+def test_with_a_secret_the_table_is_read_through_the_token_checked_server(port):
+    addr = f"127.0.0.1:{port}"
+    secret = b"s" * 32
+    with Node(addr, host_discovery=True, pool_slots=4, slot_capacity=PAGE, auth_key=secret) as prod:
+        prod.put_batch([b"a"], [b"A" * PAGE])
+        with Node(addr, dir_cache_ttl=0.0, auth_key=secret) as cons:
+            calls = counted(cons)
+            dest = np.zeros(PAGE, np.uint8)
+            assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
+            assert cons.table_resolved == 1 and "lookup" not in calls
+        # a data connection without the token gets nothing from the table's region either
+        from peercache.transport import make_transport
+        from peercache.transport.base import OP_DTYPE, Status
+        tr = make_transport("tcp")
+        try:
+            view = TableView(prod.meta.table_info())
+            ops = np.zeros(1, OP_DTYPE)
+            ops["region"], ops["rkey"], ops["length"] = view.region, view.rkey, LINE_BYTES
+            st = tr.read_batch("intruder", view.data, ops, [bytearray(LINE_BYTES)])
+            assert st[0] != Status.OK
+        finally:
+            tr.close()
+
+
+def test_the_table_off_still_works(port):
+    addr = f"127.0.0.1:{port}"
+    with Node(addr, host_discovery=True, pool_slots=4, slot_capacity=PAGE, dir_table_entries=0) as prod:
+        assert prod.meta.directory.table is None and prod.meta.table_info() is None
+        prod.put_batch([b"a"], [b"A" * PAGE])
+        with Node(addr, dir_cache_ttl=0.0) as cons:
+            assert cons._table is None
+            dest = np.zeros(PAGE, np.uint8)
+            assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
+            assert cons.get_batch_into([b"nope"], dest, [0]).status[0] == Get.MISS
+            assert cons.table_resolved == cons.table_forwarded == 0
+    with pytest.raises(Exception, match="dir-table-entries must be >= 0"):
+        Node(f"127.0.0.1:{free_port()}", host_discovery=True, dir_table_entries=-1)
+
+
+def test_a_discovery_without_the_table_still_works(port):
+    """A standalone meta process (no data server, so no table), as ``peercache-bench meta`` runs one,
+    answers the original register reply: nodes use the lookup RPC."""
+    addr = f"127.0.0.1:{port}"
+    svc = MetaService()
+    server = RpcServer(addr, svc.handlers(), limits=svc.limits).start()
+    try:
+        assert "table" not in svc.handlers()["members"]({})
+        with Node(addr, pool_slots=4, slot_capacity=PAGE) as prod, Node(addr, dir_cache_ttl=0.0) as cons:
+            prod.put_batch([b"a"], [b"A" * PAGE])
+            assert cons._table is None
+            dest = np.zeros(PAGE, np.uint8)
+            assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
+            assert cons.table_resolved == 0
+    finally:
+        server.stop()
+        svc.stop()
+
+
+def test_a_table_announced_for_another_directory_address_is_not_used(port):
+    """A consumer that reaches the directory through another endpoint (a relay) does not read a
+    table announced as the view of the directory at ``addr``."""
+    addr = f"127.0.0.1:{port}"
+    with Node(addr, host_discovery=True, pool_slots=4, slot_capacity=PAGE) as prod:
+        prod.put_batch([b"a"], [b"A" * PAGE])
+        relay = RpcServer(f"127.0.0.1:{free_port()}", prod.meta.handlers(), limits=prod.meta.limits).start()
+        try:
+            with Node(relay.address.replace("tcp://", ""), dir_cache_ttl=0.0) as cons:
+                assert cons._table is None
+                dest = np.zeros(PAGE, np.uint8)
+                assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
+        finally:
+            relay.stop()
+
+
+def test_table_header_geometry():
+    t = DirTable(100, ways=5)
+    try:
+        assert t.buckets == 20 and t.size == LINE_BYTES * (1 + 20 * 6)
+        assert int(t.words[0, 0]) == MAGIC and int(t.words[0, 2]) == 20 and int(t.words[0, 3]) == 5
+        assert bucket_line(3, 5) == 19
+        t.set_epoch(9)
+        v = view_of(t)
+        assert one(t, v, b"x")[0] == 9
+    finally:
+        t.close()
+    with pytest.raises(Exception, match="at least one entry"):
+        DirTable(0)
+
+
+def test_dirbench_node_path_resolves_through_the_table():
+    """dirbench --path node: lookups as a consumer node resolves keys (the table first)."""
+    from peercache.bench import dirbench, options
+
+    addr = f"127.0.0.1:{free_port()}"
+    keys = options.page_keys(256, "mla")
+    prod = dirbench.Producer(addr, keys[:100])
+    try:
+        cli = dirbench.NodeLookupClient(addr)
+        try:
+            assert cli.lookup(keys[:100]) == 0
+            assert cli.lookup(keys[50:178]) == 78
+            assert cli.node.table_resolved == 228 and cli.node.table_forwarded == 0
+        finally:
+            cli.close()
+    finally:
+        prod.close()
+    doc = dirbench.run(dirbench.build_parser().parse_args(
+        ["--directory", f"127.0.0.1:{free_port()}", "--keys", "1024", "--batch", "128", "--clients", "1",
+         "--duration", "0.5", "--warmup", "0.2", "--path", "node"]))
+    assert doc["status"] == "ok", doc["error"]
+    assert doc["meta"]["path"] == "node" and doc["result"]["batches"] > 0 and doc["result"]["misses"] == 0
