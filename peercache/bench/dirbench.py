@@ -45,6 +45,7 @@ import numpy as np
 from .. import tags
 from ..errors import ConfigError, PeerCacheError
 from . import meta, options
+from .drive import _recv   # a worker's reply, bounded in time; its death an error
 
 #: Bytes per published slot: the directory does not care what a slot holds.
 SLOT_BYTES = 64
@@ -395,14 +396,6 @@ def _collect(conns, t0: float, a, say) -> list[dict]:
                 results[i] = msg[1]
     return results
 
-
-def _recv(conn, timeout: float, what: str):
-    if not conn.poll(timeout):
-        raise PeerCacheError(f"{what} within {timeout:.0f} s")
-    try:
-        return conn.recv()
-    except EOFError:
-        raise PeerCacheError(f"{what}: the process exited") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
