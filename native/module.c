@@ -144,6 +144,15 @@ static PyObject *Peer_alive(PeerObject *self, PyObject *unused) {
     return PyBool_FromLong(a);
 }
 
+static PyObject *Peer_wait_stats(PeerObject *self, PyObject *unused) {
+    (void)unused;
+    if (!self->be->wait_stats) Py_RETURN_NONE;
+    uint64_t polled = 0, slept = 0, missed = 0;
+    self->be->wait_stats(self->conn, &polled, &slept, &missed);
+    return Py_BuildValue("{sKsKsK}", "polled", (unsigned long long)polled, "slept", (unsigned long long)slept,
+                         "missed", (unsigned long long)missed);
+}
+
 static PyObject *Peer_close(PeerObject *self, PyObject *unused) {
     (void)unused;
     self->closed = 1;  /* the connection itself goes when the last reference does */
@@ -160,6 +169,9 @@ static PyMethodDef Peer_methods[] = {
      "read_batch(ops, locals, status) -> None or the error text; executes OP_DTYPE ops without the GIL."},
     {"alive", (PyCFunction)Peer_alive, METH_NOARGS, "Whether the peer is still usable."},
     {"close", (PyCFunction)Peer_close, METH_NOARGS, "Refuse further batches on this handle."},
+    {"wait_stats", (PyCFunction)Peer_wait_stats, METH_NOARGS,
+     "{'polled': replies a poll caught, 'slept': waits that slept, 'missed': polls that ran out first} (tcp), "
+     "or None for a backend without waits."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -213,13 +225,15 @@ static PyObject *py_shm_connect(PyObject *mod, PyObject *args) {
 static PyObject *py_tcp_connect(PyObject *mod, PyObject *args) {
     (void)mod;
     const char *host;
-    int port, maxch;
+    int port, maxch, poll_us = 0;
     double timeout;
     PyObject *token = Py_None;
-    if (!PyArg_ParseTuple(args, "siid|O", &host, &port, &maxch, &timeout, &token)) return NULL;
+    if (!PyArg_ParseTuple(args, "siid|Oi", &host, &port, &maxch, &timeout, &token, &poll_us)) return NULL;
+    if (poll_us < 0 || poll_us > 1000000)
+        return PyErr_Format(PyExc_ValueError, "poll_us must be 0..1000000 microseconds, got %d", poll_us);
     if (token != Py_None && (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) != 32))
         return PyErr_Format(PyExc_ValueError, "the data token must be None or 32 bytes");
-    pc_tcp_params p = {host, port, maxch, timeout,
+    pc_tcp_params p = {host, port, maxch, timeout, poll_us,
                        token == Py_None ? NULL : (const uint8_t *)PyBytes_AS_STRING(token)};
     return new_peer(&pc_tcp_backend, &p);
 }
@@ -592,7 +606,8 @@ static PyMethodDef module_methods[] = {
     {"shm_connect", py_shm_connect, METH_VARARGS,
      "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
     {"tcp_connect", py_tcp_connect, METH_VARARGS,
-     "tcp_connect(host, port, max_channels, timeout_s, token=None) -> Peer; with a 32-byte token "
+     "tcp_connect(host, port, max_channels, timeout_s, token=None, poll_us=0) -> Peer; poll_us: poll a "
+     "reply this long before sleeping; with a 32-byte token "
      "every connection opens with a hello carrying it."},
     {"adopt", py_adopt, METH_O,
      "adopt(capsule) -> Peer around a connection made by another backend module (peercache._verbs)."},

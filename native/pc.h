@@ -146,6 +146,9 @@ typedef struct pc_backend {
     /* 1 while the peer is usable, 0 once it is known gone (optional, may be NULL). */
     int (*alive)(void *conn);
     void (*close)(void *conn);
+    /* How waits for a reply went: replies a poll caught, waits that slept, polls that ran out
+     * before they slept (optional, may be NULL). */
+    void (*wait_stats)(void *conn, uint64_t *polled, uint64_t *slept, uint64_t *missed);
 } pc_backend;
 
 extern const pc_backend pc_shm_backend;
@@ -182,6 +185,7 @@ typedef struct pc_tcp_params {
     int port;
     int max_channels;
     double timeout_s;      /* bound on every blocking socket call */
+    int poll_us;           /* poll a reply this long before sleeping (0: sleep at once) */
     const uint8_t *token;  /* NULL, or the 32-byte data token each connection's hello carries */
 } pc_tcp_params;
 

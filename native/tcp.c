@@ -14,6 +14,18 @@
  * has the next request queued while the client drains the current reply.
  * Each batch holds one channel of its own; the channel list's lock is held
  * only to pop or push a socket, never during I/O.
+ *
+ * Waiting for a reply: the socket is first polled (non-blocking receives)
+ * for up to poll_us microseconds, then the thread sleeps in a blocking
+ * receive, as an RDMA consumer polls its completion queue before it would
+ * arm an event. A sleep costs a wake-up on the reply (a scheduler round trip
+ * and, in a VM, an IPI and a halt exit): on this project's 2-vCPU test VM a
+ * 4 KiB read over a veth pair took p50 77-99 us sleeping and 43-46 us
+ * polling, against 57-72 us for sockperf's round trip (which sleeps). The
+ * polling is bounded and backs off: after POLL_MISSES waits in a row that
+ * the poll did not cover, a channel list sleeps at once for POLL_SKIP waits,
+ * then tries again; so a slow peer costs at most poll_us of CPU per
+ * POLL_SKIP waits. poll_us 0 sleeps at once.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -48,6 +60,8 @@
 #define MAX_CHANNELS 256
 #define TOKEN_BYTES 32
 #define HELLO_BYTES (HEAD_BYTES + TOKEN_BYTES)
+#define POLL_MISSES 8
+#define POLL_SKIP 256
 
 typedef struct tcp_conn {
     char host[256];
@@ -62,6 +76,12 @@ typedef struct tcp_conn {
     atomic_uint_fast64_t next_req;
     int has_hello;
     uint8_t hello[HELLO_BYTES];
+    long poll_ns;             /* 0: sleep at once */
+    atomic_int poll_missed;   /* waits in a row the poll did not cover */
+    atomic_int poll_skip;     /* waits left that sleep at once (backing off) */
+    atomic_ullong polled;     /* replies the poll caught / waits that slept after it */
+    atomic_ullong slept;
+    atomic_ullong missed;     /* polls that ran out (each then slept) */
 } tcp_conn;
 
 static int send_all(int fd, const uint8_t *buf, size_t len);
@@ -178,6 +198,7 @@ static void *tcp_connect(const void *params, char *err, size_t errlen) {
     snprintf(c->port, sizeof c->port, "%d", p->port);
     c->max_channels = p->max_channels < 1 ? 1 : (p->max_channels > MAX_CHANNELS ? MAX_CHANNELS : p->max_channels);
     c->timeout_s = p->timeout_s > 0 ? p->timeout_s : 5.0;
+    c->poll_ns = p->poll_us > 0 ? (long)p->poll_us * 1000 : 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     atomic_init(&c->next_req, 1);
@@ -240,11 +261,53 @@ static int recv_all(int fd, uint8_t *buf, size_t len) {
     return 0;
 }
 
+static long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* The first bytes of a reply by polling (see the top of this file): the
+ * count received, or -1 with errno EAGAIN when the poll ran out (the caller
+ * then sleeps), or another errno / 0 for a closed connection. */
+static ssize_t poll_reply(tcp_conn *c, int fd, uint8_t *head) {
+    if (atomic_load_explicit(&c->poll_skip, memory_order_relaxed) > 0) {
+        atomic_fetch_sub_explicit(&c->poll_skip, 1, memory_order_relaxed);
+        errno = EAGAIN;
+        return -1;
+    }
+    long end = mono_ns() + c->poll_ns;
+    for (;;) {
+        ssize_t k = recv(fd, head, HEAD_BYTES, MSG_DONTWAIT);
+        if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            atomic_store_explicit(&c->poll_missed, 0, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->polled, 1, memory_order_relaxed);
+            return k;
+        }
+        if (mono_ns() >= end) break;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    atomic_fetch_add_explicit(&c->missed, 1, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&c->poll_missed, 1, memory_order_relaxed) + 1 >= POLL_MISSES) {
+        atomic_store_explicit(&c->poll_missed, 0, memory_order_relaxed);
+        atomic_store_explicit(&c->poll_skip, POLL_SKIP, memory_order_relaxed);
+    }
+    errno = EAGAIN;
+    return -1;
+}
+
 /* The header of a reply: -4 (errno ECONNRESET) when the peer closed before
  * sending any of it, as a server does with a connection idle too long. */
-static int recv_reply_head(int fd, uint8_t *head) {
-    ssize_t k;
-    do k = recv(fd, head, HEAD_BYTES, 0); while (k < 0 && errno == EINTR);
+static int recv_reply_head(tcp_conn *c, int fd, uint8_t *head) {
+    ssize_t k = -1;
+    errno = EAGAIN;
+    if (c->poll_ns) k = poll_reply(c, fd, head);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        atomic_fetch_add_explicit(&c->slept, 1, memory_order_relaxed);
+        do k = recv(fd, head, HEAD_BYTES, 0); while (k < 0 && errno == EINTR);
+    }
     if (k == 0 || (k < 0 && (errno == ECONNRESET || errno == EPIPE))) {
         errno = ECONNRESET;
         return -4;
@@ -313,7 +376,7 @@ static int send_chunk(int fd, const pc_op *ops, const chunk *ch) {
 static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, const pc_local *locals,
                       int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
     uint8_t head[HEAD_BYTES];
-    int hr = recv_reply_head(fd, head);
+    int hr = recv_reply_head(c, fd, head);
     if (hr < 0) return hr;
     uint32_t code, m;
     uint64_t rid;
@@ -432,10 +495,18 @@ fail:
     return -1;
 }
 
+static void tcp_wait_stats(void *p, uint64_t *polled, uint64_t *slept, uint64_t *missed) {
+    tcp_conn *c = p;
+    *polled = atomic_load(&c->polled);
+    *slept = atomic_load(&c->slept);
+    *missed = atomic_load(&c->missed);
+}
+
 const pc_backend pc_tcp_backend = {
     .name = "tcp",
     .connect = tcp_connect,
     .read_batch = tcp_read_batch,
     .alive = NULL,
     .close = tcp_close,
+    .wait_stats = tcp_wait_stats,
 };

@@ -35,7 +35,14 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
     # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 4 + 1 + 3 + 2 + 3)
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 4 + 1 + 3 + 2 + 5)
+    # the 4 KiB GETs: both sockperf baselines first, the GET that sleeps at once measured as well
+    k = order.index(("sockperf_tcp_4k", 1))
+    assert order[k + 1] == ("sockperf_tcp_4k_busy", 1) and order[k + 4] == ("peercache_tcp_4k_cached_sleep", 1)
+    assert bp.points["sockperf_tcp_4k_busy"].params["busy_poll"] is True
+    assert "busy_poll" not in bp.points["sockperf_tcp_4k"].params
+    assert bp.points["peercache_tcp_4k_cached_sleep"].params["tcp_poll_us"] == 0
+    assert "tcp_poll_us" not in bp.points["peercache_tcp_4k_cached"].params
     # same-host shm figures on loopback; the tcp pair on the testbed's network namespaces
     assert bp.points["peercache_shm_128k"].loopback and not bp.points["peercache_tcp_128k"].loopback
     assert bp.points["iperf3_tcp_128k"].params["reverse"] is True
@@ -84,7 +91,10 @@ def test_every_ratio_has_a_target_in_the_references_data():
                  "integrity_vs_off_128k": 0.85, "hicache_v1_vs_drive_128k": 0.9,
                  "dir_lookups_embedded_128": 1e6, "dir_lookups_redis_vs_mget_128": 0.8}
     # every ratio the bench prints has one, but the shm integrity figure (shown for what it costs there)
-    assert set(ratios.RATIOS) - set(t) - set(load_bench_targets(bound="at_most")) == {"integrity_vs_off_shm_128k"}
+    # and the 4 KiB GETs over the baseline that waits as they do (shown beside the targets)
+    assert set(ratios.RATIOS) - set(t) - set(load_bench_targets(bound="at_most")) == {
+        "integrity_vs_off_shm_128k", "latency_4k_uncached_vs_busy_rtt", "latency_4k_cached_vs_busy_rtt",
+        "latency_4k_cached_sleep_vs_rtt"}
 
 
 def test_ratios_are_medians_of_paired_rounds():

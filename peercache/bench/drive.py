@@ -359,7 +359,8 @@ def format_table(doc: dict) -> str:
              f"# protocol={m['protocol']} devices={','.join(m['devices']) or '-'} layout={m['layout']} "
              f"page={m['page_size']} B batch={m['batch_size']} processes={m['processes']} "
              f"op={m['op']} verify={'on' if m['verify'] else 'off'} "
-             f"integrity={'on' if m.get('integrity') else 'off'} dir-cache-ttl={m['dir_cache_ttl']} s",
+             f"integrity={'on' if m.get('integrity') else 'off'} dir-cache-ttl={m['dir_cache_ttl']} s"
+             + (f" tcp-poll={m['tcp_poll_us']} us" if m.get("tcp_poll_us") is not None else ""),
              f"{'threads':>7} {'GB/s':>8} {'pages/s':>11} {'p50 us':>9} {'p99 us':>9} {'p999 us':>9} "
              f"{'hit %':>7} {'errors':>6}  status"]
     for p in doc["points"]:
@@ -399,6 +400,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                     "page_size": args.page_size, "batch_size": args.batch_size,
                     "concurrencies": args.concurrencies, "processes": args.processes,
                     "working_set": args.working_set, "max_channels": args.max_channels,
+                    "tcp_poll_us": options.tcp_poll_us(args),
                     "dir_cache_ttl": args.dir_cache_ttl, "duration": args.duration, "warmup": args.warmup,
                     "op": args.op, "verify": args.verify, "integrity": args.integrity, "access": args.access,
                     "gpu": args.gpu, "gpu_registration": None,

@@ -60,6 +60,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=131072, help="bytes per object [%(default)s]")
     p.add_argument("--working-set", type=int, default=1024, help="pages published by serve [%(default)s]")
     p.add_argument("--max-channels", type=int, default=8, help="data channels per peer [%(default)s]")
+    p.add_argument("--tcp-poll-us", type=int, default=None, metavar="US",
+                   help="tcp: poll the socket this long for a reply before sleeping (0: sleep at once; "
+                        "backs off against slow peers) [$PEERCACHE_TCP_POLL_US, else 50]")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--integrity", action="store_true",
                    help="serve: write a checksum (XXH3-64) of each page in its slot header; drive: check it "
@@ -166,9 +169,25 @@ def devices(args) -> list[str]:
 
 def transport_options(args) -> dict:
     """Options of the transport named by --protocol (rdma: devices, port, GID index)."""
+    if args.protocol == "tcp":
+        return {} if getattr(args, "tcp_poll_us", None) is None else {"poll_us": args.tcp_poll_us}
     if args.protocol != "rdma":
         return {}
     return {"devices": devices(args), "ib_port": args.ib_port, "gid_index": args.gid_index}
+
+
+def tcp_poll_us(args) -> int | None:
+    """The µs the native tcp client polls for a reply before sleeping, as this run has it (tcp only)."""
+    if args.protocol != "tcp":
+        return None
+    if getattr(args, "tcp_poll_us", None) is not None:
+        return args.tcp_poll_us
+    from ..transport.tcp import DEFAULT_POLL_US
+    raw = os.environ.get("PEERCACHE_TCP_POLL_US")
+    try:
+        return int(raw) if raw else DEFAULT_POLL_US
+    except ValueError:
+        raise ConfigError(f"PEERCACHE_TCP_POLL_US={raw!r} is not a whole number of microseconds") from None
 
 
 def objects_per_page(layout: str) -> int:
@@ -185,6 +204,9 @@ def validate(args, mode: str) -> None:
         raise ConfigError(f"--working-set must be positive, got {args.working_set}")
     if args.max_channels <= 0:
         raise ConfigError(f"--max-channels must be positive, got {args.max_channels}")
+    poll = getattr(args, "tcp_poll_us", None)
+    if poll is not None and not 0 <= poll <= 1_000_000:
+        raise ConfigError(f"--tcp-poll-us must be 0..1000000 microseconds (0: sleep at once), got {poll}")
     if args.device_name and args.devices:
         raise ConfigError("give either --device-name or --devices, not both")
     if args.ib_port < 1:

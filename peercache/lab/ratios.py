@@ -41,6 +41,11 @@ figures run with verification off. What each figure measures:
   directory, then reads) and with the location cached, over the p50 round trip of
   ``sockperf ping-pong --tcp -m 4096 --full-rtt`` between the same two network namespaces,
   measured just before them in the same round. Targets are upper bounds (``at_most``).
+  drive's tcp client polls its socket for each reply (up to 50 µs, ``--tcp-poll-us``) before it
+  sleeps, and sockperf's client sleeps in epoll_wait; so two more figures give each GET a
+  baseline that waits the way it does (no targets): ``latency_4k_{cached,uncached}_vs_busy_rtt``
+  over sockperf with a polling client (``--nonblocked --timeout 0``), and
+  ``latency_4k_cached_sleep_vs_rtt``, the cached GET with ``--tcp-poll-us 0``, over sockperf's default.
 
 - ``hicache_v1_vs_drive_128k``: SGLang HiCache's zero-copy read, ``PeerCacheStore.batch_get_v1``
   of 128 pages of 128 KiB (SGLang's storage batch) into a page_first host KV pool
@@ -102,6 +107,8 @@ FIGURES: dict[str, tuple[str, str]] = {
     "drive_shm_128k_b128": ("get_throughput", "GB/s"),
     "hicache_v1_shm_128k": ("get_throughput", "GB/s"),
     "sockperf_tcp_4k": ("rtt_p50", "us"),
+    "sockperf_tcp_4k_busy": ("rtt_p50", "us"),
+    "peercache_tcp_4k_cached_sleep": ("latency_p50", "us"),
     "peercache_tcp_4k_uncached": ("latency_p50", "us"),
     "peercache_tcp_4k_cached": ("latency_p50", "us"),
     "dirlookup_embedded_128": ("keys_per_s", "ops/s"),
@@ -120,6 +127,9 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "hicache_v1_vs_drive_128k": ("hicache_v1_shm_128k", "drive_shm_128k_b128"),
     "latency_4k_uncached_vs_rtt": ("peercache_tcp_4k_uncached", "sockperf_tcp_4k"),
     "latency_4k_cached_vs_rtt": ("peercache_tcp_4k_cached", "sockperf_tcp_4k"),
+    "latency_4k_uncached_vs_busy_rtt": ("peercache_tcp_4k_uncached", "sockperf_tcp_4k_busy"),
+    "latency_4k_cached_vs_busy_rtt": ("peercache_tcp_4k_cached", "sockperf_tcp_4k_busy"),
+    "latency_4k_cached_sleep_vs_rtt": ("peercache_tcp_4k_cached_sleep", "sockperf_tcp_4k"),
     "dir_lookups_embedded_128": ("dirlookup_embedded_128", None),
     "dir_lookups_redis_vs_mget_128": ("dirlookup_redis_128", "redis_mget_128"),
 }
@@ -136,7 +146,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "peercache_tcp_integrity_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
-    ("rounds", ("sockperf_tcp_4k", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached")),
+    ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",
+                "peercache_tcp_4k_cached_sleep")),
     ("rounds", ("dirlookup_embedded_128", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),
 )

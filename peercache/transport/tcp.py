@@ -114,6 +114,11 @@ DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_IDLE_TIMEOUT = 60.0      #: s without a request before a connection is closed
 DEFAULT_REQUEST_TIMEOUT = 10.0   #: s for a request to arrive whole, and between two reply sends
 DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
+#: The native client polls its socket this long (µs) for a reply before it sleeps in a blocking
+#: receive (native/tcp.c says why and how it backs off); PEERCACHE_TCP_POLL_US or ``poll_us``
+#: change it, 0 sleeps at once. The pure-Python client always sleeps.
+DEFAULT_POLL_US = 50
+MAX_POLL_US = 1_000_000
 LISTEN_BACKLOG = 512
 _ACCEPT_BURST = 64
 _REQ_BURST = 16
@@ -672,12 +677,19 @@ class TcpTransport(Transport):
     def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
                  native_server: bool | None = None, max_connections: int | None = None,
                  idle_timeout: float | None = None, request_timeout: float | None = None,
-                 server_workers: int | None = None, log_interval: float | None = None):
+                 server_workers: int | None = None, log_interval: float | None = None,
+                 poll_us: int | None = None):
         #: None: the native serving loop when built; False: the Python one (the reference)
         self.native_server = native_server
         self.max_channels = max(1, int(max_channels))
         self.io_timeout = io_timeout
         self.port = port
+        #: µs the native client polls for a reply before sleeping (DEFAULT_POLL_US)
+        self.poll_us = poll_us if poll_us is not None else _env_default("PEERCACHE_TCP_POLL_US",
+                                                                        DEFAULT_POLL_US, int)
+        if not 0 <= self.poll_us <= MAX_POLL_US:
+            raise TransportError(f"tcp poll time {self.poll_us} µs is outside 0..{MAX_POLL_US} "
+                                 "(--tcp-poll-us / PEERCACHE_TCP_POLL_US; 0 sleeps at once)")
         #: limits of the data server started by start() (see DEFAULT_MAX_CONNECTIONS...)
         self.server_limits = {
             "max_connections": max_connections if max_connections is not None else _env_default(
@@ -816,9 +828,9 @@ class NativeTcpTransport(TcpTransport):
     native = True
 
     def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
-                 native_server: bool | None = None):
+                 native_server: bool | None = None, poll_us: int | None = None):
         super().__init__(max_channels=max_channels, io_timeout=io_timeout, port=port,
-                         native_server=native_server)
+                         native_server=native_server, poll_us=poll_us)
         mod, why = native_module()
         if mod is None:
             raise TransportError(f"native tcp client unavailable: {why}")
@@ -831,7 +843,7 @@ class NativeTcpTransport(TcpTransport):
     def _connect_native(self, peer: str, info: dict[str, Any]):
         try:
             return self._mod.tcp_connect(str(info["host"]), int(info["port"]), self.max_channels,
-                                         float(self.io_timeout), self.credentials.data_token)
+                                         float(self.io_timeout), self.credentials.data_token, self.poll_us)
         except (KeyError, TypeError, ValueError) as e:
             raise TransportError(f"tcp endpoint info of {peer} is incomplete ({e}); is the producer "
                                  "serving --protocol tcp?") from e

@@ -20,6 +20,9 @@ def test_commands_are_pure_and_checked():
     assert sockperf.server_command(5001) == ["sockperf", "server", "-i", "127.0.0.1", "-p", "5001", "--tcp"]
     assert sockperf.client_command("198.18.0.1", 5001, 4096, 3) == [
         "sockperf", "ping-pong", "-i", "198.18.0.1", "-p", "5001", "--tcp", "-m", "4096", "-t", "3", "--full-rtt"]
+    # a polling client: a non-blocking socket and epoll_wait with a zero timeout
+    assert sockperf.client_command("198.18.0.1", 5001, 4096, 3, busy_poll=True)[-4:] == [
+        "--full-rtt", "--nonblocked", "--timeout", "0"]
     for bad in (lambda: sockperf.server_command(0), lambda: sockperf.client_command("-x", 5001),
                 lambda: sockperf.client_command("h", 5001, msg_size=8),
                 lambda: sockperf.client_command("h", 5001, duration=0)):

@@ -35,6 +35,7 @@ BOOL = {"type": "boolean"}
 SECONDS = {"type": "number", "exclusiveMinimum": 0}
 NULLABLE_INT = {"type": ["integer", "null"], "minimum": 1}
 NULLABLE_SECONDS = {"type": ["number", "null"], "minimum": 0}
+NULLABLE_MICROSECONDS = {"type": ["integer", "null"], "minimum": 0, "maximum": 1_000_000}
 
 
 def one_of(*values: Any) -> dict[str, Any]:
@@ -292,6 +293,9 @@ class SockperfRun(_Timed):
 
     #: message size in bytes, -m, echoed back (int, swept): the page size of the GETs it is the limit for
     msg_size = parameter(POSITIVE_INT, doc="message size in bytes (-m), echoed back")
+    #: the client polls its socket instead of sleeping (--nonblocked --timeout 0) (bool): the
+    #: round trip without the client's wake-up, the baseline of a GET that polls for its reply
+    busy_poll = variable(BOOL, False, "client polls, never sleeps (--nonblocked --timeout 0)", tag="busy")
 
     @classmethod
     def point_name(cls, one):
@@ -299,7 +303,7 @@ class SockperfRun(_Timed):
 
     @classmethod
     def params(cls, one, devices):
-        return {"msg_size": one["msg_size"], **_timing(one)}
+        return {"msg_size": one["msg_size"], **({"busy_poll": True} if one["busy_poll"] else {}), **_timing(one)}
 
     @classmethod
     def row_tool(cls, params):
@@ -379,6 +383,9 @@ class PeerCacheRun(_PeerCacheKnobs):
     verify = variable(BOOL, True, "verify each page in the read pass (off: drive --no-verify)", tag="noverify")
     #: slot checksums: serve writes one per page, drive checks it before a hit (bool, --integrity)
     integrity = variable(BOOL, False, "payload checksums (serve and drive --integrity)", tag="integrity")
+    #: tcp: µs drive's client polls for a reply before sleeping (int or null = drive's default; 0 sleeps)
+    tcp_poll_us = variable(NULLABLE_MICROSECONDS, None, "tcp reply poll before sleeping (--tcp-poll-us) [drive's default]",
+                           tag="poll{}")
 
     @classmethod
     def point_name(cls, one):
@@ -392,8 +399,8 @@ class PeerCacheRun(_PeerCacheKnobs):
         p = {"protocol": one["protocol"], "layout": one["layout"], "page_size": one["page_size"],
              "batch_size": one["batch_size"], "processes": procs, "threads": threads,
              "destination": one["destinations"], "devices": list(devices) if one["all_devices"] else devices[:1]}
-        p.update({k: one[k] for k in ("working_set", "max_channels", "dir_cache_ttl", "verify", "integrity")
-                  if one[k] != cls.knobs[k].default})
+        p.update({k: one[k] for k in ("working_set", "max_channels", "dir_cache_ttl", "verify", "integrity",
+                                      "tcp_poll_us") if one[k] != cls.knobs[k].default})
         return {**p, **_timing(one)}
 
     @classmethod

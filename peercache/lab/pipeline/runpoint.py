@@ -398,7 +398,8 @@ class PointRun:
                        peer=str(th.producer), side="client", threads=1, processes=1)
         # The server echoes until it is ended; the pair runner ends it after the client.
         res, err = self._pair(sockperf.server_command(port, bind=th.producer_addr),
-                              sockperf.client_command(th.producer_addr, port, p["msg_size"], secs),
+                              sockperf.client_command(th.producer_addr, port, p["msg_size"], secs,
+                                                      busy_poll=bool(p.get("busy_poll"))),
                               Readiness(port=port, addr=th.producer_addr, timeout=15 * self.slow), th, [],
                               server_exits=False)
         self._record(res)
@@ -472,6 +473,7 @@ class PointRun:
                  *([] if p.get("verify", True) else ["--no-verify"]),
                  *(["--integrity"] if p.get("integrity") else []),
                  *(["--max-channels", str(p["max_channels"])] if p.get("max_channels") else []),
+                 *(["--tcp-poll-us", str(p["tcp_poll_us"])] if p.get("tcp_poll_us") is not None else []),
                  "--dir-cache-ttl", str(p.get("dir_cache_ttl", self.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))),
                  "--out", out_path]
         if self.slow > 1:

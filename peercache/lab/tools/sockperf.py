@@ -52,8 +52,13 @@ def server_command(port: int, bind: str = "127.0.0.1") -> list[str]:
     return ["sockperf", "server", "-i", bind, "-p", str(port), "--tcp"]
 
 
-def client_command(server: str, port: int, msg_size: int = 4096, duration: int = 3) -> list[str]:
-    """argv of a sockperf TCP ping-pong client reporting round trips (``--full-rtt``)."""
+def client_command(server: str, port: int, msg_size: int = 4096, duration: int = 3,
+                   busy_poll: bool = False) -> list[str]:
+    """argv of a sockperf TCP ping-pong client reporting round trips (``--full-rtt``).
+
+    ``busy_poll``: the client polls its socket and never sleeps (``--nonblocked --timeout 0``: a
+    non-blocking socket and epoll_wait with a zero timeout, so its wait is a loop), the round trip
+    without the client's own wake-up; by default it sleeps in epoll_wait until the echo comes."""
     _check_port(port)
     _check_host(server)
     if not 14 <= msg_size <= 65000:
@@ -61,7 +66,7 @@ def client_command(server: str, port: int, msg_size: int = 4096, duration: int =
     if not isinstance(duration, int) or duration < 1:
         raise ValueError(f"duration {duration!r} must be a whole number of seconds >= 1 (sockperf -t)")
     return ["sockperf", "ping-pong", "-i", server, "-p", str(port), "--tcp", "-m", str(msg_size),
-            "-t", str(duration), "--full-rtt"]
+            "-t", str(duration), "--full-rtt"] + (["--nonblocked", "--timeout", "0"] if busy_poll else [])
 
 
 def _check_port(port: int) -> None:
