@@ -151,6 +151,8 @@ def test_bench_pairs_redis_backend_with_mget_on_equal_concurrency():
     assert emb.params["directory"] == "embedded" and red.params["directory"] == "redis"
     assert emb.params["batch"] == mget.params["batch"] == red.params["batch"] == 128
     assert mget.params["clients"] == red.params["clients"]          # equal concurrency for the pair
+    assert mget.params["keyspace"] == red.params["keys"] == 16384      # random batches out of as many keys
+    assert "keyspace" not in bp.points["redis_mget_128_fixed"].params
     assert all(p.loopback for p in (emb, mget, red))
     assert ratios.RATIOS["dir_lookups_redis_vs_mget_128"] == ("dirlookup_redis_128", "redis_mget_128")
     assert ratios.RATIOS["dir_lookups_embedded_128"] == ("dirlookup_embedded_128", None)
@@ -181,8 +183,13 @@ def test_point_runner_measures_the_pair_on_one_shared_redis_server(tmp_path):
         port = servers[0].port
     assert not servers[0].running and runpoint._SHARED_REDIS is None
     assert all(v > 0 for v in out.values())
-    cmd = json.loads((tmp_path / "redis_mget_b128_c2" / tidy.RESULT_FILE).read_text())["meta"]["commands"]["client"]
+    cmd = json.loads((tmp_path / "redis_mget_b128_c2_r16384" / tidy.RESULT_FILE).read_text())["meta"]["commands"]["client"]
     assert cmd[:5] == ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port)] and cmd[cmd.index("-c") + 1] == "2"
+    # random batches out of as many stored keys as dirbench publishes, every one of them read from the store
+    assert cmd[cmd.index("-r") + 1] == "16384" and cmd.count("pc:e:pc/__rand_int__") == 128
+    _, saved = tidy.read_result(tmp_path / "redis_mget_b128_c2_r16384" / tidy.RESULT_FILE)
+    (fig,) = [r for r in saved if r.metric == "keys_per_s"]
+    assert fig.extra["keyspace_misses"] == 0 and fig.extra["keyspace_hits"] >= fig.extra["requests"] * 128
     d = json.loads((tmp_path / "dir_redis_b128_c2" / "dirbench.json").read_text())
     assert d["meta"]["directory"] == f"redis://127.0.0.1:{port}/0" and d["meta"]["clients"] == 2
     assert d["status"] == "ok"

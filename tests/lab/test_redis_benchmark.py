@@ -39,6 +39,14 @@ def test_mget_command_is_pure_and_exact():
         rb.mget_command(0, ["a"])
     with pytest.raises(ValueError, match="at least one key"):
         rb.mget_command(6379, [])
+    # random batches: -r and keys holding the placeholder; a keyspace for fixed keys is refused
+    argv = rb.mget_command(6379, ["p:" + rb.RAND] * 2, requests=5, keyspace=16384)
+    assert argv[argv.index("-r") + 1] == "16384" and argv[-2:] == ["p:__rand_int__"] * 2
+    assert rb.random_key("p:", 42) == "p:000000000042"
+    with pytest.raises(ValueError, match="randomises only keys that hold __rand_int__"):
+        rb.mget_command(6379, ["a"], keyspace=10)
+    with pytest.raises(ValueError, match="keyspace"):
+        rb.mget_command(6379, ["p:" + rb.RAND], keyspace=0)
 
 
 def test_fixture_commands_are_what_the_builder_makes():
@@ -120,3 +128,19 @@ def test_live_mget_on_a_real_server(redis_server):
     assert rb.classify_failure(p.stdout, p.stderr, p.returncode) is None
     res = rb.mget_result(rb.parse_csv(p.stdout), 16)
     assert res.rps > 0
+
+
+@pytest.mark.skipif(not rl.available()[0], reason=rl.available()[1] or "redis ok")
+def test_live_random_mget_reads_only_the_keys_stored_under_its_names(redis_server):
+    """-r's names are random_key's: the server counts every key read as a hit, none as a miss."""
+    redis_server.seed([rb.random_key("pc:e:pc/", i) for i in range(64)], "v" * 56)
+    redis_server.keyspace_stats(reset=True)
+    p = subprocess.run(rb.mget_command(redis_server.port, ["pc:e:pc/" + rb.RAND] * 8, requests=500, clients=1,
+                                       keyspace=64), capture_output=True, text=True, timeout=60)
+    assert rb.classify_failure(p.stdout, p.stderr, p.returncode) is None
+    st = redis_server.keyspace_stats()
+    assert st["keyspace_misses"] == 0 and st["keyspace_hits"] >= 500 * 8
+    # and a keyspace larger than what is stored shows up as misses
+    p = subprocess.run(rb.mget_command(redis_server.port, ["pc:e:pc/" + rb.RAND] * 8, requests=200, clients=1,
+                                       keyspace=1000), capture_output=True, text=True, timeout=60)
+    assert redis_server.keyspace_stats()["keyspace_misses"] > 0

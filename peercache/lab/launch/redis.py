@@ -284,6 +284,20 @@ class RedisServer:
             raise RedisLaunchError(f"MSET of {len(keys)} keys on {LOOPBACK}:{self.port} failed: "
                                    f"{(r.stdout + r.stderr).strip()[:300]!r}")
 
+    def keyspace_stats(self, reset: bool = False) -> dict[str, int]:
+        """``keyspace_hits`` / ``keyspace_misses`` of INFO stats (keys read that existed / did not),
+        then zeroed with CONFIG RESETSTAT when ``reset``."""
+        r = _cli(self.port, "info", "stats", timeout=10)
+        got = dict(line.split(":", 1) for line in r.stdout.splitlines() if line.startswith("keyspace_"))
+        try:
+            out = {k: int(got[k]) for k in ("keyspace_hits", "keyspace_misses")}
+        except (KeyError, ValueError):
+            raise RedisLaunchError(f"INFO stats on {LOOPBACK}:{self.port} has no keyspace_hits/misses: "
+                                   f"{(r.stdout + r.stderr).strip()[:300]!r}") from None
+        if reset and _cli(self.port, "config", "resetstat", timeout=10).stdout.strip() != "OK":
+            raise RedisLaunchError(f"CONFIG RESETSTAT on {LOOPBACK}:{self.port} failed")
+        return out
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -546,7 +546,9 @@ class RedisBenchmarkRun(_Timed):
     redis-server started by launch code on this host (in ``make bench``: the run's shared one), emptied first.
 
     The keys are those the Redis backend stores the bench's first ``batch`` entries under
-    (``pc:e:pc/<i>``), each holding ``value_bytes`` bytes; ``clients`` connections (``-c``), no pipelining
+    (``pc:e:pc/<i>``), each holding ``value_bytes`` bytes; with ``keyspace``, ``keyspace`` such keys
+    (``pc:e:pc/<12 digits>``, redis-benchmark's ``-r`` names) and each MGET asks for a random
+    ``batch`` of them, as dirlookup's clients do; ``clients`` connections (``-c``), no pipelining
     (``-P 1``): one MGET in flight per connection, as each dirlookup client process has one lookup in
     flight. A short calibration run sizes ``-n`` so the measured run lasts about the point's duration.
     """
@@ -562,6 +564,9 @@ class RedisBenchmarkRun(_Timed):
     clients = parameter(POSITIVE_INT, [1], "connections (-c), one MGET in flight each")
     #: bytes of each key's value (int): one Redis backend entry is a 56-byte LOC_DTYPE record
     value_bytes = variable(POSITIVE_INT, 56, "bytes per value (a Redis backend entry's size)", tag="v{}")
+    #: keys stored and drawn at random for each MGET (int or null: the same ``batch`` keys every time)
+    keyspace = variable(NULLABLE_INT, None, "random batches out of this many keys (-r) [the same keys each MGET]",
+                        tag="r{}")
 
     @classmethod
     def point_name(cls, one):
@@ -570,7 +575,7 @@ class RedisBenchmarkRun(_Timed):
     @classmethod
     def params(cls, one, devices):
         return {"batch": one["batch"], "clients": one["clients"], "value_bytes": one["value_bytes"],
-                **_timing(one)}
+                **({"keyspace": one["keyspace"]} if one["keyspace"] else {}), **_timing(one)}
 
     @classmethod
     def row_tool(cls, params):

@@ -719,24 +719,40 @@ class PointRun:
         if why:
             self.fail("keys_per_s", "ops/s", why, **where)
             return
-        # The keys under which the Redis backend (prefix "pc") stores the bench's first `batch` entries.
-        keys = [f"pc:e:pc/{i}" for i in range(p["batch"])]
+        # The keys under which the Redis backend (prefix "pc") stores the bench's entries: its first
+        # `batch` ones, or (keyspace) `keyspace` of them as redis-benchmark -r names them, a random
+        # batch of which each MGET asks for.
+        space = p.get("keyspace")
+        if space:
+            keys = [f"pc:e:pc/{redis_benchmark.RAND}"] * p["batch"]
+            stored = [redis_benchmark.random_key("pc:e:pc/", i) for i in range(space)]
+        else:
+            keys = stored = [f"pc:e:pc/{i}" for i in range(p["batch"])]
         with redis_server() as srv:
             self.notes.append(f"redis-server {redis_launch.server_version()} on {srv.url} (no persistence)")
-            srv.seed(keys, "v" * p["value_bytes"])
+            for i in range(0, len(stored), 4096):
+                srv.seed(stored[i:i + 4096], "v" * p["value_bytes"])
             # Calibration (also the warm-up): a short run, then -n sized to last about the duration.
             calib = redis_benchmark.mget_command(srv.port, keys, requests=max(200, 1000 * p["clients"]),
-                                                 clients=p["clients"])
+                                                 clients=p["clients"], keyspace=space)
             first = self._redis_benchmark_run(th, calib, "calibration", p["batch"])
             n = int(min(50_000_000, max(1000, first.rps * self.duration)))
-            argv = redis_benchmark.mget_command(srv.port, keys, requests=n, clients=p["clients"])
+            argv = redis_benchmark.mget_command(srv.port, keys, requests=n, clients=p["clients"], keyspace=space)
             self.commands["client"] = argv
             wrapped = self.cpu_wrap("consumer", th.producer, argv)
+            srv.keyspace_stats(reset=True)
             t0 = time.time()
             result = self._redis_benchmark_run(th, wrapped, "measured", p["batch"])
             t1 = time.time()
+            read = srv.keyspace_stats()
+        if read["keyspace_misses"] or read["keyspace_hits"] < n * p["batch"]:
+            # redis-benchmark cannot tell a nil from a value: the server's counters say what was read
+            self.fail("keys_per_s", "ops/s", f"redis-benchmark's MGETs read {read['keyspace_misses']} keys that "
+                      f"were not stored ({read['keyspace_hits']} that were): the figure would not be of "
+                      "stored entries; check the stored key names against the MGET's", **where)
+            return
         extra = {"requests": n, "seconds": round(t1 - t0, 3), "value_bytes": p["value_bytes"],
-                 "calibration_rps": first.rps}
+                 "calibration_rps": first.rps, "keyspace": space, **read}
         self.rows += redis_benchmark.to_rows(result, extra=extra, **ctx)
         span = t1 - t0
         self._attach_cpu_to("keys_per_s", self.cpu_usage({"consumer": "consumer"}, t0 + 0.2 * span,

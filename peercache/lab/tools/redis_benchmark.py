@@ -34,10 +34,24 @@ CSV_HEADER = ("test", "rps", "avg_latency_ms", "min_latency_ms", "p50_latency_ms
               "p99_latency_ms", "max_latency_ms")
 
 
+#: What redis-benchmark replaces, in each argument, by a random number below its ``-r`` keyspace,
+#: written as 12 zero-padded digits (a new number for each occurrence, each request).
+RAND = "__rand_int__"
+
+
+def random_key(prefix: str, i: int) -> str:
+    """The key redis-benchmark's ``-r`` makes of ``prefix + RAND`` for the number ``i``."""
+    return f"{prefix}{i:012d}"
+
+
 def mget_command(port: int, keys: list[str], *, host: str = "127.0.0.1", requests: int = 100000,
-                 clients: int = 1, pipeline: int = 1, threads: int | None = None,
+                 clients: int = 1, pipeline: int = 1, threads: int | None = None, keyspace: int | None = None,
                  binary: str = "redis-benchmark") -> list[str]:
-    """argv of ``redis-benchmark ... --csv MGET k1 .. kN``: ``requests`` MGETs over ``clients`` connections."""
+    """argv of ``redis-benchmark ... --csv MGET k1 .. kN``: ``requests`` MGETs over ``clients`` connections.
+
+    ``keyspace``: ``-r keyspace``, so each :data:`RAND` in a key is a new random number below it in
+    every request (random batches out of that many keys, see :func:`random_key`); None: the same
+    keys in every request."""
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"{port!r} is not a TCP port")
     if not keys:
@@ -49,7 +63,13 @@ def mget_command(port: int, keys: list[str], *, host: str = "127.0.0.1", request
     if bad:
         raise ValueError(f"key {bad[0]!r} cannot be passed to redis-benchmark as one argument "
                          "(empty, whitespace, or starts with '-')")
+    if keyspace is not None and (not isinstance(keyspace, int) or keyspace < 1):
+        raise ValueError(f"redis-benchmark keyspace (-r) must be an integer >= 1, got {keyspace!r}")
+    if keyspace is not None and not any(RAND in k for k in keys):
+        raise ValueError(f"a keyspace (-r) randomises only keys that hold {RAND}; none of the keys does")
     argv = [binary, "-h", host, "-p", str(port), "-n", str(requests), "-c", str(clients), "-P", str(pipeline)]
+    if keyspace is not None:
+        argv += ["-r", str(keyspace)]
     if threads is not None:
         argv += ["--threads", str(threads)]
     return argv + ["--csv", "MGET", *keys]
