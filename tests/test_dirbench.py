@@ -149,6 +149,8 @@ def test_bench_pairs_redis_backend_with_mget_on_equal_concurrency():
     emb, mget, red = (bp.points[p] for p in ("dirlookup_embedded_128", "redis_mget_128", "dirlookup_redis_128"))
     assert (emb.kind, mget.kind, red.kind) == ("dirlookup", "redis_benchmark", "dirlookup")
     assert emb.params["directory"] == "embedded" and red.params["directory"] == "redis"
+    # the target's figure asks as a consumer Node does (the table first); the lookup op alone beside it
+    assert emb.params["path"] == "node" and "path" not in bp.points["dirlookup_embedded_rpc_128"].params
     assert emb.params["batch"] == mget.params["batch"] == red.params["batch"] == 128
     assert mget.params["clients"] == red.params["clients"]          # equal concurrency for the pair
     assert mget.params["keyspace"] == red.params["keys"] == 16384      # random batches out of as many keys

@@ -35,7 +35,7 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
     # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 4 + 1 + 4 + 2 + 5)
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 4 + 1 + 5 + 2 + 5)
     # the 4 KiB GETs: both sockperf baselines first, the GET that sleeps at once measured as well
     k = order.index(("sockperf_tcp_4k", 1))
     assert order[k + 1] == ("sockperf_tcp_4k_busy", 1) and order[k + 4] == ("peercache_tcp_4k_cached_sleep", 1)
@@ -94,7 +94,7 @@ def test_every_ratio_has_a_target_in_the_references_data():
     # and the 4 KiB GETs over the baseline that waits as they do (shown beside the targets)
     assert set(ratios.RATIOS) - set(t) - set(load_bench_targets(bound="at_most")) == {
         "integrity_vs_off_shm_128k", "latency_4k_uncached_vs_busy_rtt", "latency_4k_cached_vs_busy_rtt",
-        "latency_4k_cached_sleep_vs_rtt", "dir_lookups_redis_vs_mget_fixed_128"}
+        "latency_4k_cached_sleep_vs_rtt", "dir_lookups_redis_vs_mget_fixed_128", "dir_lookups_embedded_rpc_128"}
 
 
 def test_ratios_are_medians_of_paired_rounds():

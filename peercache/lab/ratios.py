@@ -54,9 +54,12 @@ figures run with verification off. What each figure measures:
   same kind of ``serve``, drive measured just before it in the same round.
 
 - ``dir_lookups_embedded_128``: directory lookups per second (keys/s, the ``ops/s`` of its
-  rows) at a batch of 128 keys, ``python -m peercache.bench.dirbench --directory 127.0.0.1:P``:
-  a producer node hosting the embedded directory publishes 16384 keys, then 2 client
-  processes, one lookup in flight each, look up random batches (no cache). Target: at least.
+  rows) at a batch of 128 keys, ``python -m peercache.bench.dirbench --directory 127.0.0.1:P
+  --path node``: a producer node hosting the embedded directory publishes 16384 keys, then 2
+  client processes, one lookup in flight each, look up random batches (no cache) as a consumer
+  Node resolves the keys of a read: the directory's one-sided table first (one native read of
+  the buckets), the lookup op for what it cannot answer. Target: at least.
+  ``dir_lookups_embedded_rpc_128`` (no target) is the same with ``--path rpc``: the lookup op alone.
 - ``dir_lookups_redis_vs_mget_128``: the same dirbench against the Redis backend
   (``--directory redis://127.0.0.1:P/0``) over ``redis-benchmark -c 2 -P 1 -r 16384 --csv MGET``
   of 128 random keys out of 16384 stored ones (56-byte values, the size of the backend's records,
@@ -116,6 +119,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_tcp_4k_uncached": ("latency_p50", "us"),
     "peercache_tcp_4k_cached": ("latency_p50", "us"),
     "dirlookup_embedded_128": ("keys_per_s", "ops/s"),
+    "dirlookup_embedded_rpc_128": ("keys_per_s", "ops/s"),
     "redis_mget_128": ("keys_per_s", "ops/s"),
     "redis_mget_128_fixed": ("keys_per_s", "ops/s"),
     "dirlookup_redis_128": ("keys_per_s", "ops/s"),
@@ -136,6 +140,7 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "latency_4k_cached_vs_busy_rtt": ("peercache_tcp_4k_cached", "sockperf_tcp_4k_busy"),
     "latency_4k_cached_sleep_vs_rtt": ("peercache_tcp_4k_cached_sleep", "sockperf_tcp_4k"),
     "dir_lookups_embedded_128": ("dirlookup_embedded_128", None),
+    "dir_lookups_embedded_rpc_128": ("dirlookup_embedded_rpc_128", None),
     "dir_lookups_redis_vs_mget_128": ("dirlookup_redis_128", "redis_mget_128"),
     "dir_lookups_redis_vs_mget_fixed_128": ("dirlookup_redis_128", "redis_mget_128_fixed"),
 }
@@ -154,7 +159,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
     ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",
                 "peercache_tcp_4k_cached_sleep")),
-    ("rounds", ("dirlookup_embedded_128", "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
+    ("rounds", ("dirlookup_embedded_128", "dirlookup_embedded_rpc_128", "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),
 )
 

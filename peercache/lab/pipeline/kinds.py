@@ -526,6 +526,10 @@ class DirLookupRun(_Timed):
     clients = parameter(POSITIVE_INT, [1], "client processes, one batch in flight each (--clients)")
     #: keys published before the lookups (int), --keys
     keys = variable(POSITIVE_INT, 16384, "keys published (--keys)", tag="k{}")
+    #: how a client asks (str), --path: rpc = the directory's lookup op; node = as a consumer Node
+    #: resolves keys (the embedded directory's one-sided table first, the lookup op for the rest)
+    path = variable(one_of("rpc", "node"), "rpc", "dirbench --path: the lookup op, or a Node's resolution",
+                    tag="{}")
 
     @classmethod
     def point_name(cls, one):
@@ -534,7 +538,7 @@ class DirLookupRun(_Timed):
     @classmethod
     def params(cls, one, devices):
         return {"directory": one["directory"], "batch": one["batch"], "clients": one["clients"],
-                "keys": one["keys"], **_timing(one)}
+                "keys": one["keys"], **({"path": one["path"]} if one["path"] != "rpc" else {}), **_timing(one)}
 
     @classmethod
     def row_tool(cls, params):

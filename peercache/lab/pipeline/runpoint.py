@@ -669,7 +669,8 @@ class PointRun:
                 spec = shown = f"127.0.0.1:{self.ports.allocate()}"
             argv = [*_python_tool(th.producer, self.tb, "peercache.bench.dirbench"), "--directory", spec,
                     "--batch", str(p["batch"]), "--keys", str(p["keys"]), "--clients", str(p["clients"]),
-                    "--duration", str(self.duration), "--warmup", str(self.warmup)]
+                    "--duration", str(self.duration), "--warmup", str(self.warmup),
+                    *(["--path", p["path"]] if p.get("path") else [])]
             if self.slow > 1:
                 argv += ["--ready-timeout", f"{60 * self.slow:.0f}"]
             self.commands["client"] = argv
