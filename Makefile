@@ -10,11 +10,12 @@ CORES  ?= 2
 # Debian packages: tools the lab wraps, rdma-core headers for the verbs
 # backend, pyverbs, what the tests use (sshd, network namespaces), and the
 # Soft-RoCE guest (QEMU, a static busybox, cpio and kmod for its initramfs),
-# and xxHash's header for the slot checksum of the native module.
+# xxHash's header for the slot checksum of the native module, and libb2 (BLAKE2b)
+# for the key hashes of its directory table read.
 APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest sockperf \
             rdma-core libibverbs-dev ibverbs-utils python3-pyverbs linux-perf \
             iproute2 openssh-server openssh-client procps \
-            qemu-system-x86 busybox-static cpio kmod libxxhash-dev redis-server redis-tools
+            qemu-system-x86 busybox-static cpio kmod libxxhash-dev libb2-dev redis-server redis-tools
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 

@@ -15,7 +15,7 @@ native = Extension(
     sources=sorted(p for p in glob(f"{NATIVE}/*.c") if not os.path.basename(p).startswith("verbs")),
     depends=sorted(p for p in glob(f"{NATIVE}/*.h") if not os.path.basename(p).startswith("verbs")),
     extra_compile_args=CFLAGS,
-    libraries=["pthread"],
+    libraries=["b2", "pthread"],   # b2: libb2 (libb2-dev), the key hash of the directory table read
 )
 
 

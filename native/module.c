@@ -279,7 +279,7 @@ static void LocCache_dealloc(LocCacheObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-typedef struct { const uint8_t *p; size_t n; } keyref;
+typedef pc_bytes keyref;
 
 /* Borrow the bytes of every key (with a reference held) so the GIL can go. */
 static PyObject *grab_keys(PyObject *keys, keyref **out, Py_ssize_t *n) {
@@ -522,6 +522,116 @@ out:
     return result;
 }
 
+/* ------------------------------------------------------------ directory table */
+
+/* table_lookup: the keys, the table's source (a Peer, or the table's own memory on its
+ * host) and the caller's member numbers taken while the GIL is held; the hashing, the
+ * read and the checks are pc_table_read (dirtable.c). */
+static PyObject *py_table_lookup(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *src, *keys, *spec_o, *nums_o, *epoch_o, *rows_o, *state_o;
+    unsigned long long lim;
+    if (!PyArg_ParseTuple(args, "OOOOKOOO", &src, &keys, &spec_o, &nums_o, &lim, &epoch_o, &rows_o, &state_o))
+        return NULL;
+    if (!PyBytes_Check(spec_o) || PyBytes_GET_SIZE(spec_o) != (Py_ssize_t)sizeof(pc_table_spec))
+        return PyErr_Format(PyExc_ValueError, "spec must be the %zu bytes of TableView.native_spec",
+                            sizeof(pc_table_spec));
+    pc_table_spec spec;
+    memcpy(&spec, PyBytes_AS_STRING(spec_o), sizeof spec);
+    if (spec.ways < 1 || spec.ways > 63 || spec.buckets == 0)
+        return PyErr_Format(PyExc_ValueError, "table of %u ways x %llu buckets is not one this version reads",
+                            spec.ways, (unsigned long long)spec.buckets);
+    pc_table_batch b = {.spec = &spec, .slot_limit = lim};
+    if (epoch_o != Py_None) {
+        b.expect_epoch = PyLong_AsUnsignedLongLong(epoch_o);
+        if (PyErr_Occurred()) return NULL;
+        b.have_epoch = 1;
+    }
+    PeerObject *peer = NULL;
+    Py_buffer mv = {0}, nv = {0}, rv = {0}, sv = {0};
+    if (Py_IS_TYPE(src, &PeerType)) {
+        peer = (PeerObject *)src;
+        if (peer->closed)
+            return PyErr_Format(PyExc_ValueError, "table_lookup on a closed peer; connect again");
+        Py_INCREF(peer);
+        b.be = peer->be;
+        b.conn = peer->conn;
+    } else {
+        if (PyObject_GetBuffer(src, &mv, PyBUF_SIMPLE) < 0) {
+            PyErr_Format(PyExc_TypeError, "the table source must be a Peer or the table's memory (a buffer), "
+                         "not %s", Py_TYPE(src)->tp_name);
+            return NULL;
+        }
+        b.mem = mv.buf;
+        b.memlen = (uint64_t)mv.len;
+    }
+    keyref *k = NULL;
+    Py_ssize_t n = 0;
+    PyObject *seq = NULL, *result = NULL;
+    if (!(seq = grab_keys(keys, &k, &n))) goto out;
+    if (get_buf(nums_o, &nv, 0, "nums (uint32 array)", 4, -1) < 0 ||
+        get_buf(rows_o, &rv, 1, "rows (LOC_DTYPE array)", sizeof(pc_loc), n) < 0 ||
+        get_buf(state_o, &sv, 1, "state (int8 array)", 1, n) < 0)
+        goto out;
+    b.n = (size_t)n;
+    b.keys = k;
+    b.nums = nv.buf;
+    b.nnums = (size_t)nv.len / 4;
+    b.rows = rv.buf;
+    b.state = sv.buf;
+    pc_table_result r;
+    Py_BEGIN_ALLOW_THREADS
+    pc_table_read(&b, &r);
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(iKnis)", r.code, (unsigned long long)r.epoch, (Py_ssize_t)r.resolved,
+                           (int)r.err_code, r.err);
+out:
+    if (seq) drop_keys(seq, k, n);
+    PyBuffer_Release(&sv); PyBuffer_Release(&rv); PyBuffer_Release(&nv); PyBuffer_Release(&mv);
+    Py_XDECREF(peer);
+    return result;
+}
+
+static PyObject *py_table_map(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *rows_o, *state_o, *nums_o;
+    unsigned long long lim;
+    int final;
+    if (!PyArg_ParseTuple(args, "OOOKp", &rows_o, &state_o, &nums_o, &lim, &final)) return NULL;
+    Py_buffer rv = {0}, sv = {0}, nv = {0};
+    if (get_buf(rows_o, &rv, 1, "rows (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
+    Py_ssize_t n = rv.len / (Py_ssize_t)sizeof(pc_loc);
+    if (get_buf(state_o, &sv, 1, "state (int8 array)", 1, n) < 0 ||
+        get_buf(nums_o, &nv, 0, "nums (uint32 array)", 4, -1) < 0) {
+        PyBuffer_Release(&sv); PyBuffer_Release(&rv);
+        return NULL;
+    }
+    size_t unknown = 0;
+    pc_table_map(rv.buf, sv.buf, (size_t)n, nv.buf, (size_t)nv.len / 4, lim, final, &unknown);
+    size_t resolved = pc_table_count_resolved(sv.buf, (size_t)n);
+    PyBuffer_Release(&nv); PyBuffer_Release(&sv); PyBuffer_Release(&rv);
+    return Py_BuildValue("(nn)", (Py_ssize_t)unknown, (Py_ssize_t)resolved);
+}
+
+static PyObject *py_key_hashes(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *keys, *out_o;
+    if (!PyArg_ParseTuple(args, "OO", &keys, &out_o)) return NULL;
+    keyref *k;
+    Py_ssize_t n;
+    PyObject *seq = grab_keys(keys, &k, &n);
+    if (!seq) return NULL;
+    Py_buffer ov;
+    if (get_buf(out_o, &ov, 1, "out (uint64 array)", 8, n) < 0) { drop_keys(seq, k, n); return NULL; }
+    uint64_t *out = ov.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = pc_key_hash(k[i].p, k[i].n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ov);
+    drop_keys(seq, k, n);
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------ payload checksum */
 
 static PyObject *py_checksum(PyObject *mod, PyObject *args) {
@@ -616,6 +726,16 @@ static PyMethodDef module_methods[] = {
      "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text, "
      "content_bad, checksum_bad, checksum_missing); checks (optional) is CHECK_PATTERN | "
      "CHECK_INTEGRITY, run on each hit right after its tag check."},
+    {"table_lookup", py_table_lookup, METH_VARARGS,
+     "table_lookup(source, keys, spec, nums, slot_limit, epoch, rows, state) -> (code, epoch, resolved, "
+     "first_status, error_text); reads the keys' buckets of a directory table (source: its node's Peer, "
+     "or the table's memory) in one batch without the GIL and fills LOC_DTYPE rows and TABLE_* states; "
+     "see peercache.node.Node._table_native."},
+    {"table_map", py_table_map, METH_VARARGS,
+     "table_map(rows, state, nums, slot_limit, final) -> (unknown, resolved); maps the member numbers "
+     "of found rows (after table_lookup returned TABLE_REMAP)."},
+    {"key_hashes", py_key_hashes, METH_VARARGS,
+     "key_hashes(keys, out): tags.key_hash of each key into the uint64 array out."},
     {"checksum", py_checksum, METH_VARARGS,
      "checksum(buffer, seed) -> the slot checksum (XXH3-64, never 0) of buffer; see peercache.tags.checksum."},
     {"check_tags", py_check_tags, METH_VARARGS, "check_tags(tags, locs, out) -> count of good tags."},
@@ -653,5 +773,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "TAG_BYTES", PC_TAG_BYTES);
     PyModule_AddIntConstant(m, "OP_ITEMSIZE", (long)sizeof(pc_op));
     PyModule_AddIntConstant(m, "LOC_ITEMSIZE", (long)sizeof(pc_loc));
+    PyModule_AddIntConstant(m, "TABLE_DONE", PC_TABLE_DONE);
+    PyModule_AddIntConstant(m, "TABLE_READ_FAILED", PC_TABLE_READ_FAILED);
+    PyModule_AddIntConstant(m, "TABLE_BAD_HEADER", PC_TABLE_BAD_HEADER);
+    PyModule_AddIntConstant(m, "TABLE_REMAP", PC_TABLE_REMAP);
+    PyModule_AddIntConstant(m, "TABLE_DOUBT", PC_TABLE_DOUBT);
+    PyModule_AddIntConstant(m, "TABLE_FOUND", PC_TABLE_FOUND);
+    PyModule_AddIntConstant(m, "TABLE_ABSENT", PC_TABLE_ABSENT);
     return m;
 }

@@ -262,4 +262,61 @@ size_t pc_map_drop_node(pc_map *m, uint32_t node);
 void pc_map_clear(pc_map *m);
 size_t pc_map_len(pc_map *m);
 
+/* Directory table reads (dirtable.c): the consumer's side of peercache/dirtable.py. */
+#define PC_TABLE_LINE_BYTES 64u
+#define PC_TABLE_MAGIC 0x3142545249444350ull   /* "PCDIRTB1" little-endian: dirtable.MAGIC */
+#define PC_TABLE_KEY_HASH_WORD 6u              /* the entry word holding the key hash */
+
+/* A table's geometry as announced (TableView.native_spec: struct "<IIQQQ"). */
+typedef struct pc_table_spec {
+    uint32_t region, ways;
+    uint64_t rkey, buckets, seal;
+} pc_table_spec;
+
+/* Per-key outcome of a table read. */
+enum { PC_TABLE_DOUBT = 0, PC_TABLE_FOUND = 1, PC_TABLE_ABSENT = 2 };
+/* Outcome of the whole read: done (rows hold node indices); the read failed (err_code, err);
+ * the header failed its check or names another geometry (every key doubtful); or the rows of
+ * found keys still hold member numbers (the epoch is not the caller's, or a number is
+ * unknown to it): the caller maps its numbers again and calls pc_table_map. */
+enum { PC_TABLE_DONE = 0, PC_TABLE_READ_FAILED = 1, PC_TABLE_BAD_HEADER = 2, PC_TABLE_REMAP = 3 };
+
+typedef struct pc_bytes { const uint8_t *p; size_t n; } pc_bytes;
+
+typedef struct pc_table_batch {
+    size_t n;
+    const pc_bytes *keys;
+    const pc_table_spec *spec;
+    const pc_backend *be;          /* the table node's handle (be, conn), or be NULL and: */
+    void *conn;
+    const uint8_t *mem;            /* the table itself (its host reads its own), memlen bytes */
+    uint64_t memlen;
+    const uint32_t *nums;          /* member number -> the cache's node index (PC_ABSENT: unknown) */
+    size_t nnums;
+    int have_epoch;                /* nums are as of expect_epoch (0: not mapped yet) */
+    uint64_t expect_epoch;
+    uint64_t slot_limit;           /* the largest offset + capacity a slot record may name */
+    pc_loc *rows;                  /* out: a record per found key, node PC_ABSENT elsewhere */
+    int8_t *state;                 /* out: PC_TABLE_* per key */
+} pc_table_batch;
+
+typedef struct pc_table_result {
+    int code;                      /* PC_TABLE_DONE ... */
+    uint64_t epoch;                /* the header's (not PC_TABLE_READ_FAILED / BAD_HEADER) */
+    size_t resolved;               /* keys found or absent (final with PC_TABLE_DONE) */
+    size_t unknown;                /* found keys whose member number nums does not map */
+    int32_t err_code;              /* PC_TABLE_READ_FAILED: the status of the first failed op */
+    char err[512];                 /* and its backend's message */
+} pc_table_result;
+
+/* tags.key_hash: BLAKE2b-64 of the key, little-endian, 0 -> 1. */
+uint64_t pc_key_hash(const uint8_t *p, size_t n);
+void pc_table_read(const pc_table_batch *b, pc_table_result *r);
+/* Maps the member numbers of found rows to node indices and refuses records that cannot be a
+ * slot (both: doubtful, node PC_ABSENT). Not final: when a found number is unknown nothing
+ * changes, *unknown says how many and 0 is returned. Returns the found keys mapped. */
+size_t pc_table_map(pc_loc *rows, int8_t *state, size_t n, const uint32_t *nums, size_t nnums, uint64_t lim,
+                    int final, size_t *unknown);
+size_t pc_table_count_resolved(const int8_t *state, size_t n);
+
 #endif

@@ -66,6 +66,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 _ZERO = bytes(LINE_BYTES)
 _HEAD = struct.Struct("<4Q")
+_SPEC = struct.Struct("<IIQQQ")   # region, ways, rkey, buckets, seal
 
 
 def line_check(body: bytes, line: int, seal: int) -> int:
@@ -257,7 +258,11 @@ class DirTable:
 
 class TableView:
     """What a consumer knows of a directory's table (from the register or members reply), and the
-    parsing of what one read of it returned."""
+    parsing of what one read of it returned.
+
+    This parsing is the reference: a node with the native module reads the table with one
+    ``peercache._native.table_lookup`` call (native/dirtable.c: the key hashes, the plan, the read
+    and these checks without the GIL), which tests compare with it on the same tables."""
 
     def __init__(self, info: dict):
         try:
@@ -270,6 +275,12 @@ class TableView:
         if line != LINE_BYTES or not 1 <= self.ways <= 63 or self.buckets <= 0:
             raise ValueError(f"directory table of {line} B lines x {self.ways} ways x {self.buckets} buckets "
                              "is not one this version reads")
+        try:
+            #: the geometry as the native read takes it (pc_table_spec in native/pc.h)
+            self.native_spec = _SPEC.pack(self.region, self.ways, self.rkey, self.buckets, self.seal)
+        except struct.error as e:
+            raise ValueError(f"directory table announcement has a field out of range ({e}): region "
+                             f"{self.region}, rkey {self.rkey}, buckets {self.buckets}, seal {self.seal}") from e
         self.data = dict(info.get("data") or {})
         self.bucket_bytes = (self.ways + 1) * LINE_BYTES
         #: the ops of a one-key read (header, then the bucket at remote_offset[1]) as bytes

@@ -47,6 +47,8 @@ WILDCARDS = ("0.0.0.0", "::", "")
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 #: the largest slot offset / capacity a location may have (header + trailer must fit 64 bits)
 _SLOT_LIMIT = _U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES
+#: Node._table_native's answer for keys the native read does not take (not bytes)
+_PY_KEYS = object()
 
 
 def checked_location(raw) -> tuple[Location | None, str | None]:
@@ -195,6 +197,8 @@ class Node:
         self._table_nums = np.full(0, ABSENT, np.uint32)
         self._table_numl: list[int] = []
         self._table_epoch: int | None = None
+        self._table_mod = None
+        self._table_native_peer = False
         self._stop = threading.Event()
         self._hb: threading.Thread | None = None
         #: CURVE keys from the cluster secret (auth_key=, else $PEERCACHE_AUTH_KEY); None = no auth
@@ -208,6 +212,12 @@ class Node:
             mod, _ = native_module()
             if mod is not None and self.transport.native and self.cache.native:
                 self._native = mod
+            # The directory table read in one native call (native/dirtable.c): from the table
+            # itself on its host, else through the table node's native handle, which it lands in
+            # scratch of its own; rdma reads beyond 64 B only into registered memory, so there
+            # the Python read (through the transport, which registers) stays.
+            self._table_mod = mod
+            self._table_native_peer = self.transport.native and self.transport.name in ("tcp", "shm")
             if host_discovery:
                 entries = DEFAULT_TABLE_ENTRIES if dir_table_entries is None else int(dir_table_entries)
                 if entries < 0:
@@ -592,7 +602,102 @@ class Node:
         indices (ABSENT where not found), ``resolved`` where the table answered (found, or
         definitively absent). Nothing doubtful is trusted: a line that fails its check, an
         overflowed bucket, a node number this node cannot map, a record that cannot be a slot
-        leave the key unresolved (for the lookup RPC). None when the read itself failed."""
+        leave the key unresolved (for the lookup RPC). None when the read itself failed.
+
+        One native call where it can (:meth:`_table_native`), else :meth:`_table_lookup_py`."""
+        got = self._table_rows(keys)
+        if got is None:
+            return None
+        rows, resolved, r = got
+        return rows, np.ones(len(keys), np.bool_) if resolved is None else resolved
+
+    def _table_rows(self, keys: list, out: np.ndarray | None = None):
+        """:meth:`_table_lookup` as ``(rows, resolved, how many resolved)``, the rows in ``out``
+        (LOC_DTYPE, one per key) when given; ``resolved`` is None when every key was."""
+        view = self._table
+        if view is None:          # withdrawn since the caller looked
+            return None
+        n = len(keys)
+        if not self._table_native_ok(view):
+            return self._table_rows_py(keys, out)
+        rows = np.empty(n, LOC_DTYPE) if out is None else out
+        state = np.empty(n, np.int8)
+        r = self._table_native(view, keys, rows, state)
+        if r is _PY_KEYS:
+            return self._table_rows_py(keys, out)
+        if r is None:
+            self.table_forwarded += n
+            if out is not None:
+                out["node"] = ABSENT
+            return None
+        self.table_resolved += r
+        self.table_forwarded += n - r
+        return rows, None if r == n else state != 0, r
+
+    def _table_rows_py(self, keys: list, out: np.ndarray | None):
+        """:meth:`_table_rows` through :meth:`_table_lookup_py`."""
+        got = self._table_lookup_py(keys)
+        if got is None:
+            if out is not None:
+                out["node"] = ABSENT
+            return None
+        rows, resolved = got
+        if out is not None:
+            out[:] = rows
+        r = int(resolved.sum())
+        return rows if out is None else out, None if r == len(keys) else resolved, r
+
+    def _table_native_ok(self, view: TableView) -> bool:
+        """Whether :meth:`_table_native` can read ``view`` (the module is built; the table is this
+        node's own, or its node's handle takes reads into any memory)."""
+        return self._table_mod is not None and (
+            self._table_native_peer or (self.meta is not None and view.node_id == self.node_id))
+
+    def _table_native(self, view: TableView, keys: list, rows: np.ndarray, state) -> int | None:
+        """Resolve ``keys`` in the table with one native call: fills ``rows`` (LOC_DTYPE, node
+        indices, ABSENT where not found) and ``state`` (int8: TABLE_FOUND / TABLE_ABSENT, 0 where
+        doubtful) with the rules of :meth:`_table_lookup_py`; returns the keys resolved, or None
+        when the read failed (logged once) or the header was doubtful (nothing resolved)."""
+        mod = self._table_mod
+        own = self.meta is not None and view.node_id == self.node_id
+        if own:
+            table = self.meta.directory.table
+            if table is None:
+                return None
+            src = table.mm
+        else:
+            try:
+                src = self.transport.native_peer(view.node_id, view.data)
+            except PeerCacheError as e:
+                self._table_failed(view, f"{STATUS_TEXT[Status.PEER_GONE]}: {e}")
+                return None
+        try:
+            code, epoch, resolved, first, err = mod.table_lookup(
+                src, keys, view.native_spec, self._table_nums, _SLOT_LIMIT, self._table_epoch, rows, state)
+        except TypeError as e:
+            if "not bytes" not in str(e):
+                raise
+            return _PY_KEYS                # keys that are not bytes (bytearray, memoryview): the Python read
+        if code == mod.TABLE_DONE:         # the numbers were current
+            return resolved
+        if code == mod.TABLE_READ_FAILED:
+            if not own and not src.alive():
+                self.transport.forget(view.node_id)
+            self._table_failed(view, STATUS_TEXT.get(first, f"status {first}") + (f" ({err})" if err else ""))
+            return None
+        if code != mod.TABLE_REMAP:        # TABLE_BAD_HEADER: every key doubtful
+            return None
+        if epoch != self._table_epoch:
+            self._sync_table(epoch)
+        unknown, resolved = mod.table_map(rows, state, self._table_nums, _SLOT_LIMIT, False)
+        if unknown:
+            self._sync_table(epoch)        # a member this node has not mapped yet
+            unknown, resolved = mod.table_map(rows, state, self._table_nums, _SLOT_LIMIT, True)
+        return resolved
+
+    def _table_lookup_py(self, keys: list) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`_table_lookup` in Python (NumPy): the reference the native read is tested
+        against, and the read of transports without a native handle."""
         view = self._table
         n = len(keys)
         if view is None:          # withdrawn since the caller looked
@@ -631,10 +736,28 @@ class Node:
         return rows, resolved
 
     def _table_one(self, key: bytes) -> np.ndarray | None:
-        """One key in the directory table (as :meth:`_table_lookup`, without NumPy passes): its
-        row (node ABSENT: definitively absent), or None when the table could not answer."""
+        """One key in the directory table (as :meth:`_table_lookup`; the uncached single-key
+        GET's path): its row (node ABSENT: definitively absent), or None when the table could
+        not answer."""
         view = self._table
         if view is None:          # withdrawn since the caller looked
+            return None
+        if not self._table_native_ok(view):
+            return self._table_one_py(key)
+        row = np.empty(1, LOC_DTYPE)
+        r = self._table_native(view, [key], row, bytearray(1))
+        if r is _PY_KEYS:
+            return self._table_one_py(key)
+        if not r:
+            self.table_forwarded += 1
+            return None
+        self.table_resolved += 1
+        return row
+
+    def _table_one_py(self, key: bytes) -> np.ndarray | None:
+        """:meth:`_table_one` in Python, without NumPy passes (transports without a native handle)."""
+        view = self._table
+        if view is None:
             return None
         khash = tags.key_hash(key)
         bucket, remote = view.plan_one(khash)
@@ -835,11 +958,13 @@ class Node:
         # not match its slot's tag is asked of the directory itself, so it can never loop.
         locs = np.empty(len(keys), dtype=LOC_DTYPE)
         if use_cache:
-            if self.cache.lookup_into(keys, locs) == len(keys):
+            cached = self.cache.lookup_into(keys, locs)
+            if cached == len(keys):
                 return locs
         else:
             locs["node"] = ABSENT
-        self._fill_from_directory(keys, locs, bad, use_table=use_cache)
+            cached = 0
+        self._fill_from_directory(keys, locs, bad, use_table=use_cache, none_cached=cached == 0)
         return locs
 
     def lookup_rows(self, keys: Sequence[bytes], bad: list | None = None) -> np.ndarray:
@@ -850,17 +975,21 @@ class Node:
                                    [] if bad is None else bad, True)
 
     def _fill_from_directory(self, keys: list, locs: np.ndarray, bad: list | None = None,
-                             use_table: bool = True) -> None:
-        """Look up the rows of ``locs`` that are ABSENT: in the directory's table (one one-sided
-        read, ``use_table``), the ones it cannot answer with one directory RPC.
+                             use_table: bool = True, none_cached: bool = False) -> None:
+        """Look up the rows of ``locs`` that are ABSENT (``none_cached``: all of them): in the
+        directory's table (one one-sided read, ``use_table``), the ones it cannot answer with one
+        directory RPC.
 
         Invalid entries stay ABSENT and go to ``bad`` as ``(index into keys, why)``.
         """
-        node = locs["node"]
-        todo = None if len(node) == 1 or not (node != ABSENT).any() else np.flatnonzero(node == ABSENT)
+        if none_cached or len(locs) == 1:
+            todo = None
+        else:
+            node = locs["node"]
+            todo = None if not (node != ABSENT).any() else np.flatnonzero(node == ABSENT)
         if use_table and self._table is not None:
             tkeys = keys if todo is None else [keys[i] for i in todo]
-            if len(tkeys) == 1:                # the latency path: no NumPy pass per line
+            if len(tkeys) == 1:                # the latency path
                 row = self._table_one(tkeys[0])
                 if row is not None:
                     locs[0 if todo is None else int(todo[0])] = row[0]
@@ -868,15 +997,14 @@ class Node:
                     return
                 got = None
             else:
-                got = self._table_lookup(tkeys)
+                # the whole batch: the table's rows land in locs itself
+                got = self._table_rows(tkeys, locs if todo is None else None)
             if got is not None:
-                rows, resolved = got
-                if todo is None:
-                    locs[:] = rows
-                else:
+                rows, resolved, r = got
+                if todo is not None:
                     locs[todo] = rows
                 self.cache.put_rows(tkeys, rows)
-                if resolved.all():
+                if r == len(tkeys):
                     return
                 left = np.flatnonzero(~resolved)
                 todo = left if todo is None else todo[left]

@@ -11,9 +11,10 @@ from peercache import tags
 from peercache.directory import Directory
 from peercache.dirtable import LINE_BYTES, MAGIC, DirTable, TableView, bucket_line, line_check
 from peercache.discovery import MetaService
+from peercache import node as node_module
 from peercache.node import Get, Node
 from peercache.rpc import RpcServer
-from peercache.transport.base import native_module
+from peercache.transport.base import ABSENT, LOC_DTYPE, native_module
 
 from conftest import free_port
 
@@ -469,3 +470,215 @@ def test_dirbench_node_path_resolves_through_the_table():
          "--duration", "0.5", "--warmup", "0.2", "--path", "node"]))
     assert doc["status"] == "ok", doc["error"]
     assert doc["meta"]["path"] == "node" and doc["result"]["batches"] > 0 and doc["result"]["misses"] == 0
+
+
+# -- the native read (native/dirtable.c) against the Python reference on the same tables ----------
+
+NATIVE, NATIVE_WHY = native_module()
+needs_native = pytest.mark.skipif(NATIVE is None, reason=f"peercache._native: {NATIVE_WHY}")
+SLOT_LIMIT = node_module._SLOT_LIMIT
+
+
+def native_read(table: DirTable, view: TableView, keys: list[bytes], nums=None, epoch=None):
+    rows = np.empty(len(keys), LOC_DTYPE)
+    state = np.full(len(keys), 99, np.int8)
+    nums = np.zeros(0, np.uint32) if nums is None else np.asarray(nums, np.uint32)
+    code, ep, resolved, first, err = NATIVE.table_lookup(table.mm, keys, view.native_spec, nums, SLOT_LIMIT,
+                                                         epoch, rows, state)
+    if code == NATIVE.TABLE_READ_FAILED:
+        return code, first, err, rows, state
+    assert first == 0 and err == ""
+    return code, ep, resolved, rows, state
+
+
+def assert_native_agrees(table: DirTable, view: TableView, keys: list[bytes]) -> tuple:
+    """The native read (numbers not mapped yet: rows keep the member numbers) says what
+    TableView.parse and parse_one say, key by key; returns (found, absent)."""
+    epoch, recs, found, absent = read_all(table, view, keys)
+    code, ep, resolved, rows, state = native_read(table, view, keys)
+    if epoch is None:
+        assert code == NATIVE.TABLE_BAD_HEADER and (state == NATIVE.TABLE_DOUBT).all()
+        assert (rows["node"] == ABSENT).all()
+        assert all(one(table, view, k)[0] is None for k in keys)
+        return found, absent
+    assert code == NATIVE.TABLE_REMAP and ep == epoch
+    assert (state == NATIVE.TABLE_FOUND).tolist() == found.tolist()
+    assert (state == NATIVE.TABLE_ABSENT).tolist() == absent.tolist()
+    assert (state <= NATIVE.TABLE_ABSENT).all() and resolved == int((found | absent).sum())
+    raw = rows.view(np.uint64).reshape(len(keys), 7)
+    assert (raw[found] == recs[found]).all()
+    assert (rows["node"][~found] == ABSENT).all() and (raw[~found][:, 1:] == 0).all()
+    for k, f, a, r in zip(keys, found.tolist(), absent.tolist(), raw):
+        e, rec, a1 = one(table, view, k)
+        assert e == epoch and a1 == a and (rec is not None) == f
+        if f:
+            assert rec == r.tobytes()
+    return found, absent
+
+
+@needs_native
+def test_native_key_hashes_are_the_tags_key_hash():
+    keys = [b"", b"\x00", b"a", b"x" * 127, b"y" * 128, b"z" * 129, b"w" * 5000] + \
+        [b"page-%d" % i for i in range(2000)]
+    out = np.zeros(len(keys), np.uint64)
+    NATIVE.key_hashes(keys, out)
+    assert out.tolist() == [tags.key_hash(k) for k in keys]
+    with pytest.raises(TypeError, match="key 1 is str"):
+        NATIVE.key_hashes([b"a", "b"], np.zeros(2, np.uint64))
+
+
+@needs_native
+def test_native_read_agrees_with_the_python_parser():
+    d = Directory(table_entries=70)                  # 10 buckets of 7 ways
+    t, v = d.table, view_of(d.table)
+    pub = [b"n%d" % i for i in range(90)]            # some buckets overflow, some do not
+    d.publish("n1", pub[:60], [loc(k, 64 * i, gen=i + 1) for i, k in enumerate(pub[:60])])
+    d.publish("n2", pub[60:], [loc(k, 64 * i, gen=2) for i, k in enumerate(pub[60:])])
+    absent_keys = [b"absent-%d" % i for i in range(60)]
+    keys = pub + absent_keys + pub[:5] + absent_keys[:5]   # repeats: one bucket read, same answers
+    found, absent = assert_native_agrees(t, v, keys)
+    assert found.sum() == len(t) + 5 and t.spilled > 0 and absent.any() and not absent[:90].any()
+    overflowed = {int(b) for b in range(t.buckets) if t.words[bucket_line(b, t.ways), 0]}
+    assert overflowed and len(overflowed) < t.buckets
+    # remove keys until some buckets are clean again, then bad check words in some of them
+    d.unpublish("n1", pub[::3])
+    d.unpublish("n2", pub[60::2])
+    found, absent = assert_native_agrees(t, v, keys)
+    assert absent.any() and found.any()
+    victim = next(k for k in pub if k in t._line_of)
+    t.words[t._line_of[victim], 7] ^= np.uint64(1)                    # an entry's check word
+    b_empty = next(b for b in range(t.buckets) if not t.words[bucket_line(b, t.ways), 0]
+                   and any(not t.words[bucket_line(b, t.ways) + w].any() for w in range(1, t.ways + 1)))
+    first = bucket_line(b_empty, t.ways)
+    empty = next(first + w for w in range(1, t.ways + 1) if not t.words[first + w].any())
+    t.words[empty, 3] = np.uint64(5)                                  # garbage in an empty line
+    other = next(b for b in range(t.buckets) if b != b_empty and not t.words[bucket_line(b, t.ways), 0])
+    t.words[bucket_line(other, t.ways), 2] = np.uint64(1)            # a bucket line's body
+    found, absent = assert_native_agrees(t, v, keys)
+    assert not found[keys.index(victim)]
+    # a torn entry (new first half, old second half) is never trusted by either
+    live = next(k for k in pub if k in t._line_of and k != victim)
+    line = t._line_of[live]
+    old = t.words[line].copy()
+    d.publish("n1", [live], [loc(live, 4096, gen=77, length=33)])
+    t.words[line] = np.concatenate([t.words[line][:3], old[3:]])
+    found, absent = assert_native_agrees(t, v, keys)
+    assert not found[keys.index(live)] and not absent[keys.index(live)]
+    # a new epoch; then a header that does not check (every key doubtful)
+    t.set_epoch(41)
+    assert_native_agrees(t, v, keys)
+    assert native_read(t, v, keys[:3])[1] == 41
+    t.words[0, 1] ^= np.uint64(1)
+    assert_native_agrees(t, v, keys)
+    t.set_epoch(42)
+    # a view of another geometry reads the header as not its own
+    wrong = TableView({**t.info(), "buckets": t.buckets - 1, "node_id": "host"})
+    assert native_read(t, wrong, keys[:4])[0] == NATIVE.TABLE_BAD_HEADER
+    # one that names buckets beyond the memory: the read fails, as the data server refuses it
+    wider = TableView({**t.info(), "buckets": t.buckets * 4, "node_id": "host"})
+    code, first, err, rows, state = native_read(t, wider, keys)
+    assert code == NATIVE.TABLE_READ_FAILED and first == 2 and "smaller than" in err   # OUT_OF_RANGE
+    assert (state == NATIVE.TABLE_DOUBT).all() and (rows["node"] == ABSENT).all()
+    assert native_read(t, v, [])[0] == NATIVE.TABLE_DONE
+    with pytest.raises(ValueError, match="out of range"):
+        TableView({**t.info(), "region": 1 << 40, "node_id": "host"})
+    d.close()
+
+
+@needs_native
+def test_native_mapping_of_member_numbers():
+    d = Directory(table_entries=700)
+    t, v = d.table, view_of(d.table)
+    keys = [b"m%d" % i for i in range(40)]
+    d.publish("n1", keys[:20], [loc(k, 64 * i) for i, k in enumerate(keys[:20])])
+    d.publish("n2", keys[20:], [loc(k, 64 * i) for i, k in enumerate(keys[20:])])
+    big = b"too-long"                                    # a record that cannot be a slot
+    t.put(big, np.array([d.number("n1"), 1, 0, 100, 64, 1, tags.key_hash(big)], "<u8").tobytes())
+    far = b"far-slot"
+    t.put(far, np.array([d.number("n1"), 1, SLOT_LIMIT - 10, 5, 64, 1, tags.key_hash(far)], "<u8").tobytes())
+    ghost = b"ghost"                                     # a member number nobody maps
+    t.put(ghost, np.array([7, 1, 0, 5, 64, 1, tags.key_hash(ghost)], "<u8").tobytes())
+    allk = keys + [big, far, ghost, b"nobody"]
+    n1, n2 = d.number("n1"), d.number("n2")
+    nums = np.full(max(n1, n2) + 1, ABSENT, np.uint32)
+    nums[n1], nums[n2] = 10, 20
+    # numbers current for the header's epoch: done in one call; doubtful records are left out
+    code, ep, resolved, rows, state = native_read(t, v, allk, nums[:max(n1, n2) + 1], epoch=0)
+    assert code == NATIVE.TABLE_REMAP          # ghost's number is unknown: the caller maps again
+    unknown, res = NATIVE.table_map(rows, state, nums, SLOT_LIMIT, False)
+    assert unknown == 1 and res == len(allk)   # nothing changed
+    unknown, res = NATIVE.table_map(rows, state, nums, SLOT_LIMIT, True)
+    assert unknown == 1
+    want_node = [10] * 20 + [20] * 20 + [ABSENT] * 4
+    assert rows["node"].tolist() == want_node
+    assert state.tolist() == [1] * 40 + [0, 0, 0, 2] and res == 41
+    assert rows["offset"][:20].tolist() == [64 * i for i in range(20)]
+    t.remove(ghost)
+    code, ep, resolved, rows, state = native_read(t, v, allk, nums, epoch=0)
+    assert code == NATIVE.TABLE_DONE and resolved == 42 and rows["node"].tolist() == want_node
+    assert state.tolist() == [1] * 40 + [0, 0, 2, 2]        # ghost: gone, definitively absent now
+    code, *_ = native_read(t, v, allk, nums, epoch=1)       # numbers of another epoch: mapped again
+    assert code == NATIVE.TABLE_REMAP
+    d.close()
+
+
+@needs_native
+def test_a_consumer_node_resolves_natively_as_the_python_path_does(port):
+    addr = f"127.0.0.1:{port}"
+    keys = [b"nv-%d" % i for i in range(200)]
+    with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
+        prod.put_batch(keys, pages(keys))
+        table = prod.meta.directory.table
+        num = prod.meta.directory.number(prod.node_id)
+        ref = prod.pool.ref(keys[0])
+        big, ghost = b"too-long", b"ghost"
+        table.put(big, np.array([num, 1, ref.offset, PAGE + 1, PAGE, 1, tags.key_hash(big)], "<u8").tobytes())
+        table.put(ghost, np.array([num + 5, 1, ref.offset, 8, PAGE, 1, tags.key_hash(ghost)], "<u8").tobytes())
+        victim = keys[17]
+        table.words[table._line_of[victim], 7] ^= np.uint64(1)
+        allk = keys + [big, ghost, victim] + [b"absent-%d" % i for i in range(50)]
+        with Node(addr, dir_cache_ttl=0.0) as cons:
+            assert cons._table_native_ok(cons._table)
+            calls = counted(cons)
+            got = {}
+            for how in ("py", "native", "py", "native"):
+                before = cons.table_resolved, cons.table_forwarded
+                rows, resolved = cons._table_lookup_py(allk) if how == "py" else cons._table_lookup(allk)
+                got[how] = (rows.copy(), resolved.copy(), cons.table_resolved - before[0],
+                            cons.table_forwarded - before[1])
+                if how == "native" and "py" in got:
+                    p, q = got["py"], got["native"]
+                    assert (p[1] == q[1]).all() and p[2:] == q[2:]
+                    assert (p[0]["node"] == q[0]["node"]).all()
+                    f = q[0]["node"] != ABSENT
+                    assert (p[0][f] == q[0][f]).all()
+            rows, resolved, r, fwd = got["native"]
+            assert fwd == 4 and r == len(allk) - 4     # big, ghost, the victim (twice): for the RPC
+            assert not resolved[[17, len(keys), len(keys) + 1, len(keys) + 2]].any()
+            assert (rows["offset"][:len(keys)] == [prod.pool.ref(k).offset for k in keys])[
+                np.arange(len(keys)) != 17].all()
+            assert "lookup" not in calls and calls.count("members") >= 2   # ghost: mapped again each time
+            # keys that are bytes-like but not bytes take the Python read, with the same answers
+            rows_b, resolved_b = cons._table_lookup([bytearray(k) for k in allk])
+            assert (resolved_b == resolved).all() and (rows_b["node"] == rows["node"]).all()
+            assert (cons._table_one(bytearray(keys[3])) == cons._table_one(keys[3])).all()
+            # one key at a time, the latency path
+            for k in allk[::7] + [big, ghost, victim, b"absent-0"]:
+                p, q = cons._table_one_py(k), cons._table_one(k)
+                assert (p is None) == (q is None)
+                if q is not None:
+                    assert (p == q).all()
+            # a new epoch: the numbers are mapped again with one members call, answers unchanged
+            table.set_epoch(table.epoch + 3)
+            calls.clear()
+            rows2, resolved2 = cons._table_lookup(keys)
+            assert calls == ["members"] and cons._table_epoch == table.epoch
+            assert (rows2["node"][resolved2] != ABSENT).sum() == len(keys) - 1
+            # and through a read, uncached, the RPC answering what the table could not
+            dest = np.zeros(len(allk) * PAGE, np.uint8)
+            r = cons.get_batch_into(allk, dest, np.arange(len(allk)) * PAGE)
+            assert r.hits == len(keys) + 1 and calls.count("lookup") == 1   # the victim twice
+        # the hosting node reads its own table in place, natively too
+        host_calls = counted(prod)
+        rows, resolved = prod._table_lookup(keys)
+        assert resolved.sum() == len(keys) - 1 and "lookup" not in host_calls
