@@ -193,6 +193,8 @@ class Node:
         self._native = None
         #: the directory's table as this node reads it (None: lookups go through the RPC alone)
         self._table: TableView | None = None
+        #: per-thread landing buffer of table reads over rdma (registered once, reused)
+        self._table_tls = threading.local()
         #: member number -> the cache's node index, as of the epoch ``_table_epoch`` (ABSENT: unknown)
         self._table_nums = np.full(0, ABSENT, np.uint32)
         self._table_numl: list[int] = []
@@ -796,7 +798,8 @@ class Node:
     def _table_read_one(self, view: TableView, remote: int, buf: bytearray) -> bool:
         """:meth:`_table_read` of the header and one bucket (at ``remote``), straight through the
         native handle where the transport has one."""
-        if not self.transport.native or (self.meta is not None and view.node_id == self.node_id):
+        if not self.transport.native or self.transport.name == "rdma" or \
+                (self.meta is not None and view.node_id == self.node_id):
             return self._table_read(view, np.array([0, remote], np.uint64),
                                     np.array([LINE_BYTES, view.bucket_bytes], np.uint64),
                                     np.array([0, LINE_BYTES], np.uint64), np.frombuffer(buf, np.uint8))
@@ -837,7 +840,16 @@ class Node:
         ops = np.zeros(len(remote), dtype=OP_DTYPE)
         ops["region"], ops["rkey"] = view.region, view.rkey
         ops["remote_offset"], ops["length"], ops["local_offset"] = remote, length, local
-        st = self.transport.read_batch(view.node_id, view.data, ops, [buf])
+        land = buf
+        if self.transport.name == "rdma":
+            # An rdma READ over 64 B lands only in registered memory: a buffer of this thread's that
+            # stays registered (the transport keeps its registration), not a new one per lookup.
+            land = getattr(self._table_tls, "buf", None)
+            if land is None or len(land) < len(buf):
+                land = self._table_tls.buf = np.empty(max(len(buf), 1 << 16), np.uint8)
+        st = self.transport.read_batch(view.node_id, view.data, ops, [land])
+        if land is not buf and not st.any():
+            buf[:] = land[:len(buf)]
         if st.any():
             first = int(st[st != Status.OK][0])
             return self._table_failed(view, STATUS_TEXT.get(first, f"status {first}"))
