@@ -797,9 +797,8 @@ class Node:
 
     def _table_read_one(self, view: TableView, remote: int, buf: bytearray) -> bool:
         """:meth:`_table_read` of the header and one bucket (at ``remote``), straight through the
-        native handle where the transport has one."""
-        if not self.transport.native or self.transport.name == "rdma" or \
-                (self.meta is not None and view.node_id == self.node_id):
+        native handle where it takes reads into any memory (tcp, shm)."""
+        if not self._table_native_peer or (self.meta is not None and view.node_id == self.node_id):
             return self._table_read(view, np.array([0, remote], np.uint64),
                                     np.array([LINE_BYTES, view.bucket_bytes], np.uint64),
                                     np.array([0, LINE_BYTES], np.uint64), np.frombuffer(buf, np.uint8))

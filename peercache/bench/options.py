@@ -7,7 +7,7 @@ import os
 
 from .. import tags
 from ..dirclient import is_redis
-from ..errors import ConfigError
+from ..errors import ConfigError, TransportError
 from ..redisdir import PASSWORD_ENV as REDIS_PASSWORD_ENV, parse_url
 from ..transport import PROTOCOLS
 
@@ -176,18 +176,16 @@ def transport_options(args) -> dict:
     return {"devices": devices(args), "ib_port": args.ib_port, "gid_index": args.gid_index}
 
 
-def tcp_poll_us(args) -> int | None:
-    """The µs the native tcp client polls for a reply before sleeping, as this run has it (tcp only)."""
-    if args.protocol != "tcp":
+def tcp_poll_us(args, protocol_only: bool = True) -> int | None:
+    """The µs the native tcp client polls for a reply before sleeping, as this run has it (None: not
+    tcp, unless ``protocol_only`` is off); ConfigError for a bad --tcp-poll-us / $PEERCACHE_TCP_POLL_US."""
+    if protocol_only and args.protocol != "tcp":
         return None
-    if getattr(args, "tcp_poll_us", None) is not None:
-        return args.tcp_poll_us
-    from ..transport.tcp import DEFAULT_POLL_US
-    raw = os.environ.get("PEERCACHE_TCP_POLL_US")
+    from ..transport.tcp import poll_us_setting
     try:
-        return int(raw) if raw else DEFAULT_POLL_US
-    except ValueError:
-        raise ConfigError(f"PEERCACHE_TCP_POLL_US={raw!r} is not a whole number of microseconds") from None
+        return poll_us_setting(getattr(args, "tcp_poll_us", None))
+    except TransportError as e:
+        raise ConfigError(str(e)) from None
 
 
 def objects_per_page(layout: str) -> int:
@@ -204,9 +202,8 @@ def validate(args, mode: str) -> None:
         raise ConfigError(f"--working-set must be positive, got {args.working_set}")
     if args.max_channels <= 0:
         raise ConfigError(f"--max-channels must be positive, got {args.max_channels}")
-    poll = getattr(args, "tcp_poll_us", None)
-    if poll is not None and not 0 <= poll <= 1_000_000:
-        raise ConfigError(f"--tcp-poll-us must be 0..1000000 microseconds (0: sleep at once), got {poll}")
+    if getattr(args, "tcp_poll_us", None) is not None:
+        tcp_poll_us(args, protocol_only=False)
     if args.device_name and args.devices:
         raise ConfigError("give either --device-name or --devices, not both")
     if args.ib_port < 1:

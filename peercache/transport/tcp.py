@@ -156,6 +156,16 @@ def _env_default(name: str, value, kind):
         raise TransportError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
+def poll_us_setting(poll_us: int | None = None) -> int:
+    """The µs the native client polls for a reply: ``poll_us``, else $PEERCACHE_TCP_POLL_US, else
+    DEFAULT_POLL_US; TransportError when it is not a whole number in 0..MAX_POLL_US."""
+    value = poll_us if poll_us is not None else _env_default("PEERCACHE_TCP_POLL_US", DEFAULT_POLL_US, int)
+    if not 0 <= value <= MAX_POLL_US:
+        raise TransportError(f"tcp poll time {value} µs is outside 0..{MAX_POLL_US} "
+                             "(--tcp-poll-us / PEERCACHE_TCP_POLL_US; 0 sleeps at once)")
+    return value
+
+
 class _Reporter:
     """Turns the server's counters into rate-limited log lines.
 
@@ -685,11 +695,7 @@ class TcpTransport(Transport):
         self.io_timeout = io_timeout
         self.port = port
         #: µs the native client polls for a reply before sleeping (DEFAULT_POLL_US)
-        self.poll_us = poll_us if poll_us is not None else _env_default("PEERCACHE_TCP_POLL_US",
-                                                                        DEFAULT_POLL_US, int)
-        if not 0 <= self.poll_us <= MAX_POLL_US:
-            raise TransportError(f"tcp poll time {self.poll_us} µs is outside 0..{MAX_POLL_US} "
-                                 "(--tcp-poll-us / PEERCACHE_TCP_POLL_US; 0 sleeps at once)")
+        self.poll_us = poll_us_setting(poll_us)
         #: limits of the data server started by start() (see DEFAULT_MAX_CONNECTIONS...)
         self.server_limits = {
             "max_connections": max_connections if max_connections is not None else _env_default(

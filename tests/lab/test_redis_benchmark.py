@@ -39,7 +39,7 @@ def test_mget_command_is_pure_and_exact():
         rb.mget_command(0, ["a"])
     with pytest.raises(ValueError, match="at least one key"):
         rb.mget_command(6379, [])
-    # random batches: -r and keys holding the placeholder; a keyspace for fixed keys is refused
+    # random batches: -r and keys holding __rand_int__; a keyspace for keys without it is refused
     argv = rb.mget_command(6379, ["p:" + rb.RAND] * 2, requests=5, keyspace=16384)
     assert argv[argv.index("-r") + 1] == "16384" and argv[-2:] == ["p:__rand_int__"] * 2
     assert rb.random_key("p:", 42) == "p:000000000042"
