@@ -112,6 +112,11 @@ def test_fixture_tree_reproduces_the_live_capture(live):
             pl.pop("active_mtu_source"), pt.pop("active_mtu_source")
         # Captured before hostinfo read PCIe links: rxe has no PCI device, so that field is null with its reason.
         assert dt.pop("pcie") is None and "current_link_speed does not exist" in dt["_missing"].pop("pcie")
+        # Captured before hostinfo looked past a virtual device: rxe on veth has no NUMA node either way,
+        # now with the netdev it looked at in the reason.
+        assert dl.pop("numa_node") is dt.pop("numa_node") is None and dt.pop("numa_source") is None
+        assert "veth" in dt["_missing"].pop("numa_node") and dt["_missing"].pop("numa_source")
+        dl["_missing"].pop("numa_node")
         assert dl == dt
 
 

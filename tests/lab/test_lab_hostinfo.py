@@ -133,3 +133,61 @@ def test_pcie_link_of_each_rdma_device_from_sysfs():
     assert devs["mlx5_bond_8"]["pcie"]["width"] == 8 and devs["mlx5_bond_8"]["pcie"]["degraded"] is True
     nics = {n["name"]: n for n in hi.summary(doc)["nics"]}
     assert nics["mlx5_bond_8"]["pcie"]["GBps"] == 31.508
+
+
+RXE2 = CX7.parent / "rxe-virtio-2numa"   # reconstructed: see its README.md
+
+
+def test_pci_rdma_device_numa_source(cx7):
+    assert {d["numa_source"] for d in cx7["rdma"]["devices"]} == {"rdma device"}
+    assert {n["numa_source"] for n in hi.summary(cx7)["nics"]} == {"rdma device"}
+
+
+def test_rxe_on_virtio_numa_node_from_its_netdevs_pci_function():
+    doc = hi.capture(RXE2)
+    devs = {d["name"]: d for d in doc["rdma"]["devices"]}
+    assert sorted(devs) == ["rxe0", "rxe1"]
+    for name, node, netdev, fn in (("rxe0", 0, "eth1", "0000:11:00.0"), ("rxe1", 1, "eth2", "0000:21:00.0")):
+        d = devs[name]
+        # rxe has no device link; its parent file names the netdev, whose virtio device has no
+        # numa_node: the PCI function above it answers, and the source says all of that.
+        assert d["numa_node"] == node
+        assert d["numa_source"] == f"netdev {netdev} (rxe parent), its parent PCI function {fn}"
+        assert d["ports"][0]["netdev"] == netdev
+    assert [(n["node"], n["cpulist"]) for n in doc["numa"]["nodes"]] == [(0, "0-1"), (1, "2-3")]
+    assert {n["name"]: n["numa_node"] for n in hi.summary(doc)["nics"]} == {"rxe0": 0, "rxe1": 1}
+    _nulls_have_reasons(doc)
+
+
+def test_rxe_without_parent_file_uses_the_gid_table_netdev(tmp_path):
+    root = tmp_path / "host"
+    shutil.copytree(RXE2, root, symlinks=True)
+    (root / "sys/devices/virtual/infiniband/rxe1/parent").unlink()
+    d = {x["name"]: x for x in hi.capture(root)["rdma"]["devices"]}
+    assert d["rxe1"]["numa_node"] == 1 and d["rxe1"]["numa_source"].startswith("netdev eth2 (GID table)")
+
+
+def test_rxe_numa_minus_one_and_missing_give_null_with_reason(tmp_path):
+    root = tmp_path / "host"
+    shutil.copytree(RXE2, root, symlinks=True)
+    (root / "sys/devices/pci0000:10/0000:10:00.0/0000:11:00.0/numa_node").write_text("-1\n")
+    (root / "sys/devices/pci0000:20/0000:20:00.0/0000:21:00.0/numa_node").unlink()
+    (root / "sys/devices/pci0000:20/0000:20:00.0/numa_node").unlink()
+    d = {x["name"]: x for x in hi.capture(root)["rdma"]["devices"]}
+    r0, r1 = d["rxe0"], d["rxe1"]
+    assert r0["numa_node"] is None and "-1" in r0["_missing"]["numa_node"]
+    assert "eth1" in r0["_missing"]["numa_node"] and "eth1" in r0["numa_source"]
+    assert r1["numa_node"] is None and "nor in any parent device" in r1["_missing"]["numa_node"]
+
+
+def test_virtio_netdev_numa_on_this_machine():
+    # This machine's own netdevs, read the same way (a virtio NIC's node sits on its PCI function).
+    for nd in sorted(Path("/sys/class/net").iterdir()) if Path("/sys/class/net").is_dir() else []:
+        if not (nd / "device").exists():
+            continue
+        ctx = hi._Ctx(root=Path("/"), runner=hi.ReplayRunner(None), live=True)
+        text, via, why = hi._device_numa(ctx, sysfs_path("class", "net", nd.name, "device"))
+        assert text is not None, why
+        assert text == "-1" or text.isdigit()
+        return
+    pytest.skip("no netdev with a device on this machine")

@@ -16,6 +16,12 @@ when pyverbs cannot be asked: it is computed from the netdev MTU with the
 kernel's own rule (``iboe_get_mtu``) and the port says so in
 ``active_mtu_source``.
 
+An RDMA device's NUMA node is read from its parent device; a virtual one (rxe)
+has none, so its netdev's device answers (and a virtio-net device's PCI
+function above it), and ``numa_source`` beside ``numa_node`` says which
+(``"rdma device"``, ``"netdev eth1 (rxe parent), its parent PCI function
+0000:11:00.0"``).
+
 When ``root`` is not ``/`` the live sources (pyverbs, commands) describe this
 machine, not the fixture, so they are not used: commands come from
 ``<root>/commands.json`` when present (see :class:`ReplayRunner`), and
@@ -310,6 +316,63 @@ def pcie_link(speed: str, width: str, max_speed: str | None = None, max_width: s
     return out
 
 
+def _device_numa(ctx: _Ctx, devdir: Path) -> tuple[str | None, str | None, str | None]:
+    """(numa_node text, the ancestor it was read from or None, why none) of the sysfs device ``devdir``.
+
+    A PCI function has ``numa_node``; a device on another bus may not (virtio-net's ``device`` is
+    ``virtioN``, whose parent is the PCI function): then the nearest ancestor under
+    ``/sys/devices`` that has one answers, and is named.
+    """
+    text, why = read_attr(devdir / "numa_node")
+    if text is not None:
+        return text, None, None
+    try:
+        real = devdir.resolve(strict=True)
+    except OSError:
+        return None, None, why
+    top = sysfs_path("devices", root=ctx.root).resolve()
+    p = real.parent
+    while p != top and top in p.parents:
+        text, _ = read_attr(p / "numa_node")
+        if text is not None:
+            return text, p.name, None
+        p = p.parent
+    return None, None, f"{why}, nor in any parent device of {devdir} under {top}"
+
+
+def _rdma_numa(ctx: _Ctx, name: str, ddir: Path, port_netdevs: list[str | None]
+               ) -> tuple[str | None, str | None, str | None]:
+    """(numa_node text, where it was read, why none) of RDMA device ``name``.
+
+    Its parent device (``<dev>/device``) when it has one; a virtual device (rxe, some bond
+    devices) has none, and then its netdev's device answers: the netdev its ``parent`` file names
+    (rxe), else the one its ports' GID table names (``gid_attrs/ndevs``).
+    """
+    if (ddir / "device").exists():
+        text, via, why = _device_numa(ctx, ddir / "device")
+        return text, "rdma device" + (f", {_ancestor(via)}" if via else ""), why
+    parent, _ = read_attr(ddir / "parent")
+    if parent:
+        netdev, how = parent, "rxe parent"
+    else:
+        netdev, how = next((n for n in port_netdevs if n), None), "GID table"
+    if netdev is None:
+        return None, None, (f"{ddir / 'device'} does not exist (a virtual RDMA device) and it names no "
+                            "netdev (no parent file, no GID netdev)")
+    ndev = sysfs_path("class", "net", netdev, "device", root=ctx.root)
+    if not ndev.exists():
+        return None, None, (f"{ddir / 'device'} does not exist (a virtual RDMA device) and its netdev "
+                            f"{netdev} ({how}) has no device either ({ndev} does not exist: a virtual "
+                            "netdev such as veth or a bridge)")
+    text, via, why = _device_numa(ctx, ndev)
+    return text, f"netdev {netdev} ({how})" + (f", {_ancestor(via)}" if via else ""), why
+
+
+def _ancestor(name: str) -> str:
+    kind = "PCI function" if re.fullmatch(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", name) else "device"
+    return f"its parent {kind} {name}"
+
+
 def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
     """RDMA devices and ports (sysfs, pyverbs when importable)."""
     s = _Section()
@@ -331,13 +394,6 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
             if dev.put_attr(attr, ddir / attr) == "":
                 # e.g. rxe's fw_ver: the file exists and the driver writes nothing into it
                 dev.put(attr, None, f"{ddir / attr} is empty (the driver reports no value)")
-        numa, why = read_attr(ddir / "device" / "numa_node")
-        if numa is None:
-            dev.put("numa_node", None, why)
-        elif numa == "-1":
-            dev.put("numa_node", None, "kernel reports numa_node -1 (no NUMA affinity known)")
-        else:
-            dev.put("numa_node", int(numa))
         speed, why_s = read_attr(ddir / "device" / "current_link_speed")
         width, why_w = read_attr(ddir / "device" / "current_link_width")
         if speed is None or width is None:
@@ -398,6 +454,17 @@ def collect_rdma(ctx: _Ctx) -> dict[str, Any]:
             if problems:
                 port["gid_read_problems"] = problems[:8]
             ports.append(port)
+        numa, source, why = _rdma_numa(ctx, name, ddir, [p.get("netdev") for p in ports])
+        if numa is None:
+            dev.put("numa_node", None, why)
+        elif numa == "-1":
+            dev.put("numa_node", None, f"kernel reports numa_node -1 (no NUMA affinity known; read from {source})")
+        else:
+            try:
+                dev.put("numa_node", int(numa))
+            except ValueError:
+                dev.put("numa_node", None, f"{source}: unexpected numa_node {numa!r}")
+        dev.put("numa_source", source, "no source of a NUMA node found (see numa_node's reason)")
         dev["ports"] = ports
         devices.append(dev)
     s["devices"] = devices
@@ -518,7 +585,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         p = (d.get("ports") or [{}])[0]
         rate = p.get("rate") or {}
         nics.append({"name": d.get("name"), "rate_gbps": rate.get("gbps"),
-                     "numa_node": d.get("numa_node"), "link_layer": p.get("link_layer"),
+                     "numa_node": d.get("numa_node"), "numa_source": d.get("numa_source"),
+                     "link_layer": p.get("link_layer"),
                      "active_mtu": p.get("active_mtu"), "netdev": p.get("netdev"),
                      "roce_v2_gid_index": p.get("roce_v2_ipv4_gid_index"),
                      "fw_ver": d.get("fw_ver"), "pcie": d.get("pcie")})
