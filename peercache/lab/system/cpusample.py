@@ -8,6 +8,15 @@ thread. It exits with the command's status; SIGTERM/SIGINT are passed on.
 It runs on the host of the side it measures, so local, network-namespace and
 SSH hosts are all sampled the same way; the runner fetches the file.
 
+Besides the samples, FILE holds the evidence of a NUMA binding (see
+:mod:`peercache.lab.system.numa`): one ``host`` record (this host's NUMA
+nodes and their CPUs, from sysfs) and ``binding`` records, one per process
+of the tree once it has run ``SETTLE_S`` seconds and one more with its last
+reading (taken every ``NUMA_EVERY`` samples and when a signal is passed on):
+its ``Cpus_allowed_list`` and ``Mems_allowed_list`` (``/proc/<pid>/status``)
+and its memory per node, policy and largest mappings (``numa_maps``). A
+sample line has ``threads``; the others do not.
+
 :func:`window_usage` (pure) turns the samples into what the window used:
 cores (CPU seconds per second) and the busiest thread's share of one core.
 """
@@ -22,12 +31,19 @@ import sys
 import time
 from dataclasses import dataclass
 
-from peercache.sysfs import proc_path
+from peercache.sysfs import proc_path, read_attr, sysfs_path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_INTERVAL_S = 0.25
-#: Every how many samples the resident pages per NUMA node are read too.
+#: Every how many samples the resident pages per NUMA node (and each process's binding) are read too.
 NUMA_EVERY = 4
+#: A process's first binding record is written once it has run this long (its buffers are allocated).
+SETTLE_S = 1.0
+#: How many of a process's largest mappings its binding record names.
+LARGEST = 3
+#: numa_maps file mappings that are a process's own memory (placed by its policy when it faults them
+#: in), not the page cache of binaries and libraries (placed where whoever read them first ran).
+OWN_FILES = ("/dev/shm/", "/memfd:", "/SYSV", "/dev/hugepages/", "/dev/zero", "/anon_hugepage")
 
 
 def _stat_fields(text: str) -> list[str]:
@@ -71,6 +87,122 @@ def numa_pages(pids: list[int]) -> dict[str, int]:
                 if pages.isdigit():
                     out[node] = out.get(node, 0) + int(pages)
     return out
+
+
+def parse_numa_maps(text: str) -> dict:
+    """A process's memory per NUMA node from its ``numa_maps`` text (pure).
+
+    ``pages_per_node``: resident pages of every mapping (``N<node>=<pages>``); ``own_kb_per_node``:
+    kB of its own memory only (anonymous, heap, stack, shm, memfd: see ``OWN_FILES``), page sizes
+    applied; ``policies``: the memory policies of those mappings (``default``, ``bind:0`` ...);
+    ``largest``: its ``LARGEST`` largest mappings (address, what, policy, pages per node).
+    """
+    pages: dict[str, int] = {}
+    own_kb: dict[str, int] = {}
+    policies: set[str] = set()
+    maps = []
+    for line in text.splitlines():
+        toks = line.split()
+        if len(toks) < 2:
+            continue
+        nodes: dict[str, int] = {}
+        what, page_kb = "anon", 4
+        for tok in toks[2:]:
+            key, eq, val = tok.partition("=")
+            if key[:1] == "N" and key[1:].isdigit() and val.isdigit():
+                nodes[key[1:]] = nodes.get(key[1:], 0) + int(val)
+            elif key == "file" and eq:
+                what = val.replace("\\040", " ")
+            elif key in ("heap", "stack") and not eq:
+                what = key
+            elif key == "kernelpagesize_kB" and val.isdigit():
+                page_kb = int(val)
+        own = not what.startswith("/") or what.startswith(OWN_FILES)
+        for node, n in nodes.items():
+            pages[node] = pages.get(node, 0) + n
+            if own:
+                own_kb[node] = own_kb.get(node, 0) + n * page_kb
+        if own:
+            policies.add(toks[1])
+        if nodes:
+            maps.append({"start": toks[0], "what": what, "policy": toks[1], "pages": sum(nodes.values()),
+                         "page_kB": page_kb, "nodes": nodes})
+    maps.sort(key=lambda m: m["pages"] * m["page_kB"], reverse=True)
+    return {"pages_per_node": pages, "own_kb_per_node": own_kb, "policies": sorted(policies),
+            "largest": maps[:LARGEST]}
+
+
+def parse_status(text: str) -> dict:
+    """``Name``, ``Cpus_allowed_list`` and ``Mems_allowed_list`` of a ``/proc/<pid>/status`` text (pure)."""
+    out: dict[str, str | None] = {"comm": None, "cpus_allowed_list": None, "mems_allowed_list": None}
+    for line in text.splitlines():
+        key, sep, val = line.partition(":")
+        if not sep:
+            continue
+        k = {"Name": "comm", "Cpus_allowed_list": "cpus_allowed_list",
+             "Mems_allowed_list": "mems_allowed_list"}.get(key)
+        if k:
+            out[k] = val.strip()
+    return out
+
+
+def read_binding(pid: int) -> dict | None:
+    """Where process ``pid`` may run and where its memory sits: /proc/<pid>/status and numa_maps (None once gone)."""
+    try:
+        status = proc_path(pid, "status").read_text()
+    except OSError:
+        return None
+    rec: dict = {"pid": pid, **parse_status(status)}
+    try:
+        rec.update(parse_numa_maps(proc_path(pid, "numa_maps").read_text()))
+    except OSError as e:   # a kernel without NUMA support has no numa_maps
+        rec["numa_maps"] = f"not read: {e.strerror or e}"
+    return rec
+
+
+def host_nodes() -> dict:
+    """This host's NUMA nodes and their CPU lists ({"0": "0-1"}), from sysfs (empty without NUMA support)."""
+    base = sysfs_path("devices", "system", "node")
+    out = {}
+    try:
+        names = sorted((n.name for n in base.iterdir() if n.name[4:].isdigit() and n.name.startswith("node")),
+                       key=lambda n: int(n[4:]))
+    except OSError:
+        return {}
+    for name in names:
+        text, _ = read_attr(base / name / "cpulist")
+        out[name[4:]] = text
+    return out
+
+
+class _Bindings:
+    """The binding records of a tree: a first one per process once settled, and each one's latest reading."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[int, float] = {}
+        self.settled: set[int] = set()
+        self.latest: dict[int, dict] = {}
+
+    def read(self, pids: list[int], now: float) -> list[dict]:
+        """Read every process of ``pids``; returns the records to write now (the newly settled ones)."""
+        out = []
+        for p in pids:
+            self.first_seen.setdefault(p, now)
+            rec = read_binding(p)
+            if rec is None:
+                continue
+            rec["age_s"] = round(now - self.first_seen[p], 3)
+            self.latest[p] = {"t": now, "binding": rec}
+            if p not in self.settled and rec["age_s"] >= SETTLE_S:
+                self.settled.add(p)
+                self.latest[p]["written"] = True      # as its settled record: not written again as last
+                out.append({"t": now, "binding": dict(rec, at="settled")})
+        return out
+
+    def last(self) -> list[dict]:
+        """Each process's latest reading, marked ``last`` (none where it is the ``settled`` record itself)."""
+        return [{"t": r["t"], "binding": dict(r["binding"], at="last")} for r in self.latest.values()
+                if not (r["binding"]["pid"] in self.settled and r.get("written"))]
 
 
 def sample(pid: int, with_numa: bool = False) -> dict:
@@ -123,7 +255,7 @@ class Usage:
 
 def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
     """CPU use between the samples nearest inside [start, end] (None without two such samples)."""
-    inside = [s for s in samples if start <= s["t"] <= end]
+    inside = [s for s in samples if "threads" in s and start <= s["t"] <= end]
     if len(inside) < 2:
         return None
     a, b = inside[0], inside[-1]
@@ -152,6 +284,16 @@ def combine(usages: dict[str, dict[str, dict]]) -> dict[str, dict]:
             if u["busiest_thread"] > o["busiest_thread"]:
                 o["busiest_thread"], o["busiest"] = u["busiest_thread"], u["busiest"]
     return out
+
+
+def bindings(samples: list[dict]) -> list[dict]:
+    """The ``binding`` records of a sample file's lines (each with its time ``t``)."""
+    return [dict(s["binding"], t=s.get("t")) for s in samples if isinstance(s.get("binding"), dict)]
+
+
+def host_record(samples: list[dict]) -> dict | None:
+    """The ``host`` record of a sample file's lines (its NUMA nodes), or None."""
+    return next((s["host"] for s in samples if isinstance(s.get("host"), dict)), None)
 
 
 def read_samples(text: str) -> list[dict]:
@@ -192,20 +334,51 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"cpusample: cannot start {cmd[0]}: {e}", file=sys.stderr)
         return 127
+    held = _Bindings()
+
+    def forward(sig: int, _frame) -> None:
+        # The runner ends servers with a signal: take the last binding reading before passing it on.
+        try:
+            held.read(tree(child.pid), time.time())
+        except Exception:  # noqa: BLE001 - the signal must be passed on whatever happens here
+            pass
+        child.send_signal(sig)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: child.send_signal(s))
+        signal.signal(sig, forward)
     with open(a.out, "a") as f:
+        f.write(json.dumps({"t": time.time(), "host": {"nodes": host_nodes()}}) + "\n")
         n = 0
         while child.poll() is None:
             # numa_maps is costly to read for a big process: every NUMA_EVERY-th sample only.
-            f.write(json.dumps(sample(child.pid, with_numa=n % NUMA_EVERY == NUMA_EVERY - 1)) + "\n")
+            s = sample(child.pid, with_numa=False)
+            if n % NUMA_EVERY == NUMA_EVERY - 1:
+                new = held.read(tree(child.pid), s["t"])
+                s["numa_pages"] = _summed({p: r["binding"] for p, r in held.latest.items()
+                                           if r["t"] == s["t"]})
+                f.write(json.dumps(s) + "\n")
+                for rec in new:
+                    f.write(json.dumps(rec) + "\n")
+            else:
+                f.write(json.dumps(s) + "\n")
             n += 1
             f.flush()
             try:
                 child.wait(timeout=a.interval)
             except subprocess.TimeoutExpired:
                 pass
+        for rec in held.last():
+            f.write(json.dumps(rec) + "\n")
     return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+def _summed(readings: dict[int, dict]) -> dict[str, int]:
+    """Resident pages per node summed over processes' binding readings (what :func:`numa_pages` gives)."""
+    out: dict[str, int] = {}
+    for r in readings.values():
+        for node, n in (r.get("pages_per_node") or {}).items():
+            out[node] = out.get(node, 0) + n
+    return out
 
 
 if __name__ == "__main__":
