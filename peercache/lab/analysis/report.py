@@ -159,6 +159,20 @@ def guest_caveats(runs: pd.DataFrame) -> list[str]:
     return out
 
 
+def numa_flags(runs: pd.DataFrame, run_ids) -> list[str]:
+    """The NUMA flags of the runs ``run_ids`` (notes saying ``flagged numa_...``: a binding that did not
+    take effect, or a process on another node than its NIC's), one line per flag."""
+    ids = set(run_ids)
+    out = []
+    for run in runs.to_dict("records"):
+        if run.get("run_id") not in ids:
+            continue
+        for note in (collect.run_field(run, "params") or {}).get("notes") or []:
+            if "flagged numa_" in str(note):
+                out.append(f"{run['run_id']}: {note}")
+    return out
+
+
 def collect_devices(r: pd.Series) -> list[str]:
     """Device names of a row."""
     return [d for d in str(r.get("devices") or "").split(",") if d]
@@ -192,6 +206,7 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
             if isinstance(c, charts.Chart):
                 sec_notes += c.notes
                 charts.plt.close(c.fig)
+        sec_notes += numa_flags(runs, dict.fromkeys(sub["run_id"]))
         missing = [f for f in figs if not f.exists()]
         if missing:
             sec_notes.append("figure(s) not found: " + ", ".join(str(m) for m in missing)

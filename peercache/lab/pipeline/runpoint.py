@@ -32,7 +32,7 @@ from peercache.lab.tools import iperf3, perfstat, perftest, sockperf
 from peercache.lab.launch import netns
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.tools import redis_benchmark
-from peercache.lab.system import numa
+from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.hosts import CommandTimeout, Host, parse_host
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
@@ -152,10 +152,51 @@ def _python_tool(host: Host, tb: experiments.Testbed, module: str) -> list[str]:
     return ["python3", "-m", module]
 
 
-def _numa_of(tb: experiments.Testbed, devices: list[str]) -> int | None:
-    numa = tb.get("numa") or {}
-    nodes = {numa.get(d) for d in devices}
-    return nodes.pop() if len(nodes) == 1 else None
+def _captured_nics(tb: experiments.Testbed, role: str) -> tuple[dict[str, dict], str]:
+    """The ``role`` host's NICs by name from its hostinfo capture (``{results}/testbed/{role}.json``), and its path."""
+    path = Path(tb["results"]) / "testbed" / f"{role}.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}, str(path)
+    nics = (doc.get("summary") or hostinfo.summary(doc.get("capture") or doc)).get("nics") or []
+    return {n.get("name"): n for n in nics if isinstance(n, dict)}, str(path)
+
+
+def numa_choice(tb: experiments.Testbed, devices: list[str], role: str = "consumer") -> tuple[int | None, str]:
+    """(NUMA node, where it came from or why there is none) of the ``role`` side of a point using ``devices``.
+
+    ``devices`` are consumer names; the ``role`` host's own names (``Testbed.role_devices``) are looked up
+    in the testbed's ``numa:`` map, and a device it has no entry for in that host's hostinfo capture (its
+    ``numa_node``, read from sysfs before any point). The side's node is the one all its devices share.
+    """
+    if not devices:
+        return None, "the point uses no NIC"
+    static = tb.get("numa") or {}
+    nics, path = _captured_nics(tb, role)
+    nodes, sources = set(), []
+    for name in tb.role_devices(role, devices):
+        if name in static:
+            nodes.add(static[name])
+            sources.append(f"{name}: testbed numa map")
+        elif name in nics:
+            nodes.add(nics[name].get("numa_node"))
+            sources.append(f"{name}: capture {path}" + (f" ({nics[name]['numa_source']})"
+                                                         if nics[name].get("numa_source") else ""))
+        else:
+            nodes.add(None)
+            sources.append(f"{name}: not in the testbed's numa map nor in {path}")
+    if len(nodes) > 1 and None not in nodes:
+        return None, "devices on different nodes: " + "; ".join(sources)
+    node = nodes.pop() if len(nodes) == 1 else None
+    if node is None or isinstance(node, bool) or not isinstance(node, int) or node < 0:
+        return None, "node unknown: " + "; ".join(sources)
+    return node, "; ".join(sources)
+
+
+def _numa_of(tb: experiments.Testbed, devices: list[str], role: str = "consumer") -> int | None:
+    """The NUMA node of the ``role`` side of a point using ``devices`` (:func:`numa_choice`), or None."""
+    return numa_choice(tb, devices, role)[0]
 
 
 def _fetch(host: Host, path: str) -> str:
@@ -183,6 +224,8 @@ class PointRun:
         self.cpu_files: dict[str, tuple[Host, str]] = {}   #: role -> where its CPU samples are written
         self.commands: dict[str, Any] = {}
         self.numa: dict[str, Any] = {}
+        self._numa_choices: dict[str, tuple[int | None, str]] = {}   #: binding side -> (NIC node, its source)
+        self._captures: list[dict] | None = None
         self.notes: list[str] = []
         base = int(tb.get("base_port", 42000))
         self.ports = PortAllocator(base, base + 499)
@@ -226,7 +269,61 @@ class PointRun:
             (self.raw_dir / f"{role.replace('/', '_')}.cpu.jsonl").write_text(text)
             use = cpusample.window_usage(cpusample.read_samples(text), start, end) if start and end else None
             out[label] = use.as_dict() if use else {"reason": "fewer than two CPU samples inside the window"}
+            self.numa_evidence(role, host, text)
         return out
+
+    # -- NUMA binding evidence ----------------------------------------------------------
+    def _merge_numa_choices(self) -> None:
+        """Beside each side's binding record: the NIC's node and where it came from (even when not bound)."""
+        for side, (node, source) in self._numa_choices.items():
+            if side in self.numa:
+                self.numa[side] = dict(self.numa[side], nic_node=node, node_source=source)
+
+    def _host_nodes(self, host: Host, samples: list[dict]) -> tuple[dict, str]:
+        """The NUMA nodes' CPU lists of the host a process ran on: its hostinfo capture, else the sampler's reading."""
+        spec = getattr(host, "spec", str(host))
+        if self._captures is None:
+            self._captures = []
+            for role in ("producer", "consumer"):
+                try:
+                    self._captures.append(json.loads((Path(self.tb["results"]) / "testbed" / f"{role}.json")
+                                                     .read_text()) | {"_file": f"{role}.json"})
+                except (OSError, ValueError):
+                    continue
+        for cap in self._captures:
+            nodes = ((cap.get("capture") or {}).get("numa") or {}).get("nodes")
+            if cap.get("host_spec") in (str(host), spec) and nodes:
+                return ({str(n["node"]): n.get("cpulist") for n in nodes},
+                        f"hostinfo capture {cap['_file']} of {spec}")
+        rec = cpusample.host_record(samples)
+        if rec and rec.get("nodes"):
+            return rec["nodes"], f"the sampler's reading of {spec}'s sysfs (no hostinfo capture of {spec})"
+        return {}, f"no NUMA node list of {spec}"
+
+    def numa_evidence(self, role: str, host: Host, text: str) -> None:
+        """Attach what the processes of ``role`` show of their binding to its ``numa_binding`` side, judged;
+        note a side that a binding did not reach (``numa_unbound``) or that sits on another node
+        (``numa_wrong_node``)."""
+        samples = cpusample.read_samples(text)
+        readings = cpusample.bindings(samples)
+        head, _, last = role.rpartition("/")
+        side = role if role in self.numa else (
+            (f"{head}/" if head else "") + {"producer": "server", "consumer": "client"}.get(last, last))
+        rec = self.numa.setdefault(side, {"node": None, "reason": "this kind binds none of its processes"})
+        nic_node = self._numa_choices.get(side, (None, ""))[0]
+        asked = rec.get("node") if rec.get("node") is not None else nic_node
+        node_cpus, cpus_source = self._host_nodes(host, samples)
+        judged = numa.judge(readings, asked, node_cpus)
+        latest = {r.get("pid"): r for r in readings}    # each process's last reading (settled when no later one)
+        rec["evidence"] = {"processes": list(latest.values()), "node_cpus_source": cpus_source,
+                           "judged": judged}
+        where = f"numa_binding {side} ({getattr(host, 'spec', host)})"
+        if judged["verdict"] == "wrong_node":
+            self.notes.append(f"{where}: flagged numa_wrong_node: meant for node {asked}, found on node "
+                              f"{judged.get('found_node')}: " + "; ".join(judged["why"]))
+        elif judged["verdict"] == "unbound" and rec.get("node") is not None:
+            self.notes.append(f"{where}: flagged numa_unbound: {' '.join(rec.get('prefix') or [])} did not take "
+                              "effect: " + "; ".join(judged["why"]))
 
     def attach_cpu(self, usage: dict[str, Any]) -> None:
         """Put the CPU evidence in the ``extra`` of the point's throughput rows."""
@@ -295,11 +392,14 @@ class PointRun:
 
     def _pair(self, server: list[str], client: list[str], ready: Readiness, th: TestbedHosts,
               devices: list[str], server_exits: bool = True):
-        node = _numa_of(self.tb, devices)
+        pnode, psrc = numa_choice(self.tb, devices, "producer")
+        cnode, csrc = numa_choice(self.tb, devices, "consumer")
+        self._numa_choices.update(server=(pnode, psrc), client=(cnode, csrc))
+        pdev = (self.tb.role_devices("producer", devices) or [None])[0]
         dev = devices[0] if devices else None
         server = self.cpu_wrap("producer", th.producer, server)
         client = self.cpu_wrap("consumer", th.consumer, client)
-        runner = PairRunner(SideSpec(th.producer, server, node, dev), SideSpec(th.consumer, client, node, dev),
+        runner = PairRunner(SideSpec(th.producer, server, pnode, pdev), SideSpec(th.consumer, client, cnode, dev),
                             ready, client_timeout=self.timeout, server_exits=server_exits,
                             log_dir=self.raw_dir, name=self.point.name)
         try:
@@ -312,6 +412,7 @@ class PointRun:
             return
         self.commands.update(res.commands())
         self.numa.update(res.numa_bindings())
+        self._merge_numa_choices()
 
     def iperf3(self, th: TestbedHosts) -> None:
         p = self.point.params
@@ -552,12 +653,15 @@ class PointRun:
             gp = dict(p, devices=[g] if p["per_device"] else [])
             serve, drive = self._serve_drive(th, port, gp, p["readers"], p["threads"], outs[g],
                                              start_at=f"{{start_at}}+{GROUP_START_LEAD_S * self.slow}")
-            node = _numa_of(self.tb, gp["devices"])
+            pnode, psrc = numa_choice(self.tb, gp["devices"], "producer")
+            cnode, csrc = numa_choice(self.tb, gp["devices"], "consumer")
+            self._numa_choices.update({f"{g}/server": (pnode, psrc), f"{g}/client": (cnode, csrc)})
             dev = g if p["per_device"] else None
+            pdev = (self.tb.role_devices("producer", [g]) or [None])[0] if dev else None
             drive = self.cpu_wrap(f"{g}/consumer", th.consumer, drive)
             serve = self.cpu_wrap(f"{g}/producer", th.producer, serve)
-            specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, node, dev)],
-                                   SideSpec(th.producer, serve, node, dev), Readiness(pattern=READY_LINE, timeout=60 * self.slow)))
+            specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, cnode, dev)],
+                                   SideSpec(th.producer, serve, pnode, pdev), Readiness(pattern=READY_LINE, timeout=60 * self.slow)))
         docs: dict[str, dict] = {}
 
         def measure(gr) -> WindowBytes:
@@ -583,6 +687,7 @@ class PointRun:
         for name, gr in res.groups.items():
             self.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
             self.numa.update({f"{name}/{k}": v for k, v in gr.numa_bindings().items()})
+        self._merge_numa_choices()
         if err:
             self.fail("get_throughput", "GB/s", err, side="aggregate", **{k: ctx[k] for k in (
                 "tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes")})
