@@ -2,6 +2,10 @@
 
 A host is named by a spec string: ``local``, ``netns:<name>`` or
 ``ssh:[user@]host[:port]``; :func:`parse_host` turns it into a :class:`Host`.
+SSH hosts may take their settings from an OpenSSH client config file
+(``SshHost(config=...)``, ``ssh -F``); :func:`parse_host` uses the file named
+by ``PEERCACHE_SSH_CONFIG`` when none is given (a launcher that boots test
+machines writes one per run and exports that variable).
 Every host can run a command to completion (:meth:`Host.run`) or start one in
 the background (:meth:`Host.start`) and hand back a :class:`Handle` that
 captures output as it arrives, waits for a readiness pattern, and stops the
@@ -307,6 +311,9 @@ class Host(abc.ABC):
     """Base of the three host kinds; subclasses say how an argv is executed."""
 
     kind = "?"
+    #: True for hosts that are this machine (local, a network namespace on it): they run this
+    #: checkout with this interpreter and see this filesystem; False for remote (SSH) hosts.
+    on_this_machine = False
 
     def __init__(self, spec: str):
         self.spec = spec
@@ -393,6 +400,7 @@ class LocalHost(Host):
     """This machine, this network namespace."""
 
     kind = "local"
+    on_this_machine = True
 
     def __init__(self, spec: str = "local"):
         super().__init__(spec)
@@ -405,6 +413,7 @@ class NetnsHost(Host):
     """A network namespace on this machine (``ip netns exec``; needs root)."""
 
     kind = "netns"
+    on_this_machine = True
 
     def __init__(self, name: str):
         super().__init__(f"netns:{name}")
@@ -480,14 +489,23 @@ class SshHandle(Handle):
 
 
 class SshHost(Host):
-    """A remote host over OpenSSH: batch mode, keys only, one reused master connection."""
+    """A remote host over OpenSSH: batch mode, keys only, one reused master connection.
+
+    ``target`` is ``[user@]host`` as ssh takes it: with ``config`` (an OpenSSH
+    client config file, passed as ``ssh -F config`` to every ssh this host runs:
+    the master, each command, stop and close) it may be a ``Host`` alias of that
+    file, whose HostName, Port, User, IdentityFile, ProxyJump... then apply.
+    Options given here (``port``, ``identity``, ``known_hosts``, ``extra_options``)
+    are command-line options and win over the file's; BatchMode=yes is always set.
+    """
 
     kind = "ssh"
 
     def __init__(self, target: str, *, port: int | None = None, identity: str | None = None,
                  strict_host_key_checking: str = "accept-new", known_hosts: str | None = None,
                  connect_timeout: int = 10, control_persist: int = 120,
-                 extra_options: list[str] | tuple[str, ...] = (), ssh: str = "ssh"):
+                 extra_options: list[str] | tuple[str, ...] = (), ssh: str = "ssh",
+                 config: str | os.PathLike | None = None):
         shk = str(strict_host_key_checking)
         if shk not in ("yes", "no", "accept-new", "ask"):
             raise HostError(f"StrictHostKeyChecking={shk!r} is not yes/no/accept-new")
@@ -505,6 +523,7 @@ class SshHost(Host):
         self.control_persist = int(control_persist)
         self.extra_options = list(extra_options)
         self.ssh = ssh
+        self.config = os.fspath(config) if config else None
         # Unix socket paths are limited to ~100 bytes, so keep the dir short
         # and let ssh name the socket by the %C hash.
         self._control_dir = tempfile.mkdtemp(prefix="pclab-ssh-")
@@ -513,7 +532,9 @@ class SshHost(Host):
         self._master_up = False
 
     def _options(self) -> list[str]:
-        opts = ["-o", "BatchMode=yes",                       # never prompt
+        # -F first: the file is read before anything else; -o options below still override it.
+        opts = ["-F", self.config] if self.config else []
+        opts += ["-o", "BatchMode=yes",                      # never prompt
                 "-o", f"StrictHostKeyChecking={self.strict_host_key_checking}",
                 "-o", f"ConnectTimeout={self.connect_timeout}",
                 "-o", f"ControlPath={self.control_path}",
@@ -599,8 +620,17 @@ _SSH_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_.-]+)@)?(?P<host>[A-Za-z0-9_.-]+|
                      r"(?::(?P<port>\d{1,5}))?$")
 
 
+#: Environment variable naming the OpenSSH client config file SSH hosts use by default.
+SSH_CONFIG_ENV = "PEERCACHE_SSH_CONFIG"
+
+
 def parse_host(spec: str, **ssh_options) -> Host:
-    """Host from ``local``, ``netns:<name>`` or ``ssh:[user@]host[:port]``; ``ssh_options`` go to SshHost."""
+    """Host from ``local``, ``netns:<name>`` or ``ssh:[user@]host[:port]``; ``ssh_options`` go to SshHost.
+
+    An SSH host's ``config`` (its ``ssh -F`` file) defaults to ``$PEERCACHE_SSH_CONFIG`` when that is
+    set and not empty: a launcher that boots test machines writes a per-run ssh config and exports it
+    to the pipeline it runs, whose testbed can then name the machines by that file's Host aliases.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise HostError(f"host spec {spec!r} is empty; use local, netns:<name> or ssh:<user@host>")
     spec = spec.strip()
@@ -620,6 +650,8 @@ def parse_host(spec: str, **ssh_options) -> Host:
         port = int(m["port"]) if m["port"] else ssh_options.pop("port", None)
         if port is not None and not 0 < int(port) < 65536:
             raise HostError(f"host spec {spec!r}: port {port} outside 1..65535")
+        if ssh_options.get("config") is None and os.environ.get(SSH_CONFIG_ENV):
+            ssh_options["config"] = os.environ[SSH_CONFIG_ENV]
         return SshHost(target, port=port, **ssh_options)
     raise HostError(f"host spec {spec!r} not understood; use local, netns:<name> "
                     "or ssh:<user@host>[:port]")

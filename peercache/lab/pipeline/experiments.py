@@ -20,7 +20,9 @@ import yaml
 from peercache.lab.pipeline import kinds
 from peercache.lab.pipeline.kinds import Point  # noqa: F401 (the point type, re-exported)
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[3] / "experiments"
+#: Root of the checkout this package runs from (relative host ``python`` paths are resolved against it).
+CHECKOUT_ROOT = Path(__file__).resolve().parents[3]
+EXPERIMENTS_DIR = CHECKOUT_ROOT / "experiments"
 SCHEMA_FILE = EXPERIMENTS_DIR / "testbed.schema.yaml"
 SCENARIOS_FILE = EXPERIMENTS_DIR / "scenarios.yaml"
 #: The forms every scenario has: ``rdma`` on a real RDMA testbed, ``local`` its non-RDMA counterpart.

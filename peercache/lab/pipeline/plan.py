@@ -79,12 +79,13 @@ def capture(testbed_path: str, role: str, out: str) -> int:
 
     tb = experiments.load_testbed(testbed_path)
     with testbed_hosts(tb) as th:
-        host = th.producer if role == "producer" else th.consumer
-        argv = [*_python_tool(host, tb, "peercache.lab.cli"), "hostinfo"]
+        host = th.host(role)
+        argv = [*_python_tool(th, role, "peercache.lab.cli"), "hostinfo"]
         r = host.run(argv, timeout=120 * runpoint_slowness())
         if r.rc != 0:
             print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
-                  "check that PeerCache is installed there", file=sys.stderr)
+                  f"check that PeerCache is installed there (the testbed's hosts.{role}.python names the "
+                  "interpreter that has it)", file=sys.stderr)
             return 1
         doc = json.loads(r.stdout)
         block = {"role": role, "host_spec": str(host), "address": th.producer_addr if role == "producer"

@@ -34,7 +34,7 @@ from peercache.lab.launch import redis as redis_launch
 from peercache.lab.tools import redis_benchmark
 from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
-from peercache.lab.launch.hosts import CommandTimeout, Host, parse_host
+from peercache.lab.launch.hosts import CommandTimeout, Host, LocalHost, parse_host
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
                      Readiness, SideSpec, WindowBytes)
 from peercache.lab.tidy import Row, RunMeta, convert, write_result
@@ -60,6 +60,27 @@ def slowness() -> float:
         return 1.0
 
 
+#: The interpreter of an ssh host whose definition names none.
+DEFAULT_REMOTE_PYTHON = "python3"
+ROLES = ("producer", "consumer")
+
+
+def host_python(host: Host, host_def: dict[str, Any] | None = None) -> list[str]:
+    """The argv prefix that runs Python with PeerCache on ``host`` (its definition's ``python`` field).
+
+    Hosts on this machine run this interpreter (``sys.executable``). On a remote host: an absolute
+    ``python`` is used as is; a path with a '/' that is not absolute (``.venv/bin/python``) is resolved
+    against this checkout's root, i.e. the same path there (a shared install, as over NFS); a bare name
+    is looked up on the host's PATH; none given: ``python3``.
+    """
+    if host.on_this_machine:
+        return [sys.executable]
+    py = (host_def or {}).get("python") or DEFAULT_REMOTE_PYTHON
+    if "/" in py and not os.path.isabs(py):
+        py = str(experiments.CHECKOUT_ROOT / py)
+    return [py]
+
+
 @dataclass
 class TestbedHosts:
     """The two hosts of a point, their addresses, and why they differ from the definition."""
@@ -69,6 +90,20 @@ class TestbedHosts:
     producer_addr: str
     consumer_addr: str
     note: str | None
+    #: role -> the argv prefix that runs Python with PeerCache there (:func:`host_python`); absent: as it says
+    python: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: the testbed's ``bench_command`` (runs peercache-bench on remote hosts instead of python -m)
+    bench_command: list[str] | None = None
+
+    def host(self, role: str) -> Host:
+        """The host of ``role`` (producer or consumer)."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not producer or consumer")
+        return self.producer if role == "producer" else self.consumer
+
+    def python_of(self, role: str) -> list[str]:
+        """The argv prefix that runs Python with PeerCache on the ``role`` host."""
+        return list(self.python.get(role) or host_python(self.host(role)))
 
 
 #: Both sides on this host over 127.0.0.1 (a part with ``place: loopback``: same-host shm figures).
@@ -78,7 +113,8 @@ LOOPBACK_HOSTS = {"producer": {"host": "local", "address": "127.0.0.1"},
 
 @contextlib.contextmanager
 def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[TestbedHosts]:
-    """Hosts of ``tb`` (or this host twice, ``loopback``); creates and always removes its netns pair if it has one."""
+    """Hosts of ``tb`` (or this host twice, ``loopback``); creates and always removes its netns pair if it has one,
+    and closes the hosts (an ssh host's master connection) on leaving."""
     hosts, pair, note = (LOOPBACK_HOSTS if loopback else tb["hosts"]), None, None
     if tb.get("netns_pair") and not loopback:
         ok, why = netns.available()
@@ -87,10 +123,21 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
         else:
             hosts = tb.get("fallback_hosts") or hosts
             note = f"network namespaces unavailable ({why}); producer and consumer share loopback"
+    opened: list[Host] = []
     try:
-        yield TestbedHosts(parse_host(hosts["producer"]["host"]), parse_host(hosts["consumer"]["host"]),
-                           hosts["producer"]["address"], hosts["consumer"]["address"], note)
+        for role in ROLES:
+            opened.append(parse_host(hosts[role]["host"]))
+        prod, cons = opened
+        yield TestbedHosts(prod, cons, hosts["producer"]["address"], hosts["consumer"]["address"], note,
+                           python={"producer": host_python(prod, hosts["producer"]),
+                                   "consumer": host_python(cons, hosts["consumer"])},
+                           bench_command=list(tb.get("bench_command") or []) or None)
     finally:
+        for h in opened:
+            try:
+                h.close()
+            except Exception as e:  # a master that will not exit times out on its own (ControlPersist)
+                print(f"{h}: closing the connection failed: {e}", file=sys.stderr)
         if pair is not None:
             pair.remove()
 
@@ -143,13 +190,13 @@ GUEST_CAVEAT = ("Soft-RoCE (rdma_rxe) in a QEMU guest with an emulated CPU: a fu
                 "path, not a fabric figure; the numbers are CPU-bound MB/s and say nothing about a NIC")
 
 
-def _python_tool(host: Host, tb: experiments.Testbed, module: str) -> list[str]:
-    # Hosts on this machine run our own interpreter; remote hosts their installed one.
-    if host.__class__.__name__ in ("LocalHost", "NetnsHost"):
-        return [sys.executable, "-m", module]
-    if module == "peercache.bench.cli":
-        return list(tb.get("bench_command") or ["peercache-bench"])
-    return ["python3", "-m", module]
+def _python_tool(th: TestbedHosts, role: str, module: str) -> list[str]:
+    """argv that runs ``python -m module`` on the ``role`` host: this interpreter on this machine, the
+    host's ``python`` (:func:`host_python`) on a remote one, where the testbed's ``bench_command``
+    (when set) runs peercache-bench instead."""
+    if module == "peercache.bench.cli" and th.bench_command and not th.host(role).on_this_machine:
+        return list(th.bench_command)
+    return [*th.python_of(role), "-m", module]
 
 
 def _captured_nics(tb: experiments.Testbed, role: str) -> tuple[dict[str, dict], str]:
@@ -248,11 +295,12 @@ class PointRun:
                              **self.ctx(**kw)))
 
     # -- CPU evidence -------------------------------------------------------------------
-    def cpu_wrap(self, role: str, host: Host, argv: list[str]) -> list[str]:
-        """``argv`` under the CPU sampler on ``host``; its samples are read back by :meth:`cpu_usage`."""
+    def cpu_wrap(self, label: str, th: TestbedHosts, role: str, argv: list[str]) -> list[str]:
+        """``argv`` under the CPU sampler on the ``role`` host of ``th``; its samples (kept under ``label``)
+        are read back by :meth:`cpu_usage`."""
         path = f"/tmp/pclab-cpu-{uuid.uuid4().hex[:10]}.jsonl"
-        self.cpu_files[role] = (host, path)
-        return cpusample.wrap(argv, path, _python_tool(host, self.tb, "peercache.lab.system.cpusample"))
+        self.cpu_files[label] = (th.host(role), path)
+        return cpusample.wrap(argv, path, _python_tool(th, role, "peercache.lab.system.cpusample"))
 
     def cpu_usage(self, roles: dict[str, str], start: float | None, end: float | None) -> dict[str, Any]:
         """{label: usage over [start, end]} for the wrapped ``roles`` ({label: role}); files kept in raw_dir."""
@@ -397,8 +445,8 @@ class PointRun:
         self._numa_choices.update(server=(pnode, psrc), client=(cnode, csrc))
         pdev = (self.tb.role_devices("producer", devices) or [None])[0]
         dev = devices[0] if devices else None
-        server = self.cpu_wrap("producer", th.producer, server)
-        client = self.cpu_wrap("consumer", th.consumer, client)
+        server = self.cpu_wrap("producer", th, "producer", server)
+        client = self.cpu_wrap("consumer", th, "consumer", client)
         runner = PairRunner(SideSpec(th.producer, server, pnode, pdev), SideSpec(th.consumer, client, cnode, dev),
                             ready, client_timeout=self.timeout, server_exits=server_exits,
                             log_dir=self.raw_dir, name=self.point.name)
@@ -449,8 +497,8 @@ class PointRun:
         for i in range(n):
             port = self.ports.allocate()
             name = f"proc{i}"
-            server = self.cpu_wrap(f"{name}/producer", th.producer, iperf3.server_command(port, bind=th.producer_addr))
-            client = self.cpu_wrap(f"{name}/consumer", th.consumer, iperf3.client_command(
+            server = self.cpu_wrap(f"{name}/producer", th, "producer", iperf3.server_command(port, bind=th.producer_addr))
+            client = self.cpu_wrap(f"{name}/consumer", th, "consumer", iperf3.client_command(
                 th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
                 reverse=bool(p.get("reverse")))
                 + ["-O", str(omit)])
@@ -555,9 +603,9 @@ class PointRun:
 
     def _serve_drive(self, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
                      out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
-        bench_p = _python_tool(th.producer, self.tb, "peercache.bench.cli")
+        bench_p = _python_tool(th, "producer", "peercache.bench.cli")
         # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
-        bench_c = _python_tool(th.consumer, self.tb, getattr(self.point.spec, "drive_module", "peercache.bench.cli"))
+        bench_c = _python_tool(th, "consumer", getattr(self.point.spec, "drive_module", "peercache.bench.cli"))
         ws = p.get("working_set") or max(4 * p["batch_size"],
                                          int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["page_size"])
         common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
@@ -658,8 +706,8 @@ class PointRun:
             self._numa_choices.update({f"{g}/server": (pnode, psrc), f"{g}/client": (cnode, csrc)})
             dev = g if p["per_device"] else None
             pdev = (self.tb.role_devices("producer", [g]) or [None])[0] if dev else None
-            drive = self.cpu_wrap(f"{g}/consumer", th.consumer, drive)
-            serve = self.cpu_wrap(f"{g}/producer", th.producer, serve)
+            drive = self.cpu_wrap(f"{g}/consumer", th, "consumer", drive)
+            serve = self.cpu_wrap(f"{g}/producer", th, "producer", serve)
             specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, cnode, dev)],
                                    SideSpec(th.producer, serve, pnode, pdev), Readiness(pattern=READY_LINE, timeout=60 * self.slow)))
         docs: dict[str, dict] = {}
@@ -713,11 +761,11 @@ class PointRun:
         p = self.point.params
         port = self.ports.allocate()
         addr = f"{th.producer_addr}:{port}"
-        serve = [*_python_tool(th.producer, self.tb, "peercache.bench.cli"), "serve", "--discovery-addr", addr,
+        serve = [*_python_tool(th, "producer", "peercache.bench.cli"), "serve", "--discovery-addr", addr,
                  "--protocol", p["protocol"], "--layout", p["layout"], "--page-size", str(p["page_size"]),
                  "--working-set", str(p["working_set"]), "--readers", "1", "--max-wait", str(int(self.timeout)),
                  "--quiet"]
-        client = [*_python_tool(th.consumer, self.tb, "peercache.lab.tools.nodeloop"), "--discovery-addr", addr,
+        client = [*_python_tool(th, "consumer", "peercache.lab.tools.nodeloop"), "--discovery-addr", addr,
                   "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"]),
                   "--batch", str(p["batch_size"]), "--duration", str(self.duration)]
         ctx = self.ctx(tool="peercache-node-api", side="client", host=str(th.consumer), peer=str(th.producer),
@@ -750,7 +798,7 @@ class PointRun:
 
     def _local_only(self, th: TestbedHosts, what: str) -> str | None:
         # The redis-server (and the embedded directory dirbench hosts) run here, on 127.0.0.1.
-        if th.producer.__class__.__name__ != "LocalHost":
+        if not isinstance(th.producer, LocalHost):
             return (f"{what} runs on this host over 127.0.0.1 (its redis-server is started here); "
                     f"give the part place: loopback (its producer host is {th.producer})")
         return None
@@ -772,14 +820,14 @@ class PointRun:
                 self.notes.append(f"redis-server {redis_launch.server_version()} on {srv.url} (no persistence)")
             else:
                 spec = shown = f"127.0.0.1:{self.ports.allocate()}"
-            argv = [*_python_tool(th.producer, self.tb, "peercache.bench.dirbench"), "--directory", spec,
+            argv = [*_python_tool(th, "producer", "peercache.bench.dirbench"), "--directory", spec,
                     "--batch", str(p["batch"]), "--keys", str(p["keys"]), "--clients", str(p["clients"]),
                     "--duration", str(self.duration), "--warmup", str(self.warmup),
                     *(["--path", p["path"]] if p.get("path") else [])]
             if self.slow > 1:
                 argv += ["--ready-timeout", f"{60 * self.slow:.0f}"]
             self.commands["client"] = argv
-            wrapped = self.cpu_wrap("consumer", th.producer, argv)
+            wrapped = self.cpu_wrap("consumer", th, "producer", argv)
             t0 = time.time()
             r = th.producer.run(wrapped, timeout=self.timeout)
             t1 = time.time()
@@ -845,7 +893,7 @@ class PointRun:
             n = int(min(50_000_000, max(1000, first.rps * self.duration)))
             argv = redis_benchmark.mget_command(srv.port, keys, requests=n, clients=p["clients"], keyspace=space)
             self.commands["client"] = argv
-            wrapped = self.cpu_wrap("consumer", th.producer, argv)
+            wrapped = self.cpu_wrap("consumer", th, "producer", argv)
             srv.keyspace_stats(reset=True)
             t0 = time.time()
             result = self._redis_benchmark_run(th, wrapped, "measured", p["batch"])
@@ -890,7 +938,7 @@ class PointRun:
         batch = int(p.get("batch", MEMCPY_BATCH))
         ws = p.get("working_set") or max(4 * batch,
                                          int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
-        base = [*_python_tool(th.producer, self.tb, "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
+        base = [*_python_tool(th, "producer", "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
                 "--working-set", str(ws), "--batch", str(batch), "--duration", str(self.duration)]
         r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=30)
         nodes = parse_nodelist(r.stdout) if r.rc == 0 else []
@@ -901,7 +949,7 @@ class PointRun:
             argv, record = numa.bind(base, node, has_numactl and node is not None)
             role = "producer" if node is None else f"producer/node{node}"
             self.commands[role], self.numa[role] = argv, record
-            wrapped = self.cpu_wrap(role, th.producer, argv)
+            wrapped = self.cpu_wrap(role, th, "producer", argv)
             t0 = time.time()
             r = th.producer.run(wrapped, timeout=self.timeout)
             t1 = time.time()
