@@ -38,7 +38,7 @@ if PLAN.guest:
 
     include: "rules/guest.smk"
 else:
-    localrules: capture_host, run_point
+    localrules: preflight, capture_host, run_point
 
     include: "rules/capture.smk"
     include: "rules/run.smk"

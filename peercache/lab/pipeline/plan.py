@@ -135,8 +135,18 @@ def main(argv=None) -> int:
     c.add_argument("--testbed", required=True)
     c.add_argument("--role", choices=ROLES, required=True)
     c.add_argument("--out", required=True)
-    v = sub.add_parser("validate", help="validate a testbed and list its points")
+    v = sub.add_parser("validate", help="validate a testbed and list its points (--connect: check its hosts too)")
     v.add_argument("--testbed", required=True)
+    v.add_argument("--scenarios", default=None)
+    v.add_argument("--connect", action="store_true",
+                   help="also check each host before anything runs: ssh, its python and PeerCache revision, "
+                        "tools, RDMA devices, reachability (peercache.lab.pipeline.preflight)")
+    v.add_argument("--out", default=None, help="with --connect: write the check's results here (JSON)")
+    f = sub.add_parser("preflight", help="check the testbed's hosts (the pipeline's first rule); "
+                                         "exit non-zero on any failure")
+    f.add_argument("--testbed", required=True)
+    f.add_argument("--scenarios", default=None)
+    f.add_argument("--out", default=None, help="write the check's results here (JSON)")
     sub.add_parser("kinds", help="list the point kinds, their knobs (type, default, meaning) and metrics")
     sub.add_parser("schema", help="print the JSON schema of a scenario file (generated from the kinds)")
     m = sub.add_parser("measure", help="capture both hosts and run every point (what the guest runs)")
@@ -154,9 +164,16 @@ def main(argv=None) -> int:
         if a.cmd == "schema":
             print(json.dumps(experiments.scenarios_schema(), indent=1))
             return 0
-        plan = Plan(a.testbed)
+        if a.cmd == "preflight":
+            from peercache.lab.pipeline import preflight
+            return preflight.run(a.testbed, a.scenarios, a.out)
+        plan = Plan(a.testbed, a.scenarios)
         for pt in plan.points:
             print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))
+        if a.connect:
+            from peercache.lab.pipeline import preflight
+            sys.stdout.flush()
+            return preflight.run(a.testbed, a.scenarios, a.out, plan=plan)
         return 0
     except experiments.DefinitionError as e:
         print(f"invalid definition: {e}", file=sys.stderr)
