@@ -14,7 +14,7 @@ CORES  ?= 2
 # for the key hashes of its directory table read.
 APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest sockperf \
             rdma-core libibverbs-dev ibverbs-utils python3-pyverbs linux-perf \
-            iproute2 openssh-server openssh-client procps \
+            iproute2 iputils-ping openssh-server openssh-client procps \
             qemu-system-x86 busybox-static cpio kmod libxxhash-dev libb2-dev redis-server redis-tools
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
@@ -85,10 +85,11 @@ test-rdma: setup
 	  env PEERCACHE_REQUIRE_RDMA=1 $(PY) -m pytest -m 'rdma and not slow' -p no:cacheprovider
 
 # The main job: the baseline pipeline on the built-in local testbed
-# (TESTBED=experiments/testbeds/<yours>.yaml for another one).
+# (TESTBED=experiments/testbeds/<yours>.yaml for another one; a testbed with a
+# `machines` block, softroce-2host.yaml, boots its two guests around the run).
 TESTBED ?= experiments/testbeds/local.yaml
 run: setup
-	$(VENV)/bin/snakemake --cores $(CORES) --config testbed=$(TESTBED)
+	$(PY) -m peercache.lab.pipeline.run --testbed $(TESTBED) --cores $(CORES)
 
 bench: setup
 	$(PY) -m peercache.lab.ratios

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from peercache.lab.system.slowness import slowness  # noqa: F401 (re-exported: hosts' waits use it)
+
 #: Line the SSH wrapper prints on stderr to tell us the remote process group.
 _PGID_MARKER = "@@PCLAB-PGID"
 _PGID_RE = re.compile(rf"^{_PGID_MARKER} (\d+)\n", re.M)
@@ -361,7 +363,7 @@ class Host(abc.ABC):
         probe connection would be taken by one-shot servers (``iperf3 -s -1``,
         perftest) as their one client.
         """
-        c = self.run(["ss", "-Hltn", f"sport = :{int(port)}"], timeout=timeout)
+        c = self.run(["ss", "-Hltn", f"sport = :{int(port)}"], timeout=timeout * slowness())
         if c.rc != 0:
             raise HostError(f"{self.spec}: `ss -Hltn` failed (rc {c.rc}): {_tail(c.stderr)}; "
                             "install iproute2 on the host")
@@ -602,7 +604,7 @@ class SshHost(Host):
         return SshHandle(self, argv, self.wrap(list(argv)), log_path, stdin_pipe=True)
 
     def which(self, program: str) -> bool:
-        c = self.run(["sh", "-c", 'command -v "$1" >/dev/null', "which", program], timeout=30)
+        c = self.run(["sh", "-c", 'command -v "$1" >/dev/null', "which", program], timeout=30 * slowness())
         return c.rc == 0
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from peercache.lab.tools import redis_benchmark
 from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.hosts import CommandTimeout, Host, LocalHost, parse_host
+from peercache.lab.system.slowness import slowness
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
                      Readiness, SideSpec, WindowBytes)
 from peercache.lab.tidy import Row, RunMeta, convert, write_result
@@ -52,12 +53,6 @@ DIR_CACHE_TTL_S = 5.0
 MEMCPY_BATCH = 32
 
 
-def slowness() -> float:
-    """How much slower this machine is than a plain host: the Soft-RoCE guest measures and exports it."""
-    try:
-        return max(1.0, float(os.environ.get("PEERCACHE_SLOWNESS") or 1))
-    except ValueError:
-        return 1.0
 
 
 #: The interpreter of an ssh host whose definition names none.
@@ -179,6 +174,9 @@ def redis_server() -> Iterator[redis_launch.RedisServer]:
 
 def guest_block() -> dict[str, Any] | None:
     """Where the run happened when it ran in the Soft-RoCE guest (None elsewhere): for the report's caveat."""
+    if os.environ.get("PEERCACHE_MACHINES_KERNEL"):   # the two-machine testbed (guest.machines) ran it
+        return {"kind": "qemu-softroce-2host", "kernel": os.environ["PEERCACHE_MACHINES_KERNEL"],
+                "slowness": slowness(), "caveat": GUEST_CAVEAT}
     if not os.environ.get("PEERCACHE_GUEST"):
         return None
     return {"kind": "qemu-softroce", "kernel": os.uname().release, "slowness": slowness(),
@@ -247,8 +245,8 @@ def _numa_of(tb: experiments.Testbed, devices: list[str], role: str = "consumer"
 
 
 def _fetch(host: Host, path: str) -> str:
-    r = host.run(["cat", path], timeout=30)
-    host.run(["rm", "-f", path], timeout=30)
+    r = host.run(["cat", path], timeout=30 * slowness())
+    host.run(["rm", "-f", path], timeout=30 * slowness())
     if r.rc != 0:
         raise ToolError(host=str(host), tool="cat", kind="failed", returncode=r.rc,
                         detail=f"could not read {path}: {r.stderr.strip()}",
@@ -940,9 +938,9 @@ class PointRun:
                                          int(self.tb.get("working_set_bytes", WORKING_SET_BYTES)) // p["size"])
         base = [*_python_tool(th, "producer", "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
                 "--working-set", str(ws), "--batch", str(batch), "--duration", str(self.duration)]
-        r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=30)
+        r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=30 * self.slow)
         nodes = parse_nodelist(r.stdout) if r.rc == 0 else []
-        has_numactl = th.producer.run(["sh", "-c", "command -v numactl"], timeout=30).rc == 0
+        has_numactl = th.producer.run(["sh", "-c", "command -v numactl"], timeout=30 * self.slow).rc == 0
         ctx = self.ctx(tool="memcpy", protocol="shm", side="producer", host=str(th.producer),
                        size_bytes=p["size"], threads=1, processes=1)
         for node in nodes or [None]:
@@ -1022,7 +1020,7 @@ def run_point(tb: experiments.Testbed, point: experiments.Point, rep: int, out: 
                                           crosscheck.line_rates(th.consumer, devices, port))
                 finally:
                     for host, path in pr.cpu_files.values():   # a failed point leaves its samples unread
-                        host.run(["rm", "-f", path], timeout=30)
+                        host.run(["rm", "-f", path], timeout=30 * slowness())
     except Exception as e:  # recorded as a failed point (with its logs); the pipeline goes on
         if not isinstance(e, (ParseError, ToolError)):
             traceback.print_exc()

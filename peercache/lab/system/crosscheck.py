@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from peercache.lab.system import portcounters
+from peercache.lab.system.slowness import slowness
 from peercache.lab.system.portcounters import (COUNTER_UNIT_BYTES, DEFAULT_TOLERANCE, PortCheck, PortSample,
                                                delta, parse_rate)
 from peercache.sysfs import sysfs_path
@@ -28,12 +29,12 @@ def _port_dir(device: str, port: int):
 
 def _netdev_sample(host: Host, dev: str, port: int) -> PortSample | None:
     """Bytes of the port's netdev, for ports without data counters (Soft-RoCE); None if unreadable."""
-    r = host.run(["cat", str(_port_dir(dev, port) / "gid_attrs" / "ndevs" / "0")], timeout=15)
+    r = host.run(["cat", str(_port_dir(dev, port) / "gid_attrs" / "ndevs" / "0")], timeout=15 * slowness())
     ndev = r.stdout.strip()
     if r.rc != 0 or not ndev or "/" in ndev:
         return None
     stats = sysfs_path("class", "net", ndev, "statistics")
-    r = host.run(["cat", str(stats / "rx_bytes"), str(stats / "tx_bytes")], timeout=15)
+    r = host.run(["cat", str(stats / "rx_bytes"), str(stats / "tx_bytes")], timeout=15 * slowness())
     vals = r.stdout.split()
     if r.rc != 0 or len(vals) != 2 or not all(v.isdigit() for v in vals):
         return None
@@ -49,7 +50,7 @@ def sample_ports(host: Host, devices: Sequence[str], port: int = 1) -> dict[str,
     out = {}
     for dev in devices:
         base = _port_dir(dev, port) / "counters"
-        r = host.run(["cat", str(base / "port_rcv_data"), str(base / "port_xmit_data")], timeout=15)
+        r = host.run(["cat", str(base / "port_rcv_data"), str(base / "port_xmit_data")], timeout=15 * slowness())
         vals = r.stdout.split()
         if r.rc == 0 and len(vals) == 2 and all(v.isdigit() for v in vals):
             out[dev] = PortSample(dev, port, int(vals[0]), int(vals[1]), time.time())
@@ -64,7 +65,7 @@ def line_rates(host: Host, devices: Sequence[str], port: int = 1) -> dict[str, f
     """Line rate of each device's port in bytes/s (None when unreadable)."""
     rates: dict[str, float | None] = {}
     for dev in devices:
-        r = host.run(["cat", str(_port_dir(dev, port) / "rate")], timeout=15)
+        r = host.run(["cat", str(_port_dir(dev, port) / "rate")], timeout=15 * slowness())
         try:
             rates[dev] = parse_rate(r.stdout.strip()) / 8 if r.rc == 0 else None
         except ValueError:

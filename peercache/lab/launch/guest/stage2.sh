@@ -24,12 +24,12 @@ mkdir -p /run/netns /run/lock /var/tmp
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 # A cgroup2 tree, as programs that read their limits expect one.
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
-hostname pcguest
 ip link set lo up
 ulimit -l unlimited          # registered memory: RDMA pins pages
 ulimit -n 65536
 
 . "$ctl/env.sh" || finish 125
+hostname "${PCG_HOSTNAME:-pcguest}"
 # The work folder (read-write, same path as on the host), mounted after /tmp and
 # /run so a folder under them is not hidden by their tmpfs.
 if [ -n "$PCG_WORK" ]; then
@@ -39,6 +39,7 @@ if [ -n "$PCG_WORK" ]; then
 fi
 guest_calib=$("$PCG_PYTHON" -c "$PCG_CALIB_CODE")
 export PEERCACHE_SLOWNESS=$(awk -v g="$guest_calib" -v h="$PCG_HOST_CALIB" 'BEGIN{f=g/h; if (f<1) f=1; printf "%.1f", f}')
+echo "$PEERCACHE_SLOWNESS" > "$ctl/slowness"
 echo "pcguest: kernel $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB, slowness x$PEERCACHE_SLOWNESS"
 sh "$ctl/topology.sh" || { echo "pcguest: building the RDMA topology failed"; finish 124; }
 echo "pcguest: ready"
