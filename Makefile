@@ -19,7 +19,7 @@ APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest soc
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
-.PHONY: run test test-rdma test-hicache bench lab setup apt clean
+.PHONY: run test test-rdma test-2host test-hicache bench lab setup apt clean
 
 setup: $(VENV)/.installed
 
@@ -53,6 +53,7 @@ test: setup
 	$(PY) -m pytest
 	@$(MAKE) --no-print-directory test-hicache
 	@$(MAKE) --no-print-directory test-rdma GUEST_FLAGS=--if-available
+	@$(MAKE) --no-print-directory test-2host
 
 # The SGLang HiCache contract (tests/test_hicache_sglang.py) in a venv of its own, so torch
 # and SGLang stay out of the engine's dependencies: PyPI torch (CPU use, ~5.5 GB), SGLang
@@ -83,6 +84,12 @@ GUEST_TIMEOUT ?= 1200
 test-rdma: setup
 	$(PY) -m peercache.lab.launch.guest --timeout $(GUEST_TIMEOUT) $(GUEST_FLAGS) -- \
 	  env PEERCACHE_REQUIRE_RDMA=1 $(PY) -m pytest -m 'rdma and not slow' -p no:cacheprovider
+
+# The lab on two real kernels: two QEMU guests as two machines over SSH, RDMA across two
+# wires, two NUMA nodes each (tests/lab/test_twohost.py boots them; skipped, saying why,
+# where this machine cannot run them): a reduced grid of every scenario, then the faults.
+test-2host: setup
+	$(PY) -m pytest -m twohost -p no:cacheprovider -s tests/lab/test_twohost.py
 
 # The main job: the baseline pipeline on the built-in local testbed
 # (TESTBED=experiments/testbeds/<yours>.yaml for another one; a testbed with a

@@ -1,0 +1,92 @@
+"""The two-machine Soft-RoCE testbed's pure builders (qemu command line, boot script, ssh config) and
+the make-run launcher's Snakemake command. Real boots: tests/lab/test_twohost.py (make test-2host)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peercache.lab.launch.guest import kernel as K
+from peercache.lab.launch.guest import machines as M
+from peercache.lab.pipeline import experiments
+from peercache.lab.pipeline import run as R
+
+PORTS = M.Ports(ssh={"producer": 40022, "consumer": 40023}, rails=(41000, 41001))
+
+
+def argv(role: str, tmp_path: Path, spec: M.MachinesSpec = M.MachinesSpec()) -> list[str]:
+    kern = K.GuestKernel("6.1.0-57-amd64", tmp_path / "vmlinuz", tmp_path / "initrd.cpio", ())
+    return M.qemu_argv(kern, spec, "tcg", role, tmp_path / role, PORTS)
+
+
+def values(a: list[str], flag: str) -> list[str]:
+    return [a[i + 1] for i, x in enumerate(a) if x == flag]
+
+
+def test_each_rail_is_one_wire_the_producer_listens_on_and_the_consumer_connects_to(tmp_path):
+    prod, cons = argv("producer", tmp_path), argv("consumer", tmp_path)
+    assert [n for n in values(prod, "-netdev") if n.startswith("socket")] == [
+        "socket,id=rail0,listen=127.0.0.1:41000", "socket,id=rail1,listen=127.0.0.1:41001"]
+    assert [n for n in values(cons, "-netdev") if n.startswith("socket")] == [
+        "socket,id=rail0,connect=127.0.0.1:41000", "socket,id=rail1,connect=127.0.0.1:41001"]
+
+
+def test_ssh_is_the_only_way_in_and_only_from_loopback(tmp_path):
+    for role in M.ROLES:
+        users = [n for n in values(argv(role, tmp_path), "-netdev") if n.startswith("user")]
+        assert len(users) == 1 and "restrict=on" in users[0]
+        assert users[0].endswith(f"hostfwd=tcp:127.0.0.1:{PORTS.ssh[role]}-{M.MGMT_ADDR}:22")
+
+
+def test_two_numa_nodes_with_one_rail_nic_behind_each(tmp_path):
+    a = argv("producer", tmp_path)
+    numa = values(a, "-numa")
+    assert numa == ["node,nodeid=0,memdev=mem0,cpus=0", "node,nodeid=1,memdev=mem1,cpus=1"]
+    devs = values(a, "-device")
+    assert "pxb,id=pxb0,bus_nr=32,numa_node=0,bus=pci.0" in devs and "pxb,id=pxb1,bus_nr=64,numa_node=1,bus=pci.0" in devs
+    rails = [d for d in devs if "netdev=rail" in d]
+    assert "bus=node0" in rails[0] and "bus=node1" in rails[1]
+    assert M.MachinesSpec(rails=3).rail_node(2) == 0
+
+
+def test_root_is_shared_read_only_and_no_work_folder(tmp_path):
+    shares = values(argv("consumer", tmp_path), "-virtfs")
+    assert shares[0].startswith("local,path=/,") and "readonly=on" in shares[0]
+    assert len(shares) == 2 and f"path={tmp_path / 'consumer'}," in shares[1]   # the control share only
+
+
+def test_boot_script_names_nics_by_mac_adds_rxe_and_starts_sshd_on_the_management_address():
+    s = M.setup_script(M.MachinesSpec(rails=2, mtu=4200), "consumer")
+    assert s.startswith("set -e\n")
+    for i in range(2):
+        assert M.nic_mac("consumer", i + 1) in s and f"name rail{i}" in s
+        assert f"ip addr add 198.18.{i}.2/24 dev rail{i}" in s and f"ip link set rail{i} mtu 4200" in s
+        assert f"rdma link add rxe{i} type rxe netdev rail{i}" in s
+    assert f"ListenAddress {M.MGMT_ADDR}" in s and "PasswordAuthentication no" in s
+    assert s.index("ACTIVE") < s.index("/usr/sbin/sshd")     # ports up before anyone can log in
+
+
+def test_ssh_config_pins_this_runs_key_and_host_keys(tmp_path):
+    text = M.ssh_config(PORTS.ssh, tmp_path / "id", tmp_path / "known_hosts")
+    assert "Host pc-producer\n  HostName 127.0.0.1\n  Port 40022" in text
+    assert "Host pc-consumer\n  HostName 127.0.0.1\n  Port 40023" in text
+    assert text.count("StrictHostKeyChecking yes") == 2 and text.count("BatchMode yes") == 2
+    assert text.count(f"IdentityFile {tmp_path / 'id'}") == 2
+
+
+def test_bad_specs_are_refused():
+    for kw, what in (({"rails": 0}, "rails"), ({"numa_nodes": 3, "cpus": 2}, "numa_nodes"),
+                     ({"memory_mib": 600}, "memory_mib"), ({"mtu": 100}, "MTU")):
+        with pytest.raises(ValueError, match=what):
+            M.MachinesSpec(**kw)
+
+
+def test_make_run_goes_through_the_ssh_profile_for_ssh_testbeds():
+    two = experiments.load_testbed("experiments/testbeds/softroce-2host.yaml").doc
+    local = experiments.load_testbed("experiments/testbeds/local.yaml").doc
+    a = R.snakemake_argv("experiments/testbeds/softroce-2host.yaml", two, 2, [])
+    assert a[-4:] == ["--profile", "profiles/ssh-testbed", "--config",
+                      "testbed=experiments/testbeds/softroce-2host.yaml"]
+    assert "--profile" not in R.snakemake_argv("experiments/testbeds/local.yaml", local, 2, ["-n"])
+    assert R.machines_spec(two) == M.MachinesSpec(rails=2, mtu=4200, cpus=2, numa_nodes=2, memory_mib=2048)
+    assert R.machines_spec(local) is None

@@ -1,0 +1,264 @@
+"""The lab on two real kernels: two QEMU guests as two machines (peercache.lab.launch.guest.machines),
+reached over SSH only, with RDMA (rxe) across two virtual wires and two NUMA nodes each.
+
+`make test-2host` runs this file (marker ``twohost``; the default run leaves it out). The module
+boots the pair once; the tests run in file order and the last one powers a machine off. Time
+limits scale with the guests' measured slowness (an emulated CPU is slow, not hung).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from peercache.lab.launch.guest import machines as M
+from peercache.lab.launch.hosts import SshHost, parse_host
+
+pytestmark = pytest.mark.twohost
+ROOT = Path(__file__).resolve().parents[2]
+TWOHOST = "tests/fixtures/pipeline/twohost.yaml"
+#: Processes of a lab run; none may outlive it on either machine.
+RUN_PROCESS = re.compile(r"peercache|cpusample|ib_read_bw|ib_write_bw|iperf3|perf stat|numactl")
+PY = str(ROOT / ".venv" / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    problems = M.missing()
+    if problems:
+        pytest.skip("the two-machine testbed cannot run here: " + "; ".join(problems))
+    p = M.MachinePair(M.MachinesSpec(rails=2, cpus=2, numa_nodes=2, memory_mib=2048))
+    p.start()
+    saved = {k: os.environ.get(k) for k in p.environment()}
+    os.environ.update(p.environment())
+    try:
+        yield p
+    finally:
+        p.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        assert not any(p.running(r) for r in M.ROLES), "a machine outlived the pair"
+
+
+def scaled(pair, seconds: float) -> float:
+    return seconds * pair.slowness
+
+
+def leftovers(pair, role: str) -> list[str]:
+    """The lab's processes still running on ``role`` (sshd sessions and this probe excluded)."""
+    r = pair.ssh(role, "ps -eo pid,args", timeout=scaled(pair, 30))
+    assert r.returncode == 0, r.stderr
+    return [ln.strip() for ln in r.stdout.splitlines()[1:]
+            if RUN_PROCESS.search(ln) and "ps -eo" not in ln]
+
+
+def host(role: str) -> SshHost:
+    h = parse_host(f"ssh:{M.HOST_ALIAS[role]}")
+    assert isinstance(h, SshHost)
+    return h
+
+
+def bench(*args: str) -> list[str]:
+    return [PY, "-m", "peercache.bench.cli", *args]
+
+
+def serve_drive(port: int, duration: float, device: str = "rxe0") -> tuple[list[str], list[str]]:
+    common = ["--discovery-addr", f"{M.rail_addr('producer', 0)}:{port}", "--protocol", "rdma",
+              "--devices", device, "--page-size", "131072", "--working-set", "64"]
+    return (bench("serve", *common, "--readers", "1", "--max-wait", "900"),
+            bench("drive", *common, "--batch-size", "8", "--concurrencies", "1", "--duration", str(duration),
+                  "--warmup", "0", "--ready-timeout", "600"))
+
+
+# --- the pipeline, reduced grid of every scenario ------------------------------------------
+
+@pytest.fixture(scope="module")
+def pipeline_run(pair, tmp_path_factory):
+    work = tmp_path_factory.mktemp("twohost")
+    for name in ("Snakefile", "rules", "envs", "profiles", "notebooks", "experiments", "make_charts.py",
+                 "tests/fixtures/pipeline"):
+        src, dst = ROOT / name, work / name
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    shutil.copytree(ROOT / "data" / "reference", work / "data" / "reference")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--profile", "profiles/ssh-testbed",
+                        "--config", f"testbed={TWOHOST}"], cwd=work, capture_output=True, text=True,
+                       timeout=scaled(pair, 240) + 1800)
+    print(f"two-host pipeline: {time.monotonic() - t0:.0f} s, rc {r.returncode}")
+    return work, r
+
+
+@pytest.mark.timeout(7200)
+def test_pipeline_runs_every_scenario_across_the_wire(pipeline_run):
+    work, r = pipeline_run
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    rows = pd.read_parquet(work / "data/tidy/twohost/rows.parquet")
+    ok = rows[rows["status"] == "ok"]
+    raw = ok[(ok["scenario"] == "single_nic") & (ok["tool"] == "ib_read_bw") & (ok["metric"] == "bw")]
+    assert len(raw) == 1 and raw["value"].iloc[0] > 0, rows[rows["scenario"] == "single_nic"][["metric", "status", "reason"]]
+    get = ok[ok["metric"] == "get_throughput"]
+    assert set(get["scenario"]) == {"single_nic", "multi_rail", "whole_machine"}
+    assert (get["value"] > 0).all()
+    assert set(ok[(ok["scenario"] == "msgsize_sweep") & (ok["metric"] == "bw")]["size_bytes"]) == {4096, 131072}
+    gpu = rows[rows["scenario"] == "gpudirect"]
+    assert len(gpu) and (gpu["status"] == "skipped").all() and gpu["reason"].str.contains("no GPU").all()
+    for f in ("reports/twohost/report.html", "figures/twohost/index.md"):
+        assert (work / f).stat().st_size > 0
+
+
+def test_multi_rail_moved_bytes_on_both_rails(pipeline_run):
+    work, _ = pipeline_run
+    doc = json.loads(next((work / "data/raw/twohost/multi_rail").rglob("result.json")).read_text())
+    get = [r for r in doc["rows"] if r["metric"] == "get_throughput" and r["status"] == "ok"]
+    assert get, doc["rows"]
+    per_dev = {d: c["rcv_bytes"] for d, c in (get[0]["extra"].get("port_counters") or {}).items()}
+    assert set(per_dev) == {"rxe0", "rxe1"}, get[0]["extra"]
+    assert all(v and v > 0 for v in per_dev.values()), per_dev
+
+
+def test_whole_machine_groups_are_bound_to_their_nics_nodes(pipeline_run):
+    work, _ = pipeline_run
+    doc = json.loads(next((work / "data/raw/twohost/whole_machine").rglob("result.json")).read_text())
+    binding = doc["meta"]["numa_binding"]
+    want = {"rxe0": 0, "rxe1": 1}
+    for group, node in want.items():
+        for side in ("client", "server"):
+            rec = binding[f"{group}/{side}"]
+            assert rec["node"] == node, rec
+            judged = rec["evidence"]["judged"]
+            assert judged["verdict"] == "bound" and judged["node"] == node, judged
+    assert not [n for n in doc["meta"]["params"]["notes"] if "numa_" in n]
+
+
+def test_nothing_is_left_on_either_machine_after_the_run(pair, pipeline_run):
+    for role in M.ROLES:
+        assert leftovers(pair, role) == [], role
+
+
+# --- faults across the wire --------------------------------------------------------------------
+
+@pytest.mark.timeout(3600)
+def test_wire_down_mid_drive_ends_drive_with_an_error_and_serve_stays_up(pair):
+    prod, cons = host("producer"), host("consumer")
+    serve, drive = serve_drive(44901, duration=600)
+    s = prod.start(serve)
+    d = None
+    try:
+        s.wait_for("serve: ready", scaled(pair, 60))
+        d = cons.start(drive)
+        d.wait_for(r"measure", scaled(pair, 120))
+        assert pair.ssh("producer", "ip link set rail0 down").returncode == 0
+        t0 = time.monotonic()
+        rc = d.wait(scaled(pair, 5))
+        took = time.monotonic() - t0
+        out = d.stdout + d.stderr
+        print(f"wire down: drive rc {rc} after {took:.1f} s (limit {scaled(pair, 5):.0f} s); {out.strip()[-300:]}")
+        assert rc not in (0, None)
+        assert re.search(r"rxe0|rdma|READ|completion|connection", out, re.I), out[-1000:]
+        assert s.running, "serve went down with the wire"
+    finally:
+        pair.ssh("producer", "ip link set rail0 up")
+        for h in (d, s):
+            if h is not None:
+                h.stop()
+        prod.close()
+        cons.close()
+    assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
+
+
+@pytest.mark.timeout(3600)
+def test_serve_killed_mid_drive_ends_drive_with_an_error(pair):
+    prod, cons = host("producer"), host("consumer")
+    serve, drive = serve_drive(44902, duration=600)
+    s = prod.start(serve)
+    d = None
+    try:
+        s.wait_for("serve: ready", scaled(pair, 60))
+        d = cons.start(drive)
+        d.wait_for(r"measure", scaled(pair, 120))
+        assert pair.ssh("producer", "pkill -KILL -f 'peercache.bench.cli serve'").returncode == 0
+        t0 = time.monotonic()
+        rc = d.wait(scaled(pair, 5))
+        out = d.stdout + d.stderr
+        print(f"serve killed: drive rc {rc} after {time.monotonic() - t0:.1f} s; {out.strip()[-300:]}")
+        assert rc not in (0, None) and out.strip(), out
+    finally:
+        for h in (d, s):
+            if h is not None:
+                h.stop()
+        prod.close()
+        cons.close()
+    assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_point_leaves_nothing_on_either_machine(pair, tmp_path, sig):
+    out = tmp_path / "result.json"
+    p = subprocess.Popen([sys.executable, "-m", "peercache.lab.pipeline.runpoint", "--testbed", TWOHOST,
+                          "--scenario", "single_nic", "--point", "pc_rdma_p1x1_s128K_b32", "--out", str(out)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + scaled(pair, 120)
+        while time.monotonic() < deadline and not any("bench.cli drive" in ln for ln in leftovers(pair, "consumer")):
+            time.sleep(1)
+        assert any("bench.cli serve" in ln for ln in leftovers(pair, "producer")), "serve never started"
+        p.send_signal(sig)
+        p.wait(timeout=scaled(pair, 30))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # The remote watchdogs end each group when its ssh goes; give them a bounded moment.
+    deadline = time.monotonic() + scaled(pair, 10)
+    while time.monotonic() < deadline and (leftovers(pair, "producer") or leftovers(pair, "consumer")):
+        time.sleep(1)
+    assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
+
+
+@pytest.mark.timeout(3600)
+def test_a_machine_powered_off_mid_run_fails_the_point_and_the_next_one_still_runs(pair, tmp_path):
+    """Last in the file: it powers the consumer off."""
+    outs = [tmp_path / "a" / "result.json", tmp_path / "b" / "result.json"]
+    argv = [sys.executable, "-m", "peercache.lab.pipeline.runpoint", "--testbed", TWOHOST, "--scenario", "single_nic"]
+    p = subprocess.Popen([*argv, "--point", "pc_rdma_p1x1_s128K_b32", "--out", str(outs[0])], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + scaled(pair, 120)
+        while time.monotonic() < deadline and not any("bench.cli drive" in ln for ln in leftovers(pair, "consumer")):
+            time.sleep(1)
+        pair.power_off("consumer", hard=True)
+        text, _ = p.communicate(timeout=scaled(pair, 60) + 300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, text[-2000:]
+    doc = json.loads(outs[0].read_text())
+    failed = [r for r in doc["rows"] if r["status"] == "failed"]
+    assert failed and failed[0]["reason"], doc["rows"]
+    print("powered off mid-run:", failed[0]["reason"][:300])
+    t0 = time.monotonic()
+    r = subprocess.run([*argv, "--point", "ib_read_bw_q4_s128K", "--out", str(outs[1])], cwd=ROOT,
+                       capture_output=True, text=True, timeout=scaled(pair, 60) + 300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    nxt = json.loads(outs[1].read_text())
+    assert [x for x in nxt["rows"] if x["status"] == "failed" and "pc-consumer" in (x["reason"] or "")], nxt["rows"]
+    print(f"next point: recorded failed in {time.monotonic() - t0:.0f} s: {nxt['rows'][0]['reason'][:200]}")
+    assert leftovers(pair, "producer") == []
