@@ -53,7 +53,6 @@ test: setup
 	$(PY) -m pytest
 	@$(MAKE) --no-print-directory test-hicache
 	@$(MAKE) --no-print-directory test-rdma GUEST_FLAGS=--if-available
-	@$(MAKE) --no-print-directory test-2host
 
 # The SGLang HiCache contract (tests/test_hicache_sglang.py) in a venv of its own, so torch
 # and SGLang stay out of the engine's dependencies: PyPI torch (CPU use, ~5.5 GB), SGLang
@@ -88,6 +87,8 @@ test-rdma: setup
 # The lab on two real kernels: two QEMU guests as two machines over SSH, RDMA across two
 # wires, two NUMA nodes each (tests/lab/test_twohost.py boots them; skipped, saying why,
 # where this machine cannot run them): a reduced grid of every scenario, then the faults.
+# Not yet part of `make test`: under TCG one ssh session into a guest takes about 8 s, and
+# the stage has not been timed within make test's 40 minutes.
 test-2host: setup
 	$(PY) -m pytest -m twohost -p no:cacheprovider -s tests/lab/test_twohost.py
 

@@ -332,7 +332,7 @@ class MachinePair:
             known.append(f"{HOST_ALIAS[role]} {pub}\n")
             shutil.copy2(self.dir / "id_ed25519.pub", ctl / "authorized_keys")
             shutil.copy2(R.STAGE2, ctl / "stage2.sh")
-            exports = {"PCG_CWD": "/", "PCG_WORK": "", "PCG_HOSTNAME": HOST_ALIAS[role],
+            exports = {"PCG_CWD": "/", "PCG_WORK": "", "PCG_HOSTNAME": HOST_ALIAS[role], "PCG_HOST_TMP": "1",
                        "PCG_PYTHON": __import__("sys").executable, "PCG_CALIB_CODE": R.CALIBRATION,
                        "PCG_HOST_CALIB": f"{R.host_calibration():.6f}",
                        **({"PEERCACHE_GIT_REVISION": rev} if rev else {})}

@@ -18,7 +18,6 @@ mount -t sysfs sys /sys
 mkdir -p /dev/shm /dev/pts
 mount -t tmpfs -o mode=1777,size=2g shm /dev/shm
 mount -t devpts -o gid=5,mode=620 devpts /dev/pts
-mount -t tmpfs -o mode=1777,size=1g tmp /tmp
 mount -t tmpfs -o mode=0755 run /run
 mkdir -p /run/netns /run/lock /var/tmp
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
@@ -29,6 +28,9 @@ ulimit -l unlimited          # registered memory: RDMA pins pages
 ulimit -n 65536
 
 . "$ctl/env.sh" || finish 125
+# A fresh /tmp, unless the host's must stay visible (two machines: a checkout under /tmp is
+# their shared install; their writes still land in the overlay, never on the host).
+[ -n "$PCG_HOST_TMP" ] || mount -t tmpfs -o mode=1777,size=1g tmp /tmp
 hostname "${PCG_HOSTNAME:-pcguest}"
 # The work folder (read-write, same path as on the host), mounted after /tmp and
 # /run so a folder under them is not hidden by their tmpfs.
