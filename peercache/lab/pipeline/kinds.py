@@ -224,6 +224,11 @@ class PerftestRun(_Timed):
     tx_depth = variable(NULLABLE_INT, None, "send queue depth (-t) [perftest's default]")
     #: wrap the client in perf stat (bool)
     perf_stat = variable(BOOL, False, "run the client under perf stat")
+    #: iterations per QP, -n, instead of a -D duration (int or null = duration mode)
+    iterations = variable(NULLABLE_INT, None,
+                          "iterations per QP (-n) instead of the duration (-D): each side of a -D run stops "
+                          "on its own clock, so where the two start seconds apart (emulated hosts) the server "
+                          "tears its QPs down under the client; a count ends both together [duration mode]")
 
     @classmethod
     def point_name(cls, one):
@@ -232,7 +237,7 @@ class PerftestRun(_Timed):
     @classmethod
     def params(cls, one, devices):
         return {"tool": one["tool"], "qps": one["qps"], "size": one["size"], "tx_depth": one["tx_depth"],
-                "perf_stat": bool(one["perf_stat"]), **_timing(one)}
+                "perf_stat": bool(one["perf_stat"]), "iterations": one["iterations"], **_timing(one)}
 
     @classmethod
     def row_tool(cls, params):

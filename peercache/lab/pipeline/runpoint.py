@@ -568,7 +568,8 @@ class PointRun:
         port = self.ports.allocate()
         params = perftest.PerftestParams(tool=p["tool"], device=devices[0] if devices else None,
                                          gid_index=self.tb.get("gid_index"), qps=p["qps"], size=p["size"],
-                                         duration=max(1, math.ceil(self.duration)), tx_depth=p.get("tx_depth"),
+                                         duration=None if p.get("iterations") else max(1, math.ceil(self.duration)),
+                                         iterations=p.get("iterations"), tx_depth=p.get("tx_depth"),
                                          report_gbits=True, tcp_port=port)
         client, perf_path = self._perf_wrap(perftest.client_command(params, th.producer_addr))
         ctx = self.ctx(host=str(th.consumer), peer=str(th.producer), side="client",
