@@ -192,3 +192,15 @@ def test_real_process_without_numactl_is_judged_by_the_rules(tmp_path):
         assert j["verdict"] == "bound", j
     else:
         assert j["verdict"] == "unbound", j
+
+
+def test_a_reading_taken_as_the_process_exited_does_not_undo_its_evidence():
+    # Seen on the two-machine testbed: the last reading of a drive process came as it exited, with
+    # Cpus_allowed_list still set but numa_maps already empty; its settled reading showed bind:1.
+    settled = dict(on_two_nodes("bound", cpus="2-3", mems="0-1", own_node=1, policy="bind:1", file_node=0), at="settled")
+    gone = dict(settled, at="last", policies=[], own_kb_per_node={}, pages_per_node={}, largest=[])
+    j = numa.judge([settled, gone], 1, TWO)
+    assert j["verdict"] == "bound", j
+    assert j["processes"][0]["readings"] == ["settled"]
+    # a process never read with its mappings is still judged (and not called bound)
+    assert numa.judge([gone], 1, TWO)["verdict"] == "unbound"

@@ -213,7 +213,7 @@ def judge(readings: list[dict[str, Any]], node: int | None, node_cpus: dict[int,
     """
     cpus = {int(k): (v if isinstance(v, set) else parse_list(v) or set())
             for k, v in node_cpus.items() if v is not None}
-    per = [judge_process(r, node, cpus) for r in readings]
+    per = [judge_process(r, node, cpus) for r in _informative(readings)]
     if not per:
         return {"verdict": "no_evidence", "node": node, "processes": []}
     verdict = min((p["verdict"] for p in per), key=VERDICT_ORDER.index)
@@ -227,6 +227,13 @@ def judge(readings: list[dict[str, Any]], node: int | None, node_cpus: dict[int,
     out["why"] = sorted({w for p in worst for w in p.get("why", [])})
     out["processes"] = _per_pid(per)
     return out
+
+
+def _informative(readings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The readings to judge: a process's reading without numa_maps (taken as it exited and its
+    mappings were already gone) is left out when another reading of the same process has them."""
+    read = {r.get("pid") for r in readings if r.get("policies")}
+    return [r for r in readings if r.get("policies") or r.get("pid") not in read]
 
 
 def _per_pid(per: list[dict[str, Any]]) -> list[dict[str, Any]]:
