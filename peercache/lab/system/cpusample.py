@@ -74,18 +74,20 @@ def tree(pid: int) -> list[int]:
 
 
 def numa_pages(pids: list[int]) -> dict[str, int]:
-    """Resident pages per NUMA node of ``pids`` (``/proc/<pid>/numa_maps`` ``N<node>=<pages>`` fields)."""
+    """The own memory of ``pids`` per NUMA node, in 4 KiB pages (``/proc/<pid>/numa_maps``).
+
+    Own memory only (anonymous, heap, stack, shm, memfd: :func:`parse_numa_maps`): pages of
+    binaries and libraries sit wherever the page cache first read them, which says nothing about
+    where the process put its buffers.
+    """
     out: dict[str, int] = {}
     for p in pids:
         try:
             text = proc_path(p, "numa_maps").read_text()
         except OSError:
             continue
-        for tok in text.split():
-            if tok[:1] == "N" and "=" in tok and tok[1:tok.index("=")].isdigit():
-                node, pages = tok[1:].split("=", 1)
-                if pages.isdigit():
-                    out[node] = out.get(node, 0) + int(pages)
+        for node, kb in parse_numa_maps(text)["own_kb_per_node"].items():
+            out[node] = out.get(node, 0) + kb // 4
     return out
 
 
@@ -238,11 +240,11 @@ class Usage:
     busiest: str | None          #: that thread, as pid/tid
     seconds: float               #: the window actually covered by samples
     samples: int
-    numa_pages: dict[str, int] | None = None   #: resident pages per NUMA node, last sample in the window
+    numa_pages: dict[str, int] | None = None   #: own memory per NUMA node (4 KiB pages), last sample in the window
 
     @property
     def memory_node(self) -> int | None:
-        """The NUMA node holding most of the tree's resident pages."""
+        """The NUMA node holding most of the tree's own memory (its buffers; not library pages)."""
         if not self.numa_pages:
             return None
         return int(max(self.numa_pages, key=self.numa_pages.get))
@@ -373,11 +375,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _summed(readings: dict[int, dict]) -> dict[str, int]:
-    """Resident pages per node summed over processes' binding readings (what :func:`numa_pages` gives)."""
+    """Own memory per node in 4 KiB pages, summed over processes' binding readings (what :func:`numa_pages` gives)."""
     out: dict[str, int] = {}
     for r in readings.values():
-        for node, n in (r.get("pages_per_node") or {}).items():
-            out[node] = out.get(node, 0) + n
+        for node, kb in (r.get("own_kb_per_node") or {}).items():
+            out[node] = out.get(node, 0) + kb // 4
     return out
 
 
