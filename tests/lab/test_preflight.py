@@ -319,3 +319,17 @@ def test_the_pipeline_stops_at_a_failing_preflight(ssh_alias, tmp_path):
     assert "python /nonexistent/bin/python3 not found there" in (raw / "testbed/preflight.log").read_text()
     assert not (raw / "testbed/consumer.json").exists() and not (raw / "testbed/consumer.log").exists()
     assert not (raw / "testbed/preflight.json").exists()    # a failed check leaves no output to go on from
+
+
+def test_revisions_compare_commits_and_local_changes_unless_git_status_could_not_answer():
+    from peercache.lab.pipeline.preflight import revisions_match
+    a = "c5d1b9e2637e012fd40a86bd4f40544e3ef01081"
+    b = "2974b7a90d5e34938673b378b195ca0ad43a70a9"
+    assert revisions_match(a, a) == (True, None)
+    assert revisions_match(b, a)[0] is False
+    assert revisions_match(a + "-dirty", a)[0] is False and revisions_match(a, a + "-dirty")[0] is False
+    # seen on the two-machine testbed: git status over the guest's 9p root ran past its timeout
+    same, note = revisions_match(a + "-status-unknown", a)
+    assert same and "unknown" in note and a in note
+    assert revisions_match(b + "-status-unknown", a)[0] is False
+    assert revisions_match(None, a)[0] is False and revisions_match(a, None) == (True, None)

@@ -302,7 +302,10 @@ def python_findings(e: Expect, p: Probe) -> tuple[list[str], dict[str, Any]]:
         fail.append(f"{who}: {where} imports peercache but not {m} ({_one_line(why)}); install PeerCache with "
                     "its lab dependencies there (pip install -e '<checkout>[lab]')")
     theirs, ours = info.get("revision"), e.revision
-    if ours and theirs != ours:
+    same, note = revisions_match(theirs, ours)
+    if note:
+        summary["revision_note"] = note
+    if ours and not same:
         if theirs is None:
             why = _one_line(info.get("revision_error") or "", 200)
             fail.append(f"{who}: PeerCache there ({info.get('peercache')}) has no git revision"
@@ -313,6 +316,31 @@ def python_findings(e: Expect, p: Probe) -> tuple[list[str], dict[str, Any]]:
             fail.append(f"{who}: PeerCache there is at revision {theirs}, this checkout at {ours}; bring the host's "
                         f"checkout ({info.get('peercache')}) to {ours} (same commit, same local changes)")
     return fail, summary
+
+
+#: What git_revision() appends when it could not run `git status` in time (a slow host).
+_STATUS_UNKNOWN = "status-unknown"
+
+
+def revisions_match(theirs: str | None, ours: str | None) -> tuple[bool, str | None]:
+    """(same revision?, a note) of two ``git_revision()`` answers, ``<commit>[-dirty|-status-unknown]`` (pure).
+
+    The commits must be equal, and so must the local-changes marks, except where one side could
+    not run ``git status`` in time (an emulated host over a 9p root takes seconds): then the
+    commits decide and the note says what could not be compared.
+    """
+    if not ours or theirs == ours:
+        return True, None
+    if theirs is None:
+        return False, None
+    (tc, _, tm), (oc, _, om) = theirs.partition("-"), ours.partition("-")
+    if tc != oc:
+        return False, None
+    if _STATUS_UNKNOWN in (tm, om):
+        side = "the host" if tm == _STATUS_UNKNOWN else "this checkout"
+        return True, (f"same commit {tc}; whether {side} has local changes is unknown (git status did not "
+                      "answer in time there)")
+    return False, None
 
 
 def device_findings(e: Expect, p: Probe) -> tuple[list[str], list[dict[str, Any]]]:
@@ -406,6 +434,8 @@ class Report:
             tooltxt = ", ".join(f"{t}" if p else f"{t} MISSING" for t, p in tools.items()) or "none needed"
             out.append(f"{role} ({h['spec']}): OK: {pytxt}; revision {py.get('revision') or 'unknown'}; "
                        f"tools: {tooltxt}")
+            if py.get("revision_note"):
+                out.append(f"  note: {py['revision_note']}")
             for d in h.get("devices") or []:
                 gid = (f", GID {d['gid_index']} {d.get('ipv4')} ({d.get('gid_type')}"
                        + (f" on {d['netdev']}" if d.get("netdev") else "") + ")") if "gid_index" in d else ""
