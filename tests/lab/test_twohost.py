@@ -153,55 +153,43 @@ def test_nothing_is_left_on_either_machine_after_the_run(pair, pipeline_run):
 
 # --- faults across the wire --------------------------------------------------------------------
 
+def _ended_with_an_error(pair, d, what: str) -> str:
+    """Wait (5 s, scaled) for drive ``d`` to end; assert it failed and said something; its output."""
+    t0 = time.monotonic()
+    rc = d.wait(scaled(pair, 5))
+    out = d.stdout + d.stderr
+    print(f"{what}: drive rc {rc} after {time.monotonic() - t0:.1f} s (limit 5 s x slowness "
+          f"{pair.slowness:.0f} = {scaled(pair, 5):.0f} s): {out.strip().splitlines()[-1][:300]}")
+    assert rc not in (0, None), out[-1000:]
+    return out
+
+
 @pytest.mark.timeout(3600)
-def test_wire_down_mid_drive_ends_drive_with_an_error_and_serve_stays_up(pair):
+def test_wire_down_ends_drive_serve_stays_up_and_serves_again_then_serve_killed_ends_drive(pair):
     prod, cons = host("producer"), host("consumer")
     serve, drive = serve_drive(44901, duration=600)
     s = prod.start(serve)
-    d = None
+    handles = [s]
     try:
         s.wait_for("serve: ready", scaled(pair, 60))
         d = cons.start(drive)
+        handles.append(d)
         d.wait_for(r"measure", scaled(pair, 120))
         assert pair.ssh("producer", "ip link set rail0 down").returncode == 0
-        t0 = time.monotonic()
-        rc = d.wait(scaled(pair, 5))
-        took = time.monotonic() - t0
-        out = d.stdout + d.stderr
-        print(f"wire down: drive rc {rc} after {took:.1f} s (limit {scaled(pair, 5):.0f} s); {out.strip()[-300:]}")
-        assert rc not in (0, None)
+        out = _ended_with_an_error(pair, d, "wire down")
         assert re.search(r"rxe0|rdma|READ|completion|connection", out, re.I), out[-1000:]
         assert s.running, "serve went down with the wire"
+        assert pair.ssh("producer", "ip link set rail0 up").returncode == 0
+        # The same serve answers a new drive once the wire is back, then dies under it.
+        d2 = cons.start(drive)
+        handles.append(d2)
+        d2.wait_for(r"measure", scaled(pair, 120))
+        assert pair.ssh("producer", "pkill -KILL -f 'peercache.bench.cli serve'").returncode == 0
+        _ended_with_an_error(pair, d2, "serve killed")
     finally:
         pair.ssh("producer", "ip link set rail0 up")
-        for h in (d, s):
-            if h is not None:
-                h.stop()
-        prod.close()
-        cons.close()
-    assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
-
-
-@pytest.mark.timeout(3600)
-def test_serve_killed_mid_drive_ends_drive_with_an_error(pair):
-    prod, cons = host("producer"), host("consumer")
-    serve, drive = serve_drive(44902, duration=600)
-    s = prod.start(serve)
-    d = None
-    try:
-        s.wait_for("serve: ready", scaled(pair, 60))
-        d = cons.start(drive)
-        d.wait_for(r"measure", scaled(pair, 120))
-        assert pair.ssh("producer", "pkill -KILL -f 'peercache.bench.cli serve'").returncode == 0
-        t0 = time.monotonic()
-        rc = d.wait(scaled(pair, 5))
-        out = d.stdout + d.stderr
-        print(f"serve killed: drive rc {rc} after {time.monotonic() - t0:.1f} s; {out.strip()[-300:]}")
-        assert rc not in (0, None) and out.strip(), out
-    finally:
-        for h in (d, s):
-            if h is not None:
-                h.stop()
+        for h in reversed(handles):
+            h.stop()
         prod.close()
         cons.close()
     assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
