@@ -14,6 +14,7 @@ TOOL_ERROR_KINDS = (
     "cannot_connect",   # client could not reach the server
     "port_in_use",      # server could not bind / listen
     "below_limit",      # perftest -w / -y verifier limit not reached
+    "clock_calibration",  # the tool could not calibrate its cycle counter (a loaded or emulated CPU)
     "unknown_option",   # the tool rejected its command line
     "completion_error", # a work completion came back with an error status (ibv_wc_status)
     "resource_error",   # the tool could not create its verbs resources (MR, QP, CQ, hugepages)

@@ -51,6 +51,8 @@ WORKING_SET_BYTES = 256 << 20
 DIR_CACHE_TTL_S = 5.0
 #: Batch of the memcpy limit: the batch of the PeerCache shm points it is compared with.
 MEMCPY_BATCH = 32
+#: Runs of a perftest point whose tool could not calibrate its clock (perftest.CLOCK_CALIBRATION).
+PERFTEST_ATTEMPTS = 3
 
 
 
@@ -571,19 +573,26 @@ class PointRun:
                                          duration=None if p.get("iterations") else max(1, math.ceil(self.duration)),
                                          iterations=p.get("iterations"), tx_depth=p.get("tx_depth"),
                                          report_gbits=True, tcp_port=port)
-        client, perf_path = self._perf_wrap(perftest.client_command(params, th.producer_addr))
         ctx = self.ctx(host=str(th.consumer), peer=str(th.producer), side="client",
                        devices=",".join(devices), numa_node=_numa_of(self.tb, devices))
         server_params = dataclasses.replace(params, device=(self.tb.role_devices("producer", devices) or [None])[0])
-        # Readiness is the server's listening exchange port (read with ss, never connected to): perftest's
-        # stdout is block-buffered into a pipe, so its "Waiting for client" line shows only at its exit.
-        res, err = self._pair(perftest.server_command(server_params), client,
-                              Readiness(port=port, timeout=20 * self.slow), th, devices)
-        self._record(res)
-        if err:
+        for attempt in range(1, PERFTEST_ATTEMPTS + 1):
+            client, perf_path = self._perf_wrap(perftest.client_command(params, th.producer_addr))
+            # Readiness is the server's listening exchange port (read with ss, never connected to): perftest's
+            # stdout is block-buffered into a pipe, so its "Waiting for client" line shows only at its exit.
+            res, err = self._pair(perftest.server_command(server_params), client,
+                                  Readiness(port=port, timeout=20 * self.slow), th, devices)
+            self._record(res)
+            if not err:
+                break
             text = (res.client.stdout + res.client.stderr) if res and res.client else ""
             te = perftest.classify_failure(text, res.client.rc if res and res.client else None,
                                            str(th.consumer), p["tool"])
+            if te is not None and te.kind == perftest.CLOCK_CALIBRATION and attempt < PERFTEST_ATTEMPTS:
+                # The tool's own clock calibration failed, not the transfer: run it again, and say so.
+                self.notes.append(f"attempt {attempt} of {PERFTEST_ATTEMPTS}: {te}")
+                self._drop_samples(th, perf_path)
+                continue
             self.fail("bw", "B/s", str(te) if te else err, tool=p["tool"], size_bytes=p["size"], qps=p["qps"])
             return
         result = perftest.parse_output(res.client.stdout, source=f"{self.run_id}/client")
@@ -599,6 +608,15 @@ class PointRun:
             self.rows.append(r)
         self.attach_cpu(self.cpu_usage(PAIR_SIDES, *self._side_window(res)))
         self._perf_rows(th, perf_path, dict(ctx, tool=p["tool"], size_bytes=p["size"], qps=p["qps"]))
+
+    def _drop_samples(self, th: TestbedHosts, perf_path: str | None) -> None:
+        """Remove the CPU-sample and perf files of a failed attempt from their hosts (it is run again)."""
+        for role in list(PAIR_SIDES.values()):
+            if role in self.cpu_files:
+                host, path = self.cpu_files.pop(role)
+                host.run(["rm", "-f", path], timeout=30 * self.slow)
+        if perf_path:
+            th.consumer.run(["rm", "-f", perf_path], timeout=30 * self.slow)
 
     def _serve_drive(self, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
                      out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:

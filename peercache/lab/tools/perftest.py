@@ -1021,7 +1021,16 @@ def _completion_failure(text: str, returncode: int | None, host: str,
                      detail=detail, check=check)
 
 
+#: perftest's failure to calibrate its cycle counter (its timestamp samples fit a line with r^2 below
+#: 0.9, so it knows no CPU frequency and prints "Can't produce a report"): a property of a loaded or
+#: emulated clock, not of the transfer; a rerun may pass (the point runner retries these).
+CLOCK_CALIBRATION = "clock_calibration"
+
 _FAILURES: list[tuple[str, re.Pattern[str], str, str]] = [
+    (CLOCK_CALIBRATION, re.compile(r"Correlation coefficient r\^2: [0-9.eE+-]+ < 0\.9"),
+     "could not calibrate its cycle counter (perftest said '{said}'), so it printed no report",
+     "perftest measures the CPU frequency from timestamp samples and gives up when they scatter: "
+     "a loaded or emulated CPU; rerun it on a quiet host (the point runner retries it twice)"),
     ("resource_error", re.compile(r"Failed to allocate hugepages[^\n]*|Failed to allocate hugepage region"),
      "cannot allocate the hugepage buffer (perftest said '{said}')",
      "--use_hugepages needs free hugepages (HugePages_Free in /proc/meminfo) and, one SysV "
