@@ -52,6 +52,25 @@ def rdma_sides() -> tuple[list[str], list[str]]:
     return usable, usable
 
 
+#: What a run of the pipeline needs of the checkout (tests run it in a copy: its outputs stay there).
+PIPELINE_FILES = ("Snakefile", "rules", "envs", "profiles", "notebooks", "experiments", "make_charts.py",
+                  "tests/fixtures/pipeline", "data/reference")
+
+
+def pipeline_copy(work) -> None:
+    """Copy what the pipeline needs from this checkout into the folder ``work``."""
+    import shutil
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for name in PIPELINE_FILES:
+        src, dst = root / name, Path(work) / name
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

@@ -1,7 +1,6 @@
 """The Snakemake pipeline: lint, dry runs, definition errors, a real tiny run."""
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,17 +129,9 @@ def test_canonical_metric_names():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """Run the whole pipeline for real on the tiny local testbed, in a copy of the repo."""
+    from conftest import pipeline_copy
     work = tmp_path_factory.mktemp("lab")
-    for name in ("Snakefile", "rules", "envs", "profiles", "notebooks", "experiments", "make_charts.py",
-                 "tests/fixtures/pipeline"):
-        src = ROOT / name
-        dst = work / name
-        if src.is_dir():
-            shutil.copytree(src, dst)
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, dst)
-    shutil.copytree(ROOT / "data" / "reference", work / "data" / "reference")
+    pipeline_copy(work)
     r = snakemake("--cores", "2", "--config", f"testbed={TINY}", f"scenarios={TINY_SCENARIOS}", cwd=work)
     return work, r
 

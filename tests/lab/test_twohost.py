@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -86,16 +85,9 @@ def serve_drive(port: int, duration: float, device: str = "rxe0") -> tuple[list[
 
 @pytest.fixture(scope="module")
 def pipeline_run(pair, tmp_path_factory):
+    from conftest import pipeline_copy
     work = tmp_path_factory.mktemp("twohost")
-    for name in ("Snakefile", "rules", "envs", "profiles", "notebooks", "experiments", "make_charts.py",
-                 "tests/fixtures/pipeline"):
-        src, dst = ROOT / name, work / name
-        if src.is_dir():
-            shutil.copytree(src, dst)
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, dst)
-    shutil.copytree(ROOT / "data" / "reference", work / "data" / "reference")
+    pipeline_copy(work)
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--profile", "profiles/ssh-testbed",
                         "--config", f"testbed={TWOHOST}"], cwd=work, capture_output=True, text=True,
