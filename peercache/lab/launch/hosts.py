@@ -323,6 +323,10 @@ class Host(abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec}>"
 
+    def __str__(self) -> str:
+        """The host spec (``ssh:pc-consumer``): what rows, captures and messages name a host by."""
+        return self.spec
+
     @abc.abstractmethod
     def wrap(self, argv: list[str]) -> list[str]:
         """The argv to execute on this machine so that ``argv`` runs on the host."""
