@@ -96,3 +96,15 @@ def test_another_failure_is_not_retried(tmp_path, monkeypatch):
     assert runs == 1
     bw = [r for r in doc["rows"] if r["metric"] == "bw"]
     assert bw[0]["status"] == "failed" and "cannot register the test buffer" in bw[0]["reason"]
+
+
+def test_a_figure_by_count_is_checked_against_the_bytes_of_its_count():
+    from peercache.lab.tidy import Row
+    tb = experiments.load_testbed("experiments/testbeds/softroce-2host.yaml")
+    (pt,) = [p for p in experiments.expand(tb) if p.name == "ib_read_bw_q4_s128K"]
+    pr = runpoint.PointRun(tb, pt, 0, Path("/nonexistent"))
+    row = Row(metric="bw", value=15e6, unit="B/s", qps=4, size_bytes=131072, experiment="x", scenario="s", run_id="r")
+    # the two-machine run's ib_read_bw -n 100 -q 4 -s 131072 at 15 MB/s: 52.4 MB in 3.5 s, not 5 s x 15 MB/s
+    assert pr.figure_window(row, 15e6) == pytest.approx(100 * 4 * 131072 / 15e6)
+    (mp,) = [p for p in experiments.expand(tb) if p.name == "ib_write_bw_q1_s4K"]
+    assert runpoint.PointRun(tb, mp, 0, Path("/nonexistent")).figure_window(row, 15e6) == tb["duration"]

@@ -403,12 +403,21 @@ class PointRun:
             direction = "xmit" if r.tool == "ib_write_bw" else "rcv"
             pc = crosscheck.check({d: before[d] for d in devs if d in before},
                                   {d: after[d] for d in devs if d in after},
-                                  {d: rates.get(d) for d in devs}, bps, self.duration, direction=direction)
+                                  {d: rates.get(d) for d in devs}, bps, self.figure_window(r, bps),
+                                  direction=direction)
             r.extra = dict(r.extra, **pc.as_extra())
             bad = [f for f in pc.flags if f in ("above_line_rate", "counter_disagreement")]
             if bad:
                 self.notes.append(f"{r.metric} {r.side} {r.devices}: flagged {', '.join(bad)}: "
                                   + "; ".join(pc.messages))
+
+    def figure_window(self, r: Row, bps: float) -> float:
+        """The seconds a bandwidth figure covers: the point's duration, or for perftest run by count
+        (-n per QP) the time its bytes took at that rate (iterations x QPs x size / rate)."""
+        its = self.point.params.get("iterations")
+        if its and r.qps and r.size_bytes and bps > 0:
+            return its * r.qps * r.size_bytes / bps
+        return self.duration
 
     # -- kinds ----------------------------------------------------------------------
     def skip(self) -> None:
