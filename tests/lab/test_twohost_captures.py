@@ -60,3 +60,11 @@ def test_preflight_of_both_machines_passed_over_both_rails():
     text = json.dumps(doc)
     for needle in ("rxe0", "rxe1", "198.18.0.1", "198.18.1.2", "RoCE v2"):
         assert needle in text
+
+
+def test_ib_read_bw_by_count_across_the_wire():
+    # -n 100 per QP, -q 4: perftest reports the iterations of all QPs together
+    r = perftest.parse_output((FIX / "ib_read_bw_q4_s128K_n100.client.log").read_text(), source="twohost client")
+    (row,) = r.rows
+    assert (row.size_bytes, row.iterations, row.bw_average_raw, row.bw_peak_raw) == (131072, 400, 0.12, 0.25)
+    assert r.header["Number of qps"] == "4" and r.header["Device"] == "rxe0"
