@@ -202,5 +202,8 @@ def test_a_reading_taken_as_the_process_exited_does_not_undo_its_evidence():
     j = numa.judge([settled, gone], 1, TWO)
     assert j["verdict"] == "bound", j
     assert j["processes"][0]["readings"] == ["settled"]
-    # a process never read with its mappings is still judged (and not called bound)
-    assert numa.judge([gone], 1, TWO)["verdict"] == "unbound"
+    # a process never read with its mappings (seen: the git a drive runs, read as it exited) is judged
+    # by its CPUs, and says so; one whose CPUs are not confined either is unbound
+    j = numa.judge([gone], 1, TWO)
+    assert j["verdict"] == "bound" and any("judged by its CPUs" in w for w in j["why"]), j
+    assert numa.judge([dict(gone, cpus_allowed_list="0-3")], 1, TWO)["verdict"] == "unbound"

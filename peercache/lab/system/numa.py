@@ -172,6 +172,12 @@ def judge_process(reading: dict[str, Any], node: int | None,
         if not cpus_ok:
             why.append(f"may run on CPUs {reading.get('cpus_allowed_list')}, node {node} has {_fmt(own)}")
     mems_ok = (mems == {node}) or (policy_nodes == {node})
+    unread = not reading.get("policies") and not total
+    if not mems_ok and unread and cpus_ok:
+        # No numa_maps (a helper process read as it exited, e.g. the git a drive runs): its CPUs, which
+        # numactl confines together with the memory policy the process inherits, are the evidence.
+        mems_ok = True
+        why.append(f"memory policy not read (no numa_maps); judged by its CPUs, confined to node {node}")
     if not mems_ok:
         why.append(f"memory allowed on nodes {_fmt(mems or set()) or '?'} with policy "
                    f"{', '.join(reading.get('policies') or []) or '?'}, not confined to node {node}")
