@@ -37,6 +37,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -253,7 +254,7 @@ class MachinePair:
     def __init__(self, spec: MachinesSpec = MachinesSpec(), *, progress: Callable[[str], None] | None = None,
                  console: Callable[[str, str], None] | None = None):
         self.spec = spec
-        self.say = progress or (lambda msg: print(msg, file=__import__("sys").stderr, flush=True))
+        self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.console = console
         self.dir: Path | None = None
         self.machines: dict[str, _Machine] = {}
@@ -333,7 +334,7 @@ class MachinePair:
             shutil.copy2(self.dir / "id_ed25519.pub", ctl / "authorized_keys")
             shutil.copy2(R.STAGE2, ctl / "stage2.sh")
             exports = {"PCG_CWD": "/", "PCG_WORK": "", "PCG_HOSTNAME": HOST_ALIAS[role], "PCG_HOST_TMP": "1",
-                       "PCG_PYTHON": __import__("sys").executable, "PCG_CALIB_CODE": R.CALIBRATION,
+                       "PCG_PYTHON": sys.executable, "PCG_CALIB_CODE": R.CALIBRATION,
                        "PCG_HOST_CALIB": f"{R.host_calibration():.6f}",
                        **({"PEERCACHE_GIT_REVISION": rev} if rev else {})}
             (ctl / "env.sh").write_text("".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in exports.items()))
