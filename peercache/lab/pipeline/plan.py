@@ -11,6 +11,7 @@ from pathlib import Path
 
 from peercache.lab.pipeline import experiments
 from peercache.lab.system import hostinfo
+from peercache.lab.system.slowness import slowness
 
 DEFAULT_TESTBED = "experiments/testbeds/local.yaml"
 ROLES = ("producer", "consumer")
@@ -75,13 +76,12 @@ class Plan:
 def capture(testbed_path: str, role: str, out: str) -> int:
     """Capture one host's testbed block (hostinfo) into ``out``."""
     from peercache.lab.pipeline.runpoint import _python_tool, testbed_hosts
-    from peercache.lab.pipeline.runpoint import slowness as runpoint_slowness
 
     tb = experiments.load_testbed(testbed_path)
     with testbed_hosts(tb) as th:
         host = th.host(role)
         argv = [*_python_tool(th, role, "peercache.lab.cli"), "hostinfo"]
-        r = host.run(argv, timeout=120 * runpoint_slowness())
+        r = host.run(argv, timeout=120 * slowness())
         if r.rc != 0:
             print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
                   f"check that PeerCache is installed there (the testbed's hosts.{role}.python names the "

@@ -50,6 +50,7 @@ from peercache.lab.launch import netns
 from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, NetnsHost, SshHost, parse_host
 from peercache.lab.pipeline import experiments
 from peercache.lab.system.hostinfo import _iboe_mtu
+from peercache.lab.system.slowness import slowness
 
 PERFTEST_TOOLS = ("ib_read_bw", "ib_write_bw")
 #: What each missing tool is installed from (the fix of its line).
@@ -466,11 +467,6 @@ def required_tools(tb: experiments.Testbed, points: list | None, remote: bool) -
     return (*(perftest if perftest_needed else ()), *(("perf",) if needs_perf else ())), ("numactl",)
 
 
-def _slowness() -> float:
-    from peercache.lab.pipeline.runpoint import slowness
-    return slowness()
-
-
 def _probe_host(host: Host) -> Host:
     # A namespace of the built-in testbed exists only while a point runs; its files and PATH are this machine's.
     return LocalHost() if isinstance(host, NetnsHost) else host
@@ -492,7 +488,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                          "only there, so there is nothing to check from here")
         return rep
     root = Path(sysfs_root) if sysfs_root is not None else sysfs.get_root()
-    slow = _slowness()
+    slow = slowness()
     defs = tb["hosts"]
     hosts: dict[str, Host] = {}
     try:
