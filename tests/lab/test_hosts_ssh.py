@@ -4,6 +4,10 @@ and Ctrl-C, and a pair run across the ssh host."""
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 import socket
 import subprocess
 import threading
@@ -123,3 +127,38 @@ def test_ssh_server_crash_fails_pair_and_cleans_up(host):
                    SideSpec(host, ["python3", "-c", "import time; time.sleep(60)", m]),
                    Readiness(pattern="^ready$", timeout=15), client_timeout=30, grace=1).run()
     assert_none_left(m)
+
+
+def test_ssh_control_dir_shares_one_master_among_processes(sshd, tmp_path, monkeypatch):
+    """$PEERCACHE_SSH_CONTROL_DIR: the first process starts the master, the next joins it, and a
+    process's close() leaves it for the run's next one; a stopped command's group still dies."""
+    port, key, kh = sshd
+    mux = Path(tempfile.mkdtemp(prefix="pcmux-"))          # short: the socket path must fit sun_path
+    monkeypatch.setenv("PEERCACHE_SSH_CONTROL_DIR", str(mux))
+    with pytest.raises(HostError, match="would not fit a Unix socket path"):
+        parse_host(f"ssh:root@127.0.0.1:{port}", control_dir=tmp_path / ("x" * 60))
+    spec = f"ssh:root@127.0.0.1:{port}"
+    first = parse_host(spec, identity=key, known_hosts=kh)
+    assert first.run(["true"], timeout=20).rc == 0
+    first.close()
+    sockets = [n for n in os.listdir(mux) if len(n) == 40]
+    assert len(sockets) == 1, os.listdir(mux)
+    masters = procs_with(f"{mux}/")
+    assert len(masters) == 1, masters                      # the master outlived close()
+    # Another process, as a pipeline's next job would be.
+    code = ("import sys, time; from peercache.lab.launch.hosts import parse_host; "
+            f"h = parse_host({spec!r}, identity={key!r}, known_hosts={kh!r}); "
+            "t = time.monotonic(); c = h.run(['echo', 'hi'], timeout=20); h.close(); "
+            "print(c.rc, c.stdout.strip(), round(time.monotonic() - t, 2))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("0 hi "), out
+    assert procs_with(f"{mux}/") == masters                # joined the master, started none
+    m = marker()
+    second = parse_host(spec, identity=key, known_hosts=kh)
+    h = second.start(["python3", "-c", "import time; print('up', flush=True); time.sleep(60)", m])
+    h.wait_for("^up$", 15)
+    h.stop(grace=1)
+    assert_none_left(m)
+    subprocess.run(["ssh", "-o", f"ControlPath={mux}/%C", "-p", str(port), "-O", "exit", "root@127.0.0.1"],
+                   capture_output=True, timeout=15)
+    shutil.rmtree(mux, ignore_errors=True)

@@ -14,6 +14,7 @@ whole process group — on an SSH host the remote group too.
 from __future__ import annotations
 
 import abc
+import fcntl
 import os
 import re
 import shlex
@@ -494,6 +495,12 @@ class SshHandle(Handle):
             pass  # closing stdin below makes the remote watchdog kill the group
 
 
+#: Environment variable naming a folder where SSH hosts share one master connection per host.
+SSH_CONTROL_DIR_ENV = "PEERCACHE_SSH_CONTROL_DIR"
+#: Longest such folder: ssh binds DIR/<40 hex>.<16 random> (sun_path holds 107 bytes).
+MAX_CONTROL_DIR = 107 - 1 - 40 - 17
+
+
 class SshHost(Host):
     """A remote host over OpenSSH: batch mode, keys only, one reused master connection.
 
@@ -503,6 +510,12 @@ class SshHost(Host):
     file, whose HostName, Port, User, IdentityFile, ProxyJump... then apply.
     Options given here (``port``, ``identity``, ``known_hosts``, ``extra_options``)
     are command-line options and win over the file's; BatchMode=yes is always set.
+
+    ``control_dir`` (default ``$PEERCACHE_SSH_CONTROL_DIR``) shares one master connection per
+    host among every process of a run: a pipeline's jobs then each skip the connection set-up (a
+    key exchange, seconds against an emulated host). The first to connect starts the master; it
+    stays for ``control_persist`` seconds after its last session, and close() leaves it to that.
+    Without it, each SshHost has a private master that close() ends.
     """
 
     kind = "ssh"
@@ -511,7 +524,7 @@ class SshHost(Host):
                  strict_host_key_checking: str = "accept-new", known_hosts: str | None = None,
                  connect_timeout: int = 10, control_persist: int = 120,
                  extra_options: list[str] | tuple[str, ...] = (), ssh: str = "ssh",
-                 config: str | os.PathLike | None = None):
+                 config: str | os.PathLike | None = None, control_dir: str | os.PathLike | None = None):
         shk = str(strict_host_key_checking)
         if shk not in ("yes", "no", "accept-new", "ask"):
             raise HostError(f"StrictHostKeyChecking={shk!r} is not yes/no/accept-new")
@@ -532,7 +545,17 @@ class SshHost(Host):
         self.config = os.fspath(config) if config else None
         # Unix socket paths are limited to ~100 bytes, so keep the dir short
         # and let ssh name the socket by the %C hash.
-        self._control_dir = tempfile.mkdtemp(prefix="pclab-ssh-")
+        self.shared_master = control_dir is not None
+        if self.shared_master:
+            self._control_dir = os.fspath(control_dir)
+            # The socket is DIR/<40 hex>, made as DIR/<40 hex>.<16 random>: within sun_path's 107 bytes.
+            if len(os.fsencode(self._control_dir)) > MAX_CONTROL_DIR:
+                raise HostError(f"ssh control folder {self._control_dir!r} is {len(self._control_dir)} characters long; "
+                                f"ssh's sockets in it would not fit a Unix socket path: use one of at most "
+                                f"{MAX_CONTROL_DIR} characters (for example under /tmp) for ${SSH_CONTROL_DIR_ENV}")
+            os.makedirs(self._control_dir, mode=0o700, exist_ok=True)
+        else:
+            self._control_dir = tempfile.mkdtemp(prefix="pclab-ssh-")
         self.control_path = os.path.join(self._control_dir, "%C")
         self._master_lock = threading.Lock()
         self._master_up = False
@@ -567,34 +590,54 @@ class SshHost(Host):
         return [self.ssh, *self._options(), "-o", "ControlMaster=no", self.target,
                 "exec " + remote]
 
+    def _master_alive(self) -> bool:
+        try:
+            r = subprocess.run([self.ssh, *self._options(), "-O", "check", self.target], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15)
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            return False      # then starting one says why
+        return r.returncode == 0
+
     def connect(self) -> None:
-        """Open the shared master connection (idempotent); raise HostError saying why not."""
+        """Open the master connection, or join the run's shared one (idempotent); raise HostError saying why not."""
         with self._master_lock:
             if self._master_up:
                 return
-            errlog = os.path.join(self._control_dir, "master.err")
-            # stderr goes to a file: the backgrounded master keeps the fds it
-            # was given, and a pipe here would never see EOF.
-            with open(errlog, "wb") as err:
-                try:
-                    r = subprocess.run(
-                        [self.ssh, *self._options(), "-M", "-N", "-f",
-                         "-o", f"ControlPersist={self.control_persist}", self.target],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                        timeout=self.connect_timeout + 10)
-                except FileNotFoundError as e:
-                    raise HostError(f"{self.spec}: {self.ssh!r} not found; install "
-                                    "openssh-client") from e
-                except subprocess.TimeoutExpired:
-                    raise HostError(f"{self.spec}: ssh master connection did not come up "
-                                    f"within {self.connect_timeout + 10}s; check the host "
-                                    "is reachable") from None
-            if r.returncode != 0:
-                msg = Path(errlog).read_text(errors="replace").strip()
-                raise HostError(f"{self.spec}: ssh failed (rc {r.returncode}): {msg or 'no message'}; "
-                                "batch mode allows no password prompt: install a key "
-                                "(identity=...) accepted by the host, and check the host key")
-            self._master_up = True
+            if not self.shared_master:
+                self._start_master()
+                return
+            # One master per host for all processes: whoever holds the lock checks, then starts it.
+            with open(os.path.join(self._control_dir, ".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if self._master_alive():
+                    self._master_up = True
+                    return
+                self._start_master()
+
+    def _start_master(self) -> None:
+        errlog = os.path.join(self._control_dir, f"master-{os.getpid()}.err")
+        # stderr goes to a file: the backgrounded master keeps the fds it
+        # was given, and a pipe here would never see EOF.
+        with open(errlog, "wb") as err:
+            try:
+                r = subprocess.run(
+                    [self.ssh, *self._options(), "-M", "-N", "-f",
+                     "-o", f"ControlPersist={self.control_persist}", self.target],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    timeout=self.connect_timeout + 10)
+            except FileNotFoundError as e:
+                raise HostError(f"{self.spec}: {self.ssh!r} not found; install "
+                                "openssh-client") from e
+            except subprocess.TimeoutExpired:
+                raise HostError(f"{self.spec}: ssh master connection did not come up "
+                                f"within {self.connect_timeout + 10}s; check the host "
+                                "is reachable") from None
+        if r.returncode != 0:
+            msg = Path(errlog).read_text(errors="replace").strip()
+            raise HostError(f"{self.spec}: ssh failed (rc {r.returncode}): {msg or 'no message'}; "
+                            "batch mode allows no password prompt: install a key "
+                            "(identity=...) accepted by the host, and check the host key")
+        self._master_up = True
 
     def _check(self) -> None:
         self.connect()
@@ -612,8 +655,12 @@ class SshHost(Host):
         return c.rc == 0
 
     def close(self) -> None:
-        """Stop the master connection and remove its socket directory."""
+        """Stop a private master connection and remove its socket directory (a shared one stays for
+        its ControlPersist, for the run's next process)."""
         with self._master_lock:
+            if self.shared_master:
+                self._master_up = False
+                return
             if self._master_up:
                 subprocess.run([self.ssh, *self._options(), "-O", "exit", self.target], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=15)
@@ -658,6 +705,8 @@ def parse_host(spec: str, **ssh_options) -> Host:
             raise HostError(f"host spec {spec!r}: port {port} outside 1..65535")
         if ssh_options.get("config") is None and os.environ.get(SSH_CONFIG_ENV):
             ssh_options["config"] = os.environ[SSH_CONFIG_ENV]
+        if ssh_options.get("control_dir") is None and os.environ.get(SSH_CONTROL_DIR_ENV):
+            ssh_options["control_dir"] = os.environ[SSH_CONTROL_DIR_ENV]
         return SshHost(target, port=port, **ssh_options)
     raise HostError(f"host spec {spec!r} not understood; use local, netns:<name> "
                     "or ssh:<user@host>[:port]")

@@ -270,17 +270,26 @@ class MachinePair:
         assert self.dir is not None, "the pair is not started"
         return self.dir / "ssh_config"
 
+    @property
+    def ssh_control_dir(self) -> Path:
+        """Where the run's processes share one ssh master connection per machine."""
+        assert self.dir is not None, "the pair is not started"
+        return self.dir / "ssh-mux"
+
     def environment(self) -> dict[str, str]:
-        """Variables a pipeline run against the pair needs: its ssh config, and how slow the guests are."""
-        return {"PEERCACHE_SSH_CONFIG": str(self.ssh_config_path), "PEERCACHE_SLOWNESS": f"{self.slowness:.1f}",
-                "PEERCACHE_MACHINES_KERNEL": self.kernel}
+        """Variables a pipeline run against the pair needs: its ssh config and shared masters, and how slow
+        the guests are."""
+        return {"PEERCACHE_SSH_CONFIG": str(self.ssh_config_path), "PEERCACHE_SSH_CONTROL_DIR": str(self.ssh_control_dir),
+                "PEERCACHE_SLOWNESS": f"{self.slowness:.1f}", "PEERCACHE_MACHINES_KERNEL": self.kernel}
 
     def host_spec(self, role: str) -> str:
         return f"ssh:{HOST_ALIAS[role]}"
 
     def ssh_argv(self, role: str, command: str) -> list[str]:
         """Plain ssh argv running ``command`` (a shell string) on ``role`` over this run's config."""
-        return ["ssh", "-F", str(self.ssh_config_path), "-o", "ConnectTimeout=10", HOST_ALIAS[role], command]
+        # Over the run's shared master when one is up (ControlMaster=no: never become one), else directly.
+        return ["ssh", "-F", str(self.ssh_config_path), "-o", "ConnectTimeout=10", "-o", "ControlMaster=no",
+                "-o", f"ControlPath={self.ssh_control_dir}/%C", HOST_ALIAS[role], command]
 
     def ssh(self, role: str, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run ``command`` on ``role`` and return what it printed (never raises on its exit status)."""
@@ -447,6 +456,10 @@ class MachinePair:
                     (m.ctl / STOP_FILE).write_text("stop\n")
                 except OSError:
                     pass
+        if self.dir is not None and self.ssh_control_dir.is_dir():
+            for role in ROLES:      # the shared masters, if the run started them
+                subprocess.run(["ssh", "-F", str(self.ssh_config_path), "-o", f"ControlPath={self.ssh_control_dir}/%C",
+                                "-O", "exit", HOST_ALIAS[role]], stdin=subprocess.DEVNULL, capture_output=True, timeout=15)
         for role in list(self.machines):
             self.power_off(role)
         if self.dir is not None:
