@@ -18,7 +18,11 @@ refusal names the limit and its value; clients split big batches to fit.
 With an auth key (:mod:`peercache.auth`) the server is a CURVE server that
 accepts only clients holding the cluster secret; a client without it gets no
 answer at all, so :class:`RpcClient` watches its connection's handshake and
-says "wrong or missing auth key?" instead of only "no reply".
+says "wrong or missing auth key?" instead of only "no reply". A connection
+that never finishes its handshake (a client that connects and says nothing)
+is dropped after HANDSHAKE_S, so such connections cannot hold the server's
+file descriptors for ZeroMQ's default 30 s; a client whose handshake gets no
+answer at all is told the server is stopped, overloaded or out of fds.
 """
 from __future__ import annotations
 
@@ -50,6 +54,9 @@ SOCKET_MAX_BYTES = SOCKET_MAX_FACTOR * MAX_REQUEST_BYTES
 MAX_REPLY_BYTES = 64 << 20
 #: How often (seconds) a client reads its connection's handshake events between timeouts.
 MONITOR_DRAIN_S = 1.0
+#: A connection to a server must finish its ZeroMQ handshake within this many seconds (ZMQ_HANDSHAKE_IVL;
+#: ZeroMQ's default is 30 s, during which a client that connects and never speaks holds an fd).
+HANDSHAKE_S = 2.0
 #: Requests up to this size are decoded and answered by the I/O thread itself.
 INLINE_BYTES = 64 << 10
 
@@ -228,6 +235,7 @@ class RpcServer:
             self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_FACTOR * self.limits.max_message_bytes)
             self.sock.setsockopt(zmq.RCVHWM, 64)
             self.sock.setsockopt(zmq.SNDHWM, 256)
+            self.sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
             if auth is not None:
                 auth.server(self.sock)
             self.sock.bind(endpoint(bind))
@@ -560,9 +568,13 @@ class RpcClient:
                 return cls(f"no answer from {self.what} at {self.addr}: wrong or missing auth key? The "
                            f"connection was made but the secure handshake failed ({seen['failed']}); "
                            f"this side {mine}; {fix}")
-            return cls(f"no answer from {self.what} at {self.addr} to {op!r} within {wait:.1f} s: wrong "
-                       f"or missing auth key? The connection was made but its handshake did not finish "
-                       f"(this side {mine}); {fix}, or check that the server is not overloaded")
+            # A secret that differs ends the handshake with a failure (above); one that never ends is
+            # a server that accepted the connection in its kernel but does not run its side: stopped,
+            # overloaded, or out of file descriptors.
+            return cls(f"no answer from {self.what} at {self.addr} to {op!r} within {wait:.1f} s: the "
+                       "connection was made but the server never answered the ZeroMQ handshake; it is "
+                       "stopped, overloaded or out of file descriptors (check that its process runs and "
+                       "its open-file limit, ulimit -n)")
         return cls(f"no reply from {self.what} at {self.addr} to {op!r} within {wait:.1f} s; check that "
                    "it is running and that the address and port are right")
 

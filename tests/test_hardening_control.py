@@ -212,3 +212,76 @@ def test_client_splits_big_batches_and_a_million_key_lookup_is_quick(meta):
     finally:
         prod.close()
         cons.close()
+
+
+# ---------------------------------------------------------------- connections that never speak
+_SILENT_SERVER = r"""
+import sys, time
+from peercache.rpc import RpcServer
+s = RpcServer("127.0.0.1:0", {"ping": lambda m: {"pong": 1}}).start()
+print(s.port, flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_connections_that_never_speak_do_not_lock_the_control_port_out():
+    """Under a 128-fd limit, 300 connections that never send their ZeroMQ greeting take every fd
+    the server has; they are dropped after rpc.HANDSHAKE_S (ZeroMQ's default: 30 s), so a real
+    client gets its answer within a few seconds, and meanwhile is told what happened, not an
+    auth hint (this side has no auth key, the server none either)."""
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    srv = subprocess.Popen([sys.executable, "-c", _SILENT_SERVER, "60"], stdout=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)))
+    flood: list[socket.socket] = []
+    client = None
+    try:
+        port = int(srv.stdout.readline())
+        end = time.monotonic() + scaled(10)
+        while len(flood) < 300 and time.monotonic() < end:
+            try:
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+            except OSError:
+                break                   # the backlog is full: the server holds all it can
+        assert len(flood) > 128, len(flood)
+        client = RpcClient(f"127.0.0.1:{port}", timeout=1.0, what="discovery")
+        t, errors = time.monotonic(), []
+        while time.monotonic() - t < scaled(20):
+            try:
+                assert client.call("ping")["pong"] == 1
+                break
+            except peercache.PeerCacheError as e:
+                errors.append(str(e))
+        took = time.monotonic() - t
+        print(f"answered {took:.2f} s into a flood of {len(flood)} silent connections; meanwhile: {errors[:1]}")
+        assert took < rpc.HANDSHAKE_S + scaled(3.0), (took, errors)
+        assert not any("auth key" in e for e in errors), errors
+    finally:
+        for s in flood:
+            s.close()
+        if client is not None:
+            client.close()
+        srv.kill()
+        srv.wait(timeout=10)
+        srv.stdout.close()
+
+
+def test_a_server_that_never_answers_the_handshake_gets_no_auth_hint_without_auth():
+    """A listener that accepts and says nothing (a stopped server, one out of fds): the error
+    says that, not 'wrong or missing auth key?' (neither side has a key)."""
+    import socket
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(8)
+        c = RpcClient(f"127.0.0.1:{ls.getsockname()[1]}", timeout=0.5, what="discovery")
+        try:
+            with pytest.raises(peercache.PeerCacheError) as e:
+                c.call("ping")
+        finally:
+            c.close()
+    print(e.value)
+    assert "auth key" not in str(e.value)
+    assert "never answered the ZeroMQ handshake" in str(e.value) and "out of file descriptors" in str(e.value)
