@@ -203,6 +203,8 @@ class Node:
         self._table_native_peer = False
         self._stop = threading.Event()
         self._hb: threading.Thread | None = None
+        #: when the directory last answered this node (registration, then each heartbeat; monotonic s)
+        self.directory_answered = time.monotonic()
         #: CURVE keys from the cluster secret (auth_key=, else $PEERCACHE_AUTH_KEY); None = no auth
         #: what this node holds of the cluster secret: the CURVE keys of the control plane and
         #: the token of the data servers' handshake (empty without a secret)
@@ -330,6 +332,7 @@ class Node:
         while not self._stop.wait(self.heartbeat_interval):
             try:
                 reply = hb.call("heartbeat", node_id=self.node_id, token=self.token)
+                self.directory_answered = time.monotonic()
                 if not reply["known"]:
                     log.warning("discovery forgot node %s; registering again", self.node_id)
                     self._register()
@@ -342,6 +345,12 @@ class Node:
                             self._publish(retry, [])
             except PeerCacheError as e:
                 log.warning("heartbeat failed: %s", e)
+
+    def directory_silence(self) -> float:
+        """Seconds since the directory last answered this node (its registration or a heartbeat,
+        one every ``heartbeat_interval``): a few intervals mean the directory, or the node hosting
+        it, is stopped, hung or out of reach, even while one-sided reads still succeed."""
+        return time.monotonic() - self.directory_answered
 
     def _republish(self) -> None:
         if self.pool is None:

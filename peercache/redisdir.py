@@ -85,6 +85,18 @@ from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .rpc import Limits, pack, unpack
 from .transport.base import LOC_DTYPE
 
+
+def _once_on_a_broken_connection() -> Retry:
+    """redis-py's retry policy here: a command is sent once more on a fresh connection when the pooled
+    one turned out broken (a restarted Redis), never after a timeout, so each call waits at most its
+    socket timeout: a stopped Redis ends a call after one timeout, not two."""
+    return Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+
+
+def _timed_out(e: BaseException) -> bool:
+    """Whether ``e`` is a socket timeout (SO_RCVTIMEO's EAGAIN, socket.timeout or redis-py's)."""
+    return isinstance(e, (TimeoutError, BlockingIOError, redis.exceptions.TimeoutError))
+
 log = logging.getLogger(__name__)
 
 #: Environment variable holding the Redis password when the URL has none.
@@ -414,7 +426,7 @@ class RedisDirectory:
         c = self.cfg
         kw: dict[str, Any] = dict(username=c.username, password=c.password, socket_timeout=self.timeout,
                                   socket_connect_timeout=min(self.timeout, 2.0),
-                                  retry=Retry(NoBackoff(), 1), health_check_interval=0)
+                                  retry=_once_on_a_broken_connection(), health_check_interval=0)
         if c.ssl:
             kw["ssl"] = True
             kw.update(c.ssl_options)
@@ -436,7 +448,7 @@ class RedisDirectory:
                 if c.db:
                     raise ConfigError(f"directory {self.address} is a Redis Cluster, which has only database 0; "
                                       "drop the /DB from the URL")
-                r = redis.RedisCluster(host=c.host, port=c.port, retry=Retry(NoBackoff(), 1),
+                r = redis.RedisCluster(host=c.host, port=c.port, retry=_once_on_a_broken_connection(),
                                        require_full_coverage=True, **{k: v for k, v in kw.items()
                                                                       if k != "retry"})
             else:
@@ -466,6 +478,10 @@ class RedisDirectory:
                 f"the URL (redis://:PASSWORD@HOST:PORT/DB) or in ${PASSWORD_ENV}")
         if isinstance(e, redis.exceptions.ResponseError) and not isinstance(e, redis.exceptions.ClusterDownError):
             return RpcError(f"directory {self.address} refused {op!r}: {e}")
+        if _timed_out(e):
+            return DiscoveryUnreachable(
+                f"directory {self.address} unreachable during {op!r}: no answer within {self.timeout:g} s; "
+                "check that redis-server is running there and not stopped or overloaded")
         return DiscoveryUnreachable(
             f"directory {self.address} unreachable during {op!r}: {type(e).__name__}: {e}; check that "
             "redis-server is running there and that the URL's host, port and password are right")
@@ -988,7 +1004,9 @@ class RedisDirectory:
     def _fetch_direct(self, keys: Sequence[bytes]) -> tuple[int, list] | None:
         """One Redis's fast lookup: one MGET of the epoch and the entries, on a connection of this
         client's own (:class:`LookupSocket`; redis-py's own connection for TLS). None when the
-        connection failed: the caller's pipeline then retries once and reports an unreachable Redis."""
+        connection failed: the caller's pipeline then retries once and reports an unreachable Redis.
+        A timeout is not retried: it raises DiscoveryUnreachable at once (a stopped Redis would only
+        make the pipeline wait out a timeout of its own)."""
         pkt = self._mget(keys, self._epoch_key)
         try:
             conn = self._conns.pop()
@@ -1006,12 +1024,14 @@ class RedisDirectory:
                 got = conn.request(pkt, 1)[0]
             epoch = int(got[0] or 0)
             del got[0]                   # the reply's own list: the entries' values, without a copy
-        except (redis.exceptions.RedisError, OSError, ValueError, TypeError, IndexError):
+        except (redis.exceptions.RedisError, OSError, ValueError, TypeError, IndexError) as e:
             if self.cfg.ssl:
                 conn.disconnect()        # reconnects at its next use
                 self._conns.append(conn)
             else:
                 conn.close()
+            if _timed_out(e):
+                raise self._unreachable("lookup", e) from None
             return None
         self._conns.append(conn)
         return epoch, got
@@ -1053,9 +1073,11 @@ class RedisDirectory:
                     else:
                         for i, v in zip(g, r):
                             raw[i] = v
-        except (redis.exceptions.RedisError, OSError, ValueError):
+        except (redis.exceptions.RedisError, OSError, ValueError) as e:
             for client, conn, _ in held:
                 conn.disconnect()
+            if _timed_out(e):
+                raise self._unreachable("lookup", e) from None
             return None
         finally:
             for client, conn, _ in held:

@@ -29,6 +29,20 @@ from . import meta, options
 
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
+#: Every fault ends a drive within 5 s. Each wait of a driver is bounded by one of these: its
+#: directory calls (lookups, heartbeats) give up after IO_TIMEOUT_S without an answer, its tcp
+#: data connection after DATA_TIMEOUT_S without progress; a point ends once the directory has
+#: answered none of the node's heartbeats (one a second) for DIRECTORY_SILENCE_S, which also
+#: catches a stopped producer hosting the directory whose pages one-sided reads still reach
+#: (shm, rdma); threads still inside a read are then given STUCK_GRACE_S and left behind, and
+#: after a failed run the driver processes are given END_GRACE_S before they are ended.
+IO_TIMEOUT_S = 3.0
+DATA_TIMEOUT_S = 2.0
+DIRECTORY_SILENCE_S = 3.0
+STUCK_GRACE_S = 0.2
+END_GRACE_S = 1.0
+#: How often a driver process checks on its point's threads and its directory.
+WATCH_S = 0.1
 #: Per-batch latencies one driver thread keeps for the percentiles: beyond this many, a uniform
 #: sample of the window's batches (reservoir sampling), so memory stays bounded on long points.
 LATENCY_SAMPLES = 100_000
@@ -79,10 +93,13 @@ class _Worker:
         self.keys_arr = np.empty(len(self.keys), dtype=object)
         self.keys_arr[:] = self.keys
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
+        topts = dict(cfg.get("transport_options") or {})
+        if cfg["protocol"] == "tcp":
+            topts.setdefault("io_timeout", DATA_TIMEOUT_S)
         self.node = Node(cfg["discovery_addr"], directory=cfg.get("directory"), protocol=cfg["protocol"],
                          max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
-                         rpc_timeout=3.0, name=f"drive-{pidx}",
-                         transport_options=cfg.get("transport_options"), auth_key=cfg.get("auth_key"),
+                         rpc_timeout=IO_TIMEOUT_S, name=f"drive-{pidx}",
+                         transport_options=topts, auth_key=cfg.get("auth_key"),
                          integrity=cfg.get("integrity", False))
         #: the bench pattern is checked in the native batch, on the bytes it just landed (host memory);
         #: GPU memory is checked here after a download instead
@@ -134,15 +151,35 @@ class _Worker:
                                     daemon=True) for i in range(conc)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join(timeout=max(0.0, win_end - time.time()) + POINT_GRACE_S)
-        if any(t.is_alive() for t in threads):
-            stop.set()
-            abort.append("driver threads did not finish within the point's window + grace")
+        self._watch(threads, win_end, stop, abort)
         total = ThreadStats()
         for s in stats:
             total.add(s)
         return {"stats": total.__dict__, "abort": abort[:1]}
+
+    def _watch(self, threads: list, win_end: float, stop, abort: list) -> None:
+        """Wait for the point's threads; end the point early when the directory falls silent, and
+        leave behind threads still stuck in a read (bounded: see DIRECTORY_SILENCE_S)."""
+        ended_at = None
+        silence_of = getattr(self.node, "directory_silence", lambda: 0.0)
+        while any(t.is_alive() for t in threads):
+            next(t for t in threads if t.is_alive()).join(timeout=WATCH_S)
+            if stop.is_set():
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at >= STUCK_GRACE_S:
+                    break
+                continue
+            silence = silence_of()
+            if silence > DIRECTORY_SILENCE_S:
+                self.abandon = True      # leaving would be one more call to the silent directory
+                where = _safe_directory(self.cfg.get("directory") or self.cfg["discovery_addr"])
+                abort.append(f"the directory at {where} is unreachable: it has answered no heartbeat for "
+                             f"{silence:.1f} s (it, or the node hosting it, is stopped, hung or out of reach)")
+                stop.set()
+            elif time.time() > win_end + POINT_GRACE_S:
+                abort.append("driver threads did not finish within the point's window + grace")
+                stop.set()
+        self.abandon = getattr(self, "abandon", False) or any(t.is_alive() for t in threads)
 
     def _add_live(self, n: float) -> None:
         """Progress counter shared with the parent (a plain double: the parent only reads it)."""
@@ -307,6 +344,11 @@ def _worker_main(conn, cfg: dict, pidx: int, live, parent_pid: int | None = None
     except Exception as e:  # report, don't hang the parent
         conn.send(("error", f"driver process {pidx} failed: {type(e).__name__}: {e}"))
     finally:
+        if worker is not None and getattr(worker, "abandon", False):
+            # A thread is still inside a read on the node's connections (closing them under it is
+            # not safe), or the directory fell silent (leaving would wait on it): the process ends
+            # now, and its memory and sockets go with it.
+            os._exit(1)
         if worker is not None:
             worker.close()
 
@@ -463,10 +505,20 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                 c.send(("stop", None))
             except (OSError, BrokenPipeError):
                 pass
+        # After a fault the processes are not waited on for long: leaving the cluster may be a
+        # call to the very directory that failed (see END_GRACE_S).
+        failed = doc["status"] != "ok" or any(p["status"] != "ok" for p in doc["points"])
+        grace = END_GRACE_S if failed else 5.0
+        until = time.monotonic() + grace
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, until - time.monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.terminate()
+        for p in procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
                 p.join(timeout=2)
     doc["meta"]["end"] = meta.now_iso()
     if any(p["status"] != "ok" for p in doc["points"]) or not doc["points"]:
@@ -567,10 +619,14 @@ def _collect(conns, procs, lives, t0, conc, k, args, say) -> list[dict]:
 
 
 def _tell_serve(args, doc: dict) -> None:
+    """Tell serve this reader is done (bounded: nothing to tell a directory that just failed)."""
+    ok = doc["status"] == "ok"
+    if not ok and "unreachable" in (doc["error"] or ""):
+        return
     try:
         # reader_done is accepted only in a registered node's name: register, tell, leave.
-        cli = Node(args.discovery_addr, directory=options.directory(args), rpc_timeout=2.0, name="drive",
-                   auth_key=options.auth_secret(args))
+        cli = Node(args.discovery_addr, directory=options.directory(args), rpc_timeout=2.0 if ok else 0.5,
+                   name="drive", auth_key=options.auth_secret(args))
         try:
             cli.call("reader_done", summary={"status": doc["status"], "points": len(doc["points"])})
         finally:

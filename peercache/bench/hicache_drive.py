@@ -100,6 +100,9 @@ class _V1Reader:
     def exists_batch(self, keys):
         return self.w.store.node.exists_batch(keys)
 
+    def directory_silence(self) -> float:
+        return self.w.store.node.directory_silence()
+
     def get_batch_into(self, keys, dest, offsets, caps, check_pattern=False):
         w = self.w
         objs, n = w.objs, len(keys) // w.objs
