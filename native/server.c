@@ -15,10 +15,28 @@
  * non-blocking, so a connection costs a small struct and no thread, and a
  * reply larger than the socket buffer is sent in pieces between the other
  * connections' work. Limits, all counted in the table's stats():
- *   - at most max_connections open at once: an extra one is closed at once;
+ *   - a new connection waits for its hello (or, without a token, its first
+ *     request) in a budget of its own: at most max_greeting of them per
+ *     worker, max_greeting_per_source of them from one address, each for at
+ *     most hello_timeout. Past a cap the oldest waiting one (of that address,
+ *     or of all) is closed, so clients that never say hello can neither fill
+ *     the server nor keep out a client that greets at once: its hello is
+ *     read the moment it is accepted;
+ *   - at most max_connections greeted ones at once (over all workers): one
+ *     more is told "the data server is at its connection limit" and closed;
  *   - a connection with no request under way is closed after idle_timeout;
  *   - a request (header and body) must arrive within request_timeout of its
- *     first byte, and a reply must make progress at least that often;
+ *     first byte, and a reply must send PROGRESS_BYTES (or its end) at least
+ *     that often, else the connection is closed: a slow reader cannot hold
+ *     its reply's buffers for long;
+ *   - memory for replies has a cap over all workers (reply_memory bytes): a
+ *     request takes its buffers (beyond the small ones each connection keeps)
+ *     plus its socket's send buffer (send_buffer bytes asked of the kernel
+ *     per connection, SO_SNDBUF) before its body is read, and gives the send
+ *     buffer back once the socket's queue has drained (SIOCOUTQ, checked each
+ *     tick); a request that does not fit waits (its body unread, so its
+ *     sender is paced by TCP), for request_timeout at most, then is refused;
+ *     a reply whose tail is not read within request_timeout is dropped;
  *   - an accept error (EMFILE, ENFILE, ENOBUFS...) takes the listening
  *     socket out of the worker's epoll for 10 ms, doubling up to 100 ms,
  *     then accepting resumes: the loop never ends on it.
@@ -40,11 +58,14 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <linux/sockios.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -70,17 +91,23 @@
 #define REQ_BURST 16
 #define BACKOFF_MIN 0.010
 #define BACKOFF_MAX 0.100
+/* A reply must send this much (or its end) every request_timeout. */
+#define PROGRESS_BYTES (256u << 10)
+/* Tick while a request waits for reply memory. */
+#define WAIT_TICK 0.010
 
 /* Counters of stats(), in this order. */
 enum {
     ST_ACCEPTED, ST_SERVED, ST_OPS_BAD_REGION, ST_OPS_OUT_OF_RANGE, ST_OPS_ZERO_LENGTH,
     ST_REQ_BAD_MAGIC, ST_REQ_TOO_MANY_OPS, ST_REQ_NO_OPS, ST_REQ_TOO_LARGE, ST_CONN_OVER_LIMIT,
-    ST_CONN_IDLE, ST_CONN_SLOW, ST_ACCEPT_ERRORS, ST_NOMEM, ST_CONN_NO_TOKEN, ST_CONN_BAD_TOKEN, N_STATS
+    ST_CONN_IDLE, ST_CONN_SLOW, ST_ACCEPT_ERRORS, ST_NOMEM, ST_CONN_NO_TOKEN, ST_CONN_BAD_TOKEN,
+    ST_CONN_HELLO_TIMEOUT, ST_CONN_EVICTED, ST_REPLY_WAITS, ST_REQ_BUSY, N_STATS
 };
 static const char *const stat_names[N_STATS] = {
     "accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
     "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
     "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
+    "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy",
 };
 
 typedef struct {
@@ -92,6 +119,9 @@ typedef struct {
     atomic_ullong refused;
     atomic_ullong stats[N_STATS];
     atomic_long nconns;        /* open connections over all workers */
+    atomic_long nserving;      /* of them greeted: counted against max_connections */
+    atomic_long ngreeting;     /* of them waiting for their hello */
+    atomic_llong reserved;     /* bytes of the reply memory taken (buffers + send queues) */
     atomic_int accept_errno;   /* last accept error */
     atomic_int accept_failing; /* 1 from an accept error until the next accepted connection */
     int has_token;             /* connections must open with a hello carrying token */
@@ -122,6 +152,9 @@ static PyObject *RegionTable_new(PyTypeObject *t, PyObject *args, PyObject *kw) 
     atomic_init(&self->refused, 0);
     for (int i = 0; i < N_STATS; i++) atomic_init(&self->stats[i], 0);
     atomic_init(&self->nconns, 0);
+    atomic_init(&self->nserving, 0);
+    atomic_init(&self->ngreeting, 0);
+    atomic_init(&self->reserved, 0);
     atomic_init(&self->accept_errno, 0);
     atomic_init(&self->accept_failing, 0);
     if (token != Py_None) {
@@ -305,19 +338,30 @@ enum { C_HEAD, C_BODY, C_SEND, C_HELLO };
 enum { STAGE_GREETING, STAGE_SERVING };
 
 typedef struct conn {
-    struct conn *prev, *next;
+    struct conn *prev, *next;     /* the worker's connections */
+    struct conn *gprev, *gnext;   /* the worker's connections waiting for their hello, oldest first */
     int fd;
     int state;           /* C_HEAD, C_BODY, C_SEND or C_HELLO (the hello's token) */
     int stage;           /* STAGE_GREETING until greet() accepted the first message */
+    int greeting;        /* in the worker's greeting list */
+    int serving;         /* counted in the table's nserving */
     int close_after;     /* framing lost: close once the refusal is out */
     int refusal;         /* the reply under way is a refusal */
-    int polling_out;     /* registered for EPOLLOUT (a reply is waiting for room) */
+    int waiting;         /* its request waits for reply memory (no events polled meanwhile) */
+    uint32_t events;     /* the epoll events registered */
     size_t got;          /* bytes of the current header or body received */
     uint32_t n;
     uint64_t req_id;
-    double deadline;     /* idle, request or send-progress deadline (monotonic s) */
+    double deadline;     /* hello, idle, request or send-progress deadline (monotonic s) */
+    double drain_by;     /* a finished reply's queue must be read by then */
+    size_t progress;     /* reply bytes sent since the deadline last moved */
     struct iovec *cur;   /* reply still to send */
     size_t left;
+    long long hbuf;      /* reply memory held for the mapped op buffers */
+    long long qcap;      /* this socket's send buffer (SO_SNDBUF as the kernel set it) */
+    int hq;              /* qcap is held of the reply memory (until the send queue drains) */
+    uint8_t src_len;
+    uint8_t src[16];     /* source address (4 or 16 bytes) */
     opbuf b;
     uint8_t head[HEAD_BYTES];
     uint8_t tok[TOKEN_BYTES];
@@ -329,9 +373,15 @@ typedef struct conn {
 typedef struct worker {
     RegionTableObject *t;
     int ep, lfd, stopfd;
-    long max_conns;
-    double idle_s, request_s, tick_s;
+    long max_conns;          /* greeted connections, over all workers */
+    long max_greet;          /* this worker's connections waiting for their hello */
+    long max_greet_src;      /* of them from one source address */
+    long long mem_cap;       /* reply memory, over all workers */
+    int sndbuf;              /* SO_SNDBUF asked per connection (0: the kernel's autotuning) */
+    double idle_s, request_s, hello_s, tick_s;
     conn *conns;
+    conn *ghead, *gtail;
+    long ngreet, nwaiting;
     int listening;
     double resume_at, backoff;
 } worker;
@@ -344,23 +394,80 @@ static double mono(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* ------------------------------------------------------------- reply memory */
+
+/* Take k bytes of the table's reply memory; 0 when that would pass the cap (some is taken). */
+static int mem_take(worker *w, long long k) {
+    atomic_llong *r = &w->t->reserved;
+    long long cur = atomic_load(r);
+    do {
+        if (cur > 0 && cur + k > w->mem_cap) return 0;
+    } while (!atomic_compare_exchange_weak(r, &cur, cur + k));
+    return 1;
+}
+
+static void mem_give(worker *w, long long k) {
+    if (k) atomic_fetch_sub(&w->t->reserved, k);
+}
+
+/* The mapped op buffers of c are gone (reply out or connection closed). */
+static void give_buffers(worker *w, conn *c) {
+    opbuf_free(&c->b);
+    mem_give(w, c->hbuf);
+    c->hbuf = 0;
+}
+
+/* Bytes the kernel still holds to send on c (sent and not acknowledged, or not sent). */
+static long long send_queue(conn *c) {
+    int q = 0;
+    return ioctl(c->fd, SIOCOUTQ, &q) == 0 ? q : 0;
+}
+
+/* ------------------------------------------------------------- connections */
+
+static void greet_unlink(worker *w, conn *c) {
+    if (!c->greeting) return;
+    if (c->gprev) c->gprev->gnext = c->gnext;
+    else w->ghead = c->gnext;
+    if (c->gnext) c->gnext->gprev = c->gprev;
+    else w->gtail = c->gprev;
+    c->gprev = c->gnext = NULL;
+    c->greeting = 0;
+    w->ngreet--;
+    atomic_fetch_sub(&w->t->ngreeting, 1);
+}
+
+static int set_events(worker *w, conn *c, uint32_t ev) {
+    if (c->events == ev) return 0;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    if (epoll_ctl(w->ep, EPOLL_CTL_MOD, c->fd, &e) < 0) return -1;
+    c->events = ev;
+    return 0;
+}
+
 static void conn_close(worker *w, conn *c) {
     epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    if (c->close_after) {
+        /* A refused connection: read what its client sent meanwhile, so the close is a FIN
+         * after the refusal rather than a reset that could overtake it. */
+        uint8_t sink[4096];
+        for (int i = 0; i < 16 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+    }
     close(c->fd);
     if (c->prev) c->prev->next = c->next;
     else w->conns = c->next;
     if (c->next) c->next->prev = c->prev;
-    opbuf_free(&c->b);
+    greet_unlink(w, c);
+    if (c->waiting) w->nwaiting--;
+    if (c->serving) atomic_fetch_sub(&w->t->nserving, 1);
+    give_buffers(w, c);
+    if (c->hq) mem_give(w, c->qcap);
     free(c);
     atomic_fetch_sub(&w->t->nconns, 1);
 }
 
 static int want(worker *w, conn *c, int out) {
-    if (c->polling_out == out) return 0;
-    struct epoll_event ev = {.events = out ? EPOLLOUT : EPOLLIN, .data.ptr = c};
-    if (epoll_ctl(w->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0) return -1;
-    c->polling_out = out;
-    return 0;
+    return set_events(w, c, out ? EPOLLOUT : EPOLLIN);
 }
 
 static void start_refusal(conn *c, const char *why, int fatal) {
@@ -377,10 +484,43 @@ static void start_refusal(conn *c, const char *why, int fatal) {
     c->state = C_SEND;
 }
 
+/* Close c, counted under stat, without a word: a connection that did not greet in time or
+ * was pushed out by newer ones may be a client's pooled channel that sat idle (without a
+ * token it says nothing until its first request), which redials when it finds it closed. */
+static void drop(worker *w, conn *c, int stat) {
+    count(w->t, stat, 1);
+    if (stat != ST_CONN_IDLE) {
+        /* A reset, not a FIN: a slow reader's FIN would wait behind its unread reply, which the
+         * kernel would keep (an orphan) for as long as the reader takes; and a flood of
+         * connections closed for not greeting leaves no TIME_WAIT behind. */
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    conn_close(w, c);
+}
+
+/* The greeting is over: c counts against max_connections from now on, or is refused. */
+static int admit(worker *w, conn *c, double now) {
+    greet_unlink(w, c);
+    c->stage = STAGE_SERVING;
+    if (atomic_fetch_add(&w->t->nserving, 1) >= w->max_conns) {
+        atomic_fetch_sub(&w->t->nserving, 1);
+        count(w->t, ST_CONN_OVER_LIMIT, 1);
+        c->req_id = 0;
+        snprintf(c->why, sizeof c->why, "the data server is at its connection limit (%ld connections); "
+                 "retry later, or raise the producer's PEERCACHE_TCP_MAX_CONNECTIONS", w->max_conns);
+        start_refusal(c, c->why, 1);
+        c->deadline = now + w->request_s;
+        return -1;
+    }
+    c->serving = 1;
+    return 0;
+}
+
 /* The first message of a connection (its header is in c->head). 0: it is a
  * request and this table admits connections without a hello; -1: handled
  * here (a hello whose token is read next, or a refusal). */
-static int greet(worker *w, conn *c) {
+static int greet(worker *w, conn *c, double now) {
     uint32_t version, len;
     memcpy(&version, c->head + 4, 4);
     memcpy(&len, c->head + 8, 4);
@@ -407,7 +547,8 @@ static int greet(worker *w, conn *c) {
                          "secret (--auth-key-file or $PEERCACHE_AUTH_KEY)", 1);
         return -1;
     }
-    c->stage = STAGE_SERVING;
+    if (admit(w, c, now) < 0) return -1;
+    c->deadline = now + w->request_s;   /* the rest of this first request */
     return 0;
 }
 
@@ -425,18 +566,20 @@ static void on_hello(worker *w, conn *c, double now) {
             return;
         }
     }
-    c->stage = STAGE_SERVING;
+    if (admit(w, c, now) < 0) return;
     c->state = C_HEAD;
     c->got = 0;
     c->deadline = now + w->idle_s;
 }
 
 /* Body complete: check the ops and set up the reply. */
-static void start_reply(worker *w, conn *c) {
+static void start_reply(worker *w, conn *c, double now) {
     RegionTableObject *t = w->t;
     uint64_t total, bad[3] = {0, 0, 0};
     size_t k = check_ops(t, c->b.wire, c->n, c->b.status, c->b.iov + 2, &total, bad);
     count_bad(t, bad);
+    c->deadline = now + w->request_s;
+    c->progress = 0;
     if (total > MAX_REPLY_BYTES) {
         too_large(t, total, c->why, sizeof c->why);
         atomic_fetch_add(&t->refused, 1);
@@ -453,22 +596,47 @@ static void start_reply(worker *w, conn *c) {
     c->state = C_SEND;
 }
 
+/* The request's header is checked: take its reply memory and read its body, or wait for
+ * memory (0: go on, 1: waiting, -1: refused). */
+static int begin_body(worker *w, conn *c) {
+    long long buf = c->n > SMALL_OPS && c->n > c->b.cap ? (long long)opbuf_bytes(c->n) : 0;
+    long long need = buf + (c->hq ? 0 : c->qcap);
+    if (need && !mem_take(w, need)) {
+        if (!c->waiting) {
+            c->waiting = 1;
+            w->nwaiting++;
+            count(w->t, ST_REPLY_WAITS, 1);
+            if (set_events(w, c, 0) < 0) return -1;
+        }
+        return 1;
+    }
+    if (c->waiting) {
+        c->waiting = 0;
+        w->nwaiting--;
+    }
+    if (opbuf_reserve(&c->b, c->n) < 0) {
+        mem_give(w, need);
+        count(w->t, ST_NOMEM, 1);
+        start_refusal(c, "the data server is out of memory", 1);
+        return -1;
+    }
+    c->hq = 1;
+    c->hbuf += buf;
+    c->state = C_BODY;
+    c->got = 0;
+    return 0;
+}
+
 /* Header complete. */
-static void on_head(worker *w, conn *c) {
+static void on_head(worker *w, conn *c, double now) {
     int fatal;
-    if (c->stage == STAGE_GREETING && greet(w, c) < 0) return;
+    if (c->stage == STAGE_GREETING && greet(w, c, now) < 0) return;
     if (check_head(w->t, c->head, &c->n, &c->req_id, c->why, sizeof c->why, &fatal) < 0) {
         atomic_fetch_add(&w->t->refused, 1);
         start_refusal(c, c->why, fatal);
         return;
     }
-    if (opbuf_reserve(&c->b, c->n) < 0) {
-        count(w->t, ST_NOMEM, 1);
-        start_refusal(c, "the data server is out of memory", 1);
-        return;
-    }
-    c->state = C_BODY;
-    c->got = 0;
+    begin_body(w, c);
 }
 
 /* Send what the socket takes: 1 reply out, 0 wait for room, -1 close. */
@@ -481,7 +649,11 @@ static int conn_send(worker *w, conn *c, double now) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             return -1;
         }
-        c->deadline = now + w->request_s;  /* progress */
+        c->progress += (size_t)k;
+        if (c->progress >= PROGRESS_BYTES) {   /* enough progress: a new deadline */
+            c->deadline = now + w->request_s;
+            c->progress = 0;
+        }
         size_t sent = (size_t)k;
         while (c->left && sent >= c->cur->iov_len) {
             sent -= c->cur->iov_len;
@@ -498,17 +670,18 @@ static int conn_send(worker *w, conn *c, double now) {
 
 /* Work on c until it would block: 0 keep it, -1 close it. */
 static int conn_run(worker *w, conn *c, double now) {
-    for (int done = 0; done < REQ_BURST;) {
+    for (int done = 0; done < REQ_BURST && !c->waiting;) {
         if (c->state == C_SEND) {
             int r = conn_send(w, c, now);
             if (r < 0) return -1;
             if (r == 0) return want(w, c, 1);
             if (c->close_after) return -1;
-            if (c->b.mapped) opbuf_free(&c->b);
+            if (c->b.mapped) give_buffers(w, c);
             if (!c->refusal) count(w->t, ST_SERVED, 1);
             c->state = C_HEAD;
             c->got = 0;
             c->deadline = now + w->idle_s;
+            c->drain_by = now + w->request_s;
             done++;
             if (want(w, c, 0) < 0) return -1;
             continue;
@@ -532,24 +705,58 @@ static int conn_run(worker *w, conn *c, double now) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             return -1;
         }
-        if (c->state == C_HEAD && c->got == 0) c->deadline = now + w->request_s;  /* a request began */
+        /* a request began (a greeting keeps its hello deadline) */
+        if (c->state == C_HEAD && c->got == 0 && c->stage == STAGE_SERVING) c->deadline = now + w->request_s;
         c->got += (size_t)k;
         if ((size_t)k < need) continue;
         if (c->state == C_HEAD) {
-            on_head(w, c);
+            on_head(w, c, now);
         } else if (c->state == C_HELLO) {
             on_hello(w, c, now);
         } else {
-            start_reply(w, c);
+            start_reply(w, c, now);
         }
     }
     return 0;  /* more may be queued: level-triggered epoll calls again */
 }
 
+static int same_source(const conn *a, const conn *b) {
+    return a->src_len == b->src_len && memcmp(a->src, b->src, a->src_len) == 0;
+}
+
+/* c, just accepted, still waits for its hello: keep this worker's waiting connections within
+ * their caps by closing the oldest one of c's address, or the oldest of all. */
+static void greet_caps(worker *w, conn *c) {
+    long same = 0;
+    conn *oldest_same = NULL;
+    for (conn *g = w->ghead; g; g = g->gnext) {
+        if (!same_source(g, c)) continue;
+        if (!oldest_same) oldest_same = g;
+        same++;
+    }
+    if (same > w->max_greet_src && oldest_same && oldest_same != c) {
+        drop(w, oldest_same, ST_CONN_EVICTED);
+    } else if (w->ngreet > w->max_greet && w->ghead && w->ghead != c) {
+        drop(w, w->ghead, ST_CONN_EVICTED);
+    }
+}
+
+static void set_source(conn *c, const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET) {
+        c->src_len = 4;
+        memcpy(c->src, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        c->src_len = 16;
+        memcpy(c->src, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+    }
+}
+
 static void do_accept(worker *w, double now) {
     RegionTableObject *t = w->t;
     for (int i = 0; i < ACCEPT_BURST; i++) {
-        int fd = accept4(w->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(w->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
@@ -571,31 +778,45 @@ static void do_accept(worker *w, double now) {
         w->backoff = BACKOFF_MIN;
         if (atomic_load_explicit(&t->accept_failing, memory_order_relaxed))
             atomic_store(&t->accept_failing, 0);
-        if (atomic_fetch_add(&t->nconns, 1) >= w->max_conns) {
-            atomic_fetch_sub(&t->nconns, 1);
-            close(fd);
-            count(t, ST_CONN_OVER_LIMIT, 1);
-            continue;
-        }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (w->sndbuf > 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &w->sndbuf, sizeof w->sndbuf);
+        int qcap = 0;
+        socklen_t ql = sizeof qcap;
+        getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &qcap, &ql);
         conn *c = calloc(1, sizeof *c);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (!c || epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
             count(t, ST_NOMEM, 1);
             free(c);
             close(fd);
-            atomic_fetch_sub(&t->nconns, 1);
             continue;
         }
+        atomic_fetch_add(&t->nconns, 1);
         c->fd = fd;
+        c->events = EPOLLIN;
+        c->qcap = qcap;
         c->state = C_HEAD;
         c->stage = STAGE_GREETING;
-        c->deadline = now + w->idle_s;
+        c->deadline = now + w->hello_s;
+        set_source(c, &ss);
         c->next = w->conns;
         if (w->conns) w->conns->prev = c;
         w->conns = c;
+        c->greeting = 1;
+        c->gprev = w->gtail;
+        if (w->gtail) w->gtail->gnext = c;
+        else w->ghead = c;
+        w->gtail = c;
+        w->ngreet++;
+        atomic_fetch_add(&t->ngreeting, 1);
         count(t, ST_ACCEPTED, 1);
+        /* A client sends its hello as it connects: it is usually here already. */
+        if (conn_run(w, c, now) < 0) {
+            conn_close(w, c);
+            continue;
+        }
+        if (c->greeting) greet_caps(w, c);
     }
 }
 
@@ -606,24 +827,63 @@ static int listen_on(worker *w) {
     return 0;
 }
 
-static void expire(worker *w, double now) {
+/* A request that waited for reply memory past its deadline: refused, then closed. */
+static void refuse_busy(worker *w, conn *c, double now) {
+    c->waiting = 0;
+    w->nwaiting--;
+    count(w->t, ST_REQ_BUSY, 1);
+    atomic_fetch_add(&w->t->refused, 1);
+    snprintf(c->why, sizeof c->why, "the data server's reply memory (%lld MiB) stayed taken for %.0f s; "
+             "retry later, or raise the producer's PEERCACHE_TCP_REPLY_MEMORY", w->mem_cap >> 20,
+             w->request_s);
+    start_refusal(c, c->why, 1);
+    c->deadline = now + w->request_s;
+    if (conn_run(w, c, now) < 0) conn_close(w, c);
+}
+
+/* Each tick: deadlines, drained send queues, requests waiting for reply memory. */
+static void tick(worker *w, double now) {
     for (conn *c = w->conns, *next; c; c = next) {
         next = c->next;
+        int idle = c->state == C_HEAD && c->got == 0;
+        if (c->hq && idle && !c->waiting) {
+            if (send_queue(c) == 0) {          /* its replies are read: the send buffer is free */
+                mem_give(w, c->qcap);
+                c->hq = 0;
+            } else if (now >= c->drain_by) {   /* a reader that does not read its reply's tail */
+                drop(w, c, ST_CONN_SLOW);
+                continue;
+            }
+        }
         if (now < c->deadline) continue;
-        count(w->t, c->state == C_HEAD && c->got == 0 ? ST_CONN_IDLE : ST_CONN_SLOW, 1);
-        conn_close(w, c);
+        if (c->waiting) {
+            refuse_busy(w, c, now);
+            continue;
+        }
+        drop(w, c, c->stage == STAGE_GREETING ? ST_CONN_HELLO_TIMEOUT : idle ? ST_CONN_IDLE : ST_CONN_SLOW);
+    }
+    for (conn *c = w->conns, *next; c && w->nwaiting; c = next) {
+        next = c->next;
+        if (!c->waiting || begin_body(w, c) == 1) continue;
+        /* its body (or the refusal begin_body started) goes on as events come */
+        if (set_events(w, c, EPOLLIN) < 0 || conn_run(w, c, now) < 0) conn_close(w, c);
     }
 }
 
-/* RegionTable.serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout) */
+/* RegionTable.serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout,
+ *                   hello_timeout, max_greeting, max_greeting_per_source, reply_memory, send_buffer) */
 static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
     worker w = {.t = t, .backoff = BACKOFF_MIN};
-    if (!PyArg_ParseTuple(args, "iildd", &w.lfd, &w.stopfd, &w.max_conns, &w.idle_s, &w.request_s))
+    if (!PyArg_ParseTuple(args, "iildddllLi", &w.lfd, &w.stopfd, &w.max_conns, &w.idle_s, &w.request_s,
+                          &w.hello_s, &w.max_greet, &w.max_greet_src, &w.mem_cap, &w.sndbuf))
         return NULL;
-    if (w.max_conns < 1 || !(w.idle_s > 0) || !(w.request_s > 0))
-        return PyErr_Format(PyExc_ValueError, "max_connections, idle_timeout and request_timeout must "
-                            "be positive");
+    if (w.max_conns < 1 || !(w.idle_s > 0) || !(w.request_s > 0) || !(w.hello_s > 0) || w.max_greet < 1 ||
+        w.max_greet_src < 1 || w.mem_cap < 1 || w.sndbuf < 0)
+        return PyErr_Format(PyExc_ValueError, "max_connections, idle_timeout, request_timeout, hello_timeout, "
+                            "max_greeting, max_greeting_per_source and reply_memory must be positive, "
+                            "send_buffer not negative");
     double least = w.idle_s < w.request_s ? w.idle_s : w.request_s;
+    least = least < w.hello_s ? least : w.hello_s;
     w.tick_s = least / 8 < 0.005 ? 0.005 : (least / 8 > 0.25 ? 0.25 : least / 8);
     w.ep = epoll_create1(EPOLL_CLOEXEC);
     if (w.ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
@@ -636,17 +896,20 @@ static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
     Py_INCREF(t);
     Py_BEGIN_ALLOW_THREADS
     struct epoll_event evs[EVENTS];
-    double now = mono(), next_scan = now + w.tick_s;
+    double now = mono(), next_tick = now + w.tick_s;
     for (int stop = 0; !stop;) {
-        double until = next_scan;
+        double until = next_tick;
         if (!w.listening && w.resume_at < until) until = w.resume_at;
         int ms = (int)((until - now) * 1000) + 1;
         int got = epoll_wait(w.ep, evs, EVENTS, ms < 1 ? 1 : ms);
+        int accept_now = 0;
         now = mono();
         for (int i = 0; i < got; i++) {
             void *p = evs[i].data.ptr;
             if (p == &STOP_TAG) { stop = 1; break; }
-            if (p == &LISTEN_TAG) { do_accept(&w, now); continue; }
+            /* Accepting may close older connections (the greeting caps): it waits until no
+             * event of this batch still points at one. */
+            if (p == &LISTEN_TAG) { accept_now = 1; continue; }
             conn *c = p;
             if ((evs[i].events & (EPOLLERR | EPOLLHUP)) && !(evs[i].events & EPOLLIN)) {
                 conn_close(&w, c);
@@ -654,10 +917,11 @@ static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
             }
             if (conn_run(&w, c, now) < 0) conn_close(&w, c);
         }
+        if (accept_now && !stop) do_accept(&w, now);
         if (!w.listening && now >= w.resume_at && listen_on(&w) < 0) w.resume_at = now + w.backoff;
-        if (now >= next_scan) {
-            expire(&w, now);
-            next_scan = now + w.tick_s;
+        if (now >= next_tick) {
+            tick(&w, now);
+            next_tick = now + (w.nwaiting ? WAIT_TICK : w.tick_s);
         }
     }
     while (w.conns) conn_close(&w, w.conns);
@@ -676,26 +940,35 @@ static PyObject *RegionTable_stats(RegionTableObject *t, PyObject *unused) {
         if (!v || PyDict_SetItemString(d, stat_names[i], v) < 0) { Py_XDECREF(v); Py_DECREF(d); return NULL; }
         Py_DECREF(v);
     }
-    PyObject *c = PyLong_FromLong(atomic_load(&t->nconns));
-    PyObject *e = PyLong_FromLong(atomic_load(&t->accept_errno));
-    PyObject *f = PyBool_FromLong(atomic_load(&t->accept_failing));
-    int bad = !c || !e || !f || PyDict_SetItemString(d, "connections", c) < 0 ||
-              PyDict_SetItemString(d, "accept_errno", e) < 0 || PyDict_SetItemString(d, "accept_failing", f) < 0;
-    Py_XDECREF(c);
-    Py_XDECREF(e);
-    Py_XDECREF(f);
+    struct { const char *name; PyObject *v; } more[] = {
+        {"connections", PyLong_FromLong(atomic_load(&t->nconns))},
+        {"serving", PyLong_FromLong(atomic_load(&t->nserving))},
+        {"greeting", PyLong_FromLong(atomic_load(&t->ngreeting))},
+        {"reply_memory", PyLong_FromLongLong(atomic_load(&t->reserved))},
+        {"accept_errno", PyLong_FromLong(atomic_load(&t->accept_errno))},
+        {"accept_failing", PyBool_FromLong(atomic_load(&t->accept_failing))},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        bad |= !more[i].v || PyDict_SetItemString(d, more[i].name, more[i].v) < 0;
+        Py_XDECREF(more[i].v);
+    }
     if (bad) { Py_DECREF(d); return NULL; }
     return d;
 }
 
 static PyMethodDef RegionTable_methods[] = {
     {"serve", (PyCFunction)RegionTable_serve, METH_VARARGS,
-     "serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout): one worker of the "
-     "data server; accepts on the non-blocking listen_fd (shared by all workers) and serves its "
-     "connections without the GIL until stop_fd becomes readable, then closes them."},
+     "serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout, hello_timeout, "
+     "max_greeting, max_greeting_per_source, reply_memory, send_buffer): one worker of the data "
+     "server; accepts on the non-blocking listen_fd (shared by all workers) and serves its "
+     "connections without the GIL until stop_fd becomes readable, then closes them. max_greeting "
+     "and max_greeting_per_source are this worker's; max_connections and reply_memory are the "
+     "table's (all workers)."},
     {"stats", (PyCFunction)RegionTable_stats, METH_NOARGS,
      "stats() -> dict of the counters of every worker of this table (accepted, served, refusals "
-     "by kind, connections closed idle or slow, accept errors, open connections)."},
+     "by kind, connections closed idle or slow, accept errors) and its state now (connections "
+     "open, serving and greeting, reply memory taken, accept failing)."},
     {NULL, NULL, 0, NULL},
 };
 

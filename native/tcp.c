@@ -85,6 +85,7 @@ typedef struct tcp_conn {
 } tcp_conn;
 
 static int send_all(int fd, const uint8_t *buf, size_t len);
+static int pending_refusal(const tcp_conn *c, int fd, char *err, size_t errlen);
 
 static void set_timeouts(int fd, double t) {
     struct timeval tv = {.tv_sec = (time_t)t, .tv_usec = (suseconds_t)((t - (time_t)t) * 1e6)};
@@ -128,7 +129,9 @@ static int dial(tcp_conn *c, char *err, size_t errlen) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     set_timeouts(fd, c->timeout_s);
     if (c->has_hello && send_all(fd, c->hello, HELLO_BYTES) < 0) {
-        snprintf(err, errlen, "sending the hello to %s:%s failed: %s", c->host, c->port, strerror(errno));
+        int e = errno;
+        if (!pending_refusal(c, fd, err, errlen))
+            snprintf(err, errlen, "sending the hello to %s:%s failed: %s", c->host, c->port, strerror(e));
         close(fd);
         return -1;
     }
@@ -245,6 +248,25 @@ static int send_all(int fd, const uint8_t *buf, size_t len) {
         len -= (size_t)k;
     }
     return 0;
+}
+
+/* A send failed because the server closed the connection: the refusal it sent before closing
+ * (the connection's, req_id 0: at its connection limit, a wrong token...), if one waits in the
+ * socket. 1 with err set to it, else 0. */
+static int pending_refusal(const tcp_conn *c, int fd, char *err, size_t errlen) {
+    uint8_t head[HEAD_BYTES + 4];
+    char reason[256];
+    ssize_t k = recv(fd, head, sizeof head, MSG_DONTWAIT);
+    uint32_t code, ln;
+    if (k != (ssize_t)sizeof head || memcmp(head, "PCRS", 4) != 0) return 0;
+    memcpy(&code, head + 4, 4);
+    memcpy(&ln, head + HEAD_BYTES, 4);
+    if (code == 0) return 0;
+    if (ln > sizeof reason - 1) ln = sizeof reason - 1;
+    k = recv(fd, reason, ln, MSG_DONTWAIT);
+    reason[k > 0 ? k : 0] = 0;
+    snprintf(err, errlen, "%s:%s refused the connection: %s", c->host, c->port, reason);
+    return 1;
 }
 
 static int recv_all(int fd, uint8_t *buf, size_t len) {
@@ -448,8 +470,13 @@ again:
             ch->req_id = atomic_fetch_add(&c->next_req, 1);
             if (send_chunk(fd, ops, ch) < 0) {
                 if (pooled && tail == 0 && (errno == EPIPE || errno == ECONNRESET)) goto redial;
+                int e = errno;
+                if (pending_refusal(c, fd, err, errlen)) {   /* why the server closed it */
+                    rc = -3;
+                    goto fail;
+                }
                 snprintf(err, errlen, "sending a read request to %s:%s failed: %s", c->host, c->port,
-                         errno == EAGAIN ? "timed out" : strerror(errno));
+                         e == EAGAIN ? "timed out" : strerror(e));
                 rc = -1;
                 goto fail;
             }

@@ -11,8 +11,9 @@ import sys
 import threading
 import time
 
-from .. import tags
+from .. import fdlimit, tags
 from ..node import Node
+from ..transport.tcp import fds_needed
 from . import meta, options
 
 PUBLISH_BATCH = 512
@@ -27,6 +28,11 @@ def fill_page(view, ref) -> None:
 def run(args) -> int:
     """Serve until --readers drivers said they are done (or --max-wait passed)."""
     options.validate(args, "serve")
+    before, soft, _ = fdlimit.raise_to_hard()
+    low = fdlimit.shortfall(fds_needed())
+    if low:
+        print(f"serve: {low}" + (f" (raised from {before})" if soft != before else ""), file=sys.stderr,
+              flush=True)
     keys = options.page_keys(args.working_set, args.layout)
     bind = args.bind or args.discovery_addr.rpartition(":")[0].strip("[]")
     start = meta.now_iso()

@@ -17,11 +17,17 @@ Wire format (little endian)::
 A request without ops or one asking for more than MAX_REPLY_BYTES is refused
 whole and the connection goes on; a bad magic or more than MAX_OPS ops loses
 the framing, so the refusal is followed by a close. The server holds at most
-``max_connections`` connections (one more is closed at once), closes one
-idle for ``idle_timeout``, and one whose request does not arrive whole, or
-whose reply makes no progress, within ``request_timeout``; clients redial a
-pooled channel the server closed while it sat idle. Refusals are counted and
-logged as one summary line per ``log_interval``.
+``max_connections`` greeted connections (one more is told it is at its
+connection limit, and closed), and apart from them at most ``max_greeting``
+connections waiting for their hello (``max_greeting_per_source`` per address,
+``hello_timeout`` each; past a cap the oldest is closed). It closes a
+connection idle for ``idle_timeout``, and one whose request does not arrive
+whole, or whose reply sends less than PROGRESS_BYTES, within
+``request_timeout``; replies hold at most ``reply_memory`` bytes in all (a
+request beyond waits, then is refused). native/server.c's header says how.
+Clients redial a pooled channel the server closed while it sat idle, and
+report the reason of a refusal the server sent before closing. Refusals are
+counted and logged as one summary line per ``log_interval``.
 
 Every connection starts in a greeting stage (``_Server._greet``, ``greet()``
 in the native loop). A client that holds the cluster secret opens with a
@@ -39,7 +45,9 @@ not an observer on the path (see the README's security model).
 """
 from __future__ import annotations
 
+import collections
 import errno
+import fcntl
 import hmac
 import logging
 import os
@@ -47,6 +55,7 @@ import queue
 import selectors
 import socket
 import struct
+import termios
 import threading
 import time
 from typing import Any
@@ -109,10 +118,25 @@ def send_iov(sock: socket.socket, bufs: list) -> None:
 
 #: Limits of the data server (TcpTransport arguments). A process started by another tool can
 #: change the defaults with PEERCACHE_TCP_MAX_CONNECTIONS, PEERCACHE_TCP_IDLE_TIMEOUT,
-#: PEERCACHE_TCP_REQUEST_TIMEOUT, PEERCACHE_TCP_SERVER_WORKERS and PEERCACHE_TCP_LOG_INTERVAL.
-DEFAULT_MAX_CONNECTIONS = 1024
+#: PEERCACHE_TCP_REQUEST_TIMEOUT, PEERCACHE_TCP_HELLO_TIMEOUT, PEERCACHE_TCP_MAX_GREETING,
+#: PEERCACHE_TCP_MAX_GREETING_PER_SOURCE, PEERCACHE_TCP_REPLY_MEMORY, PEERCACHE_TCP_SEND_BUFFER,
+#: PEERCACHE_TCP_SERVER_WORKERS and PEERCACHE_TCP_LOG_INTERVAL.
+DEFAULT_MAX_CONNECTIONS = 1024   #: greeted connections open at once
 DEFAULT_IDLE_TIMEOUT = 60.0      #: s without a request before a connection is closed
-DEFAULT_REQUEST_TIMEOUT = 10.0   #: s for a request to arrive whole, and between two reply sends
+DEFAULT_REQUEST_TIMEOUT = 10.0   #: s for a request to arrive whole, and per PROGRESS_BYTES of a reply
+DEFAULT_HELLO_TIMEOUT = 2.0      #: s for a new connection's hello (or, without a token, first request)
+#: Connections waiting for their hello, in all (split between the serving threads) and from one
+#: source address; past either cap the oldest waiting one (of that address, or of all) is closed.
+DEFAULT_MAX_GREETING = 128
+DEFAULT_MAX_GREETING_PER_SOURCE = 32
+#: Bytes of memory for replies over all connections: the op buffers of requests beyond 256 ops
+#: and each busy connection's socket send buffer (see native/server.c).
+DEFAULT_REPLY_MEMORY = 256 << 20
+#: SO_SNDBUF asked per connection (the kernel doubles it for its bookkeeping); 0 leaves it to
+#: the kernel's autotuning, which lets one slow reader's queue grow to tcp_wmem's maximum (4 MiB).
+DEFAULT_SEND_BUFFER = 256 << 10
+#: A reply must send this many bytes (or its end) every request_timeout, or its connection is closed.
+PROGRESS_BYTES = 256 << 10
 DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
 #: The native client polls its socket this long (µs) for a reply before it sleeps in a blocking
 #: receive (native/tcp.c says why and how it backs off); PEERCACHE_TCP_POLL_US or ``poll_us``
@@ -131,10 +155,27 @@ _ACCEPT_RETRY = {errno.EINTR, errno.ECONNABORTED, errno.EPROTO, errno.EPERM, err
 #: The counters of both serving loops (the native one: RegionTable.stats()).
 STAT_NAMES = ("accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
               "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
-              "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token")
+              "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
+              "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy")
 #: Counters of refused ops and requests: the ``refused`` total.
 _REFUSALS = ("ops_bad_region", "ops_out_of_range", "ops_zero_length", "req_bad_magic",
-             "req_too_many_ops", "req_no_ops", "req_too_large", "conn_no_token", "conn_bad_token")
+             "req_too_many_ops", "req_no_ops", "req_too_large", "conn_no_token", "conn_bad_token", "req_busy")
+
+
+def _pending_refusal(sock: socket.socket) -> str | None:
+    """After a send failed because the server closed the connection: the reason of the refusal it
+    sent first (at its connection limit, a wrong token...), if one waits in the socket."""
+    try:
+        head = sock.recv(HEAD.size + 4, socket.MSG_DONTWAIT)
+        if len(head) != HEAD.size + 4:
+            return None
+        magic, code, _, _ = HEAD.unpack(head[:HEAD.size])
+        if magic != REP_MAGIC or not code:
+            return None
+        (ln,) = struct.unpack("<I", head[HEAD.size:])
+        return sock.recv(min(ln, 255), socket.MSG_DONTWAIT).decode(errors="replace")
+    except OSError:
+        return None
 
 
 def hello(token: bytes | None) -> bytes:
@@ -144,6 +185,14 @@ def hello(token: bytes | None) -> bytes:
     if len(token) != TOKEN_BYTES:
         raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
     return HEAD.pack(HELLO_MAGIC, HELLO_VERSION, TOKEN_BYTES, 0) + bytes(token)
+
+
+def fds_needed() -> int:
+    """Descriptors a data server started with this process's settings may hold: its greeted
+    connections, those waiting for their hello, and a margin for everything else (the control
+    port's connections, files, the pool)."""
+    return (_env_default("PEERCACHE_TCP_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS, int)
+            + _env_default("PEERCACHE_TCP_MAX_GREETING", DEFAULT_MAX_GREETING, int) + 256)
 
 
 def _env_default(name: str, value, kind):
@@ -212,10 +261,22 @@ class _Reporter:
                  ("conn_slow", f"connections closed for a request or reply slower than "
                                f"{self._limits['request_timeout']:g} s"),
                  ("conn_over_limit", f"connections over the {self._limits['max_connections']}-connection "
-                                     "limit closed at once"),
+                                     "limit refused and closed"),
                  ("nomem", "connections closed out of memory"),
                  ("conn_no_token", "connections without the cluster token (closed)"),
-                 ("conn_bad_token", "connections with a wrong data token or hello (closed)")]
+                 ("conn_bad_token", "connections with a wrong data token or hello (closed)"),
+                 ("reply_memory_waits", f"requests that waited for reply memory (all replies may hold "
+                                        f"{self._limits['reply_memory'] >> 20} MiB)"),
+                 ("req_busy", f"requests refused after waiting {self._limits['request_timeout']:g} s for "
+                              "reply memory (connection closed)")]
+        if self._limits.get("token"):
+            # With a secret, a client that never greets is not one of ours (without one, a pooled
+            # channel that sat idle says nothing either: those are closed quietly, as idle ones).
+            kinds += [("conn_hello_timeout", f"connections without a hello within "
+                                             f"{self._limits['hello_timeout']:g} s (closed)"),
+                      ("conn_evicted", "connections waiting for their hello closed to make room for newer "
+                                       f"ones (at most {self._limits['max_greeting']} wait, "
+                                       f"{self._limits['max_greeting_per_source']} per address)")]
         parts = [f"{d[k]} {what}" for k, what in kinds if d[k]]
         if parts and (final or now - self._last_log >= self.interval):
             log.warning("tcp data server refused in the last %.1f s: %s", now - self._since, ", ".join(parts))
@@ -224,9 +285,11 @@ class _Reporter:
             self._last_log = self._since = now
         elif not parts:
             self._since = now
-        if d["conn_idle"]:
-            log.debug("tcp data server closed %d idle connections", d["conn_idle"])
-            self._logged["conn_idle"] = s["conn_idle"]
+        warned = {k for k, _ in kinds}
+        for k in ("conn_idle", "conn_hello_timeout", "conn_evicted"):
+            if d[k] and k not in warned:           # closed quietly: no summary line
+                log.debug("tcp data server closed %d connections (%s)", d[k], k)
+                self._logged[k] = s[k]
         errs = d["accept_errors"]
         why = os.strerror(s["accept_errno"]) if s["accept_errno"] else "?"
         if errs and not self._accept_warned:
@@ -251,15 +314,30 @@ class _Reporter:
 
 
 _HEAD_WAIT, _BODY_WAIT, _HELLO_WAIT = 0, 1, 2
+#: Requests of more ops than this take reply memory for their buffers (as native/server.c's
+#: SMALL_OPS); what one op of such a request holds in the Python loop (its wire op, status and view).
+_SMALL_OPS = 256
+_PY_OP_BYTES = WIRE_OP.itemsize + 4 + 200
+#: The Python loop's tick while a request waits for reply memory.
+_WAIT_TICK = 0.010
+
+
+def _send_queue(sock: socket.socket) -> int:
+    """Bytes the kernel still holds to send on ``sock`` (SIOCOUTQ: not sent, or not acknowledged)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 class _Conn:
     """One connection of the Python serving loop."""
 
-    __slots__ = ("sock", "state", "buf", "need", "n", "req_id", "deadline", "out", "oi",
-                 "close_after", "refusal", "greeted", "writing")
+    __slots__ = ("sock", "state", "buf", "need", "n", "req_id", "deadline", "out", "oi", "close_after",
+                 "refusal", "greeted", "writing", "src", "serving", "waiting", "hbuf", "qcap", "hq",
+                 "progress", "drain_by")
 
-    def __init__(self, sock: socket.socket, deadline: float):
+    def __init__(self, sock: socket.socket, deadline: float, src: str, qcap: int):
         self.sock = sock
         self.state = _HEAD_WAIT
         self.buf = bytearray()
@@ -269,6 +347,12 @@ class _Conn:
         self.out: list | None = None      # reply views still to send
         self.oi = 0
         self.close_after = self.refusal = self.greeted = self.writing = False
+        self.src = src                    # source address (the per-source greeting cap)
+        self.serving = self.waiting = self.hq = False
+        self.hbuf = 0                     # reply memory held for this request's buffers
+        self.qcap = qcap                  # its socket's send buffer, held until its queue drains (hq)
+        self.progress = 0                 # reply bytes sent since the deadline last moved
+        self.drain_by = 0.0               # a finished reply's queue must be read by then
 
 
 class _Server:
@@ -277,28 +361,44 @@ class _Server:
     The native loop: ``workers`` threads, each running ``RegionTable.serve``
     (epoll, no GIL) on the shared non-blocking listening socket. The Python
     loop (the reference, and the fallback without the native module): one
-    thread with a selector. Both bound the open connections, close idle and
-    slow ones, keep accepting after accept errors (backing off 10-100 ms),
+    thread with a selector. Both bound the open connections (greeted ones,
+    and apart from them those waiting for their hello, also per source
+    address), close idle and slow ones and slow readers, cap the memory of
+    replies, keep accepting after accept errors (backing off 10-100 ms),
     count what they refuse, and leave the logging to a :class:`_Reporter`.
+    native/server.c's header says how each limit works.
     """
 
     def __init__(self, regions: dict[int, tuple[memoryview, int]], bind_host: str, port: int,
                  native: bool | None = None, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 hello_timeout: float = DEFAULT_HELLO_TIMEOUT, max_greeting: int = DEFAULT_MAX_GREETING,
+                 max_greeting_per_source: int = DEFAULT_MAX_GREETING_PER_SOURCE,
+                 reply_memory: int = DEFAULT_REPLY_MEMORY, send_buffer: int = DEFAULT_SEND_BUFFER,
                  workers: int | None = None, log_interval: float = DEFAULT_LOG_INTERVAL,
                  token: bytes | None = None):
         if token is not None and len(token) != TOKEN_BYTES:
             raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
         #: what a connection's hello must carry (None: every connection is admitted)
         self.token = bytes(token) if token else None
-        if max_connections < 1 or not idle_timeout > 0 or not request_timeout > 0 or not log_interval > 0:
+        if max_connections < 1 or not idle_timeout > 0 or not request_timeout > 0 or not hello_timeout > 0 \
+                or max_greeting < 1 or max_greeting_per_source < 1 or reply_memory < 1 or send_buffer < 0 \
+                or not log_interval > 0:
             raise TransportError("tcp data server limits must be positive: max_connections="
                                  f"{max_connections}, idle_timeout={idle_timeout}, "
-                                 f"request_timeout={request_timeout}, log_interval={log_interval}")
+                                 f"request_timeout={request_timeout}, hello_timeout={hello_timeout}, "
+                                 f"max_greeting={max_greeting}, max_greeting_per_source="
+                                 f"{max_greeting_per_source}, reply_memory={reply_memory}, "
+                                 f"log_interval={log_interval} (send_buffer={send_buffer}: 0 or more)")
         self.regions = regions
         self.max_connections = int(max_connections)
         self.idle_timeout = float(idle_timeout)
         self.request_timeout = float(request_timeout)
+        self.hello_timeout = float(hello_timeout)
+        self.max_greeting = int(max_greeting)
+        self.max_greeting_per_source = int(max_greeting_per_source)
+        self.reply_memory = int(reply_memory)
+        self.send_buffer = int(send_buffer)
         mod, _ = native_module()
         #: the native serving loop, when built (no GIL, no Python per request)
         self._mod = mod if native is not False else None
@@ -321,15 +421,20 @@ class _Server:
         self._accept_errno = 0
         self._accept_failing = False
         self._nconns = 0
+        self._nserving = 0
+        self._reserved = 0          # reply memory taken (the Python loop)
         self.refused = 0  # refusals counted outside the serving loops (check() called directly)
         if self._table is not None:
-            n = int(workers or min(4, os.cpu_count() or 1))
-            self._threads = [threading.Thread(target=self._native_worker, name=f"tcp-data-{i}", daemon=True)
-                             for i in range(max(1, n))]
+            n = max(1, int(workers or min(4, os.cpu_count() or 1)))
+            self._threads = [threading.Thread(target=self._native_worker, args=(n,), name=f"tcp-data-{i}",
+                                              daemon=True) for i in range(n)]
         else:
             self._threads = [threading.Thread(target=self._py_loop, name="tcp-data", daemon=True)]
-        self._reporter = _Reporter(self.stats, log_interval, {"max_connections": self.max_connections,
-                                                              "request_timeout": self.request_timeout})
+        self._reporter = _Reporter(self.stats, log_interval, {
+            "max_connections": self.max_connections, "request_timeout": self.request_timeout,
+            "hello_timeout": self.hello_timeout, "max_greeting": self.max_greeting,
+            "max_greeting_per_source": self.max_greeting_per_source, "reply_memory": self.reply_memory,
+            "token": self.token is not None})
         for t in self._threads:
             t.start()
         self._reporter.start()
@@ -340,8 +445,9 @@ class _Server:
         """Counters of the serving loop (see STAT_NAMES), open connections, accept state."""
         if self._table is not None:
             return self._table.stats()
-        return {**self._stats, "connections": self._nconns, "accept_errno": self._accept_errno,
-                "accept_failing": self._accept_failing}
+        return {**self._stats, "connections": self._nconns, "serving": self._nserving,
+                "greeting": self._nconns - self._nserving, "reply_memory": self._reserved,
+                "accept_errno": self._accept_errno, "accept_failing": self._accept_failing}
 
     @property
     def refused_total(self) -> int:
@@ -351,10 +457,14 @@ class _Server:
 
     # ---------------------------------------------------------------- native loop
 
-    def _native_worker(self) -> None:
+    def _native_worker(self, nworkers: int) -> None:
+        # Each worker keeps its own connections, so the greeting caps are split between them.
+        greet = -(-self.max_greeting // nworkers)
+        per_source = -(-self.max_greeting_per_source // nworkers)
         try:
             self._table.serve(self.lsock.fileno(), self._stop_r, self.max_connections, self.idle_timeout,
-                              self.request_timeout)
+                              self.request_timeout, self.hello_timeout, greet, per_source,
+                              self.reply_memory, self.send_buffer)
         except Exception:  # noqa: BLE001 - say why this worker is gone
             log.exception("tcp data server worker failed")
 
@@ -365,13 +475,16 @@ class _Server:
         sel.register(self.lsock, selectors.EVENT_READ, "listen")
         sel.register(self._stop_r, selectors.EVENT_READ, "stop")
         conns: set[_Conn] = set()
+        #: connections waiting for their hello, oldest first
+        greeting: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         listening, resume_at, backoff = True, 0.0, _BACKOFF_MIN
-        tick = min(0.25, max(0.005, min(self.idle_timeout, self.request_timeout) / 8))
-        next_scan = time.monotonic() + tick
+        tick = min(0.25, max(0.005, min(self.idle_timeout, self.request_timeout, self.hello_timeout) / 8))
+        next_tick = time.monotonic() + tick
+        self._py_state = (sel, conns, greeting)
         try:
             while True:
                 now = time.monotonic()
-                until = next_scan if listening else min(next_scan, resume_at)
+                until = next_tick if listening else min(next_tick, resume_at)
                 events = sel.select(max(0.0, until - now))
                 now = time.monotonic()
                 for key, _mask in events:
@@ -379,7 +492,7 @@ class _Server:
                     if c == "stop":
                         return
                     if c == "listen":
-                        err = self._py_accept(sel, conns, now)
+                        err = self._py_accept(now)
                         if err:  # out of fds or memory: stop polling the listener for a while
                             sel.unregister(self.lsock)
                             listening, resume_at = False, now + backoff
@@ -387,33 +500,70 @@ class _Server:
                         else:
                             backoff = _BACKOFF_MIN
                         continue
-                    try:
-                        keep = self._py_run(sel, c, now)
-                    except OSError:
-                        keep = False
-                    if not keep:
-                        self._py_close(sel, conns, c)
+                    if c.sock.fileno() < 0:
+                        continue        # closed earlier in this round (pushed out by a newer one)
+                    self._py_step(c, now)
                 if not listening and now >= resume_at:
                     sel.register(self.lsock, selectors.EVENT_READ, "listen")
                     listening = True
-                if now >= next_scan:
-                    for c in [c for c in conns if now >= c.deadline]:
-                        idle = c.state == _HEAD_WAIT and not c.buf and c.out is None
-                        self._stats["conn_idle" if idle else "conn_slow"] += 1
-                        self._py_close(sel, conns, c)
-                    next_scan = now + tick
+                if now >= next_tick:
+                    waiting = self._py_tick(now)
+                    next_tick = now + (_WAIT_TICK if waiting else tick)
         except Exception:  # noqa: BLE001
             log.exception("tcp data server loop failed")
         finally:
             for c in list(conns):
-                self._py_close(sel, conns, c)
+                self._py_close(c)
             sel.close()
 
-    def _py_accept(self, sel, conns: set, now: float) -> bool:
+    def _py_step(self, c: _Conn, now: float) -> None:
+        try:
+            keep = self._py_run(c, now)
+        except OSError:
+            keep = False
+        if not keep:
+            self._py_close(c)
+
+    def _py_tick(self, now: float) -> bool:
+        """Deadlines, drained send queues, requests waiting for reply memory; True while one waits."""
+        _, conns, _ = self._py_state
+        for c in list(conns):
+            idle = c.state == _HEAD_WAIT and not c.buf and c.out is None
+            if c.hq and idle and not c.waiting:
+                if _send_queue(c.sock) == 0:      # its replies are read: the send buffer is free
+                    self._reserved -= c.qcap
+                    c.hq = False
+                elif now >= c.drain_by:           # a reader that does not read its reply's tail
+                    self._stats["conn_slow"] += 1
+                    self._py_close(c, abort=True)
+                    continue
+            if now < c.deadline:
+                continue
+            if c.waiting:                         # waited its request_timeout for reply memory
+                self._unwait(c)
+                self._stats["req_busy"] += 1
+                self._refusal(c, f"the data server's reply memory ({self.reply_memory >> 20} MiB) stayed "
+                                 f"taken for {self.request_timeout:.0f} s; retry later, or raise the "
+                                 "producer's PEERCACHE_TCP_REPLY_MEMORY", True)
+                c.deadline = now + self.request_timeout
+                self._py_step(c, now)
+                continue
+            stat = "conn_hello_timeout" if not c.greeted else "conn_idle" if idle else "conn_slow"
+            self._stats[stat] += 1
+            self._py_close(c, abort=stat != "conn_idle")
+        waiting = [c for c in conns if c.waiting]
+        for c in waiting:
+            if self._begin_body(c):
+                self._unwait(c)
+                self._py_step(c, now)
+        return any(c.waiting for c in waiting)
+
+    def _py_accept(self, now: float) -> bool:
         """Accept what is pending; True when accept failed for lack of fds or memory."""
+        sel, conns, greeting = self._py_state
         for _ in range(_ACCEPT_BURST):
             try:
-                sock, _ = self.lsock.accept()
+                sock, addr = self.lsock.accept()
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as e:
@@ -424,36 +574,77 @@ class _Server:
                 self._accept_failing = True
                 return True
             self._accept_failing = False
-            if len(conns) >= self.max_connections:
-                sock.close()
-                self._stats["conn_over_limit"] += 1
-                continue
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                c = _Conn(sock, now + self.idle_timeout)
+                if self.send_buffer:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
+                c = _Conn(sock, now + self.hello_timeout, addr[0],
+                          sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
                 sel.register(sock, selectors.EVENT_READ, c)
             except OSError:
                 sock.close()
                 continue
             conns.add(c)
+            greeting[c] = None
             self._nconns = len(conns)
             self._stats["accepted"] += 1
+            self._py_step(c, now)                 # its hello is usually here already
+            if c in greeting:
+                self._greet_caps(c)
         return False
 
-    def _py_close(self, sel, conns: set, c: _Conn) -> None:
+    def _greet_caps(self, c: _Conn) -> None:
+        """Keep the connections waiting for their hello within their caps (see native/server.c)."""
+        _, _, greeting = self._py_state
+        same = [g for g in greeting if g.src == c.src]
+        if len(same) > self.max_greeting_per_source and same[0] is not c:
+            self._stats["conn_evicted"] += 1
+            self._py_close(same[0], abort=True)
+        elif len(greeting) > self.max_greeting:
+            oldest = next(iter(greeting))
+            if oldest is not c:
+                self._stats["conn_evicted"] += 1
+                self._py_close(oldest, abort=True)
+
+    def _py_close(self, c: _Conn, abort: bool = False) -> None:
+        """Close ``c``; ``abort``: with a reset (as native/server.c's drop(): a slow reader's FIN
+        would wait behind its unread reply, and a flood closed for not greeting leaves no TIME_WAIT)."""
+        sel, conns, greeting = self._py_state
+        if c not in conns:
+            return
+        if abort:
+            try:
+                c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
         try:
             sel.unregister(c.sock)
         except (KeyError, ValueError):
             pass
+        if c.close_after:
+            # A refused connection: read what its client sent meanwhile, so the close is a FIN after
+            # the refusal rather than a reset that could overtake it.
+            try:
+                for _ in range(16):
+                    if not c.sock.recv(4096):
+                        break
+            except OSError:
+                pass
         c.sock.close()
         conns.discard(c)
+        greeting.pop(c, None)
+        if c.serving:
+            self._nserving -= 1
+        self._reserved -= c.hbuf + (c.qcap if c.hq else 0)
+        c.hbuf, c.hq, c.out, c.buf = 0, False, None, bytearray()
         self._nconns = len(conns)
 
-    def _py_run(self, sel, c: _Conn, now: float) -> bool:
+    def _py_run(self, c: _Conn, now: float) -> bool:
         """Work on ``c`` until it would block; False: close it."""
+        sel = self._py_state[0]
         done = 0
-        while done < _REQ_BURST:
+        while done < _REQ_BURST and not c.waiting:
             if c.out is not None:
                 if not self._py_send(c, now):
                     if not c.writing:
@@ -464,8 +655,11 @@ class _Server:
                     return False
                 if not c.refusal:
                     self._stats["served"] += 1
+                self._reserved -= c.hbuf
+                c.hbuf = 0
                 c.out, c.state, c.buf, c.need = None, _HEAD_WAIT, bytearray(), HEAD.size
                 c.deadline = now + self.idle_timeout
+                c.drain_by = now + self.request_timeout
                 if c.writing:
                     sel.modify(c.sock, selectors.EVENT_READ, c)
                     c.writing = False
@@ -477,20 +671,36 @@ class _Server:
                 return True
             if not data:
                 return False
-            if c.state == _HEAD_WAIT and not c.buf:
-                c.deadline = now + self.request_timeout  # a request began
+            if c.state == _HEAD_WAIT and not c.buf and c.greeted:
+                c.deadline = now + self.request_timeout  # a request began (a greeting keeps its deadline)
             c.buf += data
             if len(c.buf) < c.need:
                 continue
             if c.state == _HEAD_WAIT:
-                self._on_head(c)
+                self._on_head(c, now)
             elif c.state == _HELLO_WAIT:
-                self._on_hello(c)
+                self._on_hello(c, now)
             else:
-                self._on_body(c)
+                self._on_body(c, now)
         return True
 
-    def _greet(self, c: _Conn) -> bool:
+    def _admit(self, c: _Conn, now: float) -> bool:
+        """The greeting is over: ``c`` counts against max_connections from now on, or is refused."""
+        self._py_state[2].pop(c, None)
+        c.greeted = True
+        if self._nserving >= self.max_connections:
+            self._stats["conn_over_limit"] += 1
+            c.req_id = 0
+            self._refusal(c, f"the data server is at its connection limit ({self.max_connections} "
+                             "connections); retry later, or raise the producer's "
+                             "PEERCACHE_TCP_MAX_CONNECTIONS", True, rid=0)
+            c.deadline = now + self.request_timeout
+            return False
+        self._nserving += 1
+        c.serving = True
+        return True
+
+    def _greet(self, c: _Conn, now: float) -> bool:
         """The first message of a connection (its header is in ``c.buf``). True: it is a request
         and this server admits connections without a hello; False: handled here (a hello whose
         token comes next, or a refusal)."""
@@ -508,26 +718,30 @@ class _Server:
             self._refusal(c, "this data server needs the cluster token: give the consumer the "
                              "producer's secret (--auth-key-file or $PEERCACHE_AUTH_KEY)", True)
             return False
-        c.greeted = True
+        if not self._admit(c, now):
+            return False
+        c.deadline = now + self.request_timeout    # the rest of this first request
         return True
 
-    def _on_hello(self, c: _Conn) -> None:
+    def _on_hello(self, c: _Conn, now: float) -> None:
         if self.token is not None and not hmac.compare_digest(bytes(c.buf), self.token):
             self._stats["conn_bad_token"] += 1
             return self._refusal(c, "wrong data token: the consumer's cluster secret is not the "
                                     "producer's (check --auth-key-file / $PEERCACHE_AUTH_KEY)", True)
-        c.greeted = True
+        if not self._admit(c, now):
+            return
         c.state, c.buf, c.need = _HEAD_WAIT, bytearray(), HEAD.size
-        c.deadline = time.monotonic() + self.idle_timeout
+        c.deadline = now + self.idle_timeout
 
-    def _refusal(self, c: _Conn, reason: str, fatal: bool) -> None:
+    def _refusal(self, c: _Conn, reason: str, fatal: bool, rid: int | None = None) -> None:
         msg = reason.encode()
-        rid = c.req_id if c.greeted else 0   # before the greeting: the connection's refusal
+        if rid is None:
+            rid = c.req_id if c.greeted else 0   # before the greeting: the connection's refusal
         c.out = [memoryview(HEAD.pack(REP_MAGIC, 1, 0, rid) + struct.pack("<I", len(msg)) + msg)]
         c.oi, c.close_after, c.refusal = 0, fatal, True
 
-    def _on_head(self, c: _Conn) -> None:
-        if not c.greeted and not self._greet(c):
+    def _on_head(self, c: _Conn, now: float) -> None:
+        if not c.greeted and not self._greet(c, now):
             return
         magic, _flags, n, req_id = HEAD.unpack(c.buf)
         c.req_id = req_id
@@ -542,11 +756,33 @@ class _Server:
             self._stats["req_no_ops"] += 1
             return self._refusal(c, "request carries no ops", False)
         c.state, c.n, c.need, c.buf = _BODY_WAIT, n, n * WIRE_OP.itemsize, bytearray()
+        if not self._begin_body(c):
+            c.waiting = True
+            self._stats["reply_memory_waits"] += 1
+            self._py_state[0].unregister(c.sock)      # its body waits in the socket: TCP paces the sender
 
-    def _on_body(self, c: _Conn) -> None:
+    def _begin_body(self, c: _Conn) -> bool:
+        """Take the reply memory of ``c``'s request (its buffers and its send buffer); False when
+        that would pass the cap (and some is taken)."""
+        buf = c.n * _PY_OP_BYTES if c.n > _SMALL_OPS else 0
+        need = buf + (0 if c.hq else c.qcap)
+        if need and self._reserved > 0 and self._reserved + need > self.reply_memory:
+            return False
+        self._reserved += need
+        c.hbuf += buf
+        c.hq = True
+        return True
+
+    def _unwait(self, c: _Conn) -> None:
+        c.waiting = False
+        self._py_state[0].register(c.sock, selectors.EVENT_READ, c)
+        c.writing = False
+
+    def _on_body(self, c: _Conn, now: float) -> None:
         wire = np.frombuffer(c.buf, dtype=WIRE_OP)
         status, views = self._check(wire, self._stats)
         total = sum(len(v) for v in views)
+        c.deadline, c.progress = now + self.request_timeout, 0
         if total > MAX_REPLY_BYTES:
             self._stats["req_too_large"] += 1
             return self._refusal(c, f"request asks for {total} bytes, more than {MAX_REPLY_BYTES}; "
@@ -563,7 +799,9 @@ class _Server:
                 sent = c.sock.sendmsg(out[c.oi:c.oi + _IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 return False
-            c.deadline = now + self.request_timeout  # progress
+            c.progress += sent
+            if c.progress >= PROGRESS_BYTES:     # enough progress: a new deadline
+                c.deadline, c.progress = now + self.request_timeout, 0
             while sent:
                 if sent >= len(out[c.oi]):
                     sent -= len(out[c.oi])
@@ -688,7 +926,9 @@ class TcpTransport(Transport):
                  native_server: bool | None = None, max_connections: int | None = None,
                  idle_timeout: float | None = None, request_timeout: float | None = None,
                  server_workers: int | None = None, log_interval: float | None = None,
-                 poll_us: int | None = None):
+                 poll_us: int | None = None, hello_timeout: float | None = None,
+                 max_greeting: int | None = None, max_greeting_per_source: int | None = None,
+                 reply_memory: int | None = None, send_buffer: int | None = None):
         #: None: the native serving loop when built; False: the Python one (the reference)
         self.native_server = native_server
         self.max_channels = max(1, int(max_channels))
@@ -704,6 +944,16 @@ class TcpTransport(Transport):
                 "PEERCACHE_TCP_IDLE_TIMEOUT", DEFAULT_IDLE_TIMEOUT, float),
             "request_timeout": request_timeout if request_timeout is not None else _env_default(
                 "PEERCACHE_TCP_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT, float),
+            "hello_timeout": hello_timeout if hello_timeout is not None else _env_default(
+                "PEERCACHE_TCP_HELLO_TIMEOUT", DEFAULT_HELLO_TIMEOUT, float),
+            "max_greeting": max_greeting if max_greeting is not None else _env_default(
+                "PEERCACHE_TCP_MAX_GREETING", DEFAULT_MAX_GREETING, int),
+            "max_greeting_per_source": max_greeting_per_source if max_greeting_per_source is not None
+            else _env_default("PEERCACHE_TCP_MAX_GREETING_PER_SOURCE", DEFAULT_MAX_GREETING_PER_SOURCE, int),
+            "reply_memory": reply_memory if reply_memory is not None else _env_default(
+                "PEERCACHE_TCP_REPLY_MEMORY", DEFAULT_REPLY_MEMORY, int),
+            "send_buffer": send_buffer if send_buffer is not None else _env_default(
+                "PEERCACHE_TCP_SEND_BUFFER", DEFAULT_SEND_BUFFER, int),
             "workers": server_workers if server_workers is not None else _env_default(
                 "PEERCACHE_TCP_SERVER_WORKERS", 0, int) or None,
             "log_interval": log_interval if log_interval is not None else _env_default(
@@ -800,6 +1050,11 @@ class TcpTransport(Transport):
                     # A pooled channel the server closed while it sat idle: once more on a new one.
                     log.debug("pooled data connection to %s was closed (%s); reconnecting", peer, e)
                     continue
+                why = None if replied else _pending_refusal(sock)
+                if why is not None:             # the server said why it closed the connection
+                    log.warning("peer %s refused the connection: %s", peer, why)
+                    status[send_idx] = Status.REFUSED
+                    return status
                 log.warning("data connection to %s failed: %s", peer, e)
                 status[send_idx] = Status.CONNECTION
                 return status
