@@ -562,19 +562,48 @@ COLLECTORS: dict[str, Callable[[_Ctx], dict[str, Any]]] = {
 }
 
 
+#: The files the collectors read (through peercache.sysfs, relative to the capture's root), listed in
+#: every capture beside the commands it ran, so a reader can fill the same table by hand.
+FILE_SOURCES = ("/proc/sys/kernel/{hostname,osrelease,arch}", "/proc/version", "/proc/cpuinfo", "/proc/meminfo",
+                "/sys/devices/system/node/node*/{cpulist,meminfo,distance}",
+                "/sys/class/infiniband/*/{board_id,fw_ver,hca_type,device/numa_node,device/current_link_*}",
+                "/sys/class/infiniband/*/ports/*/{state,link_layer,rate,gids/*,gid_attrs/*}",
+                "/sys/class/net/*/{mtu,bonding/slaves}", "/proc/sys/kernel/perf_event_paranoid")
+
+
+class _Recorder:
+    """A runner that notes every command asked of it (and whether it answered), for the capture's sources."""
+
+    def __init__(self, inner: Runner) -> None:
+        self.inner = inner
+        self.commands: list[dict[str, Any]] = []
+
+    def which(self, name: str) -> str | None:
+        return self.inner.which(name)
+
+    def run(self, argv: list[str]) -> CommandResult | None:
+        r = self.inner.run(argv)
+        self.commands.append({"command": " ".join(argv),
+                              "answered": r is not None and r.returncode == 0})
+        return r
+
+
 def capture(root: str | os.PathLike = "/", runner: Runner | None = None) -> dict[str, Any]:
     """The testbed document of the machine (or fixture tree) at *root*."""
     root = Path(root)
     live = is_live(root)
     if runner is None:
         runner = LiveRunner() if live else ReplayRunner(root / "commands.json")
-    ctx = _Ctx(root=root, runner=runner, live=live)
+    recorder = _Recorder(runner)
+    ctx = _Ctx(root=root, runner=recorder, live=live)
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "root": str(root), "live": live}
     for key, collect in COLLECTORS.items():
         try:
             doc[key] = collect(ctx)
         except Exception as e:  # one broken source must not lose the rest of the capture
             doc[key] = {"_missing": {"*": f"collect_{key} failed: {type(e).__name__}: {e}"}}
+    doc["sources"] = {"commands": recorder.commands, "files": list(FILE_SOURCES),
+                      "pyverbs": (doc.get("rdma") or {}).get("pyverbs")}
     return doc
 
 
