@@ -25,17 +25,21 @@ rule report:
     output:
         nb=f"reports/{TB}/report.ipynb",
         html=f"reports/{TB}/report.html",
+        md=f"reports/{TB}/report.md",
+        csv=f"reports/{TB}/report-rows.csv",
     params:
         py=PY,
         tb=TB,
         baseline="peercache-8xcx7-roce",
         tidy_root=lambda w, input: str(Path(input[0]).parents[1].resolve()),
         figures_root=lambda w, input: str(Path(input[1]).parents[1].resolve()),
+        captures=lambda w: str((Path(RAW) / "testbed").resolve()),
+        out=lambda w, output: str(Path(output.html).parent.resolve()),
     conda:
         "../envs/analysis.yaml"
     log:
         f"reports/{TB}/report.log",
     shell:
-        "{params.py} -m peercache.lab.analysis.papermill_run notebooks/report.ipynb reports/{params.tb} "
+        "{params.py} -m peercache.lab.analysis.papermill_run notebooks/report.ipynb reports/{params.tb} --no-html "
         "-p tidy_dir {params.tidy_root} -p figures_dir {params.figures_root} -p testbed {params.tb} "
-        "-p baseline {params.baseline} > {log} 2>&1"
+        "-p baseline {params.baseline} -p captures_dir {params.captures} -p out_dir {params.out} > {log} 2>&1"

@@ -148,3 +148,63 @@ def test_each_chart_caption_says_what_limited_its_figures():
     root = Path(__file__).resolve().parents[2]
     text = (root / "figures" / "peercache-8xcx7-roce" / "whole_machine.md").read_text()
     assert "*limited by: " in text and "not a valid measurement" in text
+
+
+def _text_outside_canvas(fig) -> list[str]:
+    """Every visible text artist whose drawn extent leaves the canvas (cut off in the saved image)."""
+    import matplotlib.text
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    w, h = fig.bbox.width, fig.bbox.height
+    bad = []
+    for t in fig.findobj(matplotlib.text.Text):
+        if not t.get_visible() or not t.get_text().strip():
+            continue
+        bb = t.get_window_extent(renderer)
+        if bb.x0 < -0.5 or bb.y0 < -0.5 or bb.x1 > w + 0.5 or bb.y1 > h + 0.5:
+            bad.append(f"{t.get_text()[:60]!r} at x {bb.x0:.0f}..{bb.x1:.0f} of {w:.0f}, "
+                       f"y {bb.y0:.0f}..{bb.y1:.0f} of {h:.0f}")
+    return bad
+
+
+def _stamped(tb_dir: Path, testbed: str, refs_path: Path):
+    from peercache.lab.analysis.references import load_references
+    rows, runs = collect.load_tidy(tb_dir)
+    refs = load_references(refs_path)
+    rows = charts.judge(rows, runs, refs, testbed)
+    for chart in charts.build_charts(rows, runs, refs.get(testbed)):
+        if isinstance(chart, charts.Chart):
+            yield chart.name, charts.finish(chart, testbed)
+
+
+@pytest.mark.parametrize("tb_dir, testbed, refs", [
+    (FIX / TB, TB, FIX / "references.yaml"),
+    (ROOT / "data" / "reference" / "peercache-8xcx7-roce", "peercache-8xcx7-roce",
+     ROOT / "data" / "reference" / "references.yaml"),
+    (ROOT / "data" / "reference" / "ib-write-bw-200gbe-qp-sweep", "ib-write-bw-200gbe-qp-sweep",
+     ROOT / "data" / "reference" / "references.yaml"),
+])
+def test_no_text_is_cut_off_at_the_canvas_edge(tb_dir, testbed, refs):
+    seen = 0
+    for name, fig in _stamped(tb_dir, testbed, refs):
+        seen += 1
+        bad = _text_outside_canvas(fig)
+        charts.plt.close(fig)
+        assert not bad, f"{testbed}/{name}: text outside the canvas: {bad[:4]}"
+    assert seen >= 2
+
+
+def test_integer_quantities_get_integer_ticks_and_colours_say_raw_or_peercache():
+    from matplotlib.colors import to_hex
+    rows, runs = collect.load_tidy(FIX / TB)
+    rows = charts.judge(rows, runs, {}, TB)
+    built = {c.name: c for c in charts.build_charts(rows, runs, None) if isinstance(c, charts.Chart)}
+    ax = built["multi_rail"].fig.axes[0]
+    assert all(float(t).is_integer() for t in ax.get_xticks())        # threads: no 1.5-thread ticks
+    single = built["single_nic"].fig.axes[0]
+    colours = {to_hex(p.get_facecolor()) for p in single.patches if p.get_height() > 0}
+    labels = [t.get_text() for t in single.get_xticklabels()]
+    assert colours == {charts.RAW_COLOR, charts.PEERCACHE_COLOR}
+    assert all(len(line) <= 20 for lab in labels for line in lab.splitlines()), labels   # knobs go in the table
+    for c in built.values():
+        charts.plt.close(c.fig)

@@ -126,7 +126,7 @@ def test_explore_notebook_executes_with_papermill_and_exports_html(runs_root, pr
     ipynb, html = papermill_run.run_notebook(ROOT / "notebooks" / "explore.ipynb", tmp_path, params)
     text = html.read_text()
     assert "explore.load_run(" not in text and "explore.load_run(" in ipynb.read_text()   # code hidden, kept
-    for needle in (f"Run {A}", "fraction of raw single-NIC", "limited by", "above_line_rate",   # overview
+    for needle in (f"Run {A}", "% of single-NIC raw limit", "limited by", "above_line_rate",   # overview
                    "128 KiB batch 32",                                                          # the plot's table
                    "3 regressed beyond the tolerance", "ok → low", "measured in A, failed in B",  # comparison
                    f"Ad-hoc reads from serve {addr}", "returned 16384 B", "p99_us"):            # reads

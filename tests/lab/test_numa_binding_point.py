@@ -149,4 +149,4 @@ def test_report_shows_each_flagged_point_in_its_scenarios_section(tmp_path):
     secs = {s.scenario: s for s in rep.sections}
     assert f"{rid}: {flag}" in secs["whole_machine"].notes
     assert not [n for s in rep.sections if s.scenario != "whole_machine" for n in s.notes if "numa_" in n]
-    assert f"- note: {rid}: {flag}" in report.report_markdown(rep)
+    assert f"- {rid}: {flag}" in report.report_markdown(rep)

@@ -38,30 +38,61 @@ def test_notebooks_execute_with_papermill(lab):
     assert "collect_testbed(" in ipynb.read_text()  # ...but kept in the executed notebook
 
     params = dict(tidy_dir=str(lab / "tidy"), figures_dir=str(lab / "figures"), testbed=TB,
-                  references=str(FIX / "references.yaml"), baseline="peercache-8xcx7-roce")
-    ipynb, html = papermill_run.run_notebook(ROOT / "notebooks" / "report.ipynb", lab / "reports", params)
-    text = html.read_text()
-    assert "build_report(" not in text
-    for needle in ("Overview", "fraction of raw single-NIC", "whole_machine", "above_line_rate",
-                   "Host + meta block", "revision 0123abcd", "Beside the published baseline", "413.1 GB/s"):
+                  references=str(FIX / "references.yaml"), baseline="peercache-8xcx7-roce",
+                  out_dir=str(lab / "reports"))
+    ipynb, html = papermill_run.run_notebook(ROOT / "notebooks" / "report.ipynb", lab / "reports", params,
+                                             html=False)
+    text = html.read_text().replace("\u00a0", " ")   # written by the notebook itself: the document, not a dump
+    assert "build_report(" not in text and "jp-Notebook" not in text
+    for needle in ("Overview", "% of single-NIC raw limit", "whole machine", "above_line_rate", "Test environment",
+                   "Key conclusions", "Host + meta", "revision 0123abcd", "Beside the published baseline",
+                   "413.1 GB/s", "report-rows.csv", "Explore this run"):
         assert needle in text, needle
+    assert text.count("<h1") == 1
     assert text.count("data:image/png;base64") >= 5
     assert (lab / "figures" / TB / "single_nic.png").exists()
+    md = (lab / "reports" / "report.md").read_text()
+    assert "](../figures/fixture-2x-cx7/single_nic.png)" in md          # relative: reads on a forge
+    assert (lab / "reports" / "report-rows.csv").read_text().startswith("experiment,")
 
 
 def test_overview_and_sections(lab, tmp_path):
     collect.collect_testbed(lab / "raw", tmp_path / "tidy", TB)
     rep = report.build_report(tmp_path / "tidy", tmp_path / "fig", TB, FIX / "references.yaml")
     ov = {r["scenario"]: r for r in rep.overview.to_dict("records")}
-    peer = ov["single_nic: peercache-bench over rdma 128 KiB 4 thr 8 proc"]
-    assert peer["GET throughput"] == "45.3 GB/s" and peer["fraction of raw single-NIC"] == "94%"
+    peer = ov["single_nic: PeerCache over rdma, 128 KiB, batch 32, 8 proc × 4 thr"]
+    assert peer["GET throughput"] == "45.3\u00a0GB/s (362.4\u00a0Gb/s)" and peer["% of single-NIC raw limit"] == "94%"
+    assert peer["run"] == "single_nic-peercache_p8_t4-rep0"
     assert ov["gpudirect"]["GET throughput"] == "—" and "skipped" in ov["gpudirect"]["notes"]
     assert ov["whole_machine: aggregate over 2 NICs"]["notes"] == "per NIC 47.5–52.5 GB/s"
     assert rep.verdict_counts["above_line_rate"] == 1 and rep.verdict_counts["low"] == 1
     assert [s.scenario for s in rep.sections] == ["single_nic", "multi_rail", "whole_machine", "gpudirect",
                                                   "msgsize_sweep"]
     md = report.report_markdown(rep)
-    assert "gpudirect: not drawn:" in md and "verdict_reason" in md
+    assert "gpudirect: not drawn:" in md and "## Appendix: the tidy table" in md
+    # unchecked rows are counted by reason, not listed with their reason one by one
+    assert md.count("no reference for this") <= 2
+    secs = {s.scenario: s for s in rep.sections}
+    assert [c for c, _ in secs["msgsize_sweep"].tables] == ["every point", "QP1 vs QP4"]
+    assert list(secs["multi_rail"].tables[0][1][0]) == ["page size", "batch", "peak", "best threads", "run"]
+
+
+def test_conclusions_cite_their_runs_and_are_left_out_when_unsupported(lab, tmp_path):
+    collect.collect_testbed(lab / "raw", tmp_path / "tidy", TB)
+    rep = report.build_report(tmp_path / "tidy", tmp_path / "fig", TB, FIX / "references.yaml")
+    texts = [c.text for c in rep.conclusions]
+    single = [c for c in rep.conclusions if c.text.startswith("Single NIC")]
+    assert single and "94% of raw ib_read_bw" in single[0].text
+    assert set(single[0].runs) == {"single_nic-peercache_p8_t4-rep0", "single_nic-ib_read_bw_q16_s131072-rep0"}
+    assert any("peaks at 4 threads" in t and "falls beyond" in t for t in texts), texts
+    # without the raw row there is no percentage and no single-NIC conclusion
+    rows, runs = collect.load_tidy(tmp_path / "tidy" / TB)
+    collect.write_tidy(tmp_path / "t2", TB, rows[rows["tool"] != "ib_read_bw"], runs)
+    rep2 = report.build_report(tmp_path / "t2", tmp_path / "fig", TB, FIX / "references.yaml")
+    assert not [c for c in rep2.conclusions if c.text.startswith("Single NIC")]
+    ov = {r["scenario"]: r for r in rep2.overview.to_dict("records")}
+    peer = ov["single_nic: PeerCache over rdma, 128 KiB, batch 32, 8 proc × 4 thr"]
+    assert peer["% of single-NIC raw limit"] == "—" and "no % of raw" in peer["notes"]
 
 
 def _sig_figs(token: str) -> int:

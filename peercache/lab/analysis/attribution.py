@@ -172,8 +172,8 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
               line_rate_of=lambda row: None) -> pd.DataFrame:
     """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
 
-    ``raw_of(row)``: (raw limit in B/s, its tool) of the same path measured the
-    same way in the same run, or None (raw rows themselves, or nothing
+    ``raw_of(row)``: (raw limit in B/s, how it was measured) of the same path measured
+    the same way in the same run, over as many NICs as the row, or None (raw rows themselves, or nothing
     comparable); ``line_rate_of(row)``: the row's summed line rate in bit/s
     from the references, or None (the runner's port rates are used first).
     """
@@ -183,14 +183,11 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
     for i, r in out.iterrows():
         if r["metric"] not in ("bw", "get_throughput") or r["status"] != "ok" or pd.isna(r["value"]):
             continue
-        raw = raw_of(r)
-        # A figure over n NICs (multi-rail, an aggregate of n groups) is bounded by n single-NIC limits.
-        n = int(row_extra(r).get("groups") or 0) or max(1, len(row_devices(r)))
+        raw = raw_of(r)    # already scaled to the row's NICs (rawlimit.raw_for)
         cores, shared, nics = host_of(runs, r["run_id"])
         devs = row_devices(r)
         bits = line_rate_of(r)
-        ev = evidence(r, raw_Bps=raw[0] * n if raw else None, raw_tool=(raw[1] if n == 1 else f"{n} x {raw[1]}")
-                      if raw else None,
+        ev = evidence(r, raw_Bps=raw[0] if raw else None, raw_tool=raw[1] if raw else None,
                       line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
                       pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None,
                       numa=_numa(r, devs, nics))

@@ -18,25 +18,27 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.transforms as mtransforms  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache.lab.analysis import collect  # noqa: E402
+from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, raw_for,  # noqa: E402
+                                             raw_limits, why_none)
 from peercache.lab.pipeline import experiments  # noqa: E402
 from peercache.lab.analysis.references import (UNITS, TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
                                       row_extra)
 
 #: Scenarios in drawing order: the scenario file's order (experiments/scenarios.yaml), read once.
 SCENARIOS = experiments.scenario_names()
-RAW_TOOLS = ("ib_read_bw", "ib_write_bw", "iperf3", "memcpy")
-#: The raw figure a PeerCache GET over each protocol is compared with: RDMA
-#: READ for rdma, iperf3 on the same path for tcp, one-thread memcpy for shm.
-RAW_FOR_PROTOCOL = {"rdma": ("ib_read_bw",), "tcp": ("iperf3",), "shm": ("memcpy",)}
-BW_METRICS = ("bw", "get_throughput")
+#: Raw is grey and PeerCache blue in every figure (and the report's tables say which is which).
+RAW_COLOR, PEERCACHE_COLOR, OVER_COLOR = "#7f7f7f", "#1f77b4", "#d62728"
 #: perf stat counters drawn against message size: metric -> label.
 COUNTERS = {"ipc": "IPC", "l1_dcache_load_misses": "L1-dcache load misses",
             "llc_load_misses": "LLC load misses", "context_switches": "context switches",
             "cpu_migrations": "CPU migrations"}
+#: Counters that count whole events: their axes get integer ticks.
+INTEGER_COUNTERS = ("l1_dcache_load_misses", "llc_load_misses", "context_switches", "cpu_migrations")
 FORMATS = ("png", "svg")
 _OWNED_SUFFIXES = (".png", ".svg", ".md")
 
@@ -231,7 +233,7 @@ def _label(r: dict, keys: Iterable[str]) -> str:
             bits.append(fmt_size(v))
         else:
             fmt = {"qps": "q{}", "threads": "{} thr", "processes": "{} proc", "batch": "batch {}",
-                   "protocol": "over {}"}
+                   "protocol": "over {}", "layout": "{} layout"}
             bits.append(fmt.get(k, "{}").format(v))
     return " ".join(bits)
 
@@ -242,15 +244,26 @@ def _new_fig(ncols: int = 1, nrows: int = 1, w: float = 7.0, h: float = 4.2):
 
 
 def _stamp(fig, title: str, meta: list[str]) -> None:
-    """Title on top, the host + meta block under the plot, inside the image."""
-    fig.suptitle(title, fontsize=11)
-    text = "\n".join(_clip(_drawable(l)) for l in meta)
-    n = len(meta)
+    """Title on top, the caption and host + meta block under the plot, wrapped to the image's width."""
     w, h = fig.get_size_inches()
-    extra = 0.14 * n + 0.2
+    fig.suptitle("\n".join(textwrap.wrap(_drawable(title), int(w * 72 / (11 * 0.6)))), fontsize=11)
+    # monospace 6.5 pt: a character is 0.6 of the size wide; keep 4 % of the width as margin
+    width = int(0.96 * w * 72 / (6.5 * 0.6))
+    lines = [part for l in meta for part in textwrap.wrap(_drawable(l), width, subsequent_indent="  ")]
+    extra = 0.115 * len(lines) + 0.25
     fig.set_size_inches(w, h + extra)
     fig.tight_layout(rect=(0, extra / (h + extra), 1, 0.95))
-    fig.text(0.01, 0.01, text, fontsize=6.5, family="monospace", va="bottom", ha="left")
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6.5, family="monospace", va="bottom", ha="left")
+
+
+def series_colors(n: int, raw: bool) -> list:
+    """n colours for the lines of one figure: shades of grey for raw tools, of blue for PeerCache."""
+    cmap = plt.get_cmap("Greys" if raw else "Blues")
+    return [cmap(0.45 + 0.5 * i / max(1, n - 1)) for i in range(n)] if n > 1 else [RAW_COLOR if raw
+                                                                                  else PEERCACHE_COLOR]
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def _drawable(line: str) -> str:
@@ -258,10 +271,6 @@ def _drawable(line: str) -> str:
     # The image keeps the ASCII part; the .md beside it keeps the full text.
     out = "".join(c if ord(c) < 0x2E80 else " " for c in line)
     return " ".join(out.split())
-
-
-def _clip(line: str, n: int = 150) -> str:
-    return line if len(line) <= n else line[: n - 1] + "…"
 
 
 def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], testbed: str) -> pd.DataFrame:
@@ -273,10 +282,8 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
     limits = raw_limits(rows)
 
     def raw_of(r):
-        if r["tool"] in RAW_TOOLS:
-            return None
         got = raw_for(r, limits)
-        return (got[0] * 1e9, got[1]) if got else None
+        return (got.bps, got.label) if got else None
 
     rows = attribution.attribute(rows, runs, raw_of, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
                                  else (lambda r: None))
@@ -295,44 +302,6 @@ def limit_text(g: pd.DataFrame) -> str:
     return " / ".join(said) or "—"
 
 
-def _raw_readers(r) -> int | None:
-    """How many readers a raw figure stands for: iperf3 client processes, memcpy threads; None for perftest."""
-    if r["tool"] == "iperf3":
-        return int(r["processes"]) if not pd.isna(r.get("processes")) else 1
-    if r["tool"] == "memcpy":
-        return int(r["threads"]) if not pd.isna(r.get("threads")) else 1
-    return None
-
-
-def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None], tuple[float, str]]:
-    """Raw single-NIC limits of the run: (protocol, readers) -> (mean GB/s, tool).
-
-    On RDMA testbeds the one ib_read_bw figure (readers None) bounds every
-    PeerCache point, as published; on the local testbed each reader count has
-    its own iperf3 figure with as many client processes.
-    """
-    out: dict[tuple[str, int | None], list] = {}
-    for proto, tools in RAW_FOR_PROTOCOL.items():
-        raw = rows[(rows["scenario"] == "single_nic") & rows["tool"].isin(tools)
-                   & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
-        for _, r in raw.iterrows():
-            out.setdefault((proto, _raw_readers(r)), [r["tool"]]).append(_to_gbs(r))
-    return {k: (sum(v[1:]) / len(v[1:]), v[0]) for k, v in out.items()}
-
-
-def raw_for(r, limits: dict[tuple[str, int | None], tuple[float, str]]) -> tuple[float, str] | None:
-    """The raw limit (GB/s, tool) measured the same way as PeerCache row ``r``, or None."""
-    proto = r.get("protocol")
-    try:
-        readers = int(r["processes"]) * int(r["threads"])
-    except (TypeError, ValueError, KeyError):
-        readers = None
-    if (proto, readers) in limits:
-        return limits[(proto, readers)]
-    keys = [k for k in limits if k[0] == proto]
-    return limits[keys[0]] if keys == [(proto, None)] else None
-
-
 def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
     """Single NIC: PeerCache vs the raw perftest figure, with the percentage."""
     sub = rows[rows["metric"].isin(BW_METRICS)]
@@ -346,37 +315,71 @@ def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         r = g.iloc[0].to_dict()
         groups.append((r, g))
     limits = raw_limits(ok)
-    fig, axes = _new_fig()
+    fig, axes = _new_fig(w=max(7.0, 1.3 * len(groups)))
     ax = axes[0][0]
     table, labels, heights, colors = [], [], [], []
     for r, g in groups:
         gbs = sum(_to_gbs(v) for _, v in g.iterrows()) / len(g)
         is_raw = r["tool"] in RAW_TOOLS
         raw = None if is_raw else raw_for(r, limits)
-        raw_gbs = raw[0] if raw else None
-        pct = None if not raw_gbs else 100.0 * gbs / raw_gbs     # no (or a zero) raw figure: no %
-        label = f"{r['tool']}\n{_label(r, keys[1:])}"
-        labels.append(textwrap.fill(label.replace("\n", " "), 16))  # several bars must not collide
+        pct = None if raw is None or not raw.gbs else 100.0 * gbs / raw.gbs  # no (or a zero) raw figure: no %
+        labels.append(bar_label(r))
         heights.append(gbs)
-        colors.append("#777777" if is_raw else "#1f77b4")
+        colors.append(RAW_COLOR if is_raw else PEERCACHE_COLOR)
         value, unit = display(g["value"].mean(), r["unit"])
-        table.append({"measurement": label.replace("\n", " "), "value": value, "unit": unit, "n": len(g),
-                      "% of raw": "—" if pct is None else ("above raw" if "above_raw" in set(g.get("limit", []))
-                                                          else f"{pct:.1f}%"),
+        table.append({"measurement": measurement(r), "value": value, "unit": unit, "n": len(g),
+                      "% of raw": "—" if pct is None else f"{pct:.1f}%",
+                      "raw limit": "—" if is_raw else (raw.label if raw else "none: " + why_none(r, limits)),
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
                       "limited by": limit_text(g), "run": ",".join(dict.fromkeys(g["run_id"]))})
     bars = ax.bar(range(len(heights)), heights, color=colors)
     for b, t, h in zip(bars, table, heights):
-        ax.annotate(f"{h:.1f} GB/s\n{t['% of raw']} of raw" if t["% of raw"] != "—" else f"{h:.1f} GB/s",
-                    (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"{h:.3g} GB/s\n{t['% of raw'].replace('.0%', '%')} of raw" if t["% of raw"] != "—"
+                    else f"{h:.3g} GB/s", (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylabel("GET / READ throughput (GB/s)")
-    ax.set_ylim(0, max(heights) * 1.25)
-    pcs = {r.get("protocol") for r, _ in groups if r["tool"] not in RAW_TOOLS}
-    notes = [f"no raw {'/'.join(RAW_FOR_PROTOCOL.get(p, ('?',)))} row for PeerCache over {p}: "
-             "percentage not computed" for p in sorted(x for x in pcs if x) if p not in {k[0] for k in limits}]
+    ax.set_ylabel("GET / read throughput (GB/s)")
+    ax.set_ylim(0, max(heights) * 1.3)
+    _raw_legend(ax)
+    notes = []
+    for r, _ in groups:
+        if r["tool"] not in RAW_TOOLS and raw_for(r, limits) is None:
+            notes.append(f"{measurement(r)}: no percentage: {why_none(r, limits)}")
     return Chart("single_nic", "Single NIC: PeerCache vs the raw limit", fig, table,
-                 meta_block(ok, runs), notes)
+                 meta_block(ok, runs), list(dict.fromkeys(notes)))
+
+
+def _raw_legend(ax) -> None:
+    """The legend saying which colour is raw and which PeerCache (every figure uses the same two)."""
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=RAW_COLOR, label="raw tool"), Patch(color=PEERCACHE_COLOR, label="PeerCache")],
+              fontsize=7, loc="upper right")
+
+
+def bar_label(r) -> str:
+    """A short bar label: the tool (or PeerCache and its transport) and the connections; knobs go in the table."""
+    from peercache.lab.analysis.rawlimit import point_shape, raw_shape
+    if r["tool"] in RAW_TOOLS:
+        _, conns, _ = raw_shape(r)
+        return r["tool"] + (f"\n{conns} conn." if r["tool"] == "iperf3" else
+                            f"\n{conns} thr" if conns and r["tool"] == "memcpy" else "")
+    _, conns, _ = point_shape(r)
+    return f"PeerCache\n{r.get('protocol') or '?'}" + (f", {conns} conn." if conns and r.get("protocol") == "tcp" else "")
+
+
+def measurement(r) -> str:
+    """What a single-NIC bar measured, with every knob (the table's first column)."""
+    from peercache.lab.analysis.rawlimit import raw_shape
+    size = fmt_size(r.get("size_bytes")) if _present(r.get("size_bytes")) else "size ?"
+    if r["tool"] == "iperf3":
+        return f"iperf3{' -R' if row_extra(r).get('reverse') else ''}, {raw_shape(r)[1]} conn., {size}"
+    if r["tool"] == "memcpy":
+        return f"memcpy, {raw_shape(r)[1]} thr, {size}"
+    if r["tool"] in RAW_TOOLS:
+        return f"{r['tool']} " + _label(r, ["qps", "size_bytes"])
+    shape = (f", {fmt_number(r['processes'])} proc × {fmt_number(r['threads'])} thr"
+             if _present(r.get("processes")) and _present(r.get("threads")) else "")
+    batch = f", batch {fmt_number(r['batch'])}" if _present(r.get("batch")) else ""
+    return f"PeerCache over {r.get('protocol') or '?'}, {size}{batch}{shape}"
 
 
 def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
@@ -389,7 +392,9 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     fig, axes = _new_fig()
     ax = axes[0][0]
     table = []
-    for (size, batch), g in ok.groupby(["size_bytes", "batch"], dropna=False, sort=True):
+    series = list(ok.groupby(["size_bytes", "batch"], dropna=False, sort=True))
+    colors = series_colors(len(series), raw=False)
+    for k, ((size, batch), g) in enumerate(series):
         pts = g.groupby("threads", sort=True)
         xs, ys = [], []
         for thr, gg in pts:
@@ -405,7 +410,9 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
                           "limited by": limit_text(gg), "run": ",".join(dict.fromkeys(gg["run_id"]))})
         peak_only = all(row_extra(v).get("statistic") == "peak" for _, v in g.iterrows())
         label = f"{fmt_size(size)}, batch {fmt_number(batch)}" + (" (peak only)" if peak_only else "")
-        ax.plot(xs, ys, marker="o", label=label)
+        ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], color=colors[k], label=label)
+    threads = sorted({int(t) for t in ok["threads"]})
+    ax.set_xticks(threads, [str(t) for t in threads])   # threads are whole: no 1.5-thread ticks
     ax.set_xlabel("threads (concurrency)")
     ax.set_ylabel("GET throughput (GB/s)")
     ax.set_ylim(bottom=0)
@@ -431,7 +438,7 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
             gbs = _to_gbs(r)
             cap = line_capacity_bps(r, refs) if refs is not None else None
             over = cap is not None and gbs * 8e9 > cap
-            ax.bar(i, gbs, color="#d62728" if over else "#1f77b4")
+            ax.bar(i, gbs, color=OVER_COLOR if over else PEERCACHE_COLOR)
             ax.annotate(f"{gbs:.1f}", (i, gbs), ha="center", va="bottom", fontsize=7)
             if cap is not None:
                 ax.hlines(cap / 8e9, i - 0.45, i + 0.45, colors="black", linestyles="--", linewidth=1)
@@ -482,7 +489,7 @@ def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | 
     for i, (_, r) in enumerate(ok.iterrows()):
         dest = row_extra(r).get("destination") or "destination not recorded"
         gbs = _to_gbs(r)
-        ax.bar(i, gbs, color="#2ca02c" if dest == "gpu" else "#777777")
+        ax.bar(i, gbs, color=PEERCACHE_COLOR, hatch="//" if dest == "gpu" else None)
         ax.annotate(f"{gbs:.1f} GB/s", (i, gbs), ha="center", va="bottom", fontsize=8)
         labels.append(f"{dest}\n{_label(r, ['size_bytes', 'processes'])}")
         table.append({"destination": dest, **dict(zip(("value", "unit"), display(r["value"], r["unit"]))),
@@ -523,9 +530,11 @@ def chart_msgsize_bw(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         ser = _series(ok, metric)
         units = sorted(set(ok[ok["metric"] == metric]["unit"]))
         unit = units[0] if units else ""
-        for q, g in ser.items():
+        colors = series_colors(len(ser), raw=True)
+        for k, (q, g) in enumerate(ser.items()):
             ys = [convert(float(v), u, unit) for v, u in zip(g["value"], g["unit"])]
-            ax.plot(g["size_bytes"].astype(float), ys, marker="o", label=f"QP {fmt_number(q)}")
+            ax.plot(g["size_bytes"].astype(float), ys, marker=MARKERS[k % len(MARKERS)], color=colors[k],
+                    label=f"QP {fmt_number(q)}")
         _size_axis(ax, ok["size_bytes"])
         ax.set_ylabel(f"{ylabel} ({unit})" if unit else ylabel)
         if not ser:
@@ -553,9 +562,12 @@ def chart_msgsize_counters(rows: pd.DataFrame, runs: pd.DataFrame, refs: Testbed
     flat = [a for row in axes for a in row]
     for ax, (metric, label) in zip(flat, COUNTERS.items()):
         m = sub[sub["metric"] == metric]
-        for q, g in _series(m, metric).items():
+        ser = _series(m, metric)
+        colors = series_colors(len(ser), raw=True)
+        for k, (q, g) in enumerate(ser.items()):
             good = g[(g["status"] == "ok") & g["value"].notna()]
-            line = ax.plot(good["size_bytes"].astype(float), good["value"], marker="o", label=f"QP {fmt_number(q)}")
+            line = ax.plot(good["size_bytes"].astype(float), good["value"], marker=MARKERS[k % len(MARKERS)],
+                           color=colors[k], label=f"QP {fmt_number(q)}")
             missing = g[~g.index.isin(good.index)]
             if not missing.empty:
                 # Missing is not zero: mark where a value should be, at the axis floor, hollow.
@@ -571,6 +583,8 @@ def chart_msgsize_counters(rows: pd.DataFrame, runs: pd.DataFrame, refs: Testbed
                     va="center", transform=ax.transAxes, fontsize=8)
             ax.set_yticks([])  # no scale to show: a 0 tick would read as a measured zero
         _size_axis(ax, sub["size_bytes"])
+        if metric in INTEGER_COUNTERS:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(label, fontsize=9)
         ax.legend(fontsize=6)
     flat[-1].axis("off")
@@ -651,6 +665,12 @@ def build_charts(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | Non
     return out
 
 
+def finish(chart: Chart, testbed: str) -> Any:
+    """Stamp a drawn chart for saving: title, caption and host + meta block, all inside the canvas."""
+    _stamp(chart.fig, f"{testbed} · {chart.title}", ([chart.caption] if chart.caption else []) + chart.meta)
+    return chart.fig
+
+
 def chart_markdown(testbed: str, chart: Chart, formats: Iterable[str]) -> str:
     """The Markdown file written beside a chart: image, table, notes, meta block."""
     img = "png" if "png" in formats else next(iter(formats))
@@ -709,7 +729,7 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
                 continue
             index.append(f"- [{chart.title}]({chart.name}.md)")
             dest.mkdir(parents=True, exist_ok=True)
-            _stamp(chart.fig, f"{name} · {chart.title}", ([chart.caption] if chart.caption else []) + chart.meta)
+            finish(chart, name)
             for fmt in formats:
                 p = dest / f"{chart.name}.{fmt}"
                 # Fixed metadata keeps files byte-stable across runs (no timestamps).

@@ -21,17 +21,24 @@ def to_html(ipynb: Path, html: Path) -> Path:
     """Render an executed notebook as HTML with every code cell's input hidden."""
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
 
     nb = nbformat.read(str(ipynb), as_version=4)
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    # cells tagged for the notebook reader only (what the notebook does) stay out of the HTML
+    exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove-from-report"}, enabled=True),
+                                   enabled=True)
     body, _ = exporter.from_notebook_node(nb)
     html.write_text(body, encoding="utf-8")
     return html
 
 
 def run_notebook(notebook, out_dir, parameters: dict[str, Any] | None = None, name: str | None = None,
-                 kernel_name: str = DEFAULT_KERNEL, cwd=None) -> tuple[Path, Path]:
-    """Execute ``notebook`` into ``out_dir/<name>.ipynb`` and ``.html``; returns both paths."""
+                 kernel_name: str = DEFAULT_KERNEL, cwd=None, html: bool = True) -> tuple[Path, Path]:
+    """Execute ``notebook`` into ``out_dir/<name>.ipynb`` and ``.html``; returns both paths.
+
+    ``html=False``: the notebook writes its own HTML (the report does); only a failed run is rendered.
+    """
     import papermill as pm
 
     notebook = Path(notebook)
@@ -40,7 +47,7 @@ def run_notebook(notebook, out_dir, parameters: dict[str, Any] | None = None, na
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = name or notebook.stem
-    ipynb, html = out_dir / f"{stem}.ipynb", out_dir / f"{stem}.html"
+    ipynb, out_html = out_dir / f"{stem}.ipynb", out_dir / f"{stem}.html"
     try:
         pm.execute_notebook(str(notebook), str(ipynb), parameters=parameters or {},
                             kernel_name=kernel_name, cwd=str(cwd) if cwd else None,
@@ -48,9 +55,9 @@ def run_notebook(notebook, out_dir, parameters: dict[str, Any] | None = None, na
     except pm.PapermillExecutionError:
         # Keep an HTML of the failed run too: it shows which cell failed and why.
         if ipynb.exists():
-            to_html(ipynb, html)
+            to_html(ipynb, out_html)
         raise
-    return ipynb, to_html(ipynb, html)
+    return ipynb, (to_html(ipynb, out_html) if html else out_html)
 
 
 def _parse_value(v: str) -> Any:
@@ -68,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="notebook parameter (VALUE read as YAML: numbers, lists, null)")
     ap.add_argument("--name", help="output file stem (default: the notebook's)")
     ap.add_argument("--kernel", default=DEFAULT_KERNEL)
+    ap.add_argument("--no-html", action="store_true", help="the notebook writes its own HTML (the report)")
     args = ap.parse_args(argv)
     params = {k: _parse_value(v) for k, v in args.parameter}
-    ipynb, html = run_notebook(args.notebook, args.out_dir, params, args.name, args.kernel)
+    ipynb, html = run_notebook(args.notebook, args.out_dir, params, args.name, args.kernel, html=not args.no_html)
     print(f"wrote {ipynb} and {html}")
     return 0
 
