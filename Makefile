@@ -15,7 +15,7 @@ CORES  ?= 2
 APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest sockperf \
             rdma-core libibverbs-dev ibverbs-utils python3-pyverbs linux-perf \
             iproute2 iputils-ping openssh-server openssh-client procps \
-            qemu-system-x86 busybox-static cpio kmod libxxhash-dev libb2-dev redis-server redis-tools
+            qemu-system-x86 busybox-static cpio kmod libxxhash-dev libb2-dev redis-server redis-tools chromium
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
