@@ -59,6 +59,7 @@ its password can write anything, so protect it (requirepass / ACL, TLS).
 """
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import os
@@ -82,6 +83,7 @@ from redis.retry import Retry
 from . import tags
 from .discovery import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
+from .redact import redact, remember
 from .rpc import Limits, pack, unpack
 from .transport.base import LOC_DTYPE
 
@@ -236,7 +238,7 @@ _SCRIPTS = {"publish": PUBLISH_LUA, "takeover": TAKEOVER_LUA, "unpublish": UNPUB
 class RedisURL:
     """A parsed ``--directory redis://...`` (pure: nothing connects here)."""
 
-    url: str
+    url: str = field(repr=False)   # may hold the password
     host: str
     port: int
     db: int
@@ -252,15 +254,16 @@ class RedisURL:
         """The URL with its password masked (for messages and logs)."""
         auth = ""
         if self.username or self.password:
-            auth = f"{self.username or ''}{':***' if self.password else ''}@"
+            quote = functools.partial(urllib.parse.quote, safe="")
+            auth = f"{quote(self.username or '')}{':' + quote(self.password) if self.password else ''}@"
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{'rediss' if self.ssl else 'redis'}://{auth}{host}:{self.port}/{self.db}"
+        return redact(f"{'rediss' if self.ssl else 'redis'}://{auth}{host}:{self.port}/{self.db}")
 
 
 def parse_url(url: str, env: dict | None = None) -> RedisURL:
     """``redis://[USER:PASSWORD@]HOST:PORT/DB[?prefix=..&cluster=..]`` -> :class:`RedisURL`, or ConfigError."""
     env = os.environ if env is None else env
-    what = f"--directory {url!r}"
+    what = f"--directory {redact(url)!r}"
     try:
         u = urllib.parse.urlsplit(url)
         port = u.port or 6379
@@ -292,6 +295,7 @@ def parse_url(url: str, env: dict | None = None) -> RedisURL:
         raise ConfigError(f"{what}: a Redis Cluster has only database 0")
     password = urllib.parse.unquote(u.password) if u.password is not None else None
     password = password or env.get(PASSWORD_ENV) or None
+    remember(password)
     ssl_options = {}
     if "ssl_cert_reqs" in query:
         ssl_options["ssl_cert_reqs"] = query["ssl_cert_reqs"][-1]

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
 
 from ..errors import ConfigError, PeerCacheError
-from . import drive, options, serve
+from . import drive, meta, options, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,8 +92,7 @@ def main(argv=None) -> int:
         if doc["error"]:
             print(f"drive: FAILED: {doc['error']}", file=sys.stderr)
         if args.out:
-            with open(args.out, "w") as f:
-                json.dump(doc, f, indent=1)
+            meta.write_document(args.out, doc)
         return rc
     except ConfigError as e:
         print(f"peercache-bench {args.mode}: invalid options: {e}", file=sys.stderr)

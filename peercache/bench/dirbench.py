@@ -35,7 +35,6 @@ import ctypes
 import json
 import multiprocessing as mp
 import os
-import re
 import signal
 import sys
 import time
@@ -44,6 +43,7 @@ import numpy as np
 
 from .. import tags
 from ..errors import ConfigError, PeerCacheError
+from ..redact import redact, redact_doc
 from . import meta, options
 from .drive import _recv   # a worker's reply, bounded in time; its death an error
 
@@ -70,11 +70,6 @@ def backend_of(spec: str) -> str:
                           "or redis://HOST:PORT/DB / rediss://HOST:PORT/DB (Redis)")
     options.check_addr(spec, "--directory")
     return "embedded"
-
-
-def redact(spec: str) -> str:
-    """The directory spec with any password in it replaced by ``***`` (for logs and documents)."""
-    return re.sub(r"^(rediss?://)([^@/:]*:)?[^@/]*@", r"\1\2***@", spec)
 
 
 # --- the directory seen from a producer and from a client ---------------------
@@ -427,11 +422,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"dirbench: invalid options: {e}", file=sys.stderr)
         return 2
-    line = json.dumps(doc)
-    print(line, flush=True)
+    print(json.dumps(redact_doc(doc)), flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(line + "\n")
+        meta.write_document(a.out, doc, indent=None)
     if doc["status"] != "ok":
         print(f"dirbench: FAILED: {doc['error']}", file=sys.stderr)
         return 1

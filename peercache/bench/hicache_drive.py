@@ -17,7 +17,6 @@ the bench pattern after the batch (serve writes every object once: generation 1)
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
@@ -27,7 +26,7 @@ from .. import tags
 from ..errors import ConfigError, PeerCacheError
 from ..hicache import PeerCacheStore
 from ..node import Get
-from . import drive, options
+from . import drive, meta, options
 
 #: Tokens per SGLang page of the bench's host pool (any value works: keys are per page).
 PAGE_TOKENS = 64
@@ -219,8 +218,7 @@ def main(argv=None) -> int:
     if doc["error"]:
         print(f"hicache_drive: FAILED: {doc['error']}", file=sys.stderr)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        meta.write_document(args.out, doc)
     return rc
 
 

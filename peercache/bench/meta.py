@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
+
+from ..redact import redact, redact_doc
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,5 +74,12 @@ def host_block() -> dict:
 
 
 def command_line() -> str:
-    """The exact command that is running."""
-    return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+    """The command that is running, exactly but for its secrets (a Redis URL's password is ``***``)."""
+    return redact(shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
+
+
+def write_document(path: str, doc: dict, indent: int | None = 1) -> None:
+    """Write a result document as JSON, every secret in it masked (:func:`peercache.redact.redact_doc`)."""
+    text = json.dumps(redact_doc(doc), indent=indent)
+    with open(path, "w") as f:
+        f.write(text + ("\n" if indent is None else ""))

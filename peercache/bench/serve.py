@@ -5,7 +5,6 @@ publishes in Redis, and drivers' ``reader_done`` reaches it through Redis.
 """
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -90,8 +89,7 @@ def run(args) -> int:
                    "readers_done": readers_done,
                    "refused_ops": getattr(node.transport, "refused", None)}
         if args.out:
-            with open(args.out, "w") as f:
-                json.dump(summary, f, indent=1)
+            meta.write_document(args.out, summary)
         print(f"serve: {len(readers_done)} of {args.readers} readers done; exiting", flush=True)
         return 0 if len(readers_done) >= args.readers else 1
     finally:

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from peercache.redact import redact, redact_doc
+
 SCHEMA_VERSION = 1
 
 #: Allowed values of ``Row.status``.
@@ -146,14 +148,14 @@ RESULT_FILE = "result.json"
 
 
 def write_result(path, meta: RunMeta, rows: Iterable[Row]) -> None:
-    """Write one point's result document (atomically: temp file, then rename)."""
+    """Write one point's result document (atomically: temp file, then rename), its secrets masked."""
     import os
     from pathlib import Path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": SCHEMA_VERSION, "meta": meta.to_dict(),
-           "rows": [dataclasses.asdict(r) for r in rows]}
+    doc = redact_doc({"schema_version": SCHEMA_VERSION, "meta": meta.to_dict(),
+                      "rows": [dataclasses.asdict(r) for r in rows]})
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))
     os.replace(tmp, path)
@@ -171,3 +173,31 @@ def read_result(path) -> tuple[RunMeta, list[Row]]:
     meta = RunMeta(**doc["meta"])
     rows = [Row(**r) for r in doc["rows"]]
     return meta, rows
+
+
+def redact_folder(folder) -> list:
+    """Mask every secret (:func:`peercache.redact.redact`) in the text files under ``folder``, a point's
+    raw folder once its processes ended: their logs, captured outputs and documents. JSON documents are
+    also redacted as documents (values of secret-named keys). Returns the files that changed."""
+    from pathlib import Path
+
+    changed = []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue                      # not text (or gone): nothing this can mask
+        new = redact(text)
+        if path.suffix == ".json":
+            try:
+                doc = json.loads(new)
+            except ValueError:
+                doc = None
+            if doc is not None and redact_doc(doc) != doc:
+                new = json.dumps(redact_doc(doc), indent=1, sort_keys=True, default=str)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(path)
+    return changed

@@ -19,6 +19,7 @@ import pandas as pd
 
 from peercache.lab import tidy
 from peercache.lab.analysis.references import UNITS, TestbedRefs, convert, line_capacity_bps, is_bandwidth
+from peercache.redact import redact_doc
 
 ROWS_FILE = "rows.parquet"
 RUNS_FILE = "runs.parquet"
@@ -66,14 +67,14 @@ def normalize_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def rows_frame(rows: Iterable[tidy.Row]) -> pd.DataFrame:
     """Tidy rows DataFrame from Row objects."""
-    return normalize_rows(pd.DataFrame(tidy.rows_to_records(rows), columns=tidy.COLUMNS))
+    return normalize_rows(pd.DataFrame([redact_doc(r) for r in tidy.rows_to_records(rows)], columns=tidy.COLUMNS))
 
 
 def runs_frame(metas: Iterable[tidy.RunMeta | dict[str, Any]]) -> pd.DataFrame:
     """Runs DataFrame (dict fields as JSON text) from RunMeta objects or dicts."""
     recs = []
     for m in metas:
-        d = m.to_dict() if isinstance(m, tidy.RunMeta) else dict(m)
+        d = redact_doc(m.to_dict() if isinstance(m, tidy.RunMeta) else dict(m))   # no secret in tidy data
         for k in RUN_DICT_FIELDS + ("source",):
             if k in d and not isinstance(d[k], str):
                 d[k] = json.dumps(d[k], sort_keys=True, ensure_ascii=False, default=str)

@@ -38,7 +38,7 @@ from peercache.lab.launch.hosts import CommandTimeout, Host, LocalHost, parse_ho
 from peercache.lab.system.slowness import slowness
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner, PortAllocator,
                      Readiness, SideSpec, WindowBytes)
-from peercache.lab.tidy import Row, RunMeta, convert, write_result
+from peercache.lab.tidy import Row, RunMeta, convert, redact_folder, write_result
 from peercache.bench import meta as bench_meta
 
 READY_LINE = "peercache-bench serve: ready"
@@ -1068,6 +1068,7 @@ def run_point(tb: experiments.Testbed, point: experiments.Point, rep: int, out: 
                    numa_binding=pr.numa, params=dict(point.params, kind=point.kind, skip_reason=point.skip_reason,
                                                      duration=pr.duration,
                                                      warmup=pr.warmup, notes=pr.notes, guest=guest_block()))
+    redact_folder(raw_dir)   # its logs and documents: no secret leaves a point's raw folder
     write_result(out_path, meta, pr.rows)
     bad = [r for r in pr.rows if r.status == "failed"]
     state = "skipped" if point.skipped else ("FAILED" if bad else "ok")
