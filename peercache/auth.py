@@ -17,14 +17,17 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import os
 import stat
+import string
 from dataclasses import dataclass
 
 import zmq
 from zmq.utils import z85
 
 from .errors import ConfigError
+from .redact import remember
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +35,28 @@ log = logging.getLogger(__name__)
 ENV_VAR = "PEERCACHE_AUTH_KEY"
 #: Shortest secret accepted, in bytes.
 MIN_SECRET_BYTES = 16
+#: Least entropy a secret must carry by :func:`estimated_bits`, in bits.
+MIN_SECRET_BITS = 128
+#: Fewest distinct byte values a secret may have (catches 'aaaa...', 'abab...', a zero-filled file).
+MIN_DISTINCT_BYTES = 8
+#: Longest key file read: a secret is a few dozen bytes; more is the wrong file.
+MAX_KEY_FILE_BYTES = 4096
 #: ZAP domain of the control-plane servers.
 ZAP_DOMAIN = b"peercache"
 _SALT = b"peercache auth v1"
 _MAKE_ONE = "make one with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE"
+#: Alphabets a secret may be drawn from, smallest first: (size, name, bytes).
+_ALPHABETS = (
+    (10, "decimal digits", frozenset(b"0123456789")),
+    (16, "hex digits", frozenset(b"0123456789abcdef")),
+    (16, "hex digits", frozenset(b"0123456789ABCDEF")),
+    (26, "lower-case letters", frozenset(string.ascii_lowercase.encode())),
+    (36, "lower-case letters and digits", frozenset((string.ascii_lowercase + string.digits).encode())),
+    (62, "letters and digits", frozenset((string.ascii_letters + string.digits).encode())),
+    (66, "base64 characters", frozenset((string.ascii_letters + string.digits + "+/=-_").encode())),
+    (95, "printable ASCII", frozenset(bytes(range(32, 127)))),
+    (256, "bytes", frozenset(range(256))),
+)
 
 
 def _hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
@@ -49,28 +70,68 @@ def _hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
     return out[:length]
 
 
+def estimated_bits(secret: bytes) -> tuple[float, str]:
+    """A simple upper estimate of the entropy of ``secret``: its length times log2 of the smallest
+    common alphabet holding every byte of it; with that alphabet's name."""
+    used = set(secret)
+    for size, name, alphabet in _ALPHABETS:
+        if used <= alphabet:
+            return len(secret) * math.log2(size), name
+    raise AssertionError("every byte is in the last alphabet")
+
+
 def check_secret(secret: bytes, where: str) -> bytes:
-    """``secret`` if it is long enough, else a ConfigError naming ``where`` it came from."""
+    """``secret`` if it can carry 128 bits by a simple test (length, variety, alphabet), else a ConfigError
+    naming ``where`` it came from and how to make a good one."""
     if len(secret) < MIN_SECRET_BYTES:
         raise ConfigError(f"the auth key from {where} is {len(secret)} bytes; use at least "
                           f"{MIN_SECRET_BYTES} ({_MAKE_ONE})")
+    distinct = len(set(secret))
+    if distinct == 1:
+        raise ConfigError(f"the auth key from {where} is {len(secret)} copies of the byte 0x{secret[0]:02x}: "
+                          f"it carries no secret ({_MAKE_ONE})")
+    if distinct < MIN_DISTINCT_BYTES:
+        raise ConfigError(f"the auth key from {where} repeats {distinct} byte values; a random secret of that "
+                          f"length has many more ({_MAKE_ONE})")
+    bits, alphabet = estimated_bits(secret)
+    if bits < MIN_SECRET_BITS:
+        raise ConfigError(f"the auth key from {where}: {len(secret)} {alphabet} carry at most {bits:.0f} bits; "
+                          f"a secret needs {MIN_SECRET_BITS} ({_MAKE_ONE})")
+    remember(secret)
     return secret
 
 
-def load_secret(path: str | None = None, env: dict | None = None) -> bytes | None:
-    """The secret from ``path`` (surrounding whitespace stripped), else from $PEERCACHE_AUTH_KEY, else None."""
+def read_key_file(path: str, option: str = "--auth-key-file") -> bytes:
+    """The secret in the key file ``path`` (surrounding whitespace stripped), after ssh's checks: a regular
+    file that neither group nor others may read or write; a ConfigError naming ``option`` otherwise."""
+    what = f"{option} {path}"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read it ({e.strerror or e}); {_MAKE_ONE}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} is not a regular file (a device, a pipe or a folder); the secret must be "
+                          f"a file of its own ({_MAKE_ONE})")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{what} can be read or written by other users (mode {stat.S_IMODE(st.st_mode):03o}): "
+                          f"a secret must be the owner's alone; chmod 600 {path}")
+    if st.st_size > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{what} is {st.st_size} bytes, more than the {MAX_KEY_FILE_BYTES} of a key file; "
+                          f"is it the right file? ({_MAKE_ONE})")
+    try:
+        with open(path, "rb") as f:
+            secret = f.read(MAX_KEY_FILE_BYTES + 1).strip()
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read it ({e.strerror or e}); {_MAKE_ONE}") from e
+    return check_secret(secret, what)
+
+
+def load_secret(path: str | None = None, env: dict | None = None, option: str = "--auth-key-file") -> bytes | None:
+    """The secret from the key file ``path`` (:func:`read_key_file`), else from $PEERCACHE_AUTH_KEY, else None;
+    ``option`` is how errors name ``path`` (a flag, or a HiCache config key)."""
     env = os.environ if env is None else env
     if path:
-        try:
-            with open(path, "rb") as f:
-                secret = f.read(1 << 16).strip()
-            mode = os.stat(path).st_mode
-        except OSError as e:
-            raise ConfigError(f"--auth-key-file {path}: cannot read it ({e.strerror or e}); {_MAKE_ONE}") from e
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning("auth key file %s can be read by other users (mode %o); chmod 600 it",
-                        path, stat.S_IMODE(mode))
-        return check_secret(secret, f"--auth-key-file {path}")
+        return read_key_file(path, option)
     value = env.get(ENV_VAR)
     if value:
         return check_secret(value.strip().encode(), f"${ENV_VAR}")
@@ -179,19 +240,44 @@ def is_loopback(host: str) -> bool:
         return False   # a name or a wildcard: assume the network can reach it
 
 
-def open_warning(addr: str) -> str:
-    """What anyone on the network can do to a control plane listening on ``addr`` without a secret."""
-    return (f"discovery listens on {addr} without an auth key: anyone who can reach that "
-            "address can read every page (look up any key and read it from its producer), publish "
-            "keys that readers will then get, unregister or evict nodes, and stop `peercache-bench "
-            f"serve`. Give every process the same secret (--auth-key-file PATH or ${ENV_VAR}), or "
-            "listen on 127.0.0.1 only.")
+_WILDCARDS = ("", "*", "0.0.0.0", "::")
 
 
-def warn_if_open(addr: str, keys: CurveKeys | None) -> bool:
+def who_can_reach(host: str) -> str:
+    """Who can connect to a listener on ``host`` (one that is not loopback), in words."""
+    h = host.strip("[]")
+    if h in _WILDCARDS:
+        return ("any host that can reach any address of this machine (every network it is on, and "
+                "any network routed to one of them)")
+    try:
+        ip = ipaddress.ip_address(h.split("%", 1)[0])
+    except ValueError:
+        return f"any host that can reach {h} (a name: whatever address it resolves to)"
+    if ip.is_global:
+        return f"any host on the internet that can route to {h}"
+    return f"any host that can reach {h} (its network, and any network routed to it)"
+
+
+def open_warning(addr: str, what: str = "discovery") -> str:
+    """What anyone on the network can do to ``what`` (discovery, or a node's data server) listening on
+    ``addr`` without a secret, who that is, and how to close it."""
+    host = addr.split("://", 1)[-1].rpartition(":")[0]
+    who = who_can_reach(host)
+    fix = (f"Give every process the same secret (--auth-key-file PATH or ${ENV_VAR}; HiCache: "
+           "auth_key_file), or listen on 127.0.0.1 only")
+    if what == "data":
+        return (f"the data server listens on {addr} without an auth key: {who} can read every page "
+                "in this node's pool, without asking the directory (with no secret, its connections "
+                f"are not authenticated). {fix} (--bind 127.0.0.1; HiCache: bind).")
+    return (f"discovery listens on {addr} without an auth key: {who} can read every page (look up any "
+            "key and read it from its producer), publish keys that readers will then get, unregister "
+            f"or evict nodes, and stop `peercache-bench serve`. {fix}.")
+
+
+def warn_if_open(addr: str, keys: CurveKeys | None, what: str = "discovery") -> bool:
     """Log :func:`open_warning` when ``addr`` is not loopback and there is no secret; True if warned."""
     host = addr.split("://", 1)[-1].rpartition(":")[0]
     if keys is None and not is_loopback(host):
-        log.warning(open_warning(addr))
+        log.warning(open_warning(addr, what))
         return True
     return False

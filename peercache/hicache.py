@@ -29,7 +29,6 @@ from __future__ import annotations
 import ctypes
 import inspect
 import logging
-import math
 import re
 import threading
 import time
@@ -39,8 +38,8 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from . import tags
-from .auth import load_secret
+from . import checks, tags
+from .auth import check_secret, load_secret
 from .errors import ConfigError, PeerCacheError
 from .node import Get, Node
 from .transport.base import native_module
@@ -108,36 +107,32 @@ DEFAULT_POOL_BYTES = 1 << 30
 DEFAULT_DIR_CACHE_TTL = 5.0
 #: Slot size of the generic path when neither a host pool nor 'page_bytes' gave one.
 DEFAULT_PAGE_BYTES = 128 << 10
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
-def _size(key: str, v: Any) -> int:
-    """A byte count: an int >= 0 or a string like '4GiB' / '512M'."""
-    if isinstance(v, bool):
-        raise ConfigError(f"extra config {key!r}: {v!r} is not a byte count; give an integer or e.g. '4GiB'")
-    if isinstance(v, int):
-        n = v
-    elif isinstance(v, str) and (m := _SIZE.match(v)):
-        n = int(m.group(1)) << (10 * "KMGT".find(m.group(2).upper()) + 10 if m.group(2) else 0)
-    else:
-        raise ConfigError(f"extra config {key!r}: {v!r} is not a byte count; give an integer or e.g. '4GiB'")
-    if n < 0:
-        raise ConfigError(f"extra config {key!r}: {n} is negative; give a byte count >= 0")
-    return n
+def _opt(key: str) -> str:
+    """How an error names an extra-config key."""
+    return f"extra config {key!r}"
 
 
-def _text(key: str, v: Any, pattern: str = r"^[A-Za-z0-9._:@/+-]+$") -> str:
-    if not isinstance(v, str) or not v or not re.match(pattern, v):
-        raise ConfigError(f"extra config {key!r}: {v!r} is not a non-empty string of letters, digits and ._:@/+-")
-    return v
+def _directory(v: Any) -> str:
+    """'directory': a Redis URL that parses, or HOST:PORT of the embedded directory."""
+    from .dirclient import is_redis
+    from .redisdir import parse_url
+    if isinstance(v, str) and is_redis(v):
+        try:
+            parse_url(v)
+        except ConfigError as e:
+            raise ConfigError(f"{_opt('directory')}: {e}") from None
+        return v
+    return checks.host_port(_opt("directory"), v)
 
 
-def _seconds(key: str, v: Any, positive: bool) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v) \
-            or (v <= 0 if positive else v < 0):
-        raise ConfigError(f"extra config {key!r}: {v!r} is not a finite number of seconds "
-                          f"{'> 0' if positive else '>= 0'}")
-    return float(v)
+def model_part(model_name: Any) -> str:
+    """The key part of a model name SGLang gives (e.g. 'org/Model-7B'): characters a name may not hold
+    ('/' first of all) percent-encoded, so that two models never share a key part."""
+    text = str(model_name)
+    return "".join(c if checks.NAME_RE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in text) or "model"
 
 
 @dataclass(frozen=True)
@@ -173,14 +168,9 @@ class StoreConfig:
                               f"{sorted(known)} (and SGLang's {list(SGLANG_KEYS)})")
         kw: dict[str, Any] = {}
         if "discovery_addr" in extra:
-            a = _text("discovery_addr", extra["discovery_addr"])
-            host, sep, port = a.rpartition(":")
-            if "://" not in a and (not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535):
-                raise ConfigError(f"extra config 'discovery_addr': {a!r} is not HOST:PORT with a port in "
-                                  "1..65535 (for example 127.0.0.1:31998)")
-            kw["discovery_addr"] = a
+            kw["discovery_addr"] = checks.host_port(_opt("discovery_addr"), extra["discovery_addr"])
         if "directory" in extra:
-            kw["directory"] = _text("directory", extra["directory"], r"^[A-Za-z0-9._:@/+,=?&%-]+$")
+            kw["directory"] = _directory(extra["directory"])
         if "protocol" in extra:
             if extra["protocol"] not in PROTOCOLS:
                 raise ConfigError(f"extra config 'protocol': {extra['protocol']!r} is not one of {list(PROTOCOLS)}")
@@ -188,57 +178,51 @@ class StoreConfig:
         if "devices" in extra:
             d = extra["devices"]
             d = d.split(",") if isinstance(d, str) else d
-            if not isinstance(d, (list, tuple)) or not d or not all(isinstance(x, str) and x.strip() for x in d):
+            if not isinstance(d, (list, tuple)) or not d or not all(
+                    isinstance(x, str) and re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", x.strip()) for x in d):
                 raise ConfigError(f"extra config 'devices': {extra['devices']!r} is not a list of RDMA device "
                                   "names (e.g. [\"mlx5_0\", \"mlx5_1\"] or \"mlx5_0,mlx5_1\")")
             kw["devices"] = tuple(x.strip() for x in d)
-        for key in ("ib_port", "max_channels"):
-            if key in extra:
-                v = extra[key]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise ConfigError(f"extra config {key!r}: {v!r} is not an integer >= 1")
-                kw[key] = v
+        if "ib_port" in extra:
+            kw["ib_port"] = checks.integer(_opt("ib_port"), extra["ib_port"], minimum=1, maximum=255)
+        if "max_channels" in extra:
+            kw["max_channels"] = checks.integer(_opt("max_channels"), extra["max_channels"], minimum=1,
+                                                maximum=checks.MAX_CHANNELS)
         if "gid_index" in extra and extra["gid_index"] is not None:
-            v = extra["gid_index"]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"extra config 'gid_index': {v!r} is not an integer >= 0 (or null: auto)")
-            kw["gid_index"] = v
+            kw["gid_index"] = checks.integer(_opt("gid_index"), extra["gid_index"], minimum=0, maximum=255,
+                                             what=" (or null: found automatically)")
         if "pool_bytes" in extra:
-            kw["pool_bytes"] = _size("pool_bytes", extra["pool_bytes"])
+            kw["pool_bytes"] = checks.byte_size(_opt("pool_bytes"), extra["pool_bytes"])
+            checks.fits_memory(_opt("pool_bytes"), kw["pool_bytes"])
         if "page_bytes" in extra and extra["page_bytes"] is not None:
-            kw["page_bytes"] = _size("page_bytes", extra["page_bytes"])
-            if kw["page_bytes"] == 0:
-                raise ConfigError("extra config 'page_bytes': 0; give the bytes of one stored object")
+            kw["page_bytes"] = checks.byte_size(_opt("page_bytes"), extra["page_bytes"], minimum=1)
         if "bind" in extra:
-            kw["bind"] = _text("bind", extra["bind"])
+            kw["bind"] = checks.host(_opt("bind"), extra["bind"])
         for key in ("host_discovery", "integrity"):
             if key in extra:
                 if not isinstance(extra[key], bool):
                     raise ConfigError(f"extra config {key!r}: {extra[key]!r} is not true or false")
                 kw[key] = extra[key]
         if "dir_cache_ttl" in extra:
-            kw["dir_cache_ttl"] = _seconds("dir_cache_ttl", extra["dir_cache_ttl"], positive=False)
+            kw["dir_cache_ttl"] = checks.seconds(_opt("dir_cache_ttl"), extra["dir_cache_ttl"])
         if "timeout" in extra:
-            kw["timeout"] = _seconds("timeout", extra["timeout"], positive=True)
+            kw["timeout"] = checks.seconds(_opt("timeout"), extra["timeout"], positive=True)
         if "auth_key" in extra and "auth_key_file" in extra:
             raise ConfigError("extra config 'auth_key' and 'auth_key_file' are both set; give one of them")
         if "auth_key" in extra:
             v = extra["auth_key"]
             if not isinstance(v, (str, bytes)) or not v:
                 raise ConfigError("extra config 'auth_key' is not a non-empty string (the cluster secret)")
-            kw["auth_key"] = v.encode() if isinstance(v, str) else v
+            kw["auth_key"] = check_secret(v.encode() if isinstance(v, str) else v, _opt("auth_key"))
         elif "auth_key_file" in extra:
             v = extra["auth_key_file"]
             if not isinstance(v, str) or not v:
                 raise ConfigError(f"extra config 'auth_key_file': {v!r} is not a file path")
-            try:
-                kw["auth_key"] = load_secret(v)
-            except (ConfigError, OSError) as e:
-                raise ConfigError(f"extra config 'auth_key_file': {e}") from e
+            kw["auth_key"] = load_secret(v, option=_opt("auth_key_file"))
         if "tenant" in extra:
-            kw["tenant"] = _text("tenant", extra["tenant"])
+            kw["tenant"] = checks.name(_opt("tenant"), extra["tenant"])
         if "model" in extra and extra["model"] is not None:
-            kw["model"] = _text("model", extra["model"])
+            kw["model"] = checks.name(_opt("model"), extra["model"])
         if kw.get("devices") and kw.get("protocol", "tcp") != "rdma":
             raise ConfigError("extra config 'devices' is set but 'protocol' is not \"rdma\"; devices are RDMA "
                               "rails: set protocol to rdma or drop devices")
@@ -333,8 +317,9 @@ class PeerCacheStore(HiCacheStorage):
         self.is_mla = bool(getattr(sc, "is_mla_model", False))
         writer = getattr(sc, "is_storage_writer", None)
         self.is_writer = bool(writer) if writer is not None else (not self.is_mla or self.tp_rank == 0)
-        model = self.config.model or (getattr(sc, "model_name", None) or "model")
-        self.prefix = f"{self.config.tenant}/{str(model).replace(' ', '_')}/"
+        model = self.config.model or model_part(getattr(sc, "model_name", None) or "model")
+        #: tenant and model hold no '/' (checks.name, model_part): one key never reads as another's
+        self.prefix = f"{self.config.tenant}/{model}/"
         pp = f"_pp{self.pp_rank}" if self.pp_size > 1 else ""
         #: per-object suffixes of a v1 page (MLA: one object; MHA: K and V of this rank)
         self.rank_suffix = pp if self.is_mla else f"_{self.tp_rank}{pp}"

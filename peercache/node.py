@@ -257,6 +257,9 @@ class Node:
                     # exchange) serves it on its own control endpoint on the bind host.
                     self.control = RpcServer(f"{bind_host}:0", handlers, auth=self.auth).start()
                     data_info["control_port"] = self.control.port
+                if "host" in data_info:   # listening on the network (shm maps memory, listens nowhere)
+                    port = data_info.get("port", data_info.get("control_port"))
+                    _auth.warn_if_open(f"{bind_host}:{port}", self.auth, what="data")
             control = self.control or self.server
             self.info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                          "protocol": protocol, "data": data_info,

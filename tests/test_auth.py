@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 
@@ -85,9 +86,8 @@ def test_secret_loading_file_env_and_refusals(tmp_path, caplog):
         load_secret(str(tmp_path / "missing.key"), env={})
     loose = keyfile(tmp_path, SECRET, "loose.key")
     os.chmod(loose, 0o644)
-    with caplog.at_level(logging.WARNING, logger="peercache.auth"):
-        assert load_secret(loose, env={}) == SECRET
-    assert "chmod 600" in caplog.text
+    with pytest.raises(ConfigError, match="other users .*chmod 600"):   # refused now, as ssh refuses a key
+        load_secret(loose, env={})
     assert resolve(SECRET.decode()) == SECRET
     with pytest.raises(ConfigError, match="at least 16"):
         resolve(b"tiny")
@@ -341,3 +341,90 @@ def test_a_transports_control_endpoint_takes_the_nodes_secret(port, monkeypatch)
         assert good.call("exchange", x=7) == {"ok": True, "echo": 7, "token": True}
         good.close()
     assert seen, "the node did not build its transport through make_transport"
+
+
+# ---------------------------------------------------------------- issue 25: open listens, weak secrets
+def test_a_data_server_beyond_loopback_without_a_secret_warns(caplog, port):
+    """Finding 6: `serve --bind 0.0.0.0` (and HiCache's 'bind', and Node(bind_host=)) printed nothing;
+    only discovery's own address was checked."""
+    addr = f"127.0.0.1:{port}"
+    with caplog.at_level(logging.WARNING, logger="peercache.auth"):
+        Node(addr, host_discovery=True, pool_slots=4, slot_capacity=4096, bind_host="0.0.0.0").close()
+    text = caplog.text
+    for what in ("the data server listens on 0.0.0.0:", "any host that can reach any address of this machine",
+                 "read every page", "--auth-key-file", "--bind 127.0.0.1"):
+        assert what in text, what
+    for kw in ({"bind_host": "0.0.0.0", "auth_key": SECRET}, {"bind_host": "127.0.0.1"},
+               {"bind_host": "0.0.0.0", "protocol": "shm"}):      # shm listens on no network
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="peercache.auth"):
+            Node(f"127.0.0.1:{free_port()}", host_discovery=True, pool_slots=4, slot_capacity=4096, **kw).close()
+        assert "listens on" not in caplog.text, kw
+
+
+def test_the_warning_says_who_can_reach_the_listener():
+    from peercache.auth import open_warning
+    assert "any address of this machine" in open_warning("[::]:1", "data")
+    assert "any host that can reach 10.1.2.3 (its network" in open_warning("10.1.2.3:1", "data")
+    assert "any host on the internet" in open_warning("8.8.8.8:1")
+    assert "any host that can reach box.example" in open_warning("tcp://box.example:1")
+
+
+def test_serve_bind_0000_without_a_secret_prints_the_warning(procs, port):
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", f"127.0.0.1:{port}", *SMALL, "--readers", "0",
+                         "--bind", "0.0.0.0"])
+    procs.wait_line(serve, READY_LINE)
+    serve.terminate()
+    serve.wait(timeout=scaled(10))
+    err = serve.stderr.read()
+    assert "the data server listens on 0.0.0.0:" in err and "without an auth key" in err, err
+
+
+WEAK = [
+    (b"\0" * 1024, 0o600, "1024 copies of the byte 0x00"),           # the probe's /dev/zero, as a file
+    (b"a" * 32, 0o600, "32 copies of the byte 0x61"),
+    (b"ab" * 20, 0o600, "repeats 2 byte values"),
+    (b"abcdefghijklmnopqrstu", 0o600, "21 lower-case letters carry at most 99 bits"),
+    (SECRET, 0o640, "other users (mode 640)"),
+    (SECRET, 0o604, "other users (mode 604)"),
+]
+
+
+@pytest.mark.parametrize("content, mode, message", WEAK, ids=["zeros", "one-byte", "two-bytes", "short-alphabet",
+                                                              "group-readable", "world-readable"])
+def test_weak_or_exposed_secrets_are_refused_saying_what_to_do(tmp_path, content, mode, message):
+    from peercache.auth import load_secret
+    path = keyfile(tmp_path, content)
+    os.chmod(path, mode)
+    with pytest.raises(ConfigError, match=re.escape(message)) as e:
+        load_secret(path, env={})
+    assert "chmod 600" in str(e.value)
+    assert path in str(e.value)
+
+
+def test_weak_secrets_from_the_environment_and_the_library_are_refused():
+    from peercache.auth import load_secret, resolve
+    with pytest.raises(ConfigError, match=r"\$PEERCACHE_AUTH_KEY is 32 copies"):
+        load_secret(None, env={"PEERCACHE_AUTH_KEY": "x" * 32})
+    with pytest.raises(ConfigError, match="auth_key="):
+        resolve("0123456789abcdef")                 # 16 hex digits: 64 bits
+    assert resolve("0123456789abcdef" * 2) == b"0123456789abcdef" * 2   # 32 hex digits: 128 bits
+
+
+@pytest.mark.parametrize("mode", ["serve", "drive", "meta"])
+def test_dev_zero_as_key_file_is_refused_with_rc_2(port, mode):
+    r = subprocess.run([*BENCH, mode, "--discovery-addr", f"127.0.0.1:{port}", "--auth-key-file", "/dev/zero"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, (mode, r.stderr)
+    assert "--auth-key-file /dev/zero is not a regular file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hicache_refuses_etc_shadow_and_weak_keys():
+    from peercache import hicache
+    if not os.path.exists("/etc/shadow"):
+        pytest.skip("no /etc/shadow here")
+    with pytest.raises(ConfigError, match=r"extra config 'auth_key_file' /etc/shadow (can be read|is)") as e:
+        hicache.StoreConfig.from_extra({"auth_key_file": "/etc/shadow"})
+    assert "chmod 600" in str(e.value) or "cannot read" in str(e.value)
+    with pytest.raises(ConfigError, match="extra config 'auth_key'"):
+        hicache.StoreConfig.from_extra({"auth_key": "k" * 32})

@@ -361,7 +361,7 @@ def test_a_member_that_joined_later_is_mapped_with_one_members_call(port):
 
 def test_with_a_secret_the_table_is_read_through_the_token_checked_server(port):
     addr = f"127.0.0.1:{port}"
-    secret = b"s" * 32
+    secret = b"a table-reading secret, 128 bits+"   # b"s" * 32 is refused now: one byte value repeated
     with Node(addr, host_discovery=True, pool_slots=4, slot_capacity=PAGE, auth_key=secret) as prod:
         prod.put_batch([b"a"], [b"A" * PAGE])
         with Node(addr, dir_cache_ttl=0.0, auth_key=secret) as cons:

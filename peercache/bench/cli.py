@@ -50,6 +50,7 @@ def _meta_redis(args) -> int:
 
 def _meta(args) -> int:
     from ..dirclient import is_redis
+    options.validate_meta(args)
     if is_redis(args.directory):
         return _meta_redis(args)
     if args.directory:

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from .. import tags
+from .. import checks, tags
 from ..errors import ConfigError, PeerCacheError
 from ..redact import redact, redact_doc
 from . import meta, options
@@ -292,6 +292,10 @@ def validate(a) -> None:
     if not 0 < a.duration <= 600 or not 0 <= a.warmup <= 60:
         raise ConfigError(f"--duration must be in (0, 600] and --warmup in [0, 60] seconds, "
                           f"got {a.duration} and {a.warmup}")
+    checks.seconds("--ready-timeout", a.ready_timeout, positive=True)
+    checks.integer("--seed", a.seed, minimum=0, maximum=(1 << 63) - 1)
+    if getattr(a, "out", None) is not None:
+        checks.writable_file("--out", a.out)
 
 
 def run(a, say=lambda msg: None) -> dict:

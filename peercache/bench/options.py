@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import math
-import os
 
-from .. import tags
+from .. import checks, dirtable as _dirtable, tags
 from ..dirclient import is_redis
 from ..errors import ConfigError, TransportError
 from ..redisdir import PASSWORD_ENV as REDIS_PASSWORD_ENV, parse_url
@@ -17,12 +15,19 @@ DEFAULT_RECV_BUFFER = 1 << 30
 #: More driver processes / threads than this is a typo, not a benchmark.
 MAX_PROCESSES = 1024
 MAX_THREADS = 1024
+#: Drivers serve waits for, pages in a working set and entries of the directory table beyond these
+#: are typos (the memory checks below refuse most sizes well before them).
+MAX_READERS = 65536
+MAX_WORKING_SET = 1 << 40
+MAX_TABLE_ENTRIES = 1 << 32
 #: Rough host-memory cost of the bench's bookkeeping, for refusing sizes that cannot fit:
 #: serve keeps per object a key, a pool ref, an LRU entry and its directory entry; each
 #: driver process keeps per object a key, its hash and (with a TTL) a cached location.
 SERVE_BYTES_PER_OBJECT = 1024
 DRIVE_BYTES_PER_OBJECT = 256
 DRIVE_BYTES_PER_PROCESS = 64 << 20   # an interpreter with numpy, zmq and the native module
+#: Memory of one directory-table entry (a bucket line per ``ways`` entries, touched as it fills).
+TABLE_BYTES_PER_ENTRY = _dirtable.LINE_BYTES * (_dirtable.DEFAULT_WAYS + 1) / _dirtable.DEFAULT_WAYS
 
 
 def int_list(text: str) -> list[int]:
@@ -193,38 +198,41 @@ def objects_per_page(layout: str) -> int:
 
 
 def validate(args, mode: str) -> None:
-    """Refuse impossible combinations before anything starts."""
+    """Refuse impossible combinations and out-of-range values before anything starts (ConfigError names
+    the flag)."""
     check_directory(args)
     check_addr(args.discovery_addr)
-    if args.page_size <= 0:
-        raise ConfigError(f"--page-size must be positive, got {args.page_size}")
-    if args.working_set <= 0:
-        raise ConfigError(f"--working-set must be positive, got {args.working_set}")
-    if args.max_channels <= 0:
-        raise ConfigError(f"--max-channels must be positive, got {args.max_channels}")
+    if getattr(args, "out", None) is not None:
+        checks.writable_file("--out", args.out)
+    checks.integer("--page-size", args.page_size, minimum=1, maximum=checks.MAX_BYTES, least="positive")
+    checks.integer("--working-set", args.working_set, minimum=1, maximum=MAX_WORKING_SET, least="positive")
+    checks.integer("--max-channels", args.max_channels, minimum=1, maximum=checks.MAX_CHANNELS, least="positive")
     if getattr(args, "tcp_poll_us", None) is not None:
         tcp_poll_us(args, protocol_only=False)
     if args.device_name and args.devices:
         raise ConfigError("give either --device-name or --devices, not both")
-    if args.ib_port < 1:
-        raise ConfigError(f"--ib-port must be >= 1, got {args.ib_port}")
-    if args.gid_index is not None and args.gid_index < 0:
-        raise ConfigError(f"--gid-index must be >= 0, got {args.gid_index}")
+    checks.integer("--ib-port", args.ib_port, minimum=1, maximum=255, what=" (a port of the RDMA device)")
+    if args.gid_index is not None:
+        checks.integer("--gid-index", args.gid_index, minimum=0, maximum=255, what=" (an entry of the GID table)")
     objs = objects_per_page(args.layout)
     if mode == "serve":
-        if args.readers < 0:
-            raise ConfigError(f"--readers must be >= 0, got {args.readers}")
-        _seconds("--max-wait", args.max_wait, allow_inf=True)
-        _seconds("--heartbeat-timeout", args.heartbeat_timeout, positive=True)
-        if getattr(args, "dir_table_entries", 0) < 0:
-            raise ConfigError(f"--dir-table-entries must be >= 0 (0 = no directory table), got "
-                              f"{args.dir_table_entries}")
+        if args.bind is not None:
+            checks.host("--bind", args.bind)
+        checks.integer("--readers", args.readers, minimum=0, maximum=MAX_READERS)
+        checks.seconds("--max-wait", args.max_wait, allow_inf=True)
+        checks.seconds("--heartbeat-timeout", args.heartbeat_timeout, positive=True)
+        entries = getattr(args, "dir_table_entries", 0)
+        checks.integer("--dir-table-entries", entries, minimum=0, maximum=MAX_TABLE_ENTRIES,
+                       what=" (0 = no directory table)")
         objects = args.working_set * objs
         pool = objects * slot_bytes(args.page_size)
         _fits(pool + objects * SERVE_BYTES_PER_OBJECT,
               f"--working-set {args.working_set} x --page-size {args.page_size}"
               + (f" x {objs} objects per page (--layout {args.layout})" if objs > 1 else ""),
               "lower --working-set or --page-size")
+        _fits(pool + objects * SERVE_BYTES_PER_OBJECT + entries * TABLE_BYTES_PER_ENTRY,
+              f"the pool and --dir-table-entries {entries} (about {TABLE_BYTES_PER_ENTRY:.0f} B each)",
+              "lower --dir-table-entries (0 = no table)")
         return
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
@@ -240,16 +248,15 @@ def validate(args, mode: str) -> None:
         raise ConfigError(f"--processes must be positive, got {args.processes}")
     if args.processes > MAX_PROCESSES:
         raise ConfigError(f"--processes {args.processes} is more than {MAX_PROCESSES} driver processes")
-    _seconds("--duration", args.duration, positive=True)
-    _seconds("--warmup", args.warmup)
-    _seconds("--dir-cache-ttl", args.dir_cache_ttl)
-    _seconds("--ready-timeout", args.ready_timeout)
-    if args.start_at is not None and not math.isfinite(args.start_at):
-        raise ConfigError(f"--start-at must be a finite epoch time, got {args.start_at}")
-    if args.seed < 0:
-        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    if args.recv_buffer <= 0:
-        raise ConfigError(f"--recv-buffer must be positive, got {args.recv_buffer}")
+    checks.seconds("--duration", args.duration, positive=True)
+    checks.seconds("--warmup", args.warmup)
+    checks.seconds("--dir-cache-ttl", args.dir_cache_ttl)
+    checks.seconds("--ready-timeout", args.ready_timeout)
+    if args.start_at is not None:
+        checks.epoch("--start-at", args.start_at)
+    checks.integer("--seed", args.seed, minimum=0, maximum=(1 << 63) - 1)
+    checks.integer("--recv-buffer", args.recv_buffer, minimum=1, maximum=checks.MAX_BYTES, least="positive")
+    checks.integer("--gpu-device", args.gpu_device, minimum=0, maximum=255, what=" (a CUDA device number)")
     need = args.batch_size * objs * args.page_size * max(args.concurrencies)
     if need > args.recv_buffer:
         raise ConfigError(
@@ -264,38 +271,19 @@ def validate(args, mode: str) -> None:
           "lower --processes, --working-set, --batch-size or --page-size")
 
 
+def validate_meta(args) -> None:
+    """The flags of ``meta``, checked before it starts."""
+    check_addr(args.discovery_addr)
+    checks.seconds("--heartbeat-timeout", args.heartbeat_timeout, positive=True)
+
+
 def check_addr(addr: str, option: str = "--discovery-addr") -> None:
     """HOST:PORT with a port a TCP socket can have (1..65535); zmq URLs are left to zmq."""
-    if "://" in addr:
-        return
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"{option} {addr!r} is not HOST:PORT (for example 127.0.0.1:31998)")
-    if not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{option} {addr!r}: port {int(port)} is outside 1..65535")
+    checks.host_port(option, addr)
 
 
-def _seconds(option: str, value: float, positive: bool = False, allow_inf: bool = False) -> None:
-    """A duration option: a number >= 0 (> 0 with ``positive``), finite unless ``allow_inf``."""
-    ok = value > 0 if positive else value >= 0   # False for nan
-    if not ok or (math.isinf(value) and not allow_inf):
-        raise ConfigError(f"{option} must be a finite number of seconds {'> 0' if positive else '>= 0'}, "
-                          f"got {value}")
-
-
-def host_memory() -> int | None:
-    """Physical memory of this host in bytes (None when it cannot be read)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+#: Physical memory of this host in bytes (None when it cannot be read).
+host_memory = checks.host_memory
 
 
 def human_bytes(n: float) -> str:
