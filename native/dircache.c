@@ -2,7 +2,10 @@
  *
  * Sharded chained hash map: each shard has its own mutex, so threads
  * looking up different keys rarely meet on a lock, and no call holds a lock
- * for more than one key.
+ * for more than one key. Each entry also keeps the key's own hash
+ * (pc_key_hash, the hash its slot tag must carry), computed here from the
+ * key bytes when the entry is made: a read of a cached key checks its tag
+ * against the key it asked for without hashing it again.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,6 +20,7 @@
 typedef struct ent {
     struct ent *next;
     uint64_t hash;
+    uint64_t want;     /* pc_key_hash(key): what the key's slot tag must hold */
     double expiry;
     pc_loc loc;
     uint32_t klen;
@@ -119,7 +123,7 @@ static void grow(shard *s) {
     s->nbuckets = nb;
 }
 
-int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out) {
+int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out, uint64_t *want) {
     uint64_t h = hash_bytes(key, klen);
     shard *s = shard_of(m, h);
     int found = 0;
@@ -129,6 +133,7 @@ int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *o
         ent *e = *pp;
         if (e->expiry > now) {
             *out = e->loc;
+            if (want) *want = e->want;
             found = 1;
         } else {
             *pp = e->next;
@@ -138,6 +143,7 @@ int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *o
         }
     }
     pthread_mutex_unlock(&s->mu);
+    if (want && !found) *want = pc_key_hash(key, klen);
     return found;
 }
 
@@ -154,7 +160,7 @@ int pc_map_put(pc_map *m, const uint8_t *key, size_t klen, const pc_loc *loc, do
     }
     ent *e = malloc(sizeof *e + klen);
     if (!e) { pthread_mutex_unlock(&s->mu); return -1; }
-    e->hash = h; e->expiry = expiry; e->loc = *loc; e->klen = (uint32_t)klen;
+    e->hash = h; e->want = pc_key_hash(key, klen); e->expiry = expiry; e->loc = *loc; e->klen = (uint32_t)klen;
     memcpy(e->key, key, klen);
     if (s->count + 1 > s->nbuckets) grow(s);
     size_t b = h & (s->nbuckets - 1);

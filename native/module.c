@@ -312,28 +312,35 @@ static void drop_keys(PyObject *seq, keyref *k, Py_ssize_t n) {
 }
 
 static PyObject *LocCache_lookup(LocCacheObject *self, PyObject *args) {
-    PyObject *keys, *locs_o;
+    PyObject *keys, *locs_o, *want_o = Py_None;
     double now;
-    if (!PyArg_ParseTuple(args, "OdO", &keys, &now, &locs_o)) return NULL;
+    if (!PyArg_ParseTuple(args, "OdO|O", &keys, &now, &locs_o, &want_o)) return NULL;
     keyref *k;
     Py_ssize_t n;
     PyObject *seq = grab_keys(keys, &k, &n);
     if (!seq) return NULL;
-    Py_buffer lv;
+    Py_buffer lv, wv = {0};
     if (get_buf(locs_o, &lv, 1, "locs (LOC_DTYPE array)", sizeof(pc_loc), n) < 0) {
         drop_keys(seq, k, n);
         return NULL;
     }
+    if (want_o != Py_None && get_buf(want_o, &wv, 1, "want (uint64 array)", 8, n) < 0) {
+        PyBuffer_Release(&lv);
+        drop_keys(seq, k, n);
+        return NULL;
+    }
     pc_loc *locs = lv.buf;
+    uint64_t *want = wv.buf;
     Py_ssize_t found = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (pc_map_get(self->map, k[i].p, k[i].n, now, &locs[i])) found++;
+        if (pc_map_get(self->map, k[i].p, k[i].n, now, &locs[i], want ? &want[i] : NULL)) found++;
         else locs[i].node = PC_ABSENT;
     }
     Py_END_ALLOW_THREADS
     atomic_fetch_add(&self->hits, (unsigned long long)found);
     atomic_fetch_add(&self->misses, (unsigned long long)(n - found));
+    PyBuffer_Release(&wv);
     PyBuffer_Release(&lv);
     drop_keys(seq, k, n);
     return PyLong_FromSsize_t(found);
@@ -415,7 +422,9 @@ static PyObject *LocCache_count_miss(LocCacheObject *self, PyObject *arg) {
 
 static PyMethodDef LocCache_methods[] = {
     {"lookup", (PyCFunction)LocCache_lookup, METH_VARARGS,
-     "lookup(keys, now, locs) -> found; fills LOC_DTYPE rows, node=ABSENT where absent or expired."},
+     "lookup(keys, now, locs[, want]) -> found; fills LOC_DTYPE rows, node=ABSENT where absent or expired, "
+     "and the uint64 array want (if given) with each key's hash, tags.key_hash (kept since the key was "
+     "cached, else computed now)."},
     {"put", (PyCFunction)LocCache_put, METH_VARARGS,
      "put(keys, locs, expiry, max_entries); rows with node=ABSENT are skipped."},
     {"invalidate", (PyCFunction)LocCache_invalidate, METH_O, "invalidate(keys) -> removed."},
@@ -452,20 +461,21 @@ static PyTypeObject LocCacheType = {
  * while the GIL is held; the reads themselves are pc_read_slots (slots.c). */
 static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     (void)mod;
-    PyObject *peers, *locs_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
+    PyObject *peers, *locs_o, *want_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
     unsigned int checks = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOO|I", &peers, &locs_o, &dest_o, &off_o, &caps_o, &st_o, &len_o,
-                          &gen_o, &code_o, &checks))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO|I", &peers, &locs_o, &want_o, &dest_o, &off_o, &caps_o, &st_o,
+                          &len_o, &gen_o, &code_o, &checks))
         return NULL;
     if (checks & ~(unsigned)(PC_CHECK_PATTERN | PC_CHECK_INTEGRITY))
         return PyErr_Format(PyExc_ValueError, "checks 0x%x: only CHECK_PATTERN and CHECK_INTEGRITY exist", checks);
     if (!PyList_Check(peers)) return PyErr_Format(PyExc_TypeError, "peers must be a list");
     /* Zeroed views: PyBuffer_Release ignores the ones never filled. */
-    Py_buffer lv = {0}, dv = {0}, ov = {0}, cv = {0}, sv = {0}, lnv = {0}, gv = {0}, kv = {0};
+    Py_buffer lv = {0}, wv = {0}, dv = {0}, ov = {0}, cv = {0}, sv = {0}, lnv = {0}, gv = {0}, kv = {0};
     int have_caps = caps_o != Py_None;
     if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
     Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
-    if (get_buf(dest_o, &dv, 1, "dest", 0, -1) < 0 ||
+    if (get_buf(want_o, &wv, 0, "want (uint64 array: the key hash of each key asked for)", 8, n) < 0 ||
+        get_buf(dest_o, &dv, 1, "dest", 0, -1) < 0 ||
         get_buf(off_o, &ov, 0, "offsets (uint64 array)", 8, n) < 0 ||
         (have_caps && get_buf(caps_o, &cv, 0, "capacities (uint64 array)", 8, n) < 0) ||
         get_buf(st_o, &sv, 1, "status (int8 array)", 1, n) < 0 ||
@@ -473,11 +483,12 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
         get_buf(gen_o, &gv, 1, "generations (uint64 array)", 8, n) < 0 ||
         get_buf(code_o, &kv, 1, "codes (int32 array)", 4, n) < 0) {
         PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
-        PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&lv);
+        PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&wv);
+        PyBuffer_Release(&lv);
         return NULL;
     }
     pc_slot_batch b = {
-        .n = (size_t)n, .locs = lv.buf, .dest = dv.buf, .destlen = (uint64_t)dv.len, .offsets = ov.buf,
+        .n = (size_t)n, .locs = lv.buf, .want = wv.buf, .dest = dv.buf, .destlen = (uint64_t)dv.len, .offsets = ov.buf,
         .caps = have_caps ? cv.buf : NULL, .status = sv.buf, .codes = kv.buf, .lengths = lnv.buf,
         .gens = gv.buf, .checks = checks,
     };
@@ -509,16 +520,17 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     pc_read_slots(&b, nodes, nn, scratch, &r);
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(nnnniIsnnn)", (Py_ssize_t)r.hits, (Py_ssize_t)r.stale, (Py_ssize_t)r.need_peer,
+    result = Py_BuildValue("(nnnniIsnnnn)", (Py_ssize_t)r.hits, (Py_ssize_t)r.stale, (Py_ssize_t)r.need_peer,
                            (Py_ssize_t)r.errors, (int)r.err_code, (unsigned)r.err_node, r.err,
                            (Py_ssize_t)r.content_bad, (Py_ssize_t)r.checksum_bad,
-                           (Py_ssize_t)r.checksum_missing);
+                           (Py_ssize_t)r.checksum_missing, (Py_ssize_t)r.redirected);
 out:
     for (size_t d = 0; d < nn; d++) Py_XDECREF((PyObject *)nodes[d].owner);
     PyMem_Free(nodes);
     PyMem_Free(scratch);
     PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
-    PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&lv);
+    PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&wv);
+    PyBuffer_Release(&lv);
     return result;
 }
 
@@ -653,25 +665,23 @@ static PyObject *py_checksum(PyObject *mod, PyObject *args) {
 
 static PyObject *py_check_tags(PyObject *mod, PyObject *args) {
     (void)mod;
-    PyObject *tags_o, *locs_o, *out_o;
-    if (!PyArg_ParseTuple(args, "OOO", &tags_o, &locs_o, &out_o)) return NULL;
-    Py_buffer tv, lv, ov;
+    PyObject *tags_o, *locs_o, *want_o, *out_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &tags_o, &locs_o, &want_o, &out_o)) return NULL;
+    Py_buffer tv = {0}, lv = {0}, wv = {0}, ov = {0};
     if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
     Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
-    if (get_buf(tags_o, &tv, 0, "tags ((n, TAG_WORDS) uint64 array)", PC_TAG_BYTES, n) < 0) {
-        PyBuffer_Release(&lv);
+    if (get_buf(tags_o, &tv, 0, "tags ((n, TAG_WORDS) uint64 array)", PC_TAG_BYTES, n) < 0 ||
+        get_buf(want_o, &wv, 0, "want (uint64 array)", 8, n) < 0 ||
+        get_buf(out_o, &ov, 1, "out (int32 array)", 4, n) < 0) {
+        PyBuffer_Release(&wv); PyBuffer_Release(&tv); PyBuffer_Release(&lv);
         return NULL;
     }
-    if (get_buf(out_o, &ov, 1, "out (bool array)", 1, n) < 0) {
-        PyBuffer_Release(&lv); PyBuffer_Release(&tv);
-        return NULL;
-    }
-    const uint64_t *t = tv.buf;
+    const uint64_t *t = tv.buf, *w = wv.buf;
     const pc_loc *l = lv.buf;
-    uint8_t *o = ov.buf;
+    int32_t *o = ov.buf;
     Py_ssize_t good = 0;
-    for (Py_ssize_t i = 0; i < n; i++) good += (o[i] = (uint8_t)pc_tag_ok(&t[i * PC_TAG_WORDS], &l[i]));
-    PyBuffer_Release(&lv); PyBuffer_Release(&tv); PyBuffer_Release(&ov);
+    for (Py_ssize_t i = 0; i < n; i++) good += (o[i] = pc_tag_check(&t[i * PC_TAG_WORDS], &l[i], w[i])) == PC_OK;
+    PyBuffer_Release(&lv); PyBuffer_Release(&tv); PyBuffer_Release(&wv); PyBuffer_Release(&ov);
     return PyLong_FromSsize_t(good);
 }
 
@@ -722,10 +732,11 @@ static PyMethodDef module_methods[] = {
     {"adopt", py_adopt, METH_O,
      "adopt(capsule) -> Peer around a connection made by another backend module (peercache._verbs)."},
     {"read_slots", py_read_slots, METH_VARARGS,
-     "read_slots(peers, locs, dest, offsets, caps, status, lengths, gens, codes[, checks]) -> "
+     "read_slots(peers, locs, want, dest, offsets, caps, status, lengths, gens, codes[, checks]) -> "
      "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text, "
-     "content_bad, checksum_bad, checksum_missing); checks (optional) is CHECK_PATTERN | "
-     "CHECK_INTEGRITY, run on each hit right after its tag check."},
+     "content_bad, checksum_bad, checksum_missing, redirected); want: the key hash (tags.key_hash) of "
+     "each key asked for, which its slot tag must hold (never the one its location carries); checks "
+     "(optional) is CHECK_PATTERN | CHECK_INTEGRITY, run on each hit right after its tag check."},
     {"table_lookup", py_table_lookup, METH_VARARGS,
      "table_lookup(source, keys, spec, nums, slot_limit, epoch, rows, state) -> (code, epoch, resolved, "
      "first_status, error_text); reads the keys' buckets of a directory table (source: its node's Peer, "
@@ -738,7 +749,9 @@ static PyMethodDef module_methods[] = {
      "key_hashes(keys, out): tags.key_hash of each key into the uint64 array out."},
     {"checksum", py_checksum, METH_VARARGS,
      "checksum(buffer, seed) -> the slot checksum (XXH3-64, never 0) of buffer; see peercache.tags.checksum."},
-    {"check_tags", py_check_tags, METH_VARARGS, "check_tags(tags, locs, out) -> count of good tags."},
+    {"check_tags", py_check_tags, METH_VARARGS,
+     "check_tags(tags, locs, want, out) -> count of good tags; out (int32): 0, TAG_MISMATCH or "
+     "KEY_MISMATCH per key (the tag check of read_slots, want the key hash of each key asked for)."},
     {"copy_pages", py_copy_pages, METH_VARARGS,
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
     {NULL, NULL, 0, NULL},
@@ -764,6 +777,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "ABSENT", (long)PC_ABSENT);
     PyModule_AddIntConstant(m, "NEED_PEER", PC_NEED_PEER);
     PyModule_AddIntConstant(m, "TAG_MISMATCH", PC_TAG_MISMATCH);
+    PyModule_AddIntConstant(m, "KEY_MISMATCH", PC_KEY_MISMATCH);
     PyModule_AddIntConstant(m, "TOO_BIG", PC_TOO_BIG);
     PyModule_AddIntConstant(m, "CONTENT_MISMATCH", PC_CONTENT_MISMATCH);
     PyModule_AddIntConstant(m, "CHECKSUM_MISMATCH", PC_CHECKSUM_MISMATCH);

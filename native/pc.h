@@ -22,7 +22,8 @@ enum {
     PC_TOO_BIG = 102,      /* object larger than the caller's capacity */
     PC_CONTENT_MISMATCH = 103,  /* a hit whose bytes are not the bench pattern of (key, generation) */
     PC_CHECKSUM_MISMATCH = 104, /* integrity on: the payload does not match its slot checksum (a miss) */
-    PC_CHECKSUM_MISSING = 105   /* integrity on: the producer wrote no checksum (a miss) */
+    PC_CHECKSUM_MISSING = 105,  /* integrity on: the producer wrote no checksum (a miss) */
+    PC_KEY_MISMATCH = 106  /* the slot is the one its entry describes, but holds another key: a miss */
 };
 
 /* One read: matches OP_DTYPE of peercache.transport.base (40 bytes). */
@@ -64,8 +65,15 @@ typedef struct pc_loc {
 #define PC_TAG_WORDS 9u        /* of a key's tag scratch: the header words, then the trailer's seq */
 #define PC_TAG_CHECKSUM 4u     /* the header word of the payload checksum (0: none written) */
 
-/* Result of the slot tag check of one key (1 = the bytes are the object). */
-int pc_tag_ok(const uint64_t tag[PC_TAG_WORDS], const pc_loc *loc);
+/* The slot tag check of one key read at loc, asked for as the key whose hash
+ * (tags.key_hash, computed by the consumer) is want: PC_OK when the bytes are
+ * that object (seqlock even and equal at both ends, the key hash want, the
+ * generation and length of loc); PC_KEY_MISMATCH when the slot is stable and
+ * is what loc describes (generation, length) but holds another key (the
+ * directory's entry points at another key's slot); else PC_TAG_MISMATCH
+ * (evicted, reused or torn while read). Never the key hash loc carries: that
+ * is the directory's word, not the consumer's. */
+int32_t pc_tag_check(const uint64_t tag[PC_TAG_WORDS], const pc_loc *loc, uint64_t want);
 
 /* Payload checks (checksum.c). pc_checksum: XXH3-64 (libxxhash) of len bytes
  * seeded with pc_checksum_seed(key_hash, generation), never 0 (0 = none);
@@ -86,7 +94,7 @@ enum { PC_CHECK_PATTERN = 1, PC_CHECK_INTEGRITY = 2 };
  * The reads of one slot, in the order its seqlock check needs: header,
  * payload, trailer (an empty object has no payload op). Header and trailer
  * land in the key's PC_TAG_BYTES of tag scratch (local buffer PC_SLOT_TAGS,
- * header then trailer: the five words pc_tag_ok reads), the payload in the
+ * header then trailer: the words pc_tag_check reads), the payload in the
  * destination (local buffer PC_SLOT_DEST). This is the one definition of
  * the layout in C: read_slots issues it (slots.c), the verbs planner keeps
  * a slot's ops on one QP in this order (verbs_plan.c) and reads a whole
@@ -212,6 +220,7 @@ typedef struct pc_slot_peer {
 typedef struct pc_slot_batch {
     size_t n;
     const pc_loc *locs;        /* node PC_ABSENT: not read (stays a miss) */
+    const uint64_t *want;      /* per key: tags.key_hash of the key asked for, computed by the consumer */
     uint8_t *dest;
     uint64_t destlen;
     const uint64_t *offsets;   /* where each payload goes in dest */
@@ -225,6 +234,7 @@ typedef struct pc_slot_batch {
 /* Counts of a batch and its first failed read. */
 typedef struct pc_slot_result {
     size_t hits, stale, need_peer, errors;
+    size_t redirected;         /* misses by PC_KEY_MISMATCH: the entry points at another key's slot */
     size_t content_bad;        /* hits whose bytes are not the bench pattern (PC_CHECK_PATTERN) */
     size_t checksum_bad;       /* misses by a wrong checksum (PC_CHECK_INTEGRITY) */
     size_t checksum_missing;   /* misses by a slot without a checksum (PC_CHECK_INTEGRITY) */
@@ -254,8 +264,10 @@ void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn,
 typedef struct pc_map pc_map;
 pc_map *pc_map_new(void);
 void pc_map_free(pc_map *m);
-/* 1 and *out filled if key is present and expiry > now, else 0 (expired entries are removed). */
-int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out);
+/* 1 and *out filled if key is present and expiry > now, else 0 (expired entries are removed).
+ * want (may be NULL): the key's hash, pc_key_hash, which the map computed when it took the key
+ * (so a hit costs no hash), or computes now for a key it does not hold. */
+int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out, uint64_t *want);
 int pc_map_put(pc_map *m, const uint8_t *key, size_t klen, const pc_loc *loc, double expiry);
 int pc_map_del(pc_map *m, const uint8_t *key, size_t klen);
 size_t pc_map_drop_node(pc_map *m, uint32_t node);

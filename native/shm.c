@@ -53,12 +53,6 @@ void pc_ordered_copy(uint8_t *dst, const uint8_t *src, uint64_t len) {
     pc_copy_fence(len);
 }
 
-int pc_tag_ok(const uint64_t tag[PC_TAG_WORDS], const pc_loc *loc) {
-    uint64_t seq = tag[0];
-    return seq != 0 && (seq & 1) == 0 && tag[PC_TAG_WORDS - 1] == seq && tag[1] == loc->key_hash
-        && tag[2] == loc->generation && tag[3] == loc->length;
-}
-
 typedef struct shm_region {
     uint32_t id;
     uint64_t rkey;

@@ -5,8 +5,13 @@
  * the ops of pc_slot_ops (pc.h), header and trailer into a tag scratch of
  * PC_TAG_BYTES per key, the payload straight into the destination. A key is
  * a hit only if all its ops succeeded and its tags say the bytes are the
- * object it was looked up as (pc_tag_ok); a slot evicted, reused or torn
- * while read is a miss (PC_TAG_MISMATCH), never an error. On request the
+ * object asked for (pc_tag_check): the key hash the consumer computed of the
+ * key it asked for (b->want, never the one its directory entry carries), the
+ * generation and length of the entry. A slot evicted, reused or torn while
+ * read is a miss (PC_TAG_MISMATCH), never an error; a stable slot that is
+ * what the entry describes but holds another key is a miss too
+ * (PC_KEY_MISMATCH: the directory's entry points at another key's slot),
+ * counted apart. On request the
  * payload of each hit is then checked in the same pass (check_payload):
  * against the checksum its producer wrote (a mismatch or a missing checksum
  * is a miss, never bytes), and against the bench pattern (a mismatch is
@@ -19,6 +24,14 @@
 #include <stdio.h>
 
 #include "pc.h"
+
+int32_t pc_tag_check(const uint64_t tag[PC_TAG_WORDS], const pc_loc *loc, uint64_t want) {
+    uint64_t seq = tag[0];
+    if (seq == 0 || (seq & 1) || tag[PC_TAG_WORDS - 1] != seq || tag[2] != loc->generation
+        || tag[3] != loc->length)
+        return PC_TAG_MISMATCH;
+    return tag[1] == want ? PC_OK : PC_KEY_MISMATCH;
+}
 
 size_t pc_slot_nodes(const pc_loc *locs, size_t i, size_t n, pc_slot_peer *nodes, size_t cap, size_t *nn) {
     size_t k = *nn;
@@ -79,13 +92,14 @@ static size_t node_ops(const pc_slot_batch *b, const pc_slot_peer *p, pc_op *ops
 static int32_t check_payload(const pc_slot_batch *b, size_t i, const uint64_t *tag) {
     const pc_loc *l = &b->locs[i];
     const uint8_t *payload = b->dest + b->offsets[i];
+    uint64_t kh = b->want[i];
     if (b->checks & PC_CHECK_INTEGRITY) {
-        uint64_t want = tag[PC_TAG_CHECKSUM];
-        if (want == 0) return PC_CHECKSUM_MISSING;
-        if (pc_checksum(payload, l->length, pc_checksum_seed(l->key_hash, l->generation)) != want)
+        uint64_t sum = tag[PC_TAG_CHECKSUM];
+        if (sum == 0) return PC_CHECKSUM_MISSING;
+        if (pc_checksum(payload, l->length, pc_checksum_seed(kh, l->generation)) != sum)
             return PC_CHECKSUM_MISMATCH;
     }
-    if ((b->checks & PC_CHECK_PATTERN) && !pc_pattern_ok(payload, l->length, l->key_hash, l->generation))
+    if ((b->checks & PC_CHECK_PATTERN) && !pc_pattern_ok(payload, l->length, kh, l->generation))
         return PC_CONTENT_MISMATCH;
     return PC_OK;
 }
@@ -111,7 +125,7 @@ static void slot_op_landed(void *ctx, size_t op) {
     for (size_t j = k; j < last; j++)
         if (x->opst[j] != PC_OK) return;         /* node_results reports the failed op */
     const uint64_t *tag = &x->tags[(size_t)i * PC_TAG_WORDS];
-    if (pc_tag_ok(tag, l)) x->done[i] = 1 + check_payload(x->b, i, tag);
+    if (pc_tag_check(tag, l, x->b->want[i]) == PC_OK) x->done[i] = 1 + check_payload(x->b, i, tag);
 }
 
 /* The copy of a payload op with its checks fused in (a backend that copies:
@@ -125,14 +139,15 @@ static int slot_op_copy(void *ctx, size_t op, uint8_t *dst, const uint8_t *src, 
     if (!l->length || op != (size_t)x->first[i] + 1) return 0;    /* header or trailer: an ordinary copy */
     const uint64_t *tag = &x->tags[(size_t)i * PC_TAG_WORDS];
     unsigned checks = x->b->checks;
+    uint64_t kh = x->b->want[i];
     int32_t why = PC_OK;
     if (checks & PC_CHECK_INTEGRITY) {
-        uint64_t got = pc_copy_checksum(dst, src, len, pc_checksum_seed(l->key_hash, l->generation));
-        uint64_t want = tag[PC_TAG_CHECKSUM];
-        why = want == 0 ? PC_CHECKSUM_MISSING : got != want ? PC_CHECKSUM_MISMATCH : PC_OK;
-        if (why == PC_OK && (checks & PC_CHECK_PATTERN) && !pc_pattern_ok(dst, len, l->key_hash, l->generation))
+        uint64_t got = pc_copy_checksum(dst, src, len, pc_checksum_seed(kh, l->generation));
+        uint64_t sum = tag[PC_TAG_CHECKSUM];
+        why = sum == 0 ? PC_CHECKSUM_MISSING : got != sum ? PC_CHECKSUM_MISMATCH : PC_OK;
+        if (why == PC_OK && (checks & PC_CHECK_PATTERN) && !pc_pattern_ok(dst, len, kh, l->generation))
             why = PC_CONTENT_MISMATCH;
-    } else if (!pc_copy_pattern(dst, src, len, l->key_hash, l->generation)) {
+    } else if (!pc_copy_pattern(dst, src, len, kh, l->generation)) {
         why = PC_CONTENT_MISMATCH;
     }
     x->done[i] = 1 + why;
@@ -140,30 +155,31 @@ static int slot_op_copy(void *ctx, size_t op, uint8_t *dst, const uint8_t *src, 
 }
 
 /* The outcome of each key of node nd that was read, from the statuses of
- * its ops (opst, indexed by first) and its tags: a hit, a miss (stale tags)
- * or an error (a failed op; the first one of the batch is kept in r, with
- * berr, the message of the read_batch it failed in). */
+ * its ops (opst, indexed by first) and its tags: a hit, a miss (stale tags,
+ * or a slot of another key) or an error (a failed op; the first one of the
+ * batch is kept in r, with berr, the message of the read_batch it failed in). */
 static void node_results(const pc_slot_batch *b, uint32_t nd, const uint64_t *tags, const int32_t *opst,
                          const int32_t *first, const int32_t *checked, const char *berr, pc_slot_result *r) {
     const pc_loc *locs = b->locs;
     int8_t *status = b->status;
     int32_t *codes = b->codes;
     uint64_t *lengths = b->lengths, *gens = b->gens;
-    size_t hits = 0, stale = 0, errors = 0;
+    size_t hits = 0, stale = 0, redirected = 0, errors = 0;
     for (size_t i = 0; i < b->n; i++) {
         if (locs[i].node != nd || first[i] < 0) continue;
         const pc_loc *l = &locs[i];
         size_t k = (size_t)first[i], nops = pc_slot_nops(l);
-        int32_t bad = PC_OK;
+        int32_t bad = PC_OK, match = PC_OK;
         for (size_t j = 0; j < nops; j++)
             if (opst[k + j] != PC_OK) { bad = opst[k + j]; break; }
+        if (bad == PC_OK) match = pc_tag_check(&tags[i * PC_TAG_WORDS], l, b->want[i]);
         if (bad != PC_OK) {
             status[i] = PC_GET_ERROR; codes[i] = bad; errors++;
             if (!r->err_code) {
                 r->err_code = bad; r->err_node = nd;
                 snprintf(r->err, sizeof r->err, "%s", berr);
             }
-        } else if (pc_tag_ok(&tags[i * PC_TAG_WORDS], l)) {
+        } else if (match == PC_OK) {
             int32_t why = !b->checks ? PC_OK
                         : checked[i] ? checked[i] - 1 : check_payload(b, i, &tags[i * PC_TAG_WORDS]);
             if (why == PC_CHECKSUM_MISMATCH || why == PC_CHECKSUM_MISSING) {
@@ -176,11 +192,14 @@ static void node_results(const pc_slot_batch *b, uint32_t nd, const uint64_t *ta
                 codes[i] = why;   /* PC_CONTENT_MISMATCH: counted, the caller reports it */
             }
         } else {
-            codes[i] = PC_TAG_MISMATCH; stale++;
+            codes[i] = match;
+            if (match == PC_KEY_MISMATCH) redirected++;
+            else stale++;
         }
     }
     r->hits += hits;
     r->stale += stale;
+    r->redirected += redirected;
     r->errors += errors;
 }
 
@@ -193,7 +212,7 @@ void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn,
     int32_t *first = opst + PC_SLOT_MAX_OPS * n;
     uint32_t *opkey = (uint32_t *)(first + n);
     int32_t *checked = (int32_t *)(opkey + PC_SLOT_MAX_OPS * n);
-    r->hits = r->stale = r->need_peer = r->errors = 0;
+    r->hits = r->stale = r->redirected = r->need_peer = r->errors = 0;
     r->content_bad = r->checksum_bad = r->checksum_missing = 0;
     r->err_code = 0;
     r->err_node = PC_ABSENT;

@@ -14,6 +14,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from . import tags
 from .dirtable import DirTable
 from .transport.base import ABSENT, LOC_DTYPE, native_module
 
@@ -303,17 +304,37 @@ class DirectoryCache:
         """Whether records live in the native map (lookup_into/put_rows are fast)."""
         return self._native is not None
 
-    def lookup_into(self, keys: Sequence[bytes], out: np.ndarray) -> int:
-        """Fill ``out`` (LOC_DTYPE) for ``keys``; returns how many were cached and unexpired."""
+    def lookup_into(self, keys: Sequence[bytes], out: np.ndarray, want: np.ndarray | None = None) -> int:
+        """Fill ``out`` (LOC_DTYPE) for ``keys``; returns how many were cached and unexpired.
+
+        ``want`` (uint64, one per key): filled with each key's :func:`tags.key_hash`, the hash its
+        slot tag must hold, computed here from the key itself (never taken from a location). The
+        native map keeps it with each entry from when it took the key, so a cached read hashes
+        nothing; other keys are hashed now."""
         if self.ttl == 0:
             out["node"] = ABSENT
             self._misses += len(keys)
+            if want is not None:
+                self.key_hashes_into(keys, want)
             return 0
         if self._native is not None:
-            return self._native.lookup(keys, self.clock(), out)
+            return self._native.lookup(keys, self.clock(), out, want)
         locs = self.get_many(keys)
         out[:] = self.rows(locs)
+        if want is not None:
+            self.key_hashes_into(keys, want)
         return sum(l is not None for l in locs)
+
+    def key_hashes_into(self, keys: Sequence[bytes], want: np.ndarray) -> None:
+        """``want[i]`` = :func:`tags.key_hash` of ``keys[i]`` (natively where the keys are bytes)."""
+        mod, _ = native_module()
+        if mod is not None:
+            try:
+                mod.key_hashes(keys, want)
+                return
+            except TypeError:
+                pass               # keys that are not bytes: hashed in Python
+        want[:] = tags.key_hashes(keys)
 
     def put_rows(self, keys: Sequence[bytes], rows: np.ndarray) -> None:
         """Remember records (node != ABSENT) until now + ttl."""

@@ -35,7 +35,6 @@ the same way.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import struct
@@ -84,12 +83,6 @@ def line_ok(raw: bytes, off: int, line: int, seal: int) -> bool:
     if chunk == _ZERO:
         return True
     return line_check(chunk[:56], line, seal) == int.from_bytes(chunk[56:], "little")
-
-
-def key_hashes(keys) -> np.ndarray:
-    """:func:`tags.key_hash` of each key, as u64 (the same hash, with less per-key overhead)."""
-    b2, frm = hashlib.blake2b, int.from_bytes
-    return np.fromiter(((frm(b2(k, digest_size=8).digest(), "little") or 1) for k in keys), np.uint64, len(keys))
 
 
 def bucket_line(bucket, ways: int):

@@ -41,7 +41,7 @@ import numpy as np
 from . import checks, tags
 from .auth import check_secret, load_secret
 from .errors import ConfigError, PeerCacheError
-from .node import Get, Node
+from .node import BatchResult, Get, Node
 from .transport.base import native_module
 
 log = logging.getLogger(__name__)
@@ -449,8 +449,13 @@ class PeerCacheStore(HiCacheStorage):
 
     def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         """Read pages one-sided straight into the host pool pages; True per page that arrived whole."""
+        return self.read_v1(keys, host_indices)[0]
+
+    def read_v1(self, keys: List[str], host_indices) -> tuple[List[bool], BatchResult | None]:
+        """:meth:`batch_get_v1`, with the node's result per object (None when nothing was read) for a
+        caller that reports why pages missed (the bench: ``redirected``, ``miss_reason``)."""
         if not keys:
-            return []
+            return [], None
         offsets, sizes, objs = self._page_meta(keys, host_indices)
         okeys = self.object_keys(keys, objs)
         node = self.node
@@ -460,13 +465,13 @@ class PeerCacheStore(HiCacheStorage):
         except PeerCacheError as e:
             log.warning("PeerCacheStore.batch_get_v1 of %d pages failed: %s", len(keys), e)
             self._count(read_errors=len(keys))
-            return [False] * len(keys)
+            return [False] * len(keys), None
         dt = time.perf_counter() - t0
         n = len(keys)
         # HIT is 0, and a hit's length is at most its capacity: all hit and at least as long = all whole.
         if not r.status.any() and r.lengths.min() >= sizes.max():   # the common case
             self._count_read(n, int(sizes[0]) * len(sizes), n, 0, 0, dt)
-            return [True] * n
+            return [True] * n, r
         whole = (r.status == _HIT) & (r.lengths == sizes)
         hit = whole.reshape(n, objs).all(axis=1)
         nhit = int(hit.sum())
@@ -474,7 +479,7 @@ class PeerCacheStore(HiCacheStorage):
         if err and r.error:
             log.warning("PeerCacheStore.batch_get_v1: %d of %d pages failed: %s", err, n, r.error)
         self._count_read(nhit, int(sizes.reshape(n, objs)[hit].sum()), nhit, n - nhit - err, err, dt)
-        return hit.tolist()
+        return hit.tolist(), r
 
     def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         """Copy host pool pages into the published pool (one native copy per batch) and publish them once."""
@@ -688,6 +693,8 @@ class PeerCacheStore(HiCacheStorage):
         node = self._node
         s["protocol"] = self.config.protocol
         s["stale_locations"] = node.stale_locations if node is not None else 0
+        # reads whose directory entry pointed at another key's slot (misses; see Node.redirected_entries)
+        s["redirected_entries"] = node.redirected_entries if node is not None else 0
         s["directory_cache_hits"] = node.cache.hits if node is not None else 0
         return s
 

@@ -25,7 +25,7 @@ from . import tags
 from .dirclient import connect_directory, is_redis
 from .directory import DirectoryCache, Location
 from .dirtable import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
-from .dirtable import LINE_BYTES, TABLE_REGION, TableView, key_hashes
+from .dirtable import LINE_BYTES, TABLE_REGION, TableView
 from .discovery import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
@@ -94,21 +94,31 @@ class Get(IntEnum):
 
 
 _MISS = int(Get.MISS)
+_NONE = np.empty(0, np.intp)
+_NONE.flags.writeable = False
 
 
 class BatchResult:
     """Per-key outcome of a batch read plus the first error's reason."""
 
-    __slots__ = ("status", "lengths", "generations", "error", "invalid", "content_mismatch")
+    __slots__ = ("status", "lengths", "generations", "error", "invalid", "content_mismatch", "redirected",
+                 "miss_reason")
 
     def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
                  error: str | None, invalid: frozenset = frozenset(),
-                 content_mismatch: np.ndarray | None = None):
+                 content_mismatch: np.ndarray | None = None, redirected: np.ndarray | None = None,
+                 miss_reason: str | None = None):
         self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
         #: indices whose directory entry was invalid (status ERROR; see :func:`checked_location`)
         self.invalid = invalid
         #: with ``check_pattern``: indices of hits whose bytes are not the bench pattern
         self.content_mismatch = np.empty(0, np.intp) if content_mismatch is None else content_mismatch
+        #: indices of misses whose directory entry points at another key's slot (the slot is the
+        #: one the entry describes, and holds another key): never a hit, never those bytes
+        self.redirected = _NONE if redirected is None else redirected
+        #: why the first of :attr:`redirected` was a miss ("the directory's entry for K points at
+        #: another key's slot (node N, offset O); read as a miss"); None when there is none
+        self.miss_reason = miss_reason
 
     @property
     def hits(self) -> int:
@@ -130,6 +140,10 @@ class Node:
     integrity_failures = 0
     #: with integrity on: hits refused because the producer wrote no checksum (integrity off there)
     integrity_missing = 0
+    #: reads refused because the directory's entry (after one fresh lookup) pointed at another key's
+    #: slot: the slot's tag holds another key's hash (each a miss, see BatchResult.redirected)
+    redirected_entries = 0
+    _redirects_logged = (float("-inf"), 0)   # (when, redirected_entries) at the last log line
     #: keys the directory table answered with one one-sided read (found, or definitively absent)
     table_resolved = 0
     #: keys the table could not answer (doubtful line, overflowed bucket, unknown node, failed read)
@@ -716,7 +730,7 @@ class Node:
         n = len(keys)
         if view is None:          # withdrawn since the caller looked
             return None
-        kh = key_hashes(keys)
+        kh = tags.key_hashes(keys)
         ub, inv, remote, length, local, nbytes = view.plan(kh)
         buf = np.empty(nbytes, np.uint8)
         if not self._table_read(view, remote, length, local, buf):
@@ -905,9 +919,16 @@ class Node:
                        check_pattern: bool = False) -> BatchResult:
         """Read ``keys`` into ``dest`` at ``offsets``; per-key HIT / MISS / ERROR.
 
-        A location whose slot tag does not match (evicted, reused, torn) is
-        looked up once more without the cache; if it still does not match it
-        is a miss. Bytes of a miss or an error in ``dest`` are unspecified.
+        Each slot's tag is checked against the hash of the key asked for, which
+        this node computes itself (:meth:`DirectoryCache.lookup_into` keeps it with
+        a cached key), never against the hash its directory entry carries.
+        A location whose slot tag does not match (evicted, reused, torn, or
+        another key's slot) is looked up once more without the cache; if it
+        still does not match it is a miss. One whose fresh entry points at
+        another key's slot is listed in :attr:`BatchResult.redirected` with the
+        reason in :attr:`BatchResult.miss_reason`, and counted in
+        :attr:`redirected_entries`. Bytes of a miss or an error in ``dest`` are
+        unspecified.
         With integrity on, a hit's payload must match the checksum its producer
         wrote (else it is a miss, counted in :attr:`integrity_failures`).
         ``check_pattern`` (the bench): each hit is compared with the bench content
@@ -934,11 +955,14 @@ class Node:
         lengths = np.zeros(n, dtype=np.uint64)
         gens = np.zeros(n, dtype=np.uint64)
         content = np.zeros(n, dtype=bool)
+        want = np.empty(n, dtype=np.uint64)      # the hash of each key asked for (locate fills it)
         bad: list = []
-        locs = locate(keys, bad, True)
-        error, stale = read(keys, locs, dest, offsets, caps, status, lengths, gens, content, checks)
+        locs = locate(keys, bad, True, want)
+        error, stale, _ = read(keys, want, locs, dest, offsets, caps, status, lengths, gens, content, checks)
+        redirected, reason = None, None
         if len(stale):
-            # A tag mismatch: the slot was evicted, reused or torn. One fresh lookup, then a miss.
+            # A tag mismatch: the slot was evicted, reused or torn, or holds another key. One fresh
+            # lookup, then a miss.
             self.stale_locations += len(stale)
             skeys = [keys[i] for i in stale]
             self.cache.invalidate(skeys)
@@ -948,15 +972,36 @@ class Node:
             m = len(stale)
             s_st, s_len, s_gen = np.full(m, int(Get.MISS), np.int8), np.zeros(m, np.uint64), np.zeros(m, np.uint64)
             s_content = np.zeros(m, dtype=bool)
-            err2, _ = read(skeys, again, dest, offsets[stale], None if caps is None else caps[stale],
-                           s_st, s_len, s_gen, s_content, checks)
+            err2, _, other = read(skeys, want[stale], again, dest, offsets[stale],
+                                  None if caps is None else caps[stale], s_st, s_len, s_gen, s_content, checks)
             status[stale], lengths[stale], gens[stale], content[stale] = s_st, s_len, s_gen, s_content
             error = error or err2
+            if len(other):
+                redirected, reason = stale[other], self._redirected(skeys, again, other)
         error, invalid = self._mark_invalid(keys, bad, status, error)
         if self.integrity:
             self._report_integrity()
         return BatchResult(status, lengths, gens, error, invalid,
-                           np.flatnonzero(content) if checks & CHECK_PATTERN else None)
+                           np.flatnonzero(content) if checks & CHECK_PATTERN else None, redirected, reason)
+
+    def _redirected(self, keys: list, locs, idx: np.ndarray) -> str:
+        """Count the keys ``idx`` whose (fresh) entry in ``locs`` points at another key's slot, log
+        it (one WARNING line per 10 s at most), and return the reason of the first."""
+        self.redirected_entries += len(idx)
+        i = int(idx[0])
+        loc = locs[i]
+        node_id, offset = ((loc.node_id, loc.offset) if isinstance(loc, Location)
+                           else (self.cache.node_id(int(loc["node"])), int(loc["offset"])))
+        reason = (f"the directory's entry for {keys[i]!r} points at another key's slot "
+                  f"(node {node_id}, offset {offset}); read as a miss")
+        when, count = self._redirects_logged
+        if time.monotonic() - when >= 10.0:
+            log.warning("%d read(s) since the last report met a directory entry that points at another key's "
+                        "slot (total %d), each a miss, never that key's bytes; the first: %s. Such an entry is "
+                        "written by whoever can write the directory (its password, a cluster member) or by a "
+                        "bug", self.redirected_entries - count, self.redirected_entries, reason)
+            self._redirects_logged = (time.monotonic(), self.redirected_entries)
+        return reason
 
     def _report_integrity(self, interval: float = 10.0) -> None:
         """One WARNING line per ``interval`` at most, with the counts since the last one."""
@@ -969,22 +1014,28 @@ class Node:
                         self.integrity_missing)
             self._integrity_logged = (time.monotonic(), self.integrity_failures, self.integrity_missing)
 
-    # The two read paths of get_batch_into: ``locate(keys, bad, use_cache)`` gives the locations
-    # (invalid entries go to ``bad``), ``read(...)`` fills status/lengths/gens and returns (first
-    # error, indices whose slot tag did not match). The stale retry above is shared.
+    # The two read paths of get_batch_into: ``locate(keys, bad, use_cache[, want])`` gives the
+    # locations (invalid entries go to ``bad``) and fills ``want`` with the hash of each key
+    # asked for; ``read(keys, want, ...)`` fills status/lengths/gens and returns (first error,
+    # indices whose slot tag did not match, those of them whose slot holds another key). The
+    # stale retry above is shared.
 
-    def _locate(self, keys: list, bad: list, use_cache: bool) -> list:
+    def _locate(self, keys: list, bad: list, use_cache: bool, want: np.ndarray | None = None) -> list:
+        if want is not None:
+            self.cache.key_hashes_into(keys, want)
         return self.lookup(keys, use_cache=use_cache, bad=bad)
 
-    def _locate_native(self, keys: list, bad: list, use_cache: bool) -> np.ndarray:
+    def _locate_native(self, keys: list, bad: list, use_cache: bool, want: np.ndarray | None = None) -> np.ndarray:
         # Without the cache (the stale retry) the table is skipped too: a location that did
         # not match its slot's tag is asked of the directory itself, so it can never loop.
         locs = np.empty(len(keys), dtype=LOC_DTYPE)
         if use_cache:
-            cached = self.cache.lookup_into(keys, locs)
+            cached = self.cache.lookup_into(keys, locs, want)
             if cached == len(keys):
                 return locs
         else:
+            if want is not None:
+                self.cache.key_hashes_into(keys, want)
             locs["node"] = ABSENT
             cached = 0
         self._fill_from_directory(keys, locs, bad, use_table=use_cache, none_cached=cached == 0)
@@ -1046,19 +1097,20 @@ class Node:
         if bad is not None:
             bad.extend((int(miss[j]), why) for j, why in sub_bad)
 
-    def _read_native(self, keys, locs, dest, offsets, caps, status, lengths, gens, content,
-                     checks: int) -> tuple[str | None, np.ndarray]:
+    def _read_native(self, keys, want, locs, dest, offsets, caps, status, lengths, gens, content,
+                     checks: int) -> tuple[str | None, np.ndarray, np.ndarray]:
         """One native batch (all nodes, payload checks in the same pass); returns (first error,
-        indices of stale tags)."""
+        indices of stale tags, those of them that hold another key)."""
         mod = self._native
         codes = np.empty(len(locs), dtype=np.int32)
-        args = (locs, dest, offsets, caps, status, lengths, gens, codes, checks)
-        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing = mod.read_slots(self._handles, *args)
+        args = (locs, want, dest, offsets, caps, status, lengths, gens, codes, checks)
+        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing, other = mod.read_slots(
+            self._handles, *args)
         error = None
         if need:
             error, made = self._connect_needed(locs, codes)
             if made:
-                hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing = mod.read_slots(
+                hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing, other = mod.read_slots(
                     self._handles, *args)
             if need:
                 status[codes == mod.NEED_PEER] = Get.ERROR
@@ -1074,7 +1126,10 @@ class Node:
             content |= codes == mod.CONTENT_MISMATCH
         self.integrity_failures += k_bad
         self.integrity_missing += k_missing
-        return error, (np.flatnonzero(codes == mod.TAG_MISMATCH) if stale else np.empty(0, np.intp))
+        if not (stale or other):
+            return error, _NONE, _NONE
+        return (error, np.flatnonzero((codes == mod.TAG_MISMATCH) | (codes == mod.KEY_MISMATCH)),
+                np.flatnonzero(codes == mod.KEY_MISMATCH) if other else _NONE)
 
     def _handle_alive(self, idx: int) -> bool:
         with self._handles_lock:
@@ -1112,13 +1167,14 @@ class Node:
                 self._handles[idx] = None
         self.transport.forget(node_id)
 
-    def _read(self, keys, locs, dest, offsets, capacities, status, lengths, gens, content,
-              checks: int) -> tuple[str | None, np.ndarray]:
+    def _read(self, keys, want, locs, dest, offsets, capacities, status, lengths, gens, content,
+              checks: int) -> tuple[str | None, np.ndarray, np.ndarray]:
         """The Python batch path (the reference): one transport batch per node, tags and payload
         checks here."""
         n = len(keys)
         tagbuf = np.zeros((n, tags.TAG_WORDS), dtype=np.uint64)
         refused = np.zeros(n, dtype=bool)   # misses by integrity: the bytes are wrong, not stale
+        other = np.zeros(n, dtype=bool)     # misses by a slot that holds another key
         tagbytes = tagbuf.view(np.uint8).reshape(-1)
         by_node: dict[str, list[int]] = {}
         for i, loc in enumerate(locs):
@@ -1157,9 +1213,11 @@ class Node:
                     self.cache.drop_node(node_id)
             if ok_ops.any():
                 good = idx_arr[ok_ops]
-                kh = np.fromiter((locs[i].key_hash for i in good), np.uint64, len(good))
+                kh = want[good]
                 gen = np.fromiter((locs[i].generation for i in good), np.uint64, len(good))
-                match = tags.check_tags(tagbuf[good], kh, gen, ln[ok_ops])
+                code = tags.tag_check(tagbuf[good], kh, gen, ln[ok_ops])
+                match = code == tags.TAG_OK
+                other[good[code == tags.KEY_MISMATCH]] = True
                 if checks:
                     keep = self._check_payloads(dest, offsets, good, kh, gen, ln[ok_ops], tagbuf, match,
                                                 content, checks)
@@ -1169,7 +1227,7 @@ class Node:
                 lengths[good[match]] = ln[ok_ops][match]
                 gens[good[match]] = gen[match]
         located = np.fromiter((loc is not None for loc in locs), bool, n)
-        return error, np.flatnonzero((status == Get.MISS) & located & ~refused)
+        return error, np.flatnonzero((status == Get.MISS) & located & ~refused), np.flatnonzero(other)
 
     def _check_payloads(self, dest, offsets, good, kh, gen, ln, tagbuf, match, content, checks) -> np.ndarray:
         """The payload checks of the Python path on the keys ``good`` whose tags ``match``: False

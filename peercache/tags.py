@@ -13,8 +13,10 @@ header and the trailer before it touches anything, writes, then stores the
 new even ``seq`` in the trailer and last in the header. A reader copies
 header, payload and trailer in ascending address order (one RDMA READ with a
 scatter list, one TCP reply, or a memcpy) and accepts the object only if the
-header and trailer ``seq`` are equal and even and the key hash, generation
-and length are the ones the directory gave. Any overlap with a writer makes
+header and trailer ``seq`` are equal and even, the key hash is the hash of the
+key it asked for (computed by the consumer itself: an entry the directory gave
+may point at another key's slot), and generation and length are the ones the
+directory gave. Any overlap with a writer makes
 the two ``seq`` copies differ, so a stale or torn slot reads as a miss, never
 as wrong bytes.
 
@@ -69,13 +71,28 @@ def key_hash(key: bytes) -> int:
     return h or 1
 
 
-def check_tags(tags: np.ndarray, key_hashes: np.ndarray, generations: np.ndarray,
-               lengths: np.ndarray) -> np.ndarray:
-    """Vectorised tag check: ``tags`` is (n, TAG_WORDS) u64 = header words + trailer seq."""
+def key_hashes(keys) -> np.ndarray:
+    """:func:`key_hash` of each key, as u64 (the same hash, with less per-key overhead)."""
+    b2, frm = hashlib.blake2b, int.from_bytes
+    return np.fromiter(((frm(b2(k, digest_size=8).digest(), "little") or 1) for k in keys), np.uint64, len(keys))
+
+
+#: Outcomes of :func:`tag_check` (the native module's per-key codes of the same names).
+TAG_OK, TAG_MISMATCH, KEY_MISMATCH = 0, 101, 106
+
+
+def tag_check(tags: np.ndarray, want: np.ndarray, generations: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The slot tag check, vectorised: ``tags`` is (n, TAG_WORDS) u64 = header words + trailer seq,
+    ``want`` the :func:`key_hash` of each key asked for, computed by the consumer (never the hash its
+    directory entry carries), ``generations`` and ``lengths`` those of its entry.
+
+    Per key: TAG_OK (the bytes are that object), KEY_MISMATCH (the slot is stable and is the one its
+    entry describes, but it holds another key: the entry points at another key's slot) or
+    TAG_MISMATCH (evicted, reused or torn while read). The native reader's pc_tag_check."""
     seq = tags[:, SEQ]
-    return ((seq & 1) == 0) & (seq != 0) & (tags[:, TRAILER_SEQ] == seq) \
-        & (tags[:, KEY_HASH] == key_hashes) & (tags[:, GENERATION] == generations) \
-        & (tags[:, LENGTH] == lengths)
+    as_described = ((seq & 1) == 0) & (seq != 0) & (tags[:, TRAILER_SEQ] == seq) \
+        & (tags[:, GENERATION] == generations) & (tags[:, LENGTH] == lengths)
+    return np.where(as_described, np.where(tags[:, KEY_HASH] == want, TAG_OK, KEY_MISMATCH), TAG_MISMATCH)
 
 
 def pattern_seed(khash: int, generation: int) -> int:

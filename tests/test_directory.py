@@ -1,7 +1,10 @@
+import numpy as np
 import pytest
 
+from peercache import tags
 from peercache.directory import Directory, DirectoryCache, Location
 from peercache.discovery import Membership, MetaService
+from peercache.transport.base import LOC_DTYPE
 
 
 def loc(node, off, gen=1):
@@ -52,6 +55,30 @@ def test_cache_ttl_expiry_and_invalidate():
     c.put_many([b"a"], [l1])
     c.drop_node("n1")
     assert c.get_many([b"a"]) == [None]
+
+
+@pytest.mark.parametrize("ttl", [0.0, 30.0])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "dict"])
+def test_cache_hands_out_the_hash_of_the_key_asked_for_never_the_entrys(ttl, native):
+    """lookup_into's ``want``: tags.key_hash of each key asked for, cached or not, whatever key hash
+    the cached location carries (a directory entry may be a copy of another key's)."""
+    c = DirectoryCache(ttl)
+    if not native:
+        c._native = None
+    elif c._native is None:
+        pytest.fail("the native module is not built")
+    other = Location(*loc("n1", 0))._replace(key_hash=tags.key_hash(b"b"))
+    c.put_rows([b"a"], c.rows([other]))                 # a's entry: a copy of b's
+    keys = [b"a", b"b", b"c" * 100]
+    rows = np.empty(3, LOC_DTYPE)
+    want = np.zeros(3, np.uint64)
+    found = c.lookup_into(keys, rows, want)
+    assert found == (1 if ttl else 0)
+    assert want.tolist() == [tags.key_hash(k) for k in keys]
+    if ttl:
+        assert int(rows["key_hash"][0]) == tags.key_hash(b"b")   # the entry's word, as it was given
+    c.key_hashes_into([b"x", bytearray(b"y")], want[:2])       # not bytes: hashed in Python
+    assert want[:2].tolist() == [tags.key_hash(b"x"), tags.key_hash(b"y")]
 
 
 def test_cache_ttl_zero_is_off_and_negative_refused():

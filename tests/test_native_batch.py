@@ -135,7 +135,8 @@ def test_native_tag_check_matches_python():
     rng = np.random.default_rng(3)
     n = 400
     locs = np.zeros(n, LOC_DTYPE)
-    locs["key_hash"] = rng.integers(1, 2**63, n, dtype=np.uint64)
+    want = rng.integers(1, 2**63, n, dtype=np.uint64)             # the hash of each key asked for
+    locs["key_hash"] = np.where(rng.random(n) < 0.5, want, 5)      # the entry's own word: never checked
     locs["generation"] = rng.integers(1, 5, n, dtype=np.uint64)
     locs["length"] = rng.integers(0, 100, n, dtype=np.uint64)
     t = np.zeros((n, tags.TAG_WORDS), np.uint64)
@@ -143,14 +144,16 @@ def test_native_tag_check_matches_python():
     t[:, 0] = seq
     t[:, tags.TRAILER_SEQ] = np.where(rng.random(n) < 0.8, seq, seq + 2)
     t[:, tags.CHECKSUM] = rng.integers(0, 2**63, n, dtype=np.uint64)   # not part of the tag check
-    t[:, 1] = np.where(rng.random(n) < 0.8, locs["key_hash"], 7)
+    t[:, 1] = np.where(rng.random(n) < 0.8, want, 7)
     t[:, 2] = np.where(rng.random(n) < 0.8, locs["generation"], 9)
     t[:, 3] = np.where(rng.random(n) < 0.8, locs["length"], 1000)
-    out = np.zeros(n, np.bool_)
-    good = mod.check_tags(t, locs, out)
-    want = tags.check_tags(t, locs["key_hash"], locs["generation"], locs["length"])
-    assert np.array_equal(out, want)
-    assert 0 < good < n
+    out = np.zeros(n, np.int32)
+    good = mod.check_tags(t, locs, want, out)
+    ref = tags.tag_check(t, want, locs["generation"], locs["length"])
+    assert np.array_equal(out, ref)
+    assert good == (ref == tags.TAG_OK).sum() and 0 < good < n
+    assert {tags.TAG_OK, tags.TAG_MISMATCH, tags.KEY_MISMATCH} == set(out.tolist())
+    assert (mod.TAG_MISMATCH, mod.KEY_MISMATCH) == (tags.TAG_MISMATCH, tags.KEY_MISMATCH)
 
 
 # -- through Node ------------------------------------------------------------------------

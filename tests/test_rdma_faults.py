@@ -98,9 +98,9 @@ def count_stale(node: Node) -> list[int]:
     orig = node._read_native
 
     def counting(*a):
-        err, stale = orig(*a)
+        err, stale, other = orig(*a)
         seen[0] += len(stale)
-        return err, stale
+        return err, stale, other
 
     node._read_native = counting
     return seen

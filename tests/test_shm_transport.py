@@ -51,6 +51,7 @@ def test_slot_rewritten_during_reads_is_never_a_hit():
     w.start()
     dest = np.zeros(page, np.uint8)
     args = [np.empty(1, t) for t in (np.int8, np.uint64, np.uint64, np.int32)]
+    want = np.array([khash], np.uint64)     # the hash of the key asked for
     hits = stale = wrong = 0
     try:
         deadline = time.monotonic() + 2.0
@@ -61,7 +62,7 @@ def test_slot_rewritten_during_reads_is_never_a_hit():
             gen = pool.ref(key).generation - (hits + stale) % 3
             locs = np.zeros(1, LOC_DTYPE)
             locs[0] = (0, 1, pool.rkey, ref.offset, page, page, gen, khash)
-            h, s, _, e, *_ = mod.read_slots([peer], locs, dest, np.zeros(1, np.uint64), None, *args)
+            h, s, _, e, *_ = mod.read_slots([peer], locs, want, dest, np.zeros(1, np.uint64), None, *args)
             assert e == 0
             if h:
                 hits += 1

@@ -26,13 +26,24 @@ def test_pattern_roundtrip_and_mismatch():
     assert not tags.verify_patterns(pages[2:], np.array([1002], np.uint64), np.ones(1, np.uint64))[0]
 
 
-def test_check_tags_rules():
+def test_tag_check_rules():
     good = np.array([[4, 7, 2, 10, 12345, 0, 0, 0, 4]], dtype=np.uint64)   # checksum, reserved: not the tag
     kh, gen, ln = np.array([7], np.uint64), np.array([2], np.uint64), np.array([10], np.uint64)
-    assert tags.check_tags(good, kh, gen, ln).tolist() == [True]
-    for col, val in ((0, 5), (tags.TRAILER_SEQ, 6), (1, 8), (2, 3), (3, 11)):  # odd seq, torn, key, gen, length
+    assert tags.tag_check(good, kh, gen, ln).tolist() == [tags.TAG_OK]
+    for col, val in ((0, 5), (tags.TRAILER_SEQ, 6), (2, 3), (3, 11)):  # odd seq, torn, gen, length
         bad = good.copy()
         bad[0, col] = val
-        assert tags.check_tags(bad, kh, gen, ln).tolist() == [False], col
+        assert tags.tag_check(bad, kh, gen, ln).tolist() == [tags.TAG_MISMATCH], col
+    other = good.copy()
+    other[0, 1] = 8                          # a stable slot, as its entry says, of another key
+    assert tags.tag_check(other, kh, gen, ln).tolist() == [tags.KEY_MISMATCH]
+    other[0, 2] = 3                          # ... and another generation: stale, not redirected
+    assert tags.tag_check(other, kh, gen, ln).tolist() == [tags.TAG_MISMATCH]
     empty = np.zeros((1, tags.TAG_WORDS), dtype=np.uint64)
-    assert not tags.check_tags(empty, np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.zeros(1, np.uint64))[0]
+    assert tags.tag_check(empty, np.zeros(1, np.uint64), np.zeros(1, np.uint64),
+                          np.zeros(1, np.uint64)).tolist() == [tags.TAG_MISMATCH]
+
+
+def test_key_hashes_are_key_hash():
+    keys = [b"", b"pc/0", b"x" * 300]
+    assert tags.key_hashes(keys).tolist() == [tags.key_hash(k) for k in keys]

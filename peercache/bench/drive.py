@@ -58,18 +58,24 @@ class ThreadStats:
     misses: int = 0
     errors: int = 0
     verify_failures: int = 0
+    #: misses whose directory entry pointed at another key's slot (BatchResult.redirected)
+    redirected: int = 0
     batches: int = 0
     latencies: list = field(default_factory=list)
     #: batches whose latency was offered to ``latencies`` (more than it holds once it is full)
     latency_seen: int = 0
     #: reason of the first batch with errors (the point's reason when nothing aborted)
     first_error: str | None = None
+    #: why the first redirected entry was a miss, in or out of the window (it fails the point)
+    first_redirect: str | None = None
 
     def add(self, other: "ThreadStats") -> None:
-        for f in ("bytes", "keys", "hits", "misses", "errors", "verify_failures", "batches", "latency_seen"):
+        for f in ("bytes", "keys", "hits", "misses", "errors", "verify_failures", "redirected", "batches",
+                  "latency_seen"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.latencies.extend(other.latencies)
         self.first_error = self.first_error or other.first_error
+        self.first_redirect = self.first_redirect or other.first_redirect
 
     def sample_latency(self, seconds: float, rnd: random.Random) -> None:
         """Keep one batch's latency: all of the first LATENCY_SAMPLES, then a uniform sample of them all."""
@@ -231,14 +237,14 @@ class _Worker:
                 if get:
                     r = self.node.get_batch_into(keys, self.dest, offsets, caps,
                                                  check_pattern=self.fused_verify)
-                    status, err = r.status, r.error
+                    status, err, red = r.status, r.error, len(r.redirected)
                     if self.gpu is not None and self.recv is not None:
                         # tcp/shm into GPU memory: staged in pinned host memory, then copied.
                         self.gpu.upload(self.recv[base: base + len(keys) * page], base)
                 else:
                     present = self.node.exists_batch(keys)
                     status = np.where(present, int(Get.HIT), int(Get.MISS)).astype(np.int8)
-                    err = None
+                    err, red = None, 0
             except PeerCacheError as e:
                 abort.append(str(e))
                 stop.set()
@@ -265,6 +271,7 @@ class _Worker:
                 st.misses += len(keys) - n_hit - n_err
                 st.errors += n_err
                 st.verify_failures += vfail
+                st.redirected += red
                 b = n_hit * page if get else 0
                 st.bytes += b
                 st.sample_latency(lat, rnd)
@@ -274,6 +281,8 @@ class _Worker:
                     pending, next_flush = 0, done + 0.25
             if n_err and st.first_error is None:
                 st.first_error = err or f"{n_err} key(s) of a batch failed"
+            if red and st.first_redirect is None:
+                st.first_redirect = r.miss_reason
             if n_err and err and ("unreachable" in err or "connection" in err or "no endpoint" in err):
                 abort.append(err)
                 stop.set()
@@ -371,10 +380,15 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
     dur = cfg["duration"]
     objs = options.objects_per_page(cfg["layout"])
     get = cfg["op"] == "get"
-    failed = bool(aborts) or total.errors > 0 or total.verify_failures > 0 or total.batches == 0
+    # A directory entry that points at another key's slot is a miss, never those bytes; but the
+    # directory is corrupt (or written by someone who should not), so nothing it measured stands.
+    failed = bool(aborts) or total.errors > 0 or total.verify_failures > 0 or total.batches == 0 \
+        or total.first_redirect is not None
     reason = aborts[0] if aborts else total.first_error
     if reason is None and total.verify_failures:
         reason = f"{total.verify_failures} page(s) read as hits had wrong contents"
+    if reason is None and total.first_redirect is not None:
+        reason = total.first_redirect
     if reason is None and total.batches == 0:
         reason = (f"no batch completed inside the {dur:g} s measurement window; nothing was measured "
                   "(is a batch slower than the window? see the driver log)")
@@ -389,6 +403,7 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
         "latency_samples": len(total.latencies), "latency_batches": total.latency_seen,
         "hit_rate": round(total.hits / total.keys, 6) if total.keys else None,
         "keys": total.keys, "errors": total.errors, "verify_failures": total.verify_failures,
+        "redirected": total.redirected,
         "verified": bool(cfg["verify"] and get),
         "status": "failed" if failed else "ok", "reason": reason if failed else None,
     }

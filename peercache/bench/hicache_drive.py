@@ -87,7 +87,7 @@ class _Config:
 
 
 class _BatchResult:
-    __slots__ = ("status", "error", "generations", "content_mismatch")
+    __slots__ = ("status", "error", "generations", "content_mismatch", "redirected", "miss_reason")
 
 
 class _V1Reader:
@@ -108,8 +108,10 @@ class _V1Reader:
         tid = int(offsets[0]) // w.slice_bytes            # drive's thread slice -> its host pages
         pages = np.arange(tid * w.batch, tid * w.batch + n)
         hashes = [w.hash_of[k] for k in keys[::objs]]
-        got = w.store.batch_get_v1(hashes, w.tokens_of(tid, n))
+        got, res = w.store.read_v1(hashes, w.tokens_of(tid, n))
         r = _BatchResult()
+        r.redirected = res.redirected if res is not None else np.empty(0, np.intp)
+        r.miss_reason = res.miss_reason if res is not None else None
         if all(got):
             ok = np.ones(n, dtype=bool)
             r.status = np.full(len(keys), int(Get.HIT), np.int8)
