@@ -185,7 +185,10 @@ class _Worker:
             elif time.time() > win_end + POINT_GRACE_S:
                 abort.append("driver threads did not finish within the point's window + grace")
                 stop.set()
-        self.abandon = getattr(self, "abandon", False) or any(t.is_alive() for t in threads)
+        # A point stopped by an error (its threads stop only on those) ends this process without
+        # leaving: the fault may be the directory, or a producer whose connections would linger.
+        self.abandon = getattr(self, "abandon", False) or any(t.is_alive() for t in threads) \
+            or (stop.is_set() and bool(abort))
 
     def _add_live(self, n: float) -> None:
         """Progress counter shared with the parent (a plain double: the parent only reads it)."""
@@ -355,8 +358,8 @@ def _worker_main(conn, cfg: dict, pidx: int, live, parent_pid: int | None = None
     finally:
         if worker is not None and getattr(worker, "abandon", False):
             # A thread is still inside a read on the node's connections (closing them under it is
-            # not safe), or the directory fell silent (leaving would wait on it): the process ends
-            # now, and its memory and sockets go with it.
+            # not safe), or a point was stopped by a fault (leaving would wait on the directory,
+            # which may be the fault): the process ends now, and its memory and sockets go with it.
             os._exit(1)
         if worker is not None:
             worker.close()
