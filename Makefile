@@ -87,8 +87,9 @@ test-rdma: setup
 # The lab on two real kernels: two QEMU guests as two machines over SSH, RDMA across two
 # wires, two NUMA nodes each (tests/lab/test_twohost.py boots them; skipped, saying why,
 # where this machine cannot run them): a reduced grid of every scenario, then the faults.
-# Not yet part of `make test`: under TCG one ssh session into a guest takes about 8 s, so
-# the stage takes about 16 minutes here, more than make test's 40 minutes leave it.
+# Not yet part of `make test`: it takes 16-20 minutes here (each remote Python start costs seconds
+# on the emulated CPUs; ssh sessions now share one master per machine), more than make test's 40
+# minutes leave it.
 test-2host: setup
 	$(PY) -m pytest -m twohost -p no:cacheprovider -s tests/lab/test_twohost.py
 
