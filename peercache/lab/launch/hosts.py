@@ -637,6 +637,7 @@ class SshHost(Host):
             raise HostError(f"{self.spec}: ssh failed (rc {r.returncode}): {msg or 'no message'}; "
                             "batch mode allows no password prompt: install a key "
                             "(identity=...) accepted by the host, and check the host key")
+        os.unlink(errlog)     # nothing to report; a shared folder would otherwise collect one per process
         self._master_up = True
 
     def _check(self) -> None:

@@ -285,11 +285,14 @@ class MachinePair:
     def host_spec(self, role: str) -> str:
         return f"ssh:{HOST_ALIAS[role]}"
 
+    def _ssh_base(self) -> list[str]:
+        """ssh with this run's config and its shared masters' sockets."""
+        return ["ssh", "-F", str(self.ssh_config_path), "-o", f"ControlPath={self.ssh_control_dir}/%C"]
+
     def ssh_argv(self, role: str, command: str) -> list[str]:
         """Plain ssh argv running ``command`` (a shell string) on ``role`` over this run's config."""
         # Over the run's shared master when one is up (ControlMaster=no: never become one), else directly.
-        return ["ssh", "-F", str(self.ssh_config_path), "-o", "ConnectTimeout=10", "-o", "ControlMaster=no",
-                "-o", f"ControlPath={self.ssh_control_dir}/%C", HOST_ALIAS[role], command]
+        return [*self._ssh_base(), "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", HOST_ALIAS[role], command]
 
     def ssh(self, role: str, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run ``command`` on ``role`` and return what it printed (never raises on its exit status)."""
@@ -458,8 +461,8 @@ class MachinePair:
                     pass
         if self.dir is not None and self.ssh_control_dir.is_dir():
             for role in ROLES:      # the shared masters, if the run started them
-                subprocess.run(["ssh", "-F", str(self.ssh_config_path), "-o", f"ControlPath={self.ssh_control_dir}/%C",
-                                "-O", "exit", HOST_ALIAS[role]], stdin=subprocess.DEVNULL, capture_output=True, timeout=15)
+                subprocess.run([*self._ssh_base(), "-O", "exit", HOST_ALIAS[role]], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=15)
         for role in list(self.machines):
             self.power_off(role)
         if self.dir is not None:
