@@ -116,8 +116,7 @@ def _opt(key: str) -> str:
 
 def _directory(v: Any) -> str:
     """'directory': a Redis URL that parses, or HOST:PORT of the embedded directory."""
-    from .dirclient import is_redis
-    from .redisdir import parse_url
+    from .directory.redis_url import is_redis, parse_url
     if isinstance(v, str) and is_redis(v):
         try:
             parse_url(v)

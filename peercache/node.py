@@ -3,9 +3,9 @@
 A node may produce (it has a pool that peers read one-sided), consume (it
 looks keys up and reads them into its own buffers), or both. The node named
 by ``--discovery-addr`` also hosts discovery and the directory, unless the
-directory is on Redis (``directory="redis://..."``, :mod:`peercache.redisdir`):
+directory is on Redis (``directory="redis://..."``, :mod:`peercache.directory.redis_backend`):
 then no node hosts anything and every node talks to Redis. Either way the
-node reaches its directory through one client (:mod:`peercache.dirclient`).
+node reaches its directory through one client (:mod:`peercache.directory.client`).
 """
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ import numpy as np
 
 from . import auth as _auth
 from . import tags
-from .dirclient import connect_directory, is_redis
-from .directory import DirectoryCache, Location
-from .dirtable import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
-from .dirtable import LINE_BYTES, TABLE_REGION, TableView
-from .discovery import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
+from .directory.cache import DirectoryCache
+from .directory.client import connect_directory, is_redis
+from .directory.location import Location
+from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
+from .directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
+from .directory.table import LINE_BYTES, TABLE_REGION, TableView
 from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
 from .rpc import DEFAULT_LIMITS, Limits, RpcServer
@@ -162,8 +163,8 @@ class Node:
         (then ``discovery_addr`` may be that URL too, and ``host_discovery`` hosts nothing).
 
         ``dir_table_entries`` (hosting the embedded directory only): entries of the directory table
-        that consumers read one-sided through this node's data transport (:mod:`peercache.dirtable`;
-        None: :data:`~peercache.dirtable.DEFAULT_ENTRIES`, about 73 bytes of region each; 0: none)."""
+        that consumers read one-sided through this node's data transport (:mod:`peercache.directory.table`;
+        None: :data:`~peercache.directory.table.DEFAULT_ENTRIES`, about 73 bytes of region each; 0: none)."""
         if heartbeat_interval <= 0 or heartbeat_interval >= heartbeat_timeout:
             raise ConfigError(f"heartbeat interval {heartbeat_interval}s must be positive and below "
                               f"the timeout {heartbeat_timeout}s")
@@ -1283,7 +1284,7 @@ class Node:
         With ``owner_only`` a request must come from a registered node, with
         the token discovery issued it (a peer's :meth:`call`); others are refused.
         With a Redis directory the requests come through Redis lists (see
-        :meth:`peercache.redisdir.RedisDirectory.serve_op`).
+        :meth:`peercache.directory.redis_backend.RedisDirectory.serve_op`).
         """
         if is_redis(self.directory):
             self.discovery.serve_op(op, fn, owner_only)

@@ -2,8 +2,10 @@ import numpy as np
 import pytest
 
 from peercache import tags
-from peercache.directory import Directory, DirectoryCache, Location
-from peercache.discovery import Membership, MetaService
+from peercache.directory.cache import DirectoryCache
+from peercache.directory.location import Location
+from peercache.directory.service import Membership, MetaService
+from peercache.directory.store import Directory
 from peercache.transport.base import LOC_DTYPE
 
 

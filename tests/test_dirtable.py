@@ -1,5 +1,5 @@
 """The directory table: locations a consumer reads one-sided from the discovery host's data
-server (peercache/dirtable.py), checked line by line, with the lookup RPC for everything the
+server (peercache/directory/table.py), checked line by line, with the lookup RPC for everything the
 table cannot answer."""
 import threading
 import time
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from peercache import tags
-from peercache.directory import Directory
-from peercache.dirtable import LINE_BYTES, MAGIC, DirTable, TableView, bucket_line, line_check
-from peercache.discovery import MetaService
+from peercache.directory.store import Directory
+from peercache.directory.table import LINE_BYTES, MAGIC, DirTable, TableView, bucket_line, line_check
+from peercache.directory.service import MetaService
 from peercache import node as node_module
 from peercache.node import Get, Node
 from peercache.rpc import RpcServer

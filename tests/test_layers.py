@@ -2,6 +2,7 @@
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,7 +13,21 @@ def test_import_contracts_are_kept():
     assert exe, "lint-imports (import-linter) is not installed: it is in the test extra, run `make setup`"
     r = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "3 kept, 0 broken" in r.stdout
+    declared = len(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"])
+    assert f"{declared} kept, 0 broken" in r.stdout, r.stdout[-3000:]
+
+
+def test_the_directory_package_may_not_reach_the_node(tmp_path):
+    # The directory sits below the node: a directory module importing the node breaks its contract.
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    work = tmp_path / "copy"
+    shutil.copytree(ROOT / "peercache", work / "peercache", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    bad = work / "peercache" / "directory" / "cache.py"
+    bad.write_text(bad.read_text() + "\nfrom peercache import node  # noqa\n")
+    r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "peercache.directory.cache -> peercache.node" in r.stdout, r.stdout[-2000:]
 
 
 def test_a_broken_layer_is_caught(tmp_path):

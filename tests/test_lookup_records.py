@@ -8,8 +8,9 @@ import pytest
 
 import peercache
 from peercache.bench import drive
-from peercache.directory import RECORD, Directory
-from peercache.discovery import MetaService
+from peercache.directory.location import RECORD
+from peercache.directory.service import MetaService
+from peercache.directory.store import Directory
 from peercache.errors import PeerCacheError, RpcError
 from peercache.node import Get, Node
 from peercache.rpc import RpcServer

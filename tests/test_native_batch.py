@@ -264,7 +264,7 @@ def test_make_transport_picks_native_tcp_when_built():
 
 def test_without_the_extension_tcp_falls_back_and_shm_says_how_to_build(monkeypatch):
     import peercache.transport.base as base
-    from peercache.directory import DirectoryCache
+    from peercache.directory.cache import DirectoryCache
     from peercache.errors import TransportUnavailable
 
     monkeypatch.setattr(base, "_native_cache", [(None, "peercache._native is unavailable (test); "

@@ -18,10 +18,11 @@ import peercache
 from conftest import BENCH, free_port, scaled
 from peercache import tags
 from peercache.bench.serve import READY_LINE
-from peercache.dirclient import EmbeddedDirectory, connect_directory, is_redis
+from peercache.directory.client import EmbeddedDirectory, connect_directory, is_redis
 from peercache.errors import ConfigError, DiscoveryUnreachable, RpcError
-from peercache.redisdir import (PASSWORD_ENV, REC, RedisDirectory, decode_record, encode_record, not_a_record,
-                                parse_url)
+from peercache.directory.location import decode_record, encode_record
+from peercache.directory.redis_backend import REC, RedisDirectory, not_a_record
+from peercache.directory.redis_url import PASSWORD_ENV, parse_url
 from peercache.rpc import Limits
 from redis_fixtures import RoundTrips
 from peercache.transport.base import LOC_DTYPE

@@ -27,7 +27,7 @@ def _meta_redis(args) -> int:
     """With a Redis directory there is nothing to host: meta checks Redis and reaps expired nodes."""
     import threading
 
-    from ..redisdir import RedisDirectory
+    from ..directory.redis_backend import RedisDirectory
 
     options.check_directory(args)
     d = RedisDirectory(args.directory, timeout=5.0, heartbeat_timeout=args.heartbeat_timeout)
@@ -49,14 +49,14 @@ def _meta_redis(args) -> int:
 
 
 def _meta(args) -> int:
-    from ..dirclient import is_redis
+    from ..directory import is_redis
     options.validate_meta(args)
     if is_redis(args.directory):
         return _meta_redis(args)
     if args.directory:
         options.check_addr(args.directory, "--directory")
         args.discovery_addr = args.directory
-    from ..discovery import MetaService
+    from ..directory.service import MetaService
     from ..rpc import RpcServer
     import threading
 

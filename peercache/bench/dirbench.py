@@ -17,7 +17,7 @@ per client, back to back, over one shared measurement window
 ``[t0 + warmup, t0 + warmup + duration]``. A client counts only the batches
 that finish inside the window; every key must be found (a miss fails the
 run: it would measure something else). Clients ask through the engine's
-directory client (:func:`peercache.dirclient.connect_directory`) as a
+directory client (:func:`peercache.directory.client.connect_directory`) as a
 consumer node does (``--path node``: through a consumer ``Node``'s own
 resolution, the embedded directory's one-sided table first, as a read resolves
 its keys); after the window the producer looks every published
@@ -119,7 +119,7 @@ class LookupClient:
     """
 
     def __init__(self, spec: str, timeout: float = 3.0):
-        from ..dirclient import connect_directory
+        from ..directory.client import connect_directory
 
         self.spec, self.backend = spec, backend_of(spec)
         self._dir = connect_directory(spec, timeout=timeout)

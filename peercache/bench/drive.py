@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import tags
-from ..dirclient import connect_directory, is_redis
+from ..directory.client import connect_directory, is_redis
 from ..errors import PeerCacheError
 from ..node import Get, Node
-from ..redisdir import parse_url
+from ..directory.redis_url import parse_url
 from . import meta, options
 
 #: How long a point may overrun its window before the driver gives up on it.

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from .. import checks, dirtable as _dirtable, tags
-from ..dirclient import is_redis
+from .. import checks, tags
+from ..directory import table as _dirtable
 from ..errors import ConfigError, TransportError
-from ..redisdir import PASSWORD_ENV as REDIS_PASSWORD_ENV, parse_url
+from ..directory.redis_url import PASSWORD_ENV as REDIS_PASSWORD_ENV, is_redis, parse_url
 from ..transport import PROTOCOLS
 
 LAYOUTS = {"mla": ("",), "mha": ("/k", "/v")}  # object suffixes per page
@@ -124,7 +124,7 @@ def serve_parser(p: argparse.ArgumentParser) -> None:
                    help="exit after this many seconds even if readers are missing [%(default)s]")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="drop nodes silent for this long [%(default)s]")
-    from ..dirtable import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
+    from ..directory.table import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
     per_entry = LINE_BYTES * (DEFAULT_WAYS + 1) / DEFAULT_WAYS
     p.add_argument("--dir-table-entries", type=int, default=DEFAULT_ENTRIES,
                    help="entries of the directory table drivers read one-sided (embedded directory only): "

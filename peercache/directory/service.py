@@ -23,10 +23,10 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
-from . import tags
-from .directory import Directory, Location
-from .errors import PeerCacheError
-from .rpc import DEFAULT_LIMITS, Limits, pack
+from .. import tags
+from .store import Directory, Location
+from ..errors import PeerCacheError
+from ..rpc import DEFAULT_LIMITS, Limits, pack
 
 #: A node that has not heartbeated for this long is dropped.
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
@@ -159,7 +159,7 @@ class MetaService:
     """Discovery + directory as RPC handlers, with a reaper for dead nodes.
 
     ``table_entries`` > 0 gives the directory a one-sided table of that many entries
-    (:mod:`peercache.dirtable`); the node that hosts this service exposes it through its data
+    (:mod:`peercache.directory.table`); the node that hosts this service exposes it through its data
     transport and calls :meth:`announce_table`, after which the register and members replies
     carry ``table`` (what a consumer needs to read it). Until then, or without a table, they
     carry none and consumers use the lookup RPC alone.

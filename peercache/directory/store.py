@@ -1,41 +1,19 @@
-"""Directory: key -> location, batched; and the consumer's TTL cache of it.
+"""The embedded directory's store: key -> location, batched, in one process.
 
-A location is the tuple ``(node_id, region, rkey, offset, length, capacity,
-generation, key_hash)``: everything a consumer needs to issue a one-sided
-read of the slot and check its tag afterwards. Publish, lookup and unpublish
-take whole batches so a batch costs one RPC, never one per key.
+Publish, lookup and unpublish take whole batches so a batch costs one RPC,
+never one per key (the service, :mod:`.service`, answers them over ZeroMQ).
 """
 from __future__ import annotations
 
 import struct
 import threading
-import time
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import tags
-from .dirtable import DirTable
-from .transport.base import ABSENT, LOC_DTYPE, native_module
-
-
-class Location(NamedTuple):
-    """Where a published object lives."""
-
-    node_id: str
-    region: int
-    rkey: int
-    offset: int
-    length: int
-    capacity: int
-    generation: int
-    key_hash: int
-
-
-#: One location as the directory stores it and a fast lookup reply carries it: a LOC_DTYPE
-#: record whose ``node`` is the directory's own number for the node (see :meth:`Directory.node_ids`).
-RECORD = struct.Struct("<IIQQQQQQ")
-assert RECORD.size == LOC_DTYPE.itemsize
+from .location import RECORD, Location
+from .table import DirTable
+from ..transport.base import LOC_DTYPE
 
 
 class Directory:
@@ -48,7 +26,7 @@ class Directory:
     one, discovery refuses it on publish -- is kept as a :class:`Location`, and
     a lookup that meets it answers with :meth:`lookup` instead.)
 
-    With ``table_entries`` > 0 it also keeps a :class:`~peercache.dirtable.DirTable` of that
+    With ``table_entries`` > 0 it also keeps a :class:`~peercache.directory.table.DirTable` of that
     many entries, written under the same lock on every publish, unpublish and drop: a view of
     the dict that consumers read one-sided (:attr:`table`; None without one).
     """
@@ -232,178 +210,3 @@ class Directory:
 
     def __len__(self) -> int:
         return len(self._map)
-
-
-class DirectoryCache:
-    """Client-side cache of lookups with a time-to-live (0 disables it).
-
-    Entries live in a native sharded hash map when the extension is built
-    (batch lookups without the GIL, one short lock per key and shard), else
-    in a dict. Node ids are interned to small integers so a cached location
-    is a fixed-size record the native read path consumes directly.
-    """
-
-    def __init__(self, ttl: float, clock=time.monotonic, max_entries: int = 1 << 22):
-        if ttl < 0:
-            raise ValueError(f"--dir-cache-ttl must be >= 0 seconds, got {ttl}")
-        self.ttl = ttl
-        self.clock = clock
-        self.max_entries = max_entries
-        mod, _ = native_module()
-        self._native = mod.LocCache() if mod is not None else None
-        self._map: dict[bytes, tuple[float, Location]] = {}
-        self._lock = threading.Lock()
-        self._node_ids: list[str] = []
-        self._node_index: dict[str, int] = {}
-        self._hits = 0
-        self._misses = 0
-
-    # -- counters ---------------------------------------------------------------------
-    @property
-    def hits(self) -> int:
-        """Keys served from the cache so far."""
-        return self._hits + (self._native.hits if self._native is not None else 0)
-
-    @property
-    def misses(self) -> int:
-        """Keys the cache could not serve so far."""
-        return self._misses + (self._native.misses if self._native is not None else 0)
-
-    # -- node interning ---------------------------------------------------------------
-    def node_index(self, node_id: str) -> int:
-        """Small integer standing for ``node_id`` in location records."""
-        idx = self._node_index.get(node_id)
-        if idx is None:
-            with self._lock:
-                idx = self._node_index.get(node_id)
-                if idx is None:
-                    idx = len(self._node_ids)
-                    self._node_ids.append(node_id)
-                    self._node_index[node_id] = idx
-        return idx
-
-    def node_id(self, index: int) -> str:
-        """The node id an index stands for."""
-        return self._node_ids[index]
-
-    def rows(self, locs: Sequence[Location | None]) -> np.ndarray:
-        """Location records (LOC_DTYPE) of ``locs``; node = ABSENT where None."""
-        out = np.zeros(len(locs), dtype=LOC_DTYPE)
-        out["node"] = ABSENT
-        for i, loc in enumerate(locs):
-            if loc is not None:
-                out[i] = (self.node_index(loc.node_id), *loc[1:])
-        return out
-
-    def _location(self, row) -> Location:
-        return Location(self._node_ids[int(row["node"])], *(int(row[f]) for f in LOC_DTYPE.names[1:]))
-
-    # -- batch API used by the native read path -------------------------------------------
-    @property
-    def native(self) -> bool:
-        """Whether records live in the native map (lookup_into/put_rows are fast)."""
-        return self._native is not None
-
-    def lookup_into(self, keys: Sequence[bytes], out: np.ndarray, want: np.ndarray | None = None) -> int:
-        """Fill ``out`` (LOC_DTYPE) for ``keys``; returns how many were cached and unexpired.
-
-        ``want`` (uint64, one per key): filled with each key's :func:`tags.key_hash`, the hash its
-        slot tag must hold, computed here from the key itself (never taken from a location). The
-        native map keeps it with each entry from when it took the key, so a cached read hashes
-        nothing; other keys are hashed now."""
-        if self.ttl == 0:
-            out["node"] = ABSENT
-            self._misses += len(keys)
-            if want is not None:
-                self.key_hashes_into(keys, want)
-            return 0
-        if self._native is not None:
-            return self._native.lookup(keys, self.clock(), out, want)
-        locs = self.get_many(keys)
-        out[:] = self.rows(locs)
-        if want is not None:
-            self.key_hashes_into(keys, want)
-        return sum(l is not None for l in locs)
-
-    def key_hashes_into(self, keys: Sequence[bytes], want: np.ndarray) -> None:
-        """``want[i]`` = :func:`tags.key_hash` of ``keys[i]`` (natively where the keys are bytes)."""
-        mod, _ = native_module()
-        if mod is not None:
-            try:
-                mod.key_hashes(keys, want)
-                return
-            except TypeError:
-                pass               # keys that are not bytes: hashed in Python
-        want[:] = tags.key_hashes(keys)
-
-    def put_rows(self, keys: Sequence[bytes], rows: np.ndarray) -> None:
-        """Remember records (node != ABSENT) until now + ttl."""
-        if self.ttl == 0:
-            return
-        if self._native is not None:
-            self._native.put(keys, rows, self.clock() + self.ttl, self.max_entries)
-            return
-        self.put_many(keys, [None if r["node"] == ABSENT else self._location(r) for r in rows])
-
-    # -- the Python API -------------------------------------------------------------------
-    def get_many(self, keys: Sequence[bytes]) -> list[Location | None]:
-        """Cached, unexpired locations of ``keys`` (None where absent or expired)."""
-        if self.ttl == 0:
-            self._misses += len(keys)
-            return [None] * len(keys)
-        if self._native is not None:
-            rows = np.empty(len(keys), dtype=LOC_DTYPE)
-            self._native.lookup(list(keys), self.clock(), rows)
-            return [None if r["node"] == ABSENT else self._location(r) for r in rows]
-        now = self.clock()
-        out: list[Location | None] = []
-        with self._lock:
-            for k in keys:
-                e = self._map.get(k)
-                if e is not None and e[0] > now:
-                    out.append(e[1])
-                    self._hits += 1
-                else:
-                    if e is not None:
-                        del self._map[k]
-                    out.append(None)
-                    self._misses += 1
-        return out
-
-    def put_many(self, keys: Sequence[bytes], locs: Sequence[Location | None]) -> None:
-        """Remember found locations until now + ttl."""
-        if self.ttl == 0:
-            return
-        if self._native is not None:
-            self._native.put(list(keys), self.rows(locs), self.clock() + self.ttl, self.max_entries)
-            return
-        expiry = self.clock() + self.ttl
-        with self._lock:
-            if len(self._map) + len(keys) > self.max_entries:
-                self._map.clear()  # bounded memory; a refill costs one lookup per batch
-            for k, loc in zip(keys, locs):
-                if loc is not None:
-                    self._map[k] = (expiry, loc)
-
-    def invalidate(self, keys: Iterable[bytes]) -> None:
-        """Forget ``keys`` (after a tag mismatch showed the location is stale)."""
-        if self._native is not None:
-            self._native.invalidate(list(keys))
-            return
-        with self._lock:
-            for k in keys:
-                self._map.pop(k, None)
-
-    def drop_node(self, node_id: str) -> None:
-        """Forget every location on ``node_id``."""
-        if self._native is not None:
-            idx = self._node_index.get(node_id)
-            if idx is not None:
-                self._native.drop_node(idx)
-            return
-        with self._lock:
-            for k in [k for k, (_, loc) in self._map.items() if loc.node_id == node_id]:
-                del self._map[k]
-
-    def __len__(self) -> int:
-        return len(self._native) if self._native is not None else len(self._map)

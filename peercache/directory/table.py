@@ -42,10 +42,10 @@ import struct
 import numpy as np
 import xxhash
 
-from . import tags
-from .errors import ConfigError
-from .pool import sealed_region
-from .transport.base import OP_DTYPE
+from .. import tags
+from ..errors import ConfigError
+from ..pool import sealed_region
+from ..transport.base import OP_DTYPE
 
 LINE_BYTES = 64
 LINE_WORDS = LINE_BYTES // 8
@@ -93,7 +93,7 @@ def bucket_line(bucket, ways: int):
 class DirTable:
     """The writer's side: ``entries`` locations (rounded up to whole buckets of ``ways``) in a memfd.
 
-    Not thread-safe on its own: the :class:`~peercache.directory.Directory` calls it under its lock.
+    Not thread-safe on its own: the :class:`~peercache.directory.store.Directory` calls it under its lock.
     """
 
     def __init__(self, entries: int, ways: int = DEFAULT_WAYS, name: str = "peercache-dirtable"):

@@ -8,7 +8,7 @@ Public entry point (used by :class:`~peercache.node.Node` and by the directory b
 ``spec`` picks the backend: ``HOST:PORT`` (or a zmq URL) is the embedded
 directory hosted by the discovery node / ``peercache-bench meta`` at that
 address; ``redis://[USER:PASSWORD@]HOST:PORT/DB`` and ``rediss://...`` (TLS)
-are the Redis backend (:mod:`peercache.redisdir`; a Redis Cluster is found
+are the Redis backend (:mod:`peercache.directory.redis_backend`; a Redis Cluster is found
 by asking the server, or forced with ``?cluster=yes|no``).
 
 Every client answers the same surface as :class:`~peercache.rpc.RpcClient`:
@@ -33,17 +33,10 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from .discovery import DEFAULT_HEARTBEAT_TIMEOUT
-from .errors import ConfigError
-from .rpc import RpcClient
-
-REDIS_SCHEMES = ("redis://", "rediss://")
-
-
-def is_redis(spec: str | None) -> bool:
-    """Whether ``spec`` names the Redis backend (redis:// or rediss://)."""
-    return isinstance(spec, str) and spec.lower().startswith(REDIS_SCHEMES)
-
+from .service import DEFAULT_HEARTBEAT_TIMEOUT
+from ..errors import ConfigError
+from ..rpc import RpcClient
+from .redis_url import is_redis
 
 class DirectoryClient(Protocol):
     """What :class:`~peercache.node.Node` needs of a directory backend (see the module doc)."""
@@ -107,7 +100,7 @@ def connect_directory(spec: str, *, timeout: float = 5.0, auth=None,
         raise ConfigError(f"directory {spec!r} is neither HOST:PORT (the embedded directory) nor "
                           "redis://HOST:PORT/DB / rediss://HOST:PORT/DB")
     if is_redis(spec):
-        from .redisdir import RedisDirectory
+        from .redis_backend import RedisDirectory
         return RedisDirectory(spec, timeout=timeout, heartbeat_timeout=heartbeat_timeout)
     if "://" in spec and not spec.startswith(("tcp://", "ipc://", "inproc://")):
         raise ConfigError(f"directory {spec!r}: unknown scheme; use HOST:PORT (embedded) or "

@@ -1,6 +1,6 @@
 """The Redis / Redis Cluster directory backend (``--directory redis://HOST:PORT/DB``).
 
-Entry point: :func:`peercache.dirclient.connect_directory` (``spec`` a
+Entry point: :func:`peercache.directory.client.connect_directory` (``spec`` a
 redis:// or rediss:// URL); :class:`RedisDirectory` is what it returns.
 
 URL forms: ``redis://HOST:PORT/DB``, ``redis://[USER]:PASSWORD@HOST:PORT/DB``,
@@ -59,33 +59,28 @@ its password can write anything, so protect it (requirepass / ACL, TLS).
 """
 from __future__ import annotations
 
-import functools
 import hmac
 import logging
-import os
 import re
 import secrets
-import socket
-import struct
 import threading
 import time
-import urllib.parse
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import hiredis
 import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from . import tags
-from .discovery import DEFAULT_HEARTBEAT_TIMEOUT
-from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
-from .redact import redact, remember
-from .rpc import Limits, pack, unpack
-from .transport.base import LOC_DTYPE
+from .. import tags
+from .service import DEFAULT_HEARTBEAT_TIMEOUT
+from ..errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
+from ..rpc import Limits, pack, unpack
+from .location import RECORD, decode_record, encode_record
+from .redis_lookup import LookupSocket, resp_command
+from .redis_url import PASSWORD_ENV, RedisURL, parse_url
+from ..transport.base import LOC_DTYPE
 
 
 def _once_on_a_broken_connection() -> Retry:
@@ -101,12 +96,7 @@ def _timed_out(e: BaseException) -> bool:
 
 log = logging.getLogger(__name__)
 
-#: Environment variable holding the Redis password when the URL has none.
-PASSWORD_ENV = "PEERCACHE_REDIS_PASSWORD"
-#: An entry as stored: a LOC_DTYPE record whose ``node`` is the owner's member number.
-RECORD = struct.Struct("<IIQQQQQQ")
 REC = RECORD.size
-assert REC == LOC_DTYPE.itemsize == 56
 _REC_U32 = REC // 4          # uint32 words per record (its first is the member number)
 _BYTES = {bytes}
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -118,7 +108,6 @@ REAP_BATCH = 16
 CLEAN_STEP, CLEAN_STEPS = 1024, 4096
 #: A Redis command of more keys than this would stall the server for others; Node splits batches to fit.
 REDIS_LIMITS = Limits(max_keys_per_request=16384)
-_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 BUILTIN_OPS = ("register", "heartbeat", "leave", "members", "publish", "lookup", "unpublish")
 
 # -- server-side scripts -----------------------------------------------------------------------
@@ -234,150 +223,10 @@ _SCRIPTS = {"publish": PUBLISH_LUA, "takeover": TAKEOVER_LUA, "unpublish": UNPUB
             "forget": FORGET_LUA}
 
 
-@dataclass(frozen=True)
-class RedisURL:
-    """A parsed ``--directory redis://...`` (pure: nothing connects here)."""
-
-    url: str = field(repr=False)   # may hold the password
-    host: str
-    port: int
-    db: int
-    username: str | None
-    password: str | None = field(repr=False)
-    ssl: bool
-    prefix: str
-    cluster: bool | None
-    ssl_options: dict = field(default_factory=dict)
-
-    @property
-    def safe(self) -> str:
-        """The URL with its password masked (for messages and logs)."""
-        auth = ""
-        if self.username or self.password:
-            quote = functools.partial(urllib.parse.quote, safe="")
-            auth = f"{quote(self.username or '')}{':' + quote(self.password) if self.password else ''}@"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return redact(f"{'rediss' if self.ssl else 'redis'}://{auth}{host}:{self.port}/{self.db}")
-
-
-def parse_url(url: str, env: dict | None = None) -> RedisURL:
-    """``redis://[USER:PASSWORD@]HOST:PORT/DB[?prefix=..&cluster=..]`` -> :class:`RedisURL`, or ConfigError."""
-    env = os.environ if env is None else env
-    what = f"--directory {redact(url)!r}"
-    try:
-        u = urllib.parse.urlsplit(url)
-        port = u.port or 6379
-    except ValueError as e:
-        raise ConfigError(f"{what} is not a Redis URL ({e}); use redis://HOST:PORT/DB") from None
-    if u.scheme.lower() not in ("redis", "rediss"):
-        raise ConfigError(f"{what}: scheme {u.scheme!r} is not redis or rediss")
-    if not u.hostname:
-        raise ConfigError(f"{what} names no host; use redis://HOST:PORT/DB (for example redis://127.0.0.1:6379/0)")
-    path = u.path.strip("/")
-    if path and not path.isdigit():
-        raise ConfigError(f"{what}: database {path!r} is not a number; use redis://HOST:PORT/DB")
-    query = urllib.parse.parse_qs(u.query)
-    known = {"prefix", "cluster", "ssl_cert_reqs", "ssl_ca_certs"}
-    unknown = sorted(set(query) - known)
-    if unknown:
-        raise ConfigError(f"{what}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    prefix = query.get("prefix", ["pc"])[-1]
-    if not _PREFIX.fullmatch(prefix):
-        raise ConfigError(f"{what}: prefix {prefix!r} must be 1-32 of A-Z a-z 0-9 _ . -")
-    cluster = None
-    if "cluster" in query:
-        v = query["cluster"][-1].lower()
-        if v not in ("yes", "no", "1", "0", "true", "false"):
-            raise ConfigError(f"{what}: cluster={v!r}; use cluster=yes or cluster=no")
-        cluster = v in ("yes", "1", "true")
-    db = int(path or 0)
-    if cluster and db:
-        raise ConfigError(f"{what}: a Redis Cluster has only database 0")
-    password = urllib.parse.unquote(u.password) if u.password is not None else None
-    password = password or env.get(PASSWORD_ENV) or None
-    remember(password)
-    ssl_options = {}
-    if "ssl_cert_reqs" in query:
-        ssl_options["ssl_cert_reqs"] = query["ssl_cert_reqs"][-1]
-    if "ssl_ca_certs" in query:
-        ssl_options["ssl_ca_certs"] = query["ssl_ca_certs"][-1]
-    return RedisURL(url, u.hostname, port, db, urllib.parse.unquote(u.username) if u.username else None,
-                    password, u.scheme.lower() == "rediss", prefix, cluster, ssl_options)
-
-
-def encode_record(num: int, loc: Sequence) -> bytes:
-    """The stored form of a location (7 fields, or 8 with the node id first) owned by member ``num``."""
-    return RECORD.pack(num, *(loc[1:] if len(loc) == 8 else loc))
-
-
-def decode_record(v: bytes) -> tuple | None:
-    """(member number, region, rkey, offset, length, capacity, generation, key_hash) of a stored
-    entry; None for a value that is not a record (an older PeerCache's, or garbage)."""
-    return RECORD.unpack(v) if len(v) == REC else None
-
-
 def not_a_record(v: bytes) -> list:
     """What a lookup's ``locs`` answer holds for a value that is not a record: a one-field list
     the node refuses per key (``checked_location``), naming the size and the likely cause."""
     return [f"<{len(v)}-byte entry, not a {REC}-byte record: older PeerCache? republish>"]
-
-
-def _resp(*args: bytes) -> bytes:
-    """One command in the Redis protocol (RESP2 array of bulk strings)."""
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
-
-
-class LookupSocket:
-    """One plain TCP connection to one Redis for lookups: a blocking socket whose timeouts the
-    kernel keeps (SO_SNDTIMEO / SO_RCVTIMEO: no poll() before each send and receive, as a socket
-    with a Python timeout has), the request written as given, replies parsed by hiredis. AUTH and
-    SELECT as the URL says. Any error leaves it unusable (the caller closes it)."""
-
-    def __init__(self, cfg: RedisURL, timeout: float):
-        self.sock = socket.create_connection((cfg.host, cfg.port), timeout=min(timeout, 2.0))
-        try:
-            self.sock.settimeout(None)
-            sec = max(timeout, 0.001)
-            tv = struct.pack("ll", int(sec), int((sec - int(sec)) * 1e6))
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.reader = hiredis.Reader()
-            self.buf = bytearray(1 << 17)
-            hello, n = b"", 0
-            if cfg.password:
-                user = [cfg.username.encode()] if cfg.username else []
-                hello, n = hello + _resp(b"AUTH", *user, cfg.password.encode()), n + 1
-            if cfg.db:
-                hello, n = hello + _resp(b"SELECT", b"%d" % cfg.db), n + 1
-            if n:
-                self.request(hello, n)
-        except BaseException:
-            self.sock.close()
-            raise
-
-    def request(self, pkt: bytes, n: int) -> list:
-        """Send ``pkt`` (``n`` commands) and return their ``n`` replies; a Redis error reply raises
-        ResponseError, a closed connection ConnectionError, a timeout OSError."""
-        self.sock.sendall(pkt)
-        out: list = []
-        reader, buf, sock = self.reader, self.buf, self.sock
-        while True:
-            x = reader.gets()
-            if x is False:
-                got = sock.recv_into(buf)
-                if not got:
-                    raise redis.exceptions.ConnectionError("Redis closed the connection")
-                reader.feed(buf, 0, got)
-                continue
-            if isinstance(x, hiredis.ReplyError):
-                raise redis.exceptions.ResponseError(str(x))
-            out.append(x)
-            if len(out) == n:
-                return out
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class RedisDirectory:
@@ -408,7 +257,7 @@ class RedisDirectory:
         self._verified: dict[tuple[str, str], tuple[float, dict, int]] = {}
         # The lookup's request parts, pre-built: each key's MGET header per key length (RESP), the
         # epoch key that one MGET reads first, and the cluster path's GET of it.
-        self._get_epoch = _resp(b"GET", self.k_epoch.encode())
+        self._get_epoch = resp_command(b"GET", self.k_epoch.encode())
         self._entry_pre = f"{p}:e:".encode()
         self._key_hdr = [b"\r\n$%d\r\n%s" % (len(self._entry_pre) + n, self._entry_pre)
                          for n in range(min(self.limits.max_key_bytes, 255) + 1)]

@@ -1,0 +1,29 @@
+"""The directory: which node holds a key's page, and where in its pool.
+
+One interface, two backends:
+
+- :mod:`.client` -- :func:`connect_directory` and the :class:`DirectoryClient` protocol
+  a :class:`~peercache.node.Node` uses, whatever answers it;
+- the embedded backend: :mod:`.service` (membership and the ZeroMQ handlers, hosted by the
+  discovery node or ``peercache-bench meta``), :mod:`.store` (the key -> location map) and
+  :mod:`.table` (its one-sided view, read by consumers like a page);
+- the Redis backend: :mod:`.redis_backend` (Redis / Redis Cluster, Lua scripts),
+  :mod:`.redis_url` (the URL, parsed without importing redis-py) and :mod:`.redis_lookup`
+  (the hand-written lookup request path);
+- :mod:`.location` -- a location and its stored record; :mod:`.cache` -- the consumer's TTL cache.
+
+Importing the package is light: the backends load when first used.
+"""
+from __future__ import annotations
+
+from .location import Location
+from .redis_url import is_redis
+
+__all__ = ["Location", "is_redis", "connect_directory", "DirectoryClient"]
+
+
+def __getattr__(name: str):
+    if name in ("connect_directory", "DirectoryClient"):
+        from . import client
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
