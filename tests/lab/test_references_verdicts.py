@@ -97,9 +97,14 @@ def test_reference_data_loads_as_published():
     block = next(iter(hosts.values()))
     assert block["nic"]["firmware"] == "28.39.1002" and block["nic"]["gid_index"] == 3
     assert block["kernel"] == "5.4.241-1-tlinux4-0017.7" and block["rdma_core"] is None
-    assert collect.run_field(runs.iloc[0], "source")["file"].endswith("000_5acfa394b8b0f990.txt")
+    # The published documents are named by their titles; no path outside this repository.
+    source = collect.run_field(runs.iloc[0], "source")
+    assert source["title"] == "PeerCache performance baseline, 8 × ConnectX-7 RoCE"
+    assert source["original_title"] == "性能基线" and "seeds/" not in str(source)
 
-    sweep, _ = collect.load_tidy(REF_DIR / "ib-write-bw-200gbe-qp-sweep")
+    sweep, sweep_runs = collect.load_tidy(REF_DIR / "ib-write-bw-200gbe-qp-sweep")
+    source = collect.run_field(sweep_runs.iloc[0], "source")
+    assert source["title"] == "200GbE RDMA fine sweep, QP 4, msg_size 1K–1M" and "seeds/" not in str(source)
     bw = sweep[(sweep["metric"] == "bw") & (sweep["scenario"] == "msgsize_sweep")]
     assert bw[bw["qps"] == 1].set_index("size_bytes")["value"][4096] == 77.68
     assert bw[bw["qps"] == 4].set_index("size_bytes")["value"][16384] == 50.05
