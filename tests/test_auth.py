@@ -343,9 +343,9 @@ def test_a_transports_control_endpoint_takes_the_nodes_secret(port, monkeypatch)
     assert seen, "the node did not build its transport through make_transport"
 
 
-# ---------------------------------------------------------------- issue 25: open listens, weak secrets
+# ---------------------------------------------------------------- open listens, weak secrets
 def test_a_data_server_beyond_loopback_without_a_secret_warns(caplog, port):
-    """Finding 6: `serve --bind 0.0.0.0` (and HiCache's 'bind', and Node(bind_host=)) printed nothing;
+    """The defect: `serve --bind 0.0.0.0` (and HiCache's 'bind', and Node(bind_host=)) printed nothing;
     only discovery's own address was checked."""
     addr = f"127.0.0.1:{port}"
     with caplog.at_level(logging.WARNING, logger="peercache.auth"):

@@ -1,4 +1,4 @@
-"""Every option checked up front, whichever way it arrives (issue 25, finding 5).
+"""Every option checked up front, whichever way it arrives.
 
 peercache-bench's flags, HiCache's extra config and the lab's testbed file
 refuse an out-of-range value before anything runs: rc 2 on the command line,

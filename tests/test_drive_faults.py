@@ -20,7 +20,7 @@ from conftest import BENCH, scaled
 from peercache.bench.serve import READY_LINE
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
-#: The bound of the issue: every fault ends a drive within this many seconds.
+#: The bound drive promises: every fault ends a drive within this many seconds.
 BOUND_S = 5.0
 
 

@@ -1,4 +1,4 @@
-"""No secret in any document written (issue 25, finding 3).
+"""No secret in any document written.
 
 Before, ``serve --out`` and ``drive --out`` wrote the Redis password in clear
 in ``meta.command``; log lines already masked it. One function,

@@ -502,7 +502,7 @@ class NodeApiRun(_Timed):
         return "peercache-node-api"
 
 
-# Directory throughput (issue 16): keys/s and batches/s are rates of ops (an op = one key, resp. one batch).
+# Directory throughput (dirbench): keys/s and batches/s are rates of ops (an op = one key, resp. one batch).
 _DIR_METRICS = {"keys_per_s": "ops/s", "batches_per_s": "ops/s", "latency_p50": "us", "latency_p99": "us"}
 
 
