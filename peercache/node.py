@@ -28,6 +28,7 @@ from .directory.location import Location
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from .directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
 from .directory.table import LINE_BYTES, TABLE_REGION, TableView
+from .directory.validate import U32 as _U32, U64 as _U64, read_location
 from .errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .pool import Pool, SlotRef
 from .rpc import DEFAULT_LIMITS, Limits, RpcServer
@@ -45,37 +46,10 @@ _U64_AT = struct.Struct("<Q")
 _REMOTE_AT = OP_DTYPE.itemsize + OP_DTYPE.fields["remote_offset"][1]
 _NO_STATUS = bytes(8)
 WILDCARDS = ("0.0.0.0", "::", "")
-_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 #: the largest slot offset / capacity a location may have (header + trailer must fit 64 bits)
 _SLOT_LIMIT = _U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES
 #: Node._table_native's answer for keys the native read does not take (not bytes)
 _PY_KEYS = object()
-
-
-def checked_location(raw) -> tuple[Location | None, str | None]:
-    """``(Location, None)`` from a directory reply's entry, or ``(None, why)`` when it cannot be a slot.
-
-    The directory stores what producers publish; a corrupt or hostile publish
-    (a negative offset, a length beyond the slot, a string where a number
-    belongs) must become a per-key error, never a raw exception in the reader.
-    """
-    fields = Location._fields
-    if not isinstance(raw, (list, tuple)) or len(raw) != len(fields):
-        return None, f"expected {len(fields)} fields, got {str(raw)[:80]}"
-    node_id, *nums = raw
-    if not isinstance(node_id, str) or not node_id:
-        return None, f"node id {str(node_id)[:40]!r} is not a string"
-    for name, v in zip(fields[1:], nums):
-        if type(v) is not int:
-            return None, f"{name} {str(v)[:40]!r} is not an integer"
-        if not 0 <= v <= (_U32 if name == "region" else _U64):
-            return None, f"{name} {v} is out of range"
-    loc = Location(node_id, *nums)
-    if loc.length > loc.capacity:
-        return None, f"length {loc.length} exceeds the slot capacity {loc.capacity}"
-    if loc.offset + tags.HEADER_BYTES + loc.capacity + tags.TRAILER_BYTES > _U64:
-        return None, f"slot at offset {loc.offset} with capacity {loc.capacity} overflows 64 bits"
-    return loc, None
 
 
 def _same_endpoint(a: str, b: str) -> bool:
@@ -110,7 +84,7 @@ class BatchResult:
                  content_mismatch: np.ndarray | None = None, redirected: np.ndarray | None = None,
                  miss_reason: str | None = None):
         self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
-        #: indices whose directory entry was invalid (status ERROR; see :func:`checked_location`)
+        #: indices whose directory entry was invalid (status ERROR; see :func:`~peercache.directory.validate.read_location`)
         self.invalid = invalid
         #: with ``check_pattern``: indices of hits whose bytes are not the bench pattern
         self.content_mismatch = np.empty(0, np.intp) if content_mismatch is None else content_mismatch
@@ -133,7 +107,7 @@ class BatchResult:
 class Node:
     """One process's membership in a PeerCache cluster."""
 
-    #: directory entries refused by :func:`checked_location` so far (each read as an ERROR)
+    #: directory entries refused by :func:`~peercache.directory.validate.read_location` so far (each read as an ERROR)
     bad_locations = 0
     #: keys whose location (cached or fresh) no longer matched the slot's tag and were looked up again
     stale_locations = 0
@@ -527,7 +501,7 @@ class Node:
             if raw is None:
                 out.append(None)
                 continue
-            loc, why = checked_location(raw)
+            loc, why = read_location(raw)
             if loc is None:
                 self._bad_entry(keys, i, why, bad)
             out.append(loc)
@@ -547,7 +521,7 @@ class Node:
 
     def _record_rows(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
         """Rows of a ``{recs, nids, epoch[, nodes]}`` reply: the records with discovery's node numbers
-        turned into the cache's indices, checked as :func:`checked_location` checks one entry."""
+        turned into the cache's indices, checked as :func:`~peercache.directory.validate.read_location` checks one entry."""
         blob, nids, n = reply.get("recs"), reply.get("nids"), len(keys)
         missing = reply.get("missing") or b""
         m = len(missing) // 4 if type(missing) is bytes and len(missing) % 4 == 0 else -1
@@ -609,7 +583,7 @@ class Node:
     _SLOT_LIMIT = np.uint64(_U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES)
 
     def _check_rows(self, rows: np.ndarray, keys, bad: list | None) -> np.ndarray:
-        """Rows that cannot be a slot become ABSENT and ``bad`` entries (as :func:`checked_location`)."""
+        """Rows that cannot be a slot become ABSENT and ``bad`` entries (as :func:`~peercache.directory.validate.read_location`)."""
         cap, lim = rows["capacity"], self._SLOT_LIMIT
         wrong = (rows["length"] > cap) | (cap > lim) | (rows["offset"] > lim - np.minimum(cap, lim))
         wrong &= rows["node"] != ABSENT

@@ -5,6 +5,7 @@ from peercache import tags
 from peercache.directory.cache import DirectoryCache
 from peercache.directory.location import Location
 from peercache.directory.service import Membership, MetaService
+from peercache.directory.validate import Refused
 from peercache.directory.store import Directory
 from peercache.transport.base import LOC_DTYPE
 
@@ -118,7 +119,7 @@ def test_meta_service_drops_entries_of_dead_node():
         clk.t += 10
         assert svc.reap_once() == [node]
         assert svc.handlers()["lookup"]({"keys": [b"k"]})["locs"] == [None]
-        with pytest.raises(KeyError, match="not registered"):
+        with pytest.raises(Refused, match="not registered"):
             svc.handlers()["publish"]({"node_id": node, "token": token, "keys": [b"k"],
                                        "locs": [loc(node, 0)]})
     finally:

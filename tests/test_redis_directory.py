@@ -260,7 +260,7 @@ def test_only_the_owner_overwrites_or_unpublishes_and_tokens_are_checked(redis_s
         with pytest.raises(RpcError, match="not the publisher"):
             d.call("publish", node_id=other.node.node_id, token=other.node.token, keys=[b"x"],
                    locs=[[victim, 1, 0, 0, 1, 4096, 1, 1]], unpublish=[])
-        with pytest.raises(RpcError, match="outside the regions"):
+        with pytest.raises(RpcError, match="lies outside region 1 of"):
             d.call("publish", node_id=other.node.node_id, token=other.node.token, keys=[b"x"],
                    locs=[[other.node.node_id, 1, 0, 1 << 40, 1, 4096, 1, 1]], unpublish=[])
         # a node cannot take over another's id by registering with it

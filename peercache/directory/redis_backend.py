@@ -59,7 +59,6 @@ its password can write anything, so protect it (requirepass / ACL, TLS).
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 import secrets
@@ -73,13 +72,14 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from .. import tags
 from .service import DEFAULT_HEARTBEAT_TIMEOUT
 from ..errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from ..rpc import Limits, pack, unpack
 from .location import RECORD, decode_record, encode_record
 from .redis_lookup import LookupSocket, resp_command
 from .redis_url import PASSWORD_ENV, RedisURL, parse_url
+from .validate import (Refused, check_keys, check_location, check_regions, check_token, not_registered, regions_of,
+                       requester)
 from ..transport.base import LOC_DTYPE
 
 
@@ -98,8 +98,6 @@ log = logging.getLogger(__name__)
 
 REC = RECORD.size
 _REC_U32 = REC // 4          # uint32 words per record (its first is the member number)
-_BYTES = {bytes}
-_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 #: How long a node's token is remembered after its node key went (it may register again with it).
 TOKEN_KEEP_S = 86400
 #: Expired members one heartbeat reaps at most.
@@ -225,7 +223,7 @@ _SCRIPTS = {"publish": PUBLISH_LUA, "takeover": TAKEOVER_LUA, "unpublish": UNPUB
 
 def not_a_record(v: bytes) -> list:
     """What a lookup's ``locs`` answer holds for a value that is not a record: a one-field list
-    the node refuses per key (``checked_location``), naming the size and the likely cause."""
+    the node refuses per key (``directory.validate.read_location``), naming the size and the likely cause."""
     return [f"<{len(v)}-byte entry, not a {REC}-byte record: older PeerCache? republish>"]
 
 
@@ -411,30 +409,23 @@ class RedisDirectory:
         # (routed by the script's keys, which share one hash slot here).
         pipe.execute_command("EVALSHA", self._sha[name], len(keys), *keys, *args)
 
+    def _refused(self, op: str, why: BaseException | str) -> RpcError:
+        """A request this directory will not carry out, as the embedded one answers it, with who refused."""
+        return RpcError(f"directory {self.address} refused {op!r}: {why}")
+
     def _check_keys(self, keys: Any, op: str, fld: str = "keys") -> list:
-        lim = self.limits
-        if not isinstance(keys, list):
-            raise RpcError(f"directory {self.address} refused {op!r}: it needs a '{fld}' list of byte strings")
-        if len(keys) > lim.max_keys_per_request:
-            raise RpcError(f"directory {self.address} refused {op!r}: "
-                           f"{lim.refuse('max_keys_per_request', f'{op} of {len(keys)} keys', ' keys per request')}")
-        if not keys or (set(map(type, keys)) == _BYTES and max(map(len, keys)) <= lim.max_key_bytes):
-            return keys   # the common case, checked without a Python loop body per key
-        for i, k in enumerate(keys):
-            if type(k) is not bytes:
-                raise RpcError(f"directory {self.address} refused {op!r}: {fld}[{i}] is {type(k).__name__}; "
-                               "keys are byte strings")
-            if len(k) > lim.max_key_bytes:
-                raise RpcError(f"directory {self.address} refused {op!r}: " + str(lim.refuse(
-                    "max_key_bytes", f"{op} of a {len(k)} byte key ({fld}[{i}])", " bytes per key")))
-        return keys
+        try:
+            return check_keys(keys, op, self.limits, fld)
+        except PeerCacheError as e:
+            raise self._refused(op, e) from None
 
     def _authorize(self, msg: dict, op: str, fresh: bool = False) -> tuple[str, dict, int]:
         """(node id, its info, its member number) when ``msg`` carries the token of a live node; else RpcError."""
-        nid, token = msg.get("node_id"), msg.get("token")
-        if not isinstance(nid, str) or not nid or len(nid) > 64:
-            raise RpcError(f"directory {self.address} refused {op!r}: it must name the registered node it "
-                           "comes from (node_id and the token issued at registration)")
+        try:
+            nid = requester(msg, op)
+        except Refused as e:
+            raise self._refused(op, e) from None
+        token = msg.get("token")
         now = time.monotonic()
         if isinstance(token, str) and not fresh:
             hit = self._verified.get((nid, token))
@@ -445,11 +436,11 @@ class RedisDirectory:
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
             raise self._unreachable(op, e) from None
         if stored is None:
-            raise RpcError(f"directory {self.address} refused {op!r}: node {nid!r} is not registered (it may "
-                           "have been dropped after missing heartbeats, or Redis lost its data); register again")
-        if not isinstance(token, str) or not hmac.compare_digest(stored, token.encode()):
-            raise RpcError(f"directory {self.address} refused {op!r}: missing or wrong token for node {nid!r}; "
-                           f"only the node itself may {op} in its name")
+            raise self._refused(op, not_registered(nid))
+        try:
+            check_token(nid, op, token, stored)
+        except Refused as e:
+            raise self._refused(op, e) from None
         if num is None or not num.isdigit():
             raise RpcError(f"directory {self.address} refused {op!r}: node {nid!r} has no member number (it "
                            "registered through an older PeerCache, or its registration did not finish); "
@@ -472,12 +463,16 @@ class RedisDirectory:
     def _op_register(self, msg: dict) -> dict:
         info = msg.get("info")
         if not isinstance(info, dict):
-            raise RpcError(f"directory {self.address} refused 'register': it needs an 'info' map")
+            raise self._refused("register", "it needs an 'info' map")
+        try:
+            check_regions(info.get("regions"))
+        except Refused as e:
+            raise self._refused("register", e) from None
         info = {k: v for k, v in info.items() if k not in ("node_id", "token")}
         body = pack(info)
         if len(body) > self.limits.max_node_info_bytes:
-            raise RpcError(f"directory {self.address} refused 'register': " + str(self.limits.refuse(
-                "max_node_info_bytes", f"registration with {len(body)} bytes of node info", " bytes of node info")))
+            raise self._refused("register", self.limits.refuse(
+                "max_node_info_bytes", f"registration with {len(body)} bytes of node info", " bytes of node info"))
         nid, token = msg.get("node_id"), msg.get("token")
         again = isinstance(nid, str) and isinstance(token, str) and 0 < len(nid) <= 64 and bool(token)
         ttl_ms = int(self.heartbeat_timeout * 1000)
@@ -501,10 +496,10 @@ class RedisDirectory:
         if epoch < 0:
             self._pipe("register", lambda p: p.delete(self._node_key(nid)))
             if epoch == -2:
-                raise RpcError(f"directory {self.address} refused 'register': its member numbers ran out "
+                raise self._refused("register", f"its member numbers ran out "
                                f"(32 bits); delete the key {self.k_count} (or empty the prefix) and restart the nodes")
-            raise RpcError(f"directory {self.address} refused 'register': " + str(self.limits.refuse(
-                "max_nodes", "registration of one more node", " registered nodes")))
+            raise self._refused("register", self.limits.refuse(
+                "max_nodes", "registration of one more node", " registered nodes"))
         # The number goes into the node hash: publishes stamp it on their records, lookups check it.
         self._pipe("register", lambda p: p.hset(self._node_key(nid), "num", num))
         self._epoch = epoch
@@ -516,7 +511,7 @@ class RedisDirectory:
     def _op_heartbeat(self, msg: dict) -> dict:
         nid, token = msg.get("node_id"), msg.get("token")
         if not isinstance(nid, str) or not nid:
-            raise RpcError(f"directory {self.address} refused 'heartbeat': it needs a 'node_id' string")
+            raise self._refused("heartbeat", "it needs a 'node_id' string")
         token = token if isinstance(token, str) else ""
         ttl_ms = int(self.heartbeat_timeout * 1000)
         now = time.time()
@@ -529,7 +524,7 @@ class RedisDirectory:
             p.zrangebyscore(self.k_alive, "-inf", now, start=0, num=REAP_BATCH)
         res = self._pipe("heartbeat", build)
         if res[0] == -1:
-            raise RpcError(f"directory {self.address} refused 'heartbeat': missing or wrong token for node "
+            raise self._refused("heartbeat", f"missing or wrong token for node "
                            f"{nid!r}; only the node itself may heartbeat in its name")
         self._epoch = int(res[2] or 0)
         overdue = [x.decode() if isinstance(x, bytes) else x for x in res[3] or []]
@@ -607,38 +602,19 @@ class RedisDirectory:
                 "nodes": {n: unpack(i) for n, i in zip(ids, infos) if i is not None}}
 
     # -- the directory ----------------------------------------------------------------------
-    def _check_location(self, nid: str, i: int, loc: Any, regions: dict[int, int] | None) -> list:
-        what = f"directory {self.address} refused 'publish':"
-        if type(loc) is not list or len(loc) not in (7, 8):
-            raise RpcError(f"{what} location {i} must be a list of the 8 location fields")
-        if len(loc) == 8:
-            if loc[0] != nid:
-                raise RpcError(f"{what} location {i} names node {loc[0]!r}, not the publisher {nid!r}; "
-                               "a node publishes only its own slots")
-            loc = loc[1:]
-        if any(type(v) is not int or not 0 <= v <= _U64 for v in loc):
-            raise RpcError(f"{what} location {i} has a field that is not an integer in [0, 2**64)")
-        region, _rkey, offset, length, capacity, _gen, _kh = loc
-        if region > _U32 or length > capacity:
-            raise RpcError(f"{what} location {i} has region {region} beyond 32 bits or length {length} > "
-                           f"capacity {capacity}")
-        if regions is not None:
-            size = regions.get(region)
-            if size is None or offset + tags.TAG_BYTES + capacity > size:
-                raise RpcError(f"{what} location {i} lies outside the regions node {nid!r} registered")
-        return [nid, *loc]
-
     def _op_publish(self, msg: dict) -> dict:
         nid, info, num = self._authorize(msg, "publish")
         keys = self._check_keys(msg.get("keys"), "publish")
         locs = msg.get("locs")
         if not isinstance(locs, list) or len(locs) != len(keys):
-            raise RpcError(f"directory {self.address} refused 'publish': it needs a 'locs' list as long as "
+            raise self._refused("publish", f"it needs a 'locs' list as long as "
                            f"'keys' ({len(keys)})")
         unpub = self._check_keys(msg.get("unpublish") or [], "publish", "unpublish")
-        regs = info.get("regions")
-        regions = None if regs is None else {int(r[0]): int(r[1]) for r in regs}
-        values = [encode_record(num, self._check_location(nid, i, l, regions)) for i, l in enumerate(locs)]
+        regions = regions_of(info)
+        try:
+            values = [encode_record(num, check_location(nid, i, l, regions)) for i, l in enumerate(locs)]
+        except Refused as e:
+            raise self._refused("publish", e) from None
         me = num.to_bytes(4, "little")          # how the scripts see the owner of a record
         ekeys = [self._entry(k) for k in keys]
         uekeys = [self._entry(k) for k in unpub]

@@ -23,24 +23,16 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
-from .. import tags
-from .store import Directory, Location
-from ..errors import PeerCacheError
 from ..rpc import DEFAULT_LIMITS, Limits, pack
+from .location import Location
+from .store import Directory
+from .validate import (Refused, check_keys, check_location, check_regions, check_token, not_registered,
+                       regions_of, requester)
 
 #: A node that has not heartbeated for this long is dropped.
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 #: Tokens of nodes that left or expired, kept so such a node can register again under its id.
 RETIRED_TOKENS = 4096
-_U64 = (1 << 64) - 1
-_U32 = (1 << 32) - 1
-_BYTES = {bytes}
-LOC_FIELDS = ("node_id", "region", "rkey", "offset", "length", "capacity", "generation", "key_hash")
-
-
-class Refused(PeerCacheError):
-    """A request the service will not carry out (not the owner, invalid location, ...)."""
-
 
 class Membership:
     """Registered nodes, their tokens, and the membership epoch."""
@@ -90,13 +82,10 @@ class Membership:
         node_id, _, epoch = self.join(info)
         return node_id, epoch
 
-    def token_ok(self, node_id: str, token: Any) -> bool | None:
-        """True if ``token`` is ``node_id``'s, False if not, None if the node is not registered."""
+    def token(self, node_id: str) -> str | None:
+        """The token issued to ``node_id``; None when it is not registered."""
         with self._lock:
-            known = self._tokens.get(node_id)
-        if known is None:
-            return None
-        return isinstance(token, str) and hmac.compare_digest(known, token)
+            return self._tokens.get(node_id)
 
     def heartbeat(self, node_id: str) -> bool:
         """Refresh a node; False when it is unknown (it must register again)."""
@@ -145,14 +134,6 @@ class Membership:
 
     def __len__(self) -> int:
         return len(self._nodes)
-
-
-def _regions(info: dict) -> dict[int, int] | None:
-    """region id -> size in bytes as registered (None when the node registered none)."""
-    regs = info.get("regions")
-    if regs is None:
-        return None
-    return {int(r[0]): int(r[1]) for r in regs}
 
 
 class MetaService:
@@ -224,18 +205,12 @@ class MetaService:
 
     # -- who is asking -----------------------------------------------------------------
     def authorize(self, msg: dict, op: str) -> str:
-        """The node a request speaks for, if it carries that node's token; else an error."""
-        node_id, token = msg.get("node_id"), msg.get("token")
-        if not isinstance(node_id, str) or len(node_id) > 64:
-            raise Refused(f"{op} refused: it must name the registered node it comes from "
-                          "(node_id and the token discovery issued at registration)")
-        ok = self.membership.token_ok(node_id, token)
-        if ok is None:
-            raise KeyError(f"node {node_id!r} is not registered (it may have been dropped "
-                           "after missing heartbeats); register again")
-        if not ok:
-            raise Refused(f"{op} refused: missing or wrong token for node {node_id!r}; only the node "
-                          f"itself may {op} in its name")
+        """The node a request speaks for, if it carries that node's token; else Refused."""
+        node_id = requester(msg, op)
+        stored = self.membership.token(node_id)
+        if stored is None:
+            raise Refused(not_registered(node_id))
+        check_token(node_id, op, msg.get("token"), stored)
         return node_id
 
     def owner_only(self, op: str, fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
@@ -247,48 +222,7 @@ class MetaService:
 
     # -- validation ------------------------------------------------------------------
     def _keys(self, keys: Any, op: str, field: str = "keys") -> list:
-        lim = self.limits
-        if not isinstance(keys, list):
-            raise TypeError(f"{op} needs a '{field}' list of byte strings")
-        if len(keys) > lim.max_keys_per_request:
-            raise lim.refuse("max_keys_per_request", f"{op} of {len(keys)} keys", " keys per request")
-        longest = lim.max_key_bytes
-        if not keys or (set(map(type, keys)) == _BYTES and max(map(len, keys)) <= longest):
-            return keys   # the common case, checked without a Python loop body per key
-        for i, k in enumerate(keys):
-            if type(k) is not bytes:
-                raise TypeError(f"{op}: {field}[{i}] is {type(k).__name__}; keys are byte strings")
-            if len(k) > longest:
-                raise lim.refuse("max_key_bytes", f"{op} of a {len(k)} byte key ({field}[{i}])", " bytes per key")
-        return keys
-
-    def _location(self, node_id: str, i: int, loc: Any, regions: dict[int, int] | None) -> Location:
-        if type(loc) is not list or len(loc) not in (7, 8):
-            raise Refused(f"publish refused: location {i} must be a list of the 8 fields {', '.join(LOC_FIELDS)}")
-        if len(loc) == 8:
-            if loc[0] != node_id:
-                raise Refused(f"publish refused: location {i} names node {loc[0]!r}, not the publisher "
-                              f"{node_id!r}; a node publishes only its own slots")
-            loc = loc[1:]
-        for name, v in zip(LOC_FIELDS[1:], loc):
-            if type(v) is not int or not 0 <= v <= _U64:
-                raise Refused(f"publish refused: location {i} has {name}={v!r}; every field after "
-                              "node_id is an integer in [0, 2**64)")
-        region, _rkey, offset, length, capacity, _gen, _kh = loc
-        if region > _U32:
-            raise Refused(f"publish refused: location {i} has region={region}, beyond 32 bits")
-        if length > capacity:
-            raise Refused(f"publish refused: location {i} has length {length} > capacity {capacity}")
-        if regions is not None:
-            size = regions.get(region)
-            if size is None:
-                raise Refused(f"publish refused: location {i} is in region {region}, which node "
-                              f"{node_id!r} did not register (it registered {sorted(regions)})")
-            end = offset + tags.TAG_BYTES + capacity
-            if end > size:
-                raise Refused(f"publish refused: location {i}'s slot [{offset}, {end}) lies outside "
-                              f"region {region} of {size} bytes")
-        return Location(node_id, *loc)
+        return check_keys(keys, op, self.limits, field)
 
     def _info(self, info: Any) -> dict:
         lim = self.limits
@@ -303,12 +237,7 @@ class MetaService:
                 raise TypeError(f"register: info[{k!r}] must be a string")
         if "data" in info and not isinstance(info["data"], (dict, type(None))):
             raise TypeError("register: info['data'] must be a map")
-        regs = info.get("regions")
-        if regs is not None:
-            if not isinstance(regs, list) or not all(
-                    type(r) is list and len(r) == 2 and all(type(x) is int and 0 <= x <= _U64 for x in r)
-                    for r in regs):
-                raise TypeError("register: info['regions'] must be a list of [region id, size] integer pairs")
+        check_regions(info.get("regions"))
         return {k: v for k, v in info.items() if k not in ("node_id", "token")}
 
     # -- handlers --------------------------------------------------------------------
@@ -330,11 +259,11 @@ class MetaService:
         node_id = msg["node_id"]
         if not isinstance(node_id, str):
             raise TypeError("heartbeat needs a 'node_id' string")
-        ok = self.membership.token_ok(node_id, msg.get("token"))
-        if ok is False:
-            raise Refused(f"heartbeat refused: missing or wrong token for node {node_id!r}; only the "
-                          "node itself may heartbeat in its name")
-        return {"known": bool(ok) and self.membership.heartbeat(node_id), "epoch": self.membership.epoch}
+        stored = self.membership.token(node_id)
+        if stored is not None:
+            check_token(node_id, "heartbeat", msg.get("token"), stored)
+        return {"known": stored is not None and self.membership.heartbeat(node_id),
+                "epoch": self.membership.epoch}
 
     def _leave(self, msg: dict) -> dict:
         node_id = self.authorize(msg, "leave")
@@ -362,8 +291,8 @@ class MetaService:
             raise TypeError(f"publish needs a 'locs' list as long as 'keys' ({len(keys)})")
         unpub = self._keys(msg.get("unpublish") or [], "publish", "unpublish")
         info = self.membership.get(node_id) or {}
-        regions = _regions(info)
-        rows = [self._location(node_id, i, loc, regions) for i, loc in enumerate(locs)]
+        regions = regions_of(info)
+        rows = [Location(node_id, *check_location(node_id, i, loc, regions)) for i, loc in enumerate(locs)]
         if len(self.directory) + len(keys) > self.limits.max_directory_entries:
             raise self.limits.refuse("max_directory_entries", f"publish of {len(keys)} keys into a "
                                      f"directory of {len(self.directory)} entries", " entries")
