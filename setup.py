@@ -32,7 +32,7 @@ if _inc:
     ext_modules.append(Extension(
         "peercache._verbs",
         sources=sorted(glob(f"{NATIVE}/verbs*.c")),
-        depends=sorted(glob(f"{NATIVE}/verbs*.h")) + [f"{NATIVE}/pc.h"],
+        depends=sorted(glob(f"{NATIVE}/verbs*.h")) + [f"{NATIVE}/pc.h", f"{NATIVE}/clock.h"],
         include_dirs=[_inc],
         define_macros=[("_GNU_SOURCE", None)],   # pthread_rwlock_t, getrandom, move_pages
         extra_compile_args=CFLAGS,

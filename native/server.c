@@ -72,6 +72,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "pc.h"
 #include "server.h"
 
@@ -387,12 +388,6 @@ typedef struct worker {
 } worker;
 
 static char LISTEN_TAG, STOP_TAG;
-
-static double mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------- reply memory */
 
@@ -896,14 +891,14 @@ static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
     Py_INCREF(t);
     Py_BEGIN_ALLOW_THREADS
     struct epoll_event evs[EVENTS];
-    double now = mono(), next_tick = now + w.tick_s;
+    double now = pc_mono_s(), next_tick = now + w.tick_s;
     for (int stop = 0; !stop;) {
         double until = next_tick;
         if (!w.listening && w.resume_at < until) until = w.resume_at;
         int ms = (int)((until - now) * 1000) + 1;
         int got = epoll_wait(w.ep, evs, EVENTS, ms < 1 ? 1 : ms);
         int accept_now = 0;
-        now = mono();
+        now = pc_mono_s();
         for (int i = 0; i < got; i++) {
             void *p = evs[i].data.ptr;
             if (p == &STOP_TAG) { stop = 1; break; }

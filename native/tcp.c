@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "pc.h"
 
 #define HEAD_BYTES 20
@@ -76,7 +77,7 @@ typedef struct tcp_conn {
     atomic_uint_fast64_t next_req;
     int has_hello;
     uint8_t hello[HELLO_BYTES];
-    long poll_ns;             /* 0: sleep at once */
+    double poll_s;            /* 0: sleep at once */
     atomic_int poll_missed;   /* waits in a row the poll did not cover */
     atomic_int poll_skip;     /* waits left that sleep at once (backing off) */
     atomic_ullong polled;     /* replies the poll caught / waits that slept after it */
@@ -201,7 +202,7 @@ static void *tcp_connect(const void *params, char *err, size_t errlen) {
     snprintf(c->port, sizeof c->port, "%d", p->port);
     c->max_channels = p->max_channels < 1 ? 1 : (p->max_channels > MAX_CHANNELS ? MAX_CHANNELS : p->max_channels);
     c->timeout_s = p->timeout_s > 0 ? p->timeout_s : 5.0;
-    c->poll_ns = p->poll_us > 0 ? (long)p->poll_us * 1000 : 0;
+    c->poll_s = p->poll_us > 0 ? p->poll_us * 1e-6 : 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     atomic_init(&c->next_req, 1);
@@ -283,12 +284,6 @@ static int recv_all(int fd, uint8_t *buf, size_t len) {
     return 0;
 }
 
-static long mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 /* The first bytes of a reply by polling (see the top of this file): the
  * count received, or -1 with errno EAGAIN when the poll ran out (the caller
  * then sleeps), or another errno / 0 for a closed connection. */
@@ -298,7 +293,7 @@ static ssize_t poll_reply(tcp_conn *c, int fd, uint8_t *head) {
         errno = EAGAIN;
         return -1;
     }
-    long end = mono_ns() + c->poll_ns;
+    double end = pc_mono_s() + c->poll_s;
     for (;;) {
         ssize_t k = recv(fd, head, HEAD_BYTES, MSG_DONTWAIT);
         if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -306,7 +301,7 @@ static ssize_t poll_reply(tcp_conn *c, int fd, uint8_t *head) {
             atomic_fetch_add_explicit(&c->polled, 1, memory_order_relaxed);
             return k;
         }
-        if (mono_ns() >= end) break;
+        if (pc_mono_s() >= end) break;
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
@@ -325,7 +320,7 @@ static ssize_t poll_reply(tcp_conn *c, int fd, uint8_t *head) {
 static int recv_reply_head(tcp_conn *c, int fd, uint8_t *head) {
     ssize_t k = -1;
     errno = EAGAIN;
-    if (c->poll_ns) k = poll_reply(c, fd, head);
+    if (c->poll_s > 0) k = poll_reply(c, fd, head);
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         atomic_fetch_add_explicit(&c->slept, 1, memory_order_relaxed);
         do k = recv(fd, head, HEAD_BYTES, 0); while (k < 0 && errno == EINTR);

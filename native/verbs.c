@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "verbs.h"
 
 #if defined(__has_include)
@@ -32,12 +33,6 @@
 #define PV_HAVE_DOORBELL 1
 #endif
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------- rails */
 
@@ -219,7 +214,7 @@ int pv_rail_lookup(pv_rail *r, uint64_t addr, uint64_t len, uint32_t *lkey, int3
 
 static uint32_t random_psn(void) {
     uint32_t v = 0;
-    if (getrandom(&v, sizeof v, 0) != sizeof v) v = (uint32_t)(now_s() * 1e6) ^ (uint32_t)getpid();
+    if (getrandom(&v, sizeof v, 0) != sizeof v) v = (uint32_t)(pc_mono_s() * 1e6) ^ (uint32_t)getpid();
     return v & 0xFFFFFF;
 }
 
@@ -414,7 +409,7 @@ static pv_chan *acquire(pv_conn *c, size_t rail, double deadline) {
                 return ch;
             }
         }
-        if (!usable || now_s() > deadline) break;
+        if (!usable || pc_mono_s() > deadline) break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 10 * 1000 * 1000;
@@ -804,7 +799,7 @@ static double expire_runs(batch *b, double t) {
  * still busy are failed after the poll timeout. */
 static void batch_poll(batch *b) {
     uint32_t depth = b->c->lim.sq_depth;
-    double last_progress = now_s(), last_kick = last_progress;
+    double last_progress = pc_mono_s(), last_kick = last_progress;
     unsigned spins = 0;
     for (;;) {
         int pending = 0, progress = 0;
@@ -817,12 +812,12 @@ static void batch_poll(batch *b) {
         }
         if (!pending) break;
         if (progress) {
-            last_progress = now_s();
+            last_progress = pc_mono_s();
             spins = 0;
             continue;
         }
         if (++spins % 256 == 0) {
-            double t = now_s();
+            double t = pc_mono_s();
             if (t - last_progress > PV_KICK_S && t - last_kick > PV_KICK_S) {
                 last_kick = t;
                 kick_stalled(b);
@@ -887,7 +882,7 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
     b.m = batch_check(&b);
     if (!b.m) { rc = err[0] ? -1 : 0; goto out; }
     if (batch_plan(&b) != 0) goto out;
-    b.deadline = now_s() + c->timeout_s;
+    b.deadline = pc_mono_s() + c->timeout_s;
     batch_acquire(&b);
     batch_build(&b);
     batch_poll(&b);
