@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "pc.h"
-#include "server.h"
+#include "server_type.h"
 
 #define ERRLEN 512
 

@@ -1,20 +1,22 @@
 /* tcp data server: range reads served by a few epoll workers, without the GIL.
  *
- * Same wire format and checks as the Python server in
- * peercache/transport/tcp.py: each op must name an exposed region with its
- * key and lie inside it; anything else gets an error status and the server
- * keeps serving. A request without ops, or one whose reply would exceed
- * MAX_REPLY_BYTES, is refused whole and the connection goes on; only a lost
- * framing (bad magic, too many ops) ends the connection, after a refusal
- * that says why.
+ * The wire format is peercache/transport/tcp.py's: each op must name an
+ * exposed region with its key and lie inside it; anything else gets an
+ * error status and the server keeps serving. A request without ops, or one
+ * whose reply would exceed MAX_REPLY_BYTES, is refused whole and the
+ * connection goes on; only a lost framing (bad magic, too many ops) ends the
+ * connection, after a refusal that says why.
  *
- * RegionTable.serve() is one worker: it runs an epoll loop until the stop
- * fd becomes readable. Every worker of one server shares its listening
- * socket (EPOLLEXCLUSIVE: one worker woken per connection) and the table's
- * counters; each owns the connections it accepted. Sockets are
- * non-blocking, so a connection costs a small struct and no thread, and a
- * reply larger than the socket buffer is sent in pieces between the other
- * connections' work. Limits, all counted in the table's stats():
+ * pc_srv_serve() is one worker: it runs an epoll loop until the stop fd
+ * becomes readable. This file is plain C (server.h); its Python type,
+ * peercache._native.RegionTable in server_type.c, holds the table and runs
+ * one worker per RegionTable.serve() call. Every worker of one server
+ * shares its listening socket (EPOLLEXCLUSIVE: one worker woken per
+ * connection) and the table's counters; each owns the connections it
+ * accepted. Sockets are non-blocking, so a connection costs a small struct
+ * and no thread, and a reply larger than the socket buffer is sent in
+ * pieces between the other connections' work. Limits, all counted in the
+ * table's stats():
  *   - a new connection waits for its hello (or, without a token, its first
  *     request) in a budget of its own: at most max_greeting of them per
  *     worker, max_greeting_per_source of them from one address, each for at
@@ -50,11 +52,9 @@
  * A table made with a token serves nothing before a hello that carries it:
  * a request first, or a wrong token, gets a refusal with req_id 0 and the
  * connection is closed. A table without a token admits every connection
- * and ignores a hello. (peercache/transport/tcp.py _Server._greet is the
- * same in Python.)
+ * and ignores a hello.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -77,7 +77,7 @@
 #include "server.h"
 
 #define HEAD_BYTES 20
-#define TOKEN_BYTES 32
+#define TOKEN_BYTES PC_SRV_TOKEN_BYTES
 #define HELLO_VERSION 1
 #define WIRE_OP_BYTES 32
 #define MAX_OPS (1u << 16)
@@ -97,100 +97,25 @@
 /* Tick while a request waits for reply memory. */
 #define WAIT_TICK 0.010
 
-/* Counters of stats(), in this order. */
-enum {
-    ST_ACCEPTED, ST_SERVED, ST_OPS_BAD_REGION, ST_OPS_OUT_OF_RANGE, ST_OPS_ZERO_LENGTH,
-    ST_REQ_BAD_MAGIC, ST_REQ_TOO_MANY_OPS, ST_REQ_NO_OPS, ST_REQ_TOO_LARGE, ST_CONN_OVER_LIMIT,
-    ST_CONN_IDLE, ST_CONN_SLOW, ST_ACCEPT_ERRORS, ST_NOMEM, ST_CONN_NO_TOKEN, ST_CONN_BAD_TOKEN,
-    ST_CONN_HELLO_TIMEOUT, ST_CONN_EVICTED, ST_REPLY_WAITS, ST_REQ_BUSY, N_STATS
-};
-static const char *const stat_names[N_STATS] = {
+const char *const pc_srv_stat_names[PC_SRV_N_STATS] = {
     "accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
     "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
     "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
     "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy",
 };
 
-typedef struct {
-    PyObject_HEAD
-    Py_ssize_t n;
-    uint32_t ids[PC_SHM_MAX_REGIONS];
-    uint64_t rkeys[PC_SHM_MAX_REGIONS];
-    Py_buffer views[PC_SHM_MAX_REGIONS];
-    atomic_ullong refused;
-    atomic_ullong stats[N_STATS];
-    atomic_long nconns;        /* open connections over all workers */
-    atomic_long nserving;      /* of them greeted: counted against max_connections */
-    atomic_long ngreeting;     /* of them waiting for their hello */
-    atomic_llong reserved;     /* bytes of the reply memory taken (buffers + send queues) */
-    atomic_int accept_errno;   /* last accept error */
-    atomic_int accept_failing; /* 1 from an accept error until the next accepted connection */
-    int has_token;             /* connections must open with a hello carrying token */
-    uint8_t token[TOKEN_BYTES];
-} RegionTableObject;
-
-static void RegionTable_dealloc(RegionTableObject *self) {
-    for (Py_ssize_t i = 0; i < self->n; i++) PyBuffer_Release(&self->views[i]);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+void pc_srv_table_init(pc_srv_table *t) {
+    atomic_init(&t->refused, 0);
+    for (int i = 0; i < PC_SRV_N_STATS; i++) atomic_init(&t->stats[i], 0);
+    atomic_init(&t->nconns, 0);
+    atomic_init(&t->nserving, 0);
+    atomic_init(&t->ngreeting, 0);
+    atomic_init(&t->reserved, 0);
+    atomic_init(&t->accept_errno, 0);
+    atomic_init(&t->accept_failing, 0);
 }
 
-static PyObject *RegionTable_new(PyTypeObject *t, PyObject *args, PyObject *kw) {
-    PyObject *regions, *token = Py_None;
-    (void)kw;
-    if (!PyArg_ParseTuple(args, "O|O", &regions, &token)) return NULL;
-    if (token != Py_None && (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) != TOKEN_BYTES))
-        return PyErr_Format(PyExc_ValueError, "the data token must be None or %d bytes", TOKEN_BYTES);
-    PyObject *seq = PySequence_Fast(regions, "regions must be a sequence of (id, rkey, buffer)");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > PC_SHM_MAX_REGIONS) {
-        Py_DECREF(seq);
-        return PyErr_Format(PyExc_ValueError, "%zd regions exceed the %d a server may expose", n,
-                            PC_SHM_MAX_REGIONS);
-    }
-    RegionTableObject *self = (RegionTableObject *)t->tp_alloc(t, 0);
-    if (!self) { Py_DECREF(seq); return NULL; }
-    atomic_init(&self->refused, 0);
-    for (int i = 0; i < N_STATS; i++) atomic_init(&self->stats[i], 0);
-    atomic_init(&self->nconns, 0);
-    atomic_init(&self->nserving, 0);
-    atomic_init(&self->ngreeting, 0);
-    atomic_init(&self->reserved, 0);
-    atomic_init(&self->accept_errno, 0);
-    atomic_init(&self->accept_failing, 0);
-    if (token != Py_None) {
-        self->has_token = 1;
-        memcpy(self->token, PyBytes_AS_STRING(token), TOKEN_BYTES);
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned int id;
-        unsigned long long rkey;
-        PyObject *buf;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IKO", &id, &rkey, &buf) ||
-            PyObject_GetBuffer(buf, &self->views[i], PyBUF_SIMPLE) < 0) {
-            Py_DECREF(seq);
-            Py_DECREF(self);
-            return NULL;
-        }
-        self->ids[i] = id;
-        self->rkeys[i] = rkey;
-        self->n = i + 1;
-    }
-    Py_DECREF(seq);
-    return (PyObject *)self;
-}
-
-static PyObject *RegionTable_get_refused(RegionTableObject *self, void *c) {
-    (void)c;
-    return PyLong_FromUnsignedLongLong(atomic_load(&self->refused));
-}
-
-static PyObject *RegionTable_get_connections(RegionTableObject *self, void *c) {
-    (void)c;
-    return PyLong_FromLong(atomic_load(&self->nconns));
-}
-
-static inline void count(RegionTableObject *t, int which, unsigned long long k) {
+static inline void count(pc_srv_table *t, int which, unsigned long long k) {
     atomic_fetch_add_explicit(&t->stats[which], k, memory_order_relaxed);
 }
 
@@ -199,7 +124,7 @@ static inline void count(RegionTableObject *t, int which, unsigned long long k) 
 /* Status of each of the n wire ops; an iovec (from iov[0]) onto the bytes of
  * each ok one. Returns the count of ok ops; *total: their bytes (saturating);
  * bad[3]: ops refused as bad region/key, out of range, zero length. */
-static size_t check_ops(RegionTableObject *t, const uint8_t *wire, uint32_t n, int32_t *status,
+static size_t check_ops(pc_srv_table *t, const uint8_t *wire, uint32_t n, int32_t *status,
                         struct iovec *iov, uint64_t *total, uint64_t bad[3]) {
     size_t k = 0;
     uint64_t sum = 0;
@@ -211,14 +136,14 @@ static size_t check_ops(RegionTableObject *t, const uint8_t *wire, uint32_t n, i
         memcpy(&rkey, w + 8, 8);
         memcpy(&off, w + 16, 8);
         memcpy(&len, w + 24, 8);
-        Py_ssize_t r = 0;
+        size_t r = 0;
         while (r < t->n && t->ids[r] != region) r++;
         if (r == t->n || t->rkeys[r] != rkey) { status[i] = PC_BAD_REGION; bad[0]++; continue; }
-        uint64_t size = (uint64_t)t->views[r].len;
+        uint64_t size = t->lens[r];
         if (len == 0) { status[i] = PC_ZERO_LENGTH; bad[2]++; continue; }
         if (off > size || len > size - off) { status[i] = PC_OUT_OF_RANGE; bad[1]++; continue; }
         status[i] = PC_OK;
-        iov[k].iov_base = (uint8_t *)t->views[r].buf + off;
+        iov[k].iov_base = t->bufs[r] + off;
         iov[k].iov_len = len;
         sum = sum + len < sum ? UINT64_MAX : sum + len;
         k++;
@@ -227,18 +152,18 @@ static size_t check_ops(RegionTableObject *t, const uint8_t *wire, uint32_t n, i
     return k;
 }
 
-static void count_bad(RegionTableObject *t, const uint64_t bad[3]) {
+static void count_bad(pc_srv_table *t, const uint64_t bad[3]) {
     uint64_t all = bad[0] + bad[1] + bad[2];
     if (!all) return;
     atomic_fetch_add(&t->refused, all);
-    if (bad[0]) count(t, ST_OPS_BAD_REGION, bad[0]);
-    if (bad[1]) count(t, ST_OPS_OUT_OF_RANGE, bad[1]);
-    if (bad[2]) count(t, ST_OPS_ZERO_LENGTH, bad[2]);
+    if (bad[0]) count(t, PC_ST_OPS_BAD_REGION, bad[0]);
+    if (bad[1]) count(t, PC_ST_OPS_OUT_OF_RANGE, bad[1]);
+    if (bad[2]) count(t, PC_ST_OPS_ZERO_LENGTH, bad[2]);
 }
 
 /* What to do with a request header: 0 = read n ops; else the refusal (reason
  * in why) and whether the framing is lost (*fatal). */
-static int check_head(RegionTableObject *t, const uint8_t *head, uint32_t *n, uint64_t *req_id,
+static int check_head(pc_srv_table *t, const uint8_t *head, uint32_t *n, uint64_t *req_id,
                       char *why, size_t whylen, int *fatal) {
     memcpy(n, head + 8, 4);
     memcpy(req_id, head + 12, 8);
@@ -254,28 +179,28 @@ static int check_head(RegionTableObject *t, const uint8_t *head, uint32_t *n, ui
         }
         m[o] = 0;
         snprintf(why, whylen, "bad request magic '%s'; not a PeerCache client?", m);
-        count(t, ST_REQ_BAD_MAGIC, 1);
+        count(t, PC_ST_REQ_BAD_MAGIC, 1);
         *fatal = 1;
         return -1;
     }
     if (*n > MAX_OPS) {
         snprintf(why, whylen, "%u ops in one request exceeds %u; split the batch", *n, MAX_OPS);
-        count(t, ST_REQ_TOO_MANY_OPS, 1);
+        count(t, PC_ST_REQ_TOO_MANY_OPS, 1);
         *fatal = 1;
         return -1;
     }
     if (*n == 0) {
         snprintf(why, whylen, "request carries no ops");
-        count(t, ST_REQ_NO_OPS, 1);
+        count(t, PC_ST_REQ_NO_OPS, 1);
         return -1;
     }
     return 0;
 }
 
-static void too_large(RegionTableObject *t, uint64_t total, char *why, size_t whylen) {
+static void too_large(pc_srv_table *t, uint64_t total, char *why, size_t whylen) {
     snprintf(why, whylen, "request asks for %llu bytes, more than %llu; split the batch",
              (unsigned long long)total, MAX_REPLY_BYTES);
-    count(t, ST_REQ_TOO_LARGE, 1);
+    count(t, PC_ST_REQ_TOO_LARGE, 1);
 }
 
 static void fill_head(uint8_t *h, uint32_t code, uint32_t n, uint64_t req_id) {
@@ -372,7 +297,7 @@ typedef struct conn {
 } conn;
 
 typedef struct worker {
-    RegionTableObject *t;
+    pc_srv_table *t;
     int ep, lfd, stopfd;
     long max_conns;          /* greeted connections, over all workers */
     long max_greet;          /* this worker's connections waiting for their hello */
@@ -484,7 +409,7 @@ static void start_refusal(conn *c, const char *why, int fatal) {
  * token it says nothing until its first request), which redials when it finds it closed. */
 static void drop(worker *w, conn *c, int stat) {
     count(w->t, stat, 1);
-    if (stat != ST_CONN_IDLE) {
+    if (stat != PC_ST_CONN_IDLE) {
         /* A reset, not a FIN: a slow reader's FIN would wait behind its unread reply, which the
          * kernel would keep (an orphan) for as long as the reader takes; and a flood of
          * connections closed for not greeting leaves no TIME_WAIT behind. */
@@ -500,7 +425,7 @@ static int admit(worker *w, conn *c, double now) {
     c->stage = STAGE_SERVING;
     if (atomic_fetch_add(&w->t->nserving, 1) >= w->max_conns) {
         atomic_fetch_sub(&w->t->nserving, 1);
-        count(w->t, ST_CONN_OVER_LIMIT, 1);
+        count(w->t, PC_ST_CONN_OVER_LIMIT, 1);
         c->req_id = 0;
         snprintf(c->why, sizeof c->why, "the data server is at its connection limit (%ld connections); "
                  "retry later, or raise the producer's PEERCACHE_TCP_MAX_CONNECTIONS", w->max_conns);
@@ -521,7 +446,7 @@ static int greet(worker *w, conn *c, double now) {
     memcpy(&len, c->head + 8, 4);
     if (memcmp(c->head, "PCHI", 4) == 0) {
         if (version != HELLO_VERSION || len != TOKEN_BYTES) {
-            count(w->t, ST_CONN_BAD_TOKEN, 1);
+            count(w->t, PC_ST_CONN_BAD_TOKEN, 1);
             atomic_fetch_add(&w->t->refused, 1);
             snprintf(c->why, sizeof c->why, "unsupported hello (version %u, %u-byte token); this data "
                      "server speaks version %d with a %d-byte token", version, len, HELLO_VERSION,
@@ -535,7 +460,7 @@ static int greet(worker *w, conn *c, double now) {
         return -1;
     }
     if (w->t->has_token && memcmp(c->head, "PCRQ", 4) == 0) {
-        count(w->t, ST_CONN_NO_TOKEN, 1);
+        count(w->t, PC_ST_CONN_NO_TOKEN, 1);
         atomic_fetch_add(&w->t->refused, 1);
         c->req_id = 0;
         start_refusal(c, "this data server needs the cluster token: give the consumer the producer's "
@@ -553,7 +478,7 @@ static void on_hello(worker *w, conn *c, double now) {
         unsigned diff = 0;   /* constant time: no early exit on the first wrong byte */
         for (int i = 0; i < TOKEN_BYTES; i++) diff |= (unsigned)(c->tok[i] ^ w->t->token[i]);
         if (diff) {
-            count(w->t, ST_CONN_BAD_TOKEN, 1);
+            count(w->t, PC_ST_CONN_BAD_TOKEN, 1);
             atomic_fetch_add(&w->t->refused, 1);
             c->req_id = 0;
             start_refusal(c, "wrong data token: the consumer's cluster secret is not the producer's "
@@ -569,7 +494,7 @@ static void on_hello(worker *w, conn *c, double now) {
 
 /* Body complete: check the ops and set up the reply. */
 static void start_reply(worker *w, conn *c, double now) {
-    RegionTableObject *t = w->t;
+    pc_srv_table *t = w->t;
     uint64_t total, bad[3] = {0, 0, 0};
     size_t k = check_ops(t, c->b.wire, c->n, c->b.status, c->b.iov + 2, &total, bad);
     count_bad(t, bad);
@@ -600,7 +525,7 @@ static int begin_body(worker *w, conn *c) {
         if (!c->waiting) {
             c->waiting = 1;
             w->nwaiting++;
-            count(w->t, ST_REPLY_WAITS, 1);
+            count(w->t, PC_ST_REPLY_WAITS, 1);
             if (set_events(w, c, 0) < 0) return -1;
         }
         return 1;
@@ -611,7 +536,7 @@ static int begin_body(worker *w, conn *c) {
     }
     if (opbuf_reserve(&c->b, c->n) < 0) {
         mem_give(w, need);
-        count(w->t, ST_NOMEM, 1);
+        count(w->t, PC_ST_NOMEM, 1);
         start_refusal(c, "the data server is out of memory", 1);
         return -1;
     }
@@ -672,7 +597,7 @@ static int conn_run(worker *w, conn *c, double now) {
             if (r == 0) return want(w, c, 1);
             if (c->close_after) return -1;
             if (c->b.mapped) give_buffers(w, c);
-            if (!c->refusal) count(w->t, ST_SERVED, 1);
+            if (!c->refusal) count(w->t, PC_ST_SERVED, 1);
             c->state = C_HEAD;
             c->got = 0;
             c->deadline = now + w->idle_s;
@@ -730,9 +655,9 @@ static void greet_caps(worker *w, conn *c) {
         same++;
     }
     if (same > w->max_greet_src && oldest_same && oldest_same != c) {
-        drop(w, oldest_same, ST_CONN_EVICTED);
+        drop(w, oldest_same, PC_ST_CONN_EVICTED);
     } else if (w->ngreet > w->max_greet && w->ghead && w->ghead != c) {
-        drop(w, w->ghead, ST_CONN_EVICTED);
+        drop(w, w->ghead, PC_ST_CONN_EVICTED);
     }
 }
 
@@ -747,7 +672,7 @@ static void set_source(conn *c, const struct sockaddr_storage *ss) {
 }
 
 static void do_accept(worker *w, double now) {
-    RegionTableObject *t = w->t;
+    pc_srv_table *t = w->t;
     for (int i = 0; i < ACCEPT_BURST; i++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
@@ -761,7 +686,7 @@ static void do_accept(worker *w, double now) {
                 e == EOPNOTSUPP || e == ENETUNREACH)
                 continue;
             /* out of fds or memory: stop polling the listener for a while, never for good */
-            count(t, ST_ACCEPT_ERRORS, 1);
+            count(t, PC_ST_ACCEPT_ERRORS, 1);
             atomic_store(&t->accept_errno, e);
             atomic_store(&t->accept_failing, 1);
             epoll_ctl(w->ep, EPOLL_CTL_DEL, w->lfd, NULL);
@@ -782,7 +707,7 @@ static void do_accept(worker *w, double now) {
         conn *c = calloc(1, sizeof *c);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (!c || epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            count(t, ST_NOMEM, 1);
+            count(t, PC_ST_NOMEM, 1);
             free(c);
             close(fd);
             continue;
@@ -805,7 +730,7 @@ static void do_accept(worker *w, double now) {
         w->gtail = c;
         w->ngreet++;
         atomic_fetch_add(&t->ngreeting, 1);
-        count(t, ST_ACCEPTED, 1);
+        count(t, PC_ST_ACCEPTED, 1);
         /* A client sends its hello as it connects: it is usually here already. */
         if (conn_run(w, c, now) < 0) {
             conn_close(w, c);
@@ -826,7 +751,7 @@ static int listen_on(worker *w) {
 static void refuse_busy(worker *w, conn *c, double now) {
     c->waiting = 0;
     w->nwaiting--;
-    count(w->t, ST_REQ_BUSY, 1);
+    count(w->t, PC_ST_REQ_BUSY, 1);
     atomic_fetch_add(&w->t->refused, 1);
     snprintf(c->why, sizeof c->why, "the data server's reply memory (%lld MiB) stayed taken for %.0f s; "
              "retry later, or raise the producer's PEERCACHE_TCP_REPLY_MEMORY", w->mem_cap >> 20,
@@ -846,7 +771,7 @@ static void tick(worker *w, double now) {
                 mem_give(w, c->qcap);
                 c->hq = 0;
             } else if (now >= c->drain_by) {   /* a reader that does not read its reply's tail */
-                drop(w, c, ST_CONN_SLOW);
+                drop(w, c, PC_ST_CONN_SLOW);
                 continue;
             }
         }
@@ -855,7 +780,7 @@ static void tick(worker *w, double now) {
             refuse_busy(w, c, now);
             continue;
         }
-        drop(w, c, c->stage == STAGE_GREETING ? ST_CONN_HELLO_TIMEOUT : idle ? ST_CONN_IDLE : ST_CONN_SLOW);
+        drop(w, c, c->stage == STAGE_GREETING ? PC_ST_CONN_HELLO_TIMEOUT : idle ? PC_ST_CONN_IDLE : PC_ST_CONN_SLOW);
     }
     for (conn *c = w->conns, *next; c && w->nwaiting; c = next) {
         next = c->next;
@@ -865,31 +790,23 @@ static void tick(worker *w, double now) {
     }
 }
 
-/* RegionTable.serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout,
- *                   hello_timeout, max_greeting, max_greeting_per_source, reply_memory, send_buffer) */
-static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
-    worker w = {.t = t, .backoff = BACKOFF_MIN};
-    if (!PyArg_ParseTuple(args, "iildddllLi", &w.lfd, &w.stopfd, &w.max_conns, &w.idle_s, &w.request_s,
-                          &w.hello_s, &w.max_greet, &w.max_greet_src, &w.mem_cap, &w.sndbuf))
-        return NULL;
-    if (w.max_conns < 1 || !(w.idle_s > 0) || !(w.request_s > 0) || !(w.hello_s > 0) || w.max_greet < 1 ||
-        w.max_greet_src < 1 || w.mem_cap < 1 || w.sndbuf < 0)
-        return PyErr_Format(PyExc_ValueError, "max_connections, idle_timeout, request_timeout, hello_timeout, "
-                            "max_greeting, max_greeting_per_source and reply_memory must be positive, "
-                            "send_buffer not negative");
+int pc_srv_serve(pc_srv_table *t, const pc_srv_config *cfg) {
+    worker w = {.t = t, .lfd = cfg->listen_fd, .stopfd = cfg->stop_fd, .max_conns = cfg->max_conns,
+                .idle_s = cfg->idle_s, .request_s = cfg->request_s, .hello_s = cfg->hello_s,
+                .max_greet = cfg->max_greet, .max_greet_src = cfg->max_greet_src, .mem_cap = cfg->mem_cap,
+                .sndbuf = cfg->sndbuf, .backoff = BACKOFF_MIN};
     double least = w.idle_s < w.request_s ? w.idle_s : w.request_s;
     least = least < w.hello_s ? least : w.hello_s;
     w.tick_s = least / 8 < 0.005 ? 0.005 : (least / 8 > 0.25 ? 0.25 : least / 8);
     w.ep = epoll_create1(EPOLL_CLOEXEC);
-    if (w.ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (w.ep < 0) return -1;
     struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &STOP_TAG};
     if (epoll_ctl(w.ep, EPOLL_CTL_ADD, w.stopfd, &sev) < 0 || listen_on(&w) < 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
+        int e = errno;
         close(w.ep);
-        return NULL;
+        errno = e;
+        return -1;
     }
-    Py_INCREF(t);
-    Py_BEGIN_ALLOW_THREADS
     struct epoll_event evs[EVENTS];
     double now = pc_mono_s(), next_tick = now + w.tick_s;
     for (int stop = 0; !stop;) {
@@ -921,67 +838,6 @@ static PyObject *RegionTable_serve(RegionTableObject *t, PyObject *args) {
     }
     while (w.conns) conn_close(&w, w.conns);
     close(w.ep);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(t);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-static PyObject *RegionTable_stats(RegionTableObject *t, PyObject *unused) {
-    (void)unused;
-    PyObject *d = PyDict_New();
-    if (!d) return NULL;
-    for (int i = 0; i < N_STATS; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(atomic_load(&t->stats[i]));
-        if (!v || PyDict_SetItemString(d, stat_names[i], v) < 0) { Py_XDECREF(v); Py_DECREF(d); return NULL; }
-        Py_DECREF(v);
-    }
-    struct { const char *name; PyObject *v; } more[] = {
-        {"connections", PyLong_FromLong(atomic_load(&t->nconns))},
-        {"serving", PyLong_FromLong(atomic_load(&t->nserving))},
-        {"greeting", PyLong_FromLong(atomic_load(&t->ngreeting))},
-        {"reply_memory", PyLong_FromLongLong(atomic_load(&t->reserved))},
-        {"accept_errno", PyLong_FromLong(atomic_load(&t->accept_errno))},
-        {"accept_failing", PyBool_FromLong(atomic_load(&t->accept_failing))},
-    };
-    int bad = 0;
-    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
-        bad |= !more[i].v || PyDict_SetItemString(d, more[i].name, more[i].v) < 0;
-        Py_XDECREF(more[i].v);
-    }
-    if (bad) { Py_DECREF(d); return NULL; }
-    return d;
-}
-
-static PyMethodDef RegionTable_methods[] = {
-    {"serve", (PyCFunction)RegionTable_serve, METH_VARARGS,
-     "serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout, hello_timeout, "
-     "max_greeting, max_greeting_per_source, reply_memory, send_buffer): one worker of the data "
-     "server; accepts on the non-blocking listen_fd (shared by all workers) and serves its "
-     "connections without the GIL until stop_fd becomes readable, then closes them. max_greeting "
-     "and max_greeting_per_source are this worker's; max_connections and reply_memory are the "
-     "table's (all workers)."},
-    {"stats", (PyCFunction)RegionTable_stats, METH_NOARGS,
-     "stats() -> dict of the counters of every worker of this table (accepted, served, refusals "
-     "by kind, connections closed idle or slow, accept errors) and its state now (connections "
-     "open, serving and greeting, reply memory taken, accept failing)."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef RegionTable_getset[] = {
-    {"refused", (getter)RegionTable_get_refused, NULL, "Ops and requests refused so far.", NULL},
-    {"connections", (getter)RegionTable_get_connections, NULL, "Connections open now.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-PyTypeObject pc_RegionTableType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "peercache._native.RegionTable",
-    .tp_basicsize = sizeof(RegionTableObject),
-    .tp_dealloc = (destructor)RegionTable_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RegionTable([(id, rkey, buffer), ...], token=None): what a native data server may serve, "
-              "and the 32-byte token a connection's hello must carry (None: no hello needed).",
-    .tp_new = RegionTable_new,
-    .tp_methods = RegionTable_methods,
-    .tp_getset = RegionTable_getset,
-};
