@@ -104,6 +104,25 @@ static ent **find(shard *s, uint64_t h, const uint8_t *key, size_t klen) {
     return NULL;
 }
 
+/* Locks the shard of key and finds it there: its link, or NULL; *sp: the shard (locked), *hp: the hash. */
+static ent **lock_find(pc_map *m, const uint8_t *key, size_t klen, shard **sp, uint64_t *hp) {
+    uint64_t h = hash_bytes(key, klen);
+    shard *s = shard_of(m, h);
+    pthread_mutex_lock(&s->mu);
+    *sp = s;
+    *hp = h;
+    return find(s, h, key, klen);
+}
+
+/* Unlinks and frees the entry *pp of s (under its lock). */
+static void unlink_ent(pc_map *m, shard *s, ent **pp) {
+    ent *e = *pp;
+    *pp = e->next;
+    free(e);
+    s->count--;
+    atomic_fetch_sub(&m->total, 1);
+}
+
 static void grow(shard *s) {
     size_t nb = s->nbuckets * 2;
     ent **nbk = calloc(nb, sizeof(ent *));
@@ -124,11 +143,10 @@ static void grow(shard *s) {
 }
 
 int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out, uint64_t *want) {
-    uint64_t h = hash_bytes(key, klen);
-    shard *s = shard_of(m, h);
     int found = 0;
-    pthread_mutex_lock(&s->mu);
-    ent **pp = find(s, h, key, klen);
+    shard *s;
+    uint64_t h;
+    ent **pp = lock_find(m, key, klen, &s, &h);
     if (pp) {
         ent *e = *pp;
         if (e->expiry > now) {
@@ -136,10 +154,7 @@ int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *o
             if (want) *want = e->want;
             found = 1;
         } else {
-            *pp = e->next;
-            free(e);
-            s->count--;
-            atomic_fetch_sub(&m->total, 1);
+            unlink_ent(m, s, pp);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -148,10 +163,9 @@ int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *o
 }
 
 int pc_map_put(pc_map *m, const uint8_t *key, size_t klen, const pc_loc *loc, double expiry) {
-    uint64_t h = hash_bytes(key, klen);
-    shard *s = shard_of(m, h);
-    pthread_mutex_lock(&s->mu);
-    ent **pp = find(s, h, key, klen);
+    shard *s;
+    uint64_t h;
+    ent **pp = lock_find(m, key, klen, &s, &h);
     if (pp) {
         (*pp)->loc = *loc;
         (*pp)->expiry = expiry;
@@ -173,17 +187,12 @@ int pc_map_put(pc_map *m, const uint8_t *key, size_t klen, const pc_loc *loc, do
 }
 
 int pc_map_del(pc_map *m, const uint8_t *key, size_t klen) {
-    uint64_t h = hash_bytes(key, klen);
-    shard *s = shard_of(m, h);
     int removed = 0;
-    pthread_mutex_lock(&s->mu);
-    ent **pp = find(s, h, key, klen);
+    shard *s;
+    uint64_t h;
+    ent **pp = lock_find(m, key, klen, &s, &h);
     if (pp) {
-        ent *e = *pp;
-        *pp = e->next;
-        free(e);
-        s->count--;
-        atomic_fetch_sub(&m->total, 1);
+        unlink_ent(m, s, pp);
         removed = 1;
     }
     pthread_mutex_unlock(&s->mu);
@@ -198,15 +207,11 @@ size_t pc_map_drop_node(pc_map *m, uint32_t node) {
         for (size_t b = 0; b < s->nbuckets; b++) {
             ent **pp = &s->buckets[b];
             while (*pp) {
-                ent *e = *pp;
-                if (e->loc.node == node) {
-                    *pp = e->next;
-                    free(e);
-                    s->count--;
-                    atomic_fetch_sub(&m->total, 1);
+                if ((*pp)->loc.node == node) {
+                    unlink_ent(m, s, pp);
                     n++;
                 } else {
-                    pp = &e->next;
+                    pp = &(*pp)->next;
                 }
             }
         }

@@ -223,24 +223,35 @@ static int need_conn(ChannelsObject *self) {
     return -1;
 }
 
-static PyObject *Channels_local_info(ChannelsObject *self, PyObject *unused) {
-    (void)unused;
+/* A dict about channel k of rail r of c (a new reference), or NULL with an exception set. */
+typedef PyObject *(*chan_info_fn)(pv_conn *c, size_t r, uint32_t k, pv_chan *ch);
+
+/* [fn(rail, channel) for every rail, for every channel of it] of these channels. */
+static PyObject *chan_list(ChannelsObject *self, chan_info_fn fn) {
     if (need_conn(self) < 0) return NULL;
     pv_conn *c = self->c;
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (size_t r = 0; r < c->nrails; r++)
         for (uint32_t k = 0; k < c->nchan; k++) {
-            pv_chan *ch = &c->chans[r * c->nchan + k];
-            pv_rail *rl = c->rails[r];
-            PyObject *d = Py_BuildValue("{s:n,s:I,s:I,s:I,s:y#,s:i,s:i,s:i}", "rail", (Py_ssize_t)r,
-                                        "channel", k, "qpn", ch->qp->qp_num, "psn", ch->psn, "gid",
-                                        (const char *)rl->gid.raw, (Py_ssize_t)16, "lid", (int)c->lid[r],
-                                        "mtu", c->mtu[r], "rd_atom", rl->dev.max_qp_rd_atom);
+            PyObject *d = fn(c, r, k, &c->chans[r * c->nchan + k]);
             if (!d || PyList_Append(out, d) < 0) { Py_XDECREF(d); Py_DECREF(out); return NULL; }
             Py_DECREF(d);
         }
     return out;
+}
+
+static PyObject *chan_local_info(pv_conn *c, size_t r, uint32_t k, pv_chan *ch) {
+    pv_rail *rl = c->rails[r];
+    return Py_BuildValue("{s:n,s:I,s:I,s:I,s:y#,s:i,s:i,s:i}", "rail", (Py_ssize_t)r,
+                         "channel", k, "qpn", ch->qp->qp_num, "psn", ch->psn, "gid",
+                         (const char *)rl->gid.raw, (Py_ssize_t)16, "lid", (int)c->lid[r],
+                         "mtu", c->mtu[r], "rd_atom", rl->dev.max_qp_rd_atom);
+}
+
+static PyObject *Channels_local_info(ChannelsObject *self, PyObject *unused) {
+    (void)unused;
+    return chan_list(self, chan_local_info);
 }
 
 static int dict_int(PyObject *d, const char *k, long long *out) {
@@ -350,40 +361,30 @@ static PyObject *Channels_limits(ChannelsObject *self, PyObject *unused) {
                          "cadence", pv_signal_cadence(l), "chain_length", pv_chain_length(l));
 }
 
+static PyObject *chan_qp_info(pv_conn *c, size_t r, uint32_t k, pv_chan *ch) {
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    memset(&a, 0, sizeof a);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ibv_query_qp(ch->qp, &a, IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                      IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_TIMEOUT |
+                      IBV_QP_RETRY_CNT | IBV_QP_CAP, &ia);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_Format(PyExc_OSError, "ibv_query_qp on %s: %s", c->rails[r]->name, strerror(rc));
+    int bytes = a.path_mtu >= IBV_MTU_256 && a.path_mtu <= IBV_MTU_4096 ? 128 << a.path_mtu : 0;
+    return Py_BuildValue(
+        "{s:n,s:I,s:s,s:I,s:I,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I}", "rail", (Py_ssize_t)r, "channel", k,
+        "device", c->rails[r]->name, "qpn", ch->qp->qp_num, "dest_qpn", a.dest_qp_num,
+        "state", (int)a.qp_state, "path_mtu", (int)a.path_mtu, "path_mtu_bytes", bytes,
+        "port_mtu", c->mtu[r], "max_rd_atomic", (int)a.max_rd_atomic,
+        "max_dest_rd_atomic", (int)a.max_dest_rd_atomic, "timeout", (int)a.timeout,
+        "max_send_wr", a.cap.max_send_wr);
+}
+
 static PyObject *Channels_qp_info(ChannelsObject *self, PyObject *unused) {
     (void)unused;
-    if (need_conn(self) < 0) return NULL;
-    pv_conn *c = self->c;
-    PyObject *out = PyList_New(0);
-    if (!out) return NULL;
-    for (size_t r = 0; r < c->nrails; r++)
-        for (uint32_t k = 0; k < c->nchan; k++) {
-            pv_chan *ch = &c->chans[r * c->nchan + k];
-            struct ibv_qp_attr a;
-            struct ibv_qp_init_attr ia;
-            memset(&a, 0, sizeof a);
-            int rc;
-            Py_BEGIN_ALLOW_THREADS
-            rc = ibv_query_qp(ch->qp, &a, IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                              IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_TIMEOUT |
-                              IBV_QP_RETRY_CNT | IBV_QP_CAP, &ia);
-            Py_END_ALLOW_THREADS
-            if (rc != 0) {
-                Py_DECREF(out);
-                return PyErr_Format(PyExc_OSError, "ibv_query_qp on %s: %s", c->rails[r]->name, strerror(rc));
-            }
-            int bytes = a.path_mtu >= IBV_MTU_256 && a.path_mtu <= IBV_MTU_4096 ? 128 << a.path_mtu : 0;
-            PyObject *d = Py_BuildValue(
-                "{s:n,s:I,s:s,s:I,s:I,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I}", "rail", (Py_ssize_t)r, "channel", k,
-                "device", c->rails[r]->name, "qpn", ch->qp->qp_num, "dest_qpn", a.dest_qp_num,
-                "state", (int)a.qp_state, "path_mtu", (int)a.path_mtu, "path_mtu_bytes", bytes,
-                "port_mtu", c->mtu[r], "max_rd_atomic", (int)a.max_rd_atomic,
-                "max_dest_rd_atomic", (int)a.max_dest_rd_atomic, "timeout", (int)a.timeout,
-                "max_send_wr", a.cap.max_send_wr);
-            if (!d || PyList_Append(out, d) < 0) { Py_XDECREF(d); Py_DECREF(out); return NULL; }
-            Py_DECREF(d);
-        }
-    return out;
+    return chan_list(self, chan_qp_info);
 }
 
 static void handoff_destroy(PyObject *cap) {
