@@ -1,11 +1,11 @@
-"""Seeded, bounded fuzzing of the tcp data server (native event loop and Python fallback).
+"""Seeded, bounded fuzzing of the tcp data server (the native event loop, native/server.c).
 
 Random bytes, truncated and mutated requests, absurd op counts and lengths, offsets near 2^64,
 wrong region keys and well-formed requests with random fields go to a server in a child
 process, while a legitimate client keeps reading and checking real bytes. The server must stay
 up, answer every well-formed request exactly as the reference model says, and give back the
 memory and file descriptors the fuzzing took. Bounded by count and by time (FUZZ_BUDGET_S per
-server kind); the seed is fixed, so a failure replays.
+run); the seed is fixed, so a failure replays.
 """
 from __future__ import annotations
 
@@ -16,15 +16,18 @@ import time
 import pytest
 
 from peercache.auth import data_token
-from peercache.transport.base import Status
+from peercache.transport.base import Status, native_module
 from peercache.transport.tcp import HEAD, HELLO_MAGIC, MAX_OPS, MAX_REPLY_BYTES, REQ_MAGIC, hello
 
 from conftest import scaled
-from test_hardening_dataserver import (KINDS, OTHER, REGION, RKEY, SECRET, SIZE, DataServer, Reader,
+from test_hardening_dataserver import (OTHER, REGION, RKEY, SECRET, SIZE, DataServer, Reader,
                                        pattern, read_reply, wire_req)
 
+_mod, _why = native_module()
+pytestmark = pytest.mark.skipif(_mod is None, reason=str(_why))
+
 SEED = 20240611
-#: Seconds of fuzzing per server kind, and the case counts that bound it first.
+#: Seconds of fuzzing per run, and the case counts that bound it first.
 FUZZ_BUDGET_S = 12.0
 JUNK_CASES = 15000       # one connection each: random / truncated / mutated / absurd requests
 GOOD_ROUNDS = 1500       # pipelined groups of well-formed requests with random fields
@@ -135,10 +138,9 @@ def drain_to_eof(s: socket.socket, limit_s: float) -> None:
 
 
 @pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "token"])
-@pytest.mark.parametrize("native", KINDS)
-def test_fuzz_data_server(native, secret):
+def test_fuzz_data_server(secret):
     rng = random.Random(SEED)
-    srv = DataServer(native, {"request_timeout": 2.0, "idle_timeout": 30.0}, max_s=120, secret=secret)
+    srv = DataServer({"request_timeout": 2.0, "idle_timeout": 30.0}, max_s=120, secret=secret)
     reader = Reader(srv.port, channels=2, secret=secret)
     opening = hello(data_token(secret)) if secret else b""
     # the token runs fuzz half as long: the open runs already cover the request paths
@@ -228,7 +230,7 @@ def test_fuzz_data_server(native, secret):
         while srv.fds() > fds0 + 2 and time.monotonic() < end:
             time.sleep(0.05)
         fds1, rss1 = srv.fds(), srv.rss_kib()
-        print(f"fuzz {'native' if native else 'python'}{' with a token' if secret else ''}: {n_junk} junk connections, {n_good} random "
+        print(f"fuzz{' with a token' if secret else ''}: {n_junk} junk connections, {n_good} random "
               f"well-formed requests, {n_checks} legitimate reads checked in {elapsed:.1f} s; "
               f"fds {fds0} -> {fds1}, VmRSS {rss0} -> {rss1} KiB")
         assert fds1 <= fds0 + 2, (fds0, fds1)

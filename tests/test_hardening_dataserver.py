@@ -41,7 +41,7 @@ from peercache.transport.tcp import TcpTransport
 cfg = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 region = (np.arange(cfg["size"]) % 251).astype(np.uint8)
-t = TcpTransport(native_server=cfg["native"], **cfg["opts"])
+t = TcpTransport(**cfg["opts"])
 if cfg.get("secret"):
     from peercache.auth import Credentials
     t.use_credentials(Credentials.of(bytes.fromhex(cfg["secret"])))
@@ -56,9 +56,8 @@ print("closed", flush=True)
 """
 
 mod, _why = native_module()
-#: The two data servers: the native event loop and the pure-Python fallback.
-KINDS = [pytest.param(True, id="native", marks=pytest.mark.skipif(mod is None, reason=str(_why))),
-         pytest.param(False, id="python")]
+#: The data server is the native event loop (native/server.c): without the module nothing here runs.
+pytestmark = pytest.mark.skipif(mod is None, reason=str(_why))
 
 
 def pattern(off: int, ln: int) -> bytes:
@@ -69,10 +68,10 @@ def pattern(off: int, ln: int) -> bytes:
 class DataServer:
     """A TcpTransport data server in a child process; its log goes to a file."""
 
-    def __init__(self, native: bool, opts: dict | None = None, nofile: int | None = None,
+    def __init__(self, opts: dict | None = None, nofile: int | None = None,
                  max_s: float = 120.0, secret: bytes | None = None):
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="dataserver-", suffix=".log")
-        cfg = {"native": native, "opts": opts or {}, "size": SIZE, "region": REGION, "rkey": RKEY,
+        cfg = {"opts": opts or {}, "size": SIZE, "region": REGION, "rkey": RKEY,
                "max_s": max_s, "secret": secret.hex() if secret else None}
 
         def limits():
@@ -133,11 +132,11 @@ class DataServer:
 
 @pytest.fixture
 def servers():
-    """Start DataServers with ``servers(native, opts)``; all are killed at teardown."""
+    """Start DataServers with ``servers(opts)``; all are killed at teardown."""
     started: list[DataServer] = []
 
-    def start(native: bool, opts: dict | None = None, **kw) -> DataServer:
-        s = DataServer(native, opts, **kw)
+    def start(opts: dict | None = None, **kw) -> DataServer:
+        s = DataServer(opts, **kw)
         started.append(s)
         return s
 
@@ -192,12 +191,11 @@ def closed_within(s: socket.socket, seconds: float) -> bool:
 
 
 class Reader:
-    """A legitimate client (native client when built, else the Python one) that checks the bytes."""
+    """A legitimate client (the native one, or with ``native=False`` the Python one) that checks the bytes."""
 
-    def __init__(self, port: int, native: bool | None = None, channels: int = 1, io_timeout: float = 3.0,
+    def __init__(self, port: int, native: bool = True, channels: int = 1, io_timeout: float = 3.0,
                  secret: bytes | None = None):
-        use_native = (mod is not None) if native is None else native
-        cls = NativeTcpTransport if use_native else TcpTransport
+        cls = NativeTcpTransport if native else TcpTransport
         self.t = cls(max_channels=channels, io_timeout=io_timeout)
         if secret:
             self.t.use_credentials(Credentials.of(secret))
@@ -214,7 +212,7 @@ class Reader:
         self.t.close()
 
 
-def read_ok(port: int, native: bool | None = None, within: float = 0.0) -> bool:
+def read_ok(port: int, native: bool = True, within: float = 0.0) -> bool:
     """A fresh client's read succeeds (retried until ``within`` seconds passed)."""
     end = time.monotonic() + within
     while True:
@@ -234,9 +232,8 @@ def read_ok(port: int, native: bool | None = None, within: float = 0.0) -> bool:
 # ------------------------------------------------------------------------------ defect 1
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_zero_op_request_is_refused_and_the_server_lives(servers, native):
-    srv = servers(native)
+def test_zero_op_request_is_refused_and_the_server_lives(servers):
+    srv = servers()
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         s.sendall(wire_req(7, n=0))
         try:
@@ -266,12 +263,11 @@ def test_zero_op_request_is_refused_and_the_server_lives(servers, native):
 PATIENT = {"hello_timeout": 60.0, "max_greeting": 4096, "max_greeting_per_source": 4096}
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_accept_keeps_going_after_running_out_of_fds(servers, native):
+def test_accept_keeps_going_after_running_out_of_fds(servers):
     """Under RLIMIT_NOFILE 1024, 1100 connections then closing them: the server accepts again.
     (Connections that never say hello are let wait here as long and as many as they like, so that
     they run the server out of fds; by default they are few and brief: see the flood tests.)"""
-    srv = servers(native, PATIENT, nofile=1024)
+    srv = servers(PATIENT, nofile=1024)
     assert read_ok(srv.port)
     socks, failures = [], 0
     deadline = time.monotonic() + scaled(30)
@@ -299,9 +295,8 @@ def test_accept_keeps_going_after_running_out_of_fds(servers, native):
 # ------------------------------------------------------------------------------ defect 3
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_idle_connections_do_not_take_a_thread_each(servers, native):
-    srv = servers(native, PATIENT)
+def test_idle_connections_do_not_take_a_thread_each(servers):
+    srv = servers(PATIENT)
     threads0, rss0 = srv.threads(), srv.rss_kib()
     socks = []
     try:
@@ -320,9 +315,8 @@ def test_idle_connections_do_not_take_a_thread_each(servers, native):
             s.close()
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_idle_connection_is_closed_after_the_idle_timeout(servers, native):
-    srv = servers(native, {"idle_timeout": 0.5})
+def test_idle_connection_is_closed_after_the_idle_timeout(servers):
+    srv = servers({"idle_timeout": 0.5})
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as idle, \
             socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as busy:
         t0 = time.monotonic()
@@ -334,7 +328,7 @@ def test_idle_connection_is_closed_after_the_idle_timeout(servers, native):
         assert closed_within(idle, scaled(3))
         assert 0.4 < time.monotonic() - t0 < scaled(4)
     # clients whose pooled channel was closed while idle reconnect on their own
-    for nat in ([True, False] if mod is not None else [False]):
+    for nat in (True, False):
         r = Reader(srv.port, native=nat)
         try:
             assert r.read()
@@ -344,9 +338,8 @@ def test_idle_connection_is_closed_after_the_idle_timeout(servers, native):
             r.close()
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_slowloris_is_dropped_after_the_request_deadline(servers, native):
-    srv = servers(native, {"request_timeout": 1.0, "idle_timeout": 30.0})
+def test_slowloris_is_dropped_after_the_request_deadline(servers):
+    srv = servers({"request_timeout": 1.0, "idle_timeout": 30.0})
     reader = Reader(srv.port)
     req = wire_req(1, [(REGION, RKEY, 0, 8)])
     try:
@@ -389,9 +382,8 @@ def test_slowloris_is_dropped_after_the_request_deadline(servers, native):
 _COUNT = re.compile(r"(\d+) ops with a bad region or key")
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_bad_key_flood_logs_a_few_counted_lines(servers, native):
-    srv = servers(native)
+def test_bad_key_flood_logs_a_few_counted_lines(servers):
+    srv = servers()
     n, per = 20000, 500
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(5)) as s:
@@ -408,11 +400,10 @@ def test_bad_key_flood_logs_a_few_counted_lines(servers, native):
     assert sum(int(m) for ln in lines for m in _COUNT.findall(ln)) == n, lines
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_connections_over_the_maximum_are_refused(servers, native):
+def test_connections_over_the_maximum_are_refused(servers):
     """max_connections counts greeted connections (here: those that sent a first request, the
     server having no secret); one more is told so, and closed."""
-    srv = servers(native, {"max_connections": 4})
+    srv = servers({"max_connections": 4})
     reader = Reader(srv.port)       # one channel
     extra = []
     try:
@@ -444,9 +435,8 @@ def test_connections_over_the_maximum_are_refused(servers, native):
     assert lines and len(lines) <= 2 and "5 connections" in lines[0], lines
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_known_refusals_still_disclose_nothing(servers, native):
-    srv = servers(native)
+def test_known_refusals_still_disclose_nothing(servers):
+    srv = servers()
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         cases = [((REGION, RKEY ^ 2, 0, 8), Status.BAD_REGION), ((REGION + 1, RKEY, 0, 8), Status.BAD_REGION),
                  ((REGION, RKEY, SIZE - 4, 8), Status.OUT_OF_RANGE), ((REGION, RKEY, SIZE + 1, 1), Status.OUT_OF_RANGE),
@@ -469,8 +459,8 @@ def test_known_refusals_still_disclose_nothing(servers, native):
 
 SECRET = b"correct horse battery staple 42"
 OTHER = b"an entirely different secret 99"
-#: The clients: the native one (when built) and the pure-Python one.
-CLIENTS = [pytest.param(True, id="native-client", marks=pytest.mark.skipif(mod is None, reason=str(_why))),
+#: The clients: the native one and the pure-Python one.
+CLIENTS = [pytest.param(True, id="native-client"),
            pytest.param(False, id="python-client")]
 
 
@@ -483,9 +473,8 @@ def refused_connection(s: socket.socket) -> str:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-@pytest.mark.parametrize("native", KINDS)
-def test_with_a_secret_only_a_client_holding_it_reads(servers, native, client):
-    srv = servers(native, secret=SECRET)
+def test_with_a_secret_only_a_client_holding_it_reads(servers, client):
+    srv = servers(secret=SECRET)
     ok = Reader(srv.port, client, secret=SECRET)
     try:
         assert ok.read() and ok.read(0, 100)
@@ -508,9 +497,8 @@ def test_with_a_secret_only_a_client_holding_it_reads(servers, native, client):
     assert "connections with a wrong data token" in log
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_a_request_or_a_wrong_hello_first_is_refused_and_closed(servers, native):
-    srv = servers(native, secret=SECRET)
+def test_a_request_or_a_wrong_hello_first_is_refused_and_closed(servers):
+    srv = servers(secret=SECRET)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         s.sendall(wire_req(7, [(REGION, RKEY, 0, 64)]))
         assert "needs the cluster token" in refused_connection(s)
@@ -531,9 +519,8 @@ def test_a_request_or_a_wrong_hello_first_is_refused_and_closed(servers, native)
     assert srv.alive()
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_a_hello_split_byte_by_byte_is_admitted(servers, native):
-    srv = servers(native, secret=SECRET)
+def test_a_hello_split_byte_by_byte_is_admitted(servers):
+    srv = servers(secret=SECRET)
     msg = hello(data_token(SECRET)) + wire_req(5, [(REGION, RKEY, 0, 16)])
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -544,9 +531,8 @@ def test_a_hello_split_byte_by_byte_is_admitted(servers, native):
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-@pytest.mark.parametrize("native", KINDS)
-def test_a_server_without_a_secret_admits_a_hello(servers, native, client):
-    srv = servers(native)
+def test_a_server_without_a_secret_admits_a_hello(servers, client):
+    srv = servers()
     r = Reader(srv.port, client, secret=SECRET)
     try:
         assert r.read()
@@ -572,7 +558,7 @@ def test_a_node_with_a_secret_serves_its_pool_only_to_token_holders(port):
 
 
 # ------------------------------------------------------------------------------ a flood without the secret
-# (the defect: 1,100 idle connections without the secret kept a drive holding it out)
+# (issue 25, finding 2: 1,100 idle connections without the secret kept a drive holding it out)
 
 def _flood(port: int, n: int, seconds: float, source: str | None = None) -> list[socket.socket]:
     """Up to ``n`` connections that never send a byte, opened within ``seconds`` (bounded)."""
@@ -604,12 +590,11 @@ def _still_open(socks: list[socket.socket]) -> int:
     return n
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_a_flood_without_the_secret_does_not_keep_a_token_holder_out(servers, native):
+def test_a_flood_without_the_secret_does_not_keep_a_token_holder_out(servers):
     """1,100 connections that never say hello, held open, from the same address as the real client:
     they wait in a small budget of their own (the oldest closed first, each for 2 s at most), so a
     client holding the secret is served all through, and the server's fds stay few."""
-    srv = servers(native, secret=SECRET)
+    srv = servers(secret=SECRET)
     fds0 = srv.fds()
     flood: list[socket.socket] = []
     served = []
@@ -650,11 +635,10 @@ def closed_within_all(socks: list[socket.socket], seconds: float) -> bool:
     return _still_open(socks) == 0
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_one_address_flooding_cannot_push_out_another_addresss_waiting_connections(servers, native):
+def test_one_address_flooding_cannot_push_out_another_addresss_waiting_connections(servers):
     """Per source address at most max_greeting_per_source connections wait for their hello: a flood
     from 127.0.0.2 closes its own oldest, never the few that 127.0.0.3 keeps waiting."""
-    srv = servers(native, {"max_greeting": 64, "max_greeting_per_source": 8, "hello_timeout": 20.0,
+    srv = servers({"max_greeting": 64, "max_greeting_per_source": 8, "hello_timeout": 20.0,
                            "server_workers": 1}, secret=SECRET)
     quiet = _flood(srv.port, 6, scaled(5), source="127.0.0.3")
     loud = _flood(srv.port, 200, scaled(10), source="127.0.0.2")
@@ -673,9 +657,8 @@ def test_one_address_flooding_cannot_push_out_another_addresss_waiting_connectio
             s.close()
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_a_connection_without_a_hello_is_closed_after_the_hello_timeout(servers, native):
-    srv = servers(native, secret=SECRET)           # the default: 2 s
+def test_a_connection_without_a_hello_is_closed_after_the_hello_timeout(servers):
+    srv = servers(secret=SECRET)           # the default: 2 s
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         t = time.monotonic()
         s.sendall(hello(data_token(SECRET))[:10])  # part of a hello, then nothing
@@ -688,10 +671,9 @@ def test_a_connection_without_a_hello_is_closed_after_the_hello_timeout(servers,
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-@pytest.mark.parametrize("native", KINDS)
-def test_a_client_over_the_connection_limit_is_told_so(servers, native, client, caplog):
+def test_a_client_over_the_connection_limit_is_told_so(servers, client, caplog):
     """Not 'Broken pipe', nor an auth hint: the reason the server gave."""
-    srv = servers(native, {"max_connections": 1}, secret=SECRET)
+    srv = servers({"max_connections": 1}, secret=SECRET)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as held:
         held.sendall(hello(data_token(SECRET)) + wire_req(1, [(REGION, RKEY, 0, 4)]))
         assert read_reply(held, [4])[2] == [Status.OK]
@@ -708,7 +690,7 @@ def test_a_client_over_the_connection_limit_is_told_so(servers, native, client, 
 
 
 # ------------------------------------------------------------------------------ slow readers
-# (the defect: about 3.25 MiB of serve's memory per connection whose client reads a little)
+# (issue 25, finding 7: about 3.25 MiB of serve's memory per connection whose client reads a little)
 
 def _kernel_send_queues(port: int) -> int | None:
     """Bytes the kernel holds in the send queues of the server's side of ``port``'s connections
@@ -728,15 +710,14 @@ def _server_closed(s: socket.socket) -> bool:
     return state != 1          # TCP_ESTABLISHED
 
 
-@pytest.mark.parametrize("native", KINDS)
-def test_slow_readers_hold_a_bounded_reply_memory_and_are_dropped(servers, native):
+def test_slow_readers_hold_a_bounded_reply_memory_and_are_dropped(servers):
     """40 clients each ask for 65,536 ops (4 MiB) and read 1 KiB every 0.5 s: the server's memory
     for their replies (its buffers and the kernel's send queues) stays within reply_memory, the
     requests beyond it wait, and within two request_timeouts (one waiting, one replying) every
     slow reader is dropped (its reply made too little progress) or refused (its request waited
     too long); a real client is served again right after."""
     cap, timeout, n = 32 << 20, 3.0, 40
-    srv = servers(native, {"reply_memory": cap, "request_timeout": timeout})
+    srv = servers({"reply_memory": cap, "request_timeout": timeout})
     req = wire_req(1, [(REGION, RKEY, (i * 64) % SIZE, 64) for i in range(65536)])
     time.sleep(0.3)
     rss0 = srv.rss_kib() << 10

@@ -111,10 +111,10 @@ def test_wrong_array_sizes_are_refused_not_overrun(peer):
 
 
 def test_native_tcp_matches_the_python_reference(region_pool):
-    prod = TcpTransport(native_server=False)
+    prod = TcpTransport()
     prod.expose(7, region_pool.mm, RKEY)
     info = prod.start("127.0.0.1")
-    ref, fast = TcpTransport(native_server=False), NativeTcpTransport()
+    ref, fast = TcpTransport(), NativeTcpTransport()
     rng = np.random.default_rng(9)
     ops = make_ops(64)
     for i in range(64):
@@ -262,18 +262,22 @@ def test_make_transport_picks_native_tcp_when_built():
         t.close()
 
 
-def test_without_the_extension_tcp_falls_back_and_shm_says_how_to_build(monkeypatch):
+def test_without_the_extension_tcp_and_shm_say_how_to_build(monkeypatch):
+    import types
+
     import peercache.transport.base as base
     from peercache.directory.cache import DirectoryCache
     from peercache.errors import TransportUnavailable
 
-    monkeypatch.setattr(base, "_native_cache", [(None, "peercache._native is unavailable (test); "
-                                                       "rebuild it with `pip install -e .`")])
-    t = make_transport("tcp")
-    try:
-        assert type(t) is TcpTransport and not t.native
-    finally:
-        t.close()
-    with pytest.raises(TransportUnavailable, match="pip install -e"):
-        make_transport("shm")
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(base, "_native_cache", [])
+    monkeypatch.setattr(base, "importlib", types.SimpleNamespace(import_module=missing))
+    # tcp needs the module as shm does: its data server is the native loop (no Python fallback)
+    for make in (lambda: make_transport("tcp"), lambda: make_transport("tcp", native=False),
+                 lambda: make_transport("tcp", native=True), TcpTransport, NativeTcpTransport,
+                 lambda: make_transport("shm")):
+        with pytest.raises(TransportUnavailable, match=r"peercache\._native is unavailable .*run `make setup`"):
+            make()
     assert not DirectoryCache(5.0).native

@@ -63,8 +63,9 @@ def native_module():
                                   f"{getattr(mod, 'TAG_BYTES', '?')} B)")
             _native_cache.append((mod, None))
         except ImportError as e:
-            _native_cache.append((None, f"peercache._native is unavailable ({e}); rebuild it with "
-                                        "`pip install -e .` (needs a C compiler and python3-dev)"))
+            _native_cache.append((None, f"peercache._native is unavailable ({e}): run `make setup`, which "
+                                        "builds the C extension (or `pip install -e .`; either needs a C "
+                                        "compiler and python3-dev)"))
     return _native_cache[0]
 
 

@@ -24,13 +24,14 @@ connections waiting for their hello (``max_greeting_per_source`` per address,
 connection idle for ``idle_timeout``, and one whose request does not arrive
 whole, or whose reply sends less than PROGRESS_BYTES, within
 ``request_timeout``; replies hold at most ``reply_memory`` bytes in all (a
-request beyond waits, then is refused). native/server.c's header says how.
+request beyond waits, then is refused). The server is the native epoll loop
+(native/server.c, whose header says how); the native module is required.
 Clients redial a pooled channel the server closed while it sat idle, and
 report the reason of a refusal the server sent before closing. Refusals are
 counted and logged as one summary line per ``log_interval``.
 
-Every connection starts in a greeting stage (``_Server._greet``, ``greet()``
-in the native loop). A client that holds the cluster secret opens with a
+Every connection starts in a greeting stage (``greet()`` in
+native/server.c). A client that holds the cluster secret opens with a
 hello and goes on with its requests at once (the hello has no reply)::
 
     hello   : "PCHI" u32 version (1), u32 length (32), u64 0, then the token
@@ -45,24 +46,18 @@ not an observer on the path (see the README's security model).
 """
 from __future__ import annotations
 
-import collections
-import errno
-import fcntl
-import hmac
 import logging
 import os
 import queue
-import selectors
 import socket
 import struct
-import termios
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from ..errors import TransportError
+from ..errors import TransportError, TransportUnavailable
 from .base import OP_DTYPE, Status, Transport, native_module
 from .handles import PeerHandles
 
@@ -144,15 +139,10 @@ DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
 DEFAULT_POLL_US = 50
 MAX_POLL_US = 1_000_000
 LISTEN_BACKLOG = 512
-_ACCEPT_BURST = 64
-_REQ_BURST = 16
+#: How long the server stops accepting after an accept error (native/server.c's BACKOFF_MIN/MAX).
 _BACKOFF_MIN, _BACKOFF_MAX = 0.010, 0.100
-#: accept() errors that concern only the connection that was pending: try the next one.
-_ACCEPT_RETRY = {errno.EINTR, errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ENETDOWN,
-                 errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH,
-                 errno.EOPNOTSUPP, errno.ENETUNREACH}
 
-#: The counters of both serving loops (the native one: RegionTable.stats()).
+#: The counters of the data server (RegionTable.stats(), native/server.c).
 STAT_NAMES = ("accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
               "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
               "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
@@ -185,6 +175,15 @@ def hello(token: bytes | None) -> bytes:
     if len(token) != TOKEN_BYTES:
         raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
     return HEAD.pack(HELLO_MAGIC, HELLO_VERSION, TOKEN_BYTES, 0) + bytes(token)
+
+
+def _native_or_raise():
+    """``peercache._native``, or TransportUnavailable saying how to build it: the data server is
+    its epoll loop (native/server.c) and the fast client its tcp backend (native/tcp.c)."""
+    mod, why = native_module()
+    if mod is None:
+        raise TransportUnavailable(f"--protocol tcp needs the native module: {why}")
+    return mod
 
 
 def fds_needed() -> int:
@@ -313,64 +312,20 @@ class _Reporter:
         self.poll(final=True)
 
 
-_HEAD_WAIT, _BODY_WAIT, _HELLO_WAIT = 0, 1, 2
-#: Requests of more ops than this take reply memory for their buffers (as native/server.c's
-#: SMALL_OPS); what one op of such a request holds in the Python loop (its wire op, status and view).
-_SMALL_OPS = 256
-_PY_OP_BYTES = WIRE_OP.itemsize + 4 + 200
-#: The Python loop's tick while a request waits for reply memory.
-_WAIT_TICK = 0.010
-
-
-def _send_queue(sock: socket.socket) -> int:
-    """Bytes the kernel still holds to send on ``sock`` (SIOCOUTQ: not sent, or not acknowledged)."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    except OSError:
-        return 0
-
-
-class _Conn:
-    """One connection of the Python serving loop."""
-
-    __slots__ = ("sock", "state", "buf", "need", "n", "req_id", "deadline", "out", "oi", "close_after",
-                 "refusal", "greeted", "writing", "src", "serving", "waiting", "hbuf", "qcap", "hq",
-                 "progress", "drain_by")
-
-    def __init__(self, sock: socket.socket, deadline: float, src: str, qcap: int):
-        self.sock = sock
-        self.state = _HEAD_WAIT
-        self.buf = bytearray()
-        self.need = HEAD.size
-        self.n = self.req_id = 0
-        self.deadline = deadline
-        self.out: list | None = None      # reply views still to send
-        self.oi = 0
-        self.close_after = self.refusal = self.greeted = self.writing = False
-        self.src = src                    # source address (the per-source greeting cap)
-        self.serving = self.waiting = self.hq = False
-        self.hbuf = 0                     # reply memory held for this request's buffers
-        self.qcap = qcap                  # its socket's send buffer, held until its queue drains (hq)
-        self.progress = 0                 # reply bytes sent since the deadline last moved
-        self.drain_by = 0.0               # a finished reply's queue must be read by then
-
-
 class _Server:
     """Accepts data connections and serves range reads without a thread per connection.
 
-    The native loop: ``workers`` threads, each running ``RegionTable.serve``
-    (epoll, no GIL) on the shared non-blocking listening socket. The Python
-    loop (the reference, and the fallback without the native module): one
-    thread with a selector. Both bound the open connections (greeted ones,
-    and apart from them those waiting for their hello, also per source
-    address), close idle and slow ones and slow readers, cap the memory of
-    replies, keep accepting after accept errors (backing off 10-100 ms),
-    count what they refuse, and leave the logging to a :class:`_Reporter`.
-    native/server.c's header says how each limit works.
+    ``workers`` threads, each running the native ``RegionTable.serve`` (epoll,
+    no GIL) on the shared non-blocking listening socket. They bound the open
+    connections (greeted ones, and apart from them those waiting for their
+    hello, also per source address), close idle and slow ones and slow
+    readers, cap the memory of replies, keep accepting after accept errors
+    (backing off 10-100 ms), count what they refuse, and leave the logging to
+    a :class:`_Reporter`. native/server.c's header says how each limit works.
     """
 
     def __init__(self, regions: dict[int, tuple[memoryview, int]], bind_host: str, port: int,
-                 native: bool | None = None, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  hello_timeout: float = DEFAULT_HELLO_TIMEOUT, max_greeting: int = DEFAULT_MAX_GREETING,
                  max_greeting_per_source: int = DEFAULT_MAX_GREETING_PER_SOURCE,
@@ -399,10 +354,7 @@ class _Server:
         self.max_greeting_per_source = int(max_greeting_per_source)
         self.reply_memory = int(reply_memory)
         self.send_buffer = int(send_buffer)
-        mod, _ = native_module()
-        #: the native serving loop, when built (no GIL, no Python per request)
-        self._mod = mod if native is not False else None
-        self._table = None if self._mod is None else self._mod.RegionTable(
+        self._table = _native_or_raise().RegionTable(
             [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()], self.token)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self.lsock = socket.socket(family, socket.SOCK_STREAM)
@@ -417,19 +369,9 @@ class _Server:
         self.port = self.lsock.getsockname()[1]
         # Readable once close() wrote to it: wakes every worker.
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._stats = dict.fromkeys(STAT_NAMES, 0)
-        self._accept_errno = 0
-        self._accept_failing = False
-        self._nconns = 0
-        self._nserving = 0
-        self._reserved = 0          # reply memory taken (the Python loop)
-        self.refused = 0  # refusals counted outside the serving loops (check() called directly)
-        if self._table is not None:
-            n = max(1, int(workers or min(4, os.cpu_count() or 1)))
-            self._threads = [threading.Thread(target=self._native_worker, args=(n,), name=f"tcp-data-{i}",
-                                              daemon=True) for i in range(n)]
-        else:
-            self._threads = [threading.Thread(target=self._py_loop, name="tcp-data", daemon=True)]
+        n = max(1, int(workers or min(4, os.cpu_count() or 1)))
+        self._threads = [threading.Thread(target=self._native_worker, args=(n,), name=f"tcp-data-{i}",
+                                          daemon=True) for i in range(n)]
         self._reporter = _Reporter(self.stats, log_interval, {
             "max_connections": self.max_connections, "request_timeout": self.request_timeout,
             "hello_timeout": self.hello_timeout, "max_greeting": self.max_greeting,
@@ -443,19 +385,15 @@ class _Server:
 
     def stats(self) -> dict:
         """Counters of the serving loop (see STAT_NAMES), open connections, accept state."""
-        if self._table is not None:
-            return self._table.stats()
-        return {**self._stats, "connections": self._nconns, "serving": self._nserving,
-                "greeting": self._nconns - self._nserving, "reply_memory": self._reserved,
-                "accept_errno": self._accept_errno, "accept_failing": self._accept_failing}
+        return self._table.stats()
 
     @property
     def refused_total(self) -> int:
         """Ops and requests refused by the serving loop."""
         s = self.stats()
-        return self.refused + sum(s[k] for k in _REFUSALS)
+        return sum(s[k] for k in _REFUSALS)
 
-    # ---------------------------------------------------------------- native loop
+    # ---------------------------------------------------------------- the workers
 
     def _native_worker(self, nworkers: int) -> None:
         # Each worker keeps its own connections, so the greeting caps are split between them.
@@ -467,386 +405,6 @@ class _Server:
                               self.reply_memory, self.send_buffer)
         except Exception:  # noqa: BLE001 - say why this worker is gone
             log.exception("tcp data server worker failed")
-
-    # ---------------------------------------------------------------- Python loop
-
-    def _py_loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self.lsock, selectors.EVENT_READ, "listen")
-        sel.register(self._stop_r, selectors.EVENT_READ, "stop")
-        conns: set[_Conn] = set()
-        #: connections waiting for their hello, oldest first
-        greeting: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
-        listening, resume_at, backoff = True, 0.0, _BACKOFF_MIN
-        tick = min(0.25, max(0.005, min(self.idle_timeout, self.request_timeout, self.hello_timeout) / 8))
-        next_tick = time.monotonic() + tick
-        self._py_state = (sel, conns, greeting)
-        try:
-            while True:
-                now = time.monotonic()
-                until = next_tick if listening else min(next_tick, resume_at)
-                events = sel.select(max(0.0, until - now))
-                now = time.monotonic()
-                for key, _mask in events:
-                    c = key.data
-                    if c == "stop":
-                        return
-                    if c == "listen":
-                        err = self._py_accept(now)
-                        if err:  # out of fds or memory: stop polling the listener for a while
-                            sel.unregister(self.lsock)
-                            listening, resume_at = False, now + backoff
-                            backoff = min(backoff * 2, _BACKOFF_MAX)
-                        else:
-                            backoff = _BACKOFF_MIN
-                        continue
-                    if c.sock.fileno() < 0:
-                        continue        # closed earlier in this round (pushed out by a newer one)
-                    self._py_step(c, now)
-                if not listening and now >= resume_at:
-                    sel.register(self.lsock, selectors.EVENT_READ, "listen")
-                    listening = True
-                if now >= next_tick:
-                    waiting = self._py_tick(now)
-                    next_tick = now + (_WAIT_TICK if waiting else tick)
-        except Exception:  # noqa: BLE001
-            log.exception("tcp data server loop failed")
-        finally:
-            for c in list(conns):
-                self._py_close(c)
-            sel.close()
-
-    def _py_step(self, c: _Conn, now: float) -> None:
-        try:
-            keep = self._py_run(c, now)
-        except OSError:
-            keep = False
-        if not keep:
-            self._py_close(c)
-
-    def _py_tick(self, now: float) -> bool:
-        """Deadlines, drained send queues, requests waiting for reply memory; True while one waits."""
-        _, conns, _ = self._py_state
-        for c in list(conns):
-            idle = c.state == _HEAD_WAIT and not c.buf and c.out is None
-            if c.hq and idle and not c.waiting:
-                if _send_queue(c.sock) == 0:      # its replies are read: the send buffer is free
-                    self._reserved -= c.qcap
-                    c.hq = False
-                elif now >= c.drain_by:           # a reader that does not read its reply's tail
-                    self._stats["conn_slow"] += 1
-                    self._py_close(c, abort=True)
-                    continue
-            if now < c.deadline:
-                continue
-            if c.waiting:                         # waited its request_timeout for reply memory
-                self._unwait(c)
-                self._stats["req_busy"] += 1
-                self._refusal(c, f"the data server's reply memory ({self.reply_memory >> 20} MiB) stayed "
-                                 f"taken for {self.request_timeout:.0f} s; retry later, or raise the "
-                                 "producer's PEERCACHE_TCP_REPLY_MEMORY", True)
-                c.deadline = now + self.request_timeout
-                self._py_step(c, now)
-                continue
-            stat = "conn_hello_timeout" if not c.greeted else "conn_idle" if idle else "conn_slow"
-            self._stats[stat] += 1
-            self._py_close(c, abort=stat != "conn_idle")
-        waiting = [c for c in conns if c.waiting]
-        for c in waiting:
-            if self._begin_body(c):
-                self._unwait(c)
-                self._py_step(c, now)
-        return any(c.waiting for c in waiting)
-
-    def _py_accept(self, now: float) -> bool:
-        """Accept what is pending; True when accept failed for lack of fds or memory."""
-        sel, conns, greeting = self._py_state
-        for _ in range(_ACCEPT_BURST):
-            try:
-                sock, addr = self.lsock.accept()
-            except (BlockingIOError, InterruptedError):
-                return False
-            except OSError as e:
-                if e.errno in _ACCEPT_RETRY:
-                    continue
-                self._stats["accept_errors"] += 1
-                self._accept_errno = e.errno or 0
-                self._accept_failing = True
-                return True
-            self._accept_failing = False
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if self.send_buffer:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
-                c = _Conn(sock, now + self.hello_timeout, addr[0],
-                          sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
-                sel.register(sock, selectors.EVENT_READ, c)
-            except OSError:
-                sock.close()
-                continue
-            conns.add(c)
-            greeting[c] = None
-            self._nconns = len(conns)
-            self._stats["accepted"] += 1
-            self._py_step(c, now)                 # its hello is usually here already
-            if c in greeting:
-                self._greet_caps(c)
-        return False
-
-    def _greet_caps(self, c: _Conn) -> None:
-        """Keep the connections waiting for their hello within their caps (see native/server.c)."""
-        _, _, greeting = self._py_state
-        same = [g for g in greeting if g.src == c.src]
-        if len(same) > self.max_greeting_per_source and same[0] is not c:
-            self._stats["conn_evicted"] += 1
-            self._py_close(same[0], abort=True)
-        elif len(greeting) > self.max_greeting:
-            oldest = next(iter(greeting))
-            if oldest is not c:
-                self._stats["conn_evicted"] += 1
-                self._py_close(oldest, abort=True)
-
-    def _py_close(self, c: _Conn, abort: bool = False) -> None:
-        """Close ``c``; ``abort``: with a reset (as native/server.c's drop(): a slow reader's FIN
-        would wait behind its unread reply, and a flood closed for not greeting leaves no TIME_WAIT)."""
-        sel, conns, greeting = self._py_state
-        if c not in conns:
-            return
-        if abort:
-            try:
-                c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
-        try:
-            sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
-        if c.close_after:
-            # A refused connection: read what its client sent meanwhile, so the close is a FIN after
-            # the refusal rather than a reset that could overtake it.
-            try:
-                for _ in range(16):
-                    if not c.sock.recv(4096):
-                        break
-            except OSError:
-                pass
-        c.sock.close()
-        conns.discard(c)
-        greeting.pop(c, None)
-        if c.serving:
-            self._nserving -= 1
-        self._reserved -= c.hbuf + (c.qcap if c.hq else 0)
-        c.hbuf, c.hq, c.out, c.buf = 0, False, None, bytearray()
-        self._nconns = len(conns)
-
-    def _py_run(self, c: _Conn, now: float) -> bool:
-        """Work on ``c`` until it would block; False: close it."""
-        sel = self._py_state[0]
-        done = 0
-        while done < _REQ_BURST and not c.waiting:
-            if c.out is not None:
-                if not self._py_send(c, now):
-                    if not c.writing:
-                        sel.modify(c.sock, selectors.EVENT_WRITE, c)
-                        c.writing = True
-                    return True
-                if c.close_after:
-                    return False
-                if not c.refusal:
-                    self._stats["served"] += 1
-                self._reserved -= c.hbuf
-                c.hbuf = 0
-                c.out, c.state, c.buf, c.need = None, _HEAD_WAIT, bytearray(), HEAD.size
-                c.deadline = now + self.idle_timeout
-                c.drain_by = now + self.request_timeout
-                if c.writing:
-                    sel.modify(c.sock, selectors.EVENT_READ, c)
-                    c.writing = False
-                done += 1
-                continue
-            try:
-                data = c.sock.recv(min(c.need - len(c.buf), 1 << 18))
-            except (BlockingIOError, InterruptedError):
-                return True
-            if not data:
-                return False
-            if c.state == _HEAD_WAIT and not c.buf and c.greeted:
-                c.deadline = now + self.request_timeout  # a request began (a greeting keeps its deadline)
-            c.buf += data
-            if len(c.buf) < c.need:
-                continue
-            if c.state == _HEAD_WAIT:
-                self._on_head(c, now)
-            elif c.state == _HELLO_WAIT:
-                self._on_hello(c, now)
-            else:
-                self._on_body(c, now)
-        return True
-
-    def _admit(self, c: _Conn, now: float) -> bool:
-        """The greeting is over: ``c`` counts against max_connections from now on, or is refused."""
-        self._py_state[2].pop(c, None)
-        c.greeted = True
-        if self._nserving >= self.max_connections:
-            self._stats["conn_over_limit"] += 1
-            c.req_id = 0
-            self._refusal(c, f"the data server is at its connection limit ({self.max_connections} "
-                             "connections); retry later, or raise the producer's "
-                             "PEERCACHE_TCP_MAX_CONNECTIONS", True, rid=0)
-            c.deadline = now + self.request_timeout
-            return False
-        self._nserving += 1
-        c.serving = True
-        return True
-
-    def _greet(self, c: _Conn, now: float) -> bool:
-        """The first message of a connection (its header is in ``c.buf``). True: it is a request
-        and this server admits connections without a hello; False: handled here (a hello whose
-        token comes next, or a refusal)."""
-        magic, version, n, _ = HEAD.unpack(c.buf)
-        if magic == HELLO_MAGIC:
-            if version != HELLO_VERSION or n != TOKEN_BYTES:
-                self._stats["conn_bad_token"] += 1
-                self._refusal(c, f"unsupported hello (version {version}, {n}-byte token); this data "
-                                 f"server speaks version {HELLO_VERSION} with a {TOKEN_BYTES}-byte token", True)
-                return False
-            c.state, c.need, c.buf = _HELLO_WAIT, n, bytearray()
-            return False
-        if self.token is not None and magic == REQ_MAGIC:
-            self._stats["conn_no_token"] += 1
-            self._refusal(c, "this data server needs the cluster token: give the consumer the "
-                             "producer's secret (--auth-key-file or $PEERCACHE_AUTH_KEY)", True)
-            return False
-        if not self._admit(c, now):
-            return False
-        c.deadline = now + self.request_timeout    # the rest of this first request
-        return True
-
-    def _on_hello(self, c: _Conn, now: float) -> None:
-        if self.token is not None and not hmac.compare_digest(bytes(c.buf), self.token):
-            self._stats["conn_bad_token"] += 1
-            return self._refusal(c, "wrong data token: the consumer's cluster secret is not the "
-                                    "producer's (check --auth-key-file / $PEERCACHE_AUTH_KEY)", True)
-        if not self._admit(c, now):
-            return
-        c.state, c.buf, c.need = _HEAD_WAIT, bytearray(), HEAD.size
-        c.deadline = now + self.idle_timeout
-
-    def _refusal(self, c: _Conn, reason: str, fatal: bool, rid: int | None = None) -> None:
-        msg = reason.encode()
-        if rid is None:
-            rid = c.req_id if c.greeted else 0   # before the greeting: the connection's refusal
-        c.out = [memoryview(HEAD.pack(REP_MAGIC, 1, 0, rid) + struct.pack("<I", len(msg)) + msg)]
-        c.oi, c.close_after, c.refusal = 0, fatal, True
-
-    def _on_head(self, c: _Conn, now: float) -> None:
-        if not c.greeted and not self._greet(c, now):
-            return
-        magic, _flags, n, req_id = HEAD.unpack(c.buf)
-        c.req_id = req_id
-        if magic != REQ_MAGIC:
-            # Framing is lost: say why, then drop only this connection.
-            self._stats["req_bad_magic"] += 1
-            return self._refusal(c, f"bad request magic {magic!r}; not a PeerCache client?", True)
-        if n > MAX_OPS:
-            self._stats["req_too_many_ops"] += 1
-            return self._refusal(c, f"{n} ops in one request exceeds {MAX_OPS}; split the batch", True)
-        if n == 0:
-            self._stats["req_no_ops"] += 1
-            return self._refusal(c, "request carries no ops", False)
-        c.state, c.n, c.need, c.buf = _BODY_WAIT, n, n * WIRE_OP.itemsize, bytearray()
-        if not self._begin_body(c):
-            c.waiting = True
-            self._stats["reply_memory_waits"] += 1
-            self._py_state[0].unregister(c.sock)      # its body waits in the socket: TCP paces the sender
-
-    def _begin_body(self, c: _Conn) -> bool:
-        """Take the reply memory of ``c``'s request (its buffers and its send buffer); False when
-        that would pass the cap (and some is taken)."""
-        buf = c.n * _PY_OP_BYTES if c.n > _SMALL_OPS else 0
-        need = buf + (0 if c.hq else c.qcap)
-        if need and self._reserved > 0 and self._reserved + need > self.reply_memory:
-            return False
-        self._reserved += need
-        c.hbuf += buf
-        c.hq = True
-        return True
-
-    def _unwait(self, c: _Conn) -> None:
-        c.waiting = False
-        self._py_state[0].register(c.sock, selectors.EVENT_READ, c)
-        c.writing = False
-
-    def _on_body(self, c: _Conn, now: float) -> None:
-        wire = np.frombuffer(c.buf, dtype=WIRE_OP)
-        status, views = self._check(wire, self._stats)
-        total = sum(len(v) for v in views)
-        c.deadline, c.progress = now + self.request_timeout, 0
-        if total > MAX_REPLY_BYTES:
-            self._stats["req_too_large"] += 1
-            return self._refusal(c, f"request asks for {total} bytes, more than {MAX_REPLY_BYTES}; "
-                                    "split the batch", False)
-        c.out = [memoryview(HEAD.pack(REP_MAGIC, 0, c.n, c.req_id)), memoryview(status).cast("B"),
-                 *(v for v in views)]
-        c.oi, c.close_after, c.refusal = 0, False, False
-
-    def _py_send(self, c: _Conn, now: float) -> bool:
-        """Send what the socket takes; True once the whole reply is out."""
-        out = c.out
-        while c.oi < len(out):
-            try:
-                sent = c.sock.sendmsg(out[c.oi:c.oi + _IOV_MAX])
-            except (BlockingIOError, InterruptedError):
-                return False
-            c.progress += sent
-            if c.progress >= PROGRESS_BYTES:     # enough progress: a new deadline
-                c.deadline, c.progress = now + self.request_timeout, 0
-            while sent:
-                if sent >= len(out[c.oi]):
-                    sent -= len(out[c.oi])
-                    c.oi += 1
-                else:
-                    out[c.oi] = out[c.oi][sent:]
-                    sent = 0
-            while c.oi < len(out) and not len(out[c.oi]):
-                c.oi += 1
-        return True
-
-    # ---------------------------------------------------------------- checks
-
-    def check(self, wire: np.ndarray) -> tuple[np.ndarray, list[memoryview]]:
-        """Status per op and the views of the ok ones (no per-key logic)."""
-        counts = dict.fromkeys(_REFUSALS, 0)
-        status, views = self._check(wire, counts)
-        self.refused += sum(counts.values())
-        return status, views
-
-    def _check(self, wire: np.ndarray, counts: dict) -> tuple[np.ndarray, list[memoryview]]:
-        n = len(wire)
-        status = np.full(n, int(Status.BAD_REGION), dtype="<i4")
-        size = np.zeros(n, dtype=np.uint64)
-        known = np.zeros(n, dtype=bool)
-        for rid, (mv, rkey) in self.regions.items():
-            hit = (wire["region"] == rid) & (wire["rkey"] == np.uint64(rkey))
-            known |= hit
-            size[hit] = len(mv)
-        off, ln = wire["offset"], wire["length"]
-        zero = known & (ln == 0)
-        # off > size first, so size - off never wraps where it decides anything.
-        outside = known & ~zero & ((off > size) | (ln > size - np.minimum(off, size)))
-        good = known & ~zero & ~outside
-        status[zero] = Status.ZERO_LENGTH
-        status[outside] = Status.OUT_OF_RANGE
-        status[good] = Status.OK
-        regions = self.regions
-        views = [regions[r][0][o:o + k] for r, o, k in
-                 zip(wire["region"][good].tolist(), off[good].tolist(), ln[good].tolist())]
-        if len(views) < n:
-            counts["ops_bad_region"] += n - int(np.count_nonzero(known))
-            counts["ops_zero_length"] += int(np.count_nonzero(zero))
-            counts["ops_out_of_range"] += int(np.count_nonzero(outside))
-        return status, views
 
     def close(self) -> None:
         try:
@@ -918,19 +476,20 @@ class _Channels:
 
 
 class TcpTransport(Transport):
-    """The tcp transport in pure Python: the reference, and the fallback without the native module."""
+    """The tcp transport with the client side in Python: the reference the native client is
+    compared against. Its data server is the native one (:class:`_Server`), as every tcp
+    transport's: without the native module it raises TransportUnavailable saying how to build it."""
 
     name = "tcp"
 
     def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
-                 native_server: bool | None = None, max_connections: int | None = None,
+                 max_connections: int | None = None,
                  idle_timeout: float | None = None, request_timeout: float | None = None,
                  server_workers: int | None = None, log_interval: float | None = None,
                  poll_us: int | None = None, hello_timeout: float | None = None,
                  max_greeting: int | None = None, max_greeting_per_source: int | None = None,
                  reply_memory: int | None = None, send_buffer: int | None = None):
-        #: None: the native serving loop when built; False: the Python one (the reference)
-        self.native_server = native_server
+        self._mod = _native_or_raise()
         self.max_channels = max(1, int(max_channels))
         self.io_timeout = io_timeout
         self.port = port
@@ -969,8 +528,8 @@ class TcpTransport(Transport):
         self._regions[region_id] = (memoryview(buffer).cast("B"), rkey)
 
     def start(self, bind_host: str) -> dict[str, Any]:
-        self._server = _Server(self._regions, bind_host, self.port, native=self.native_server,
-                               token=self.credentials.data_token, **self.server_limits)
+        self._server = _Server(self._regions, bind_host, self.port, token=self.credentials.data_token,
+                               **self.server_limits)
         return {"host": bind_host, "port": self._server.port}
 
     @property
@@ -1089,13 +648,8 @@ class NativeTcpTransport(TcpTransport):
     native = True
 
     def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
-                 native_server: bool | None = None, poll_us: int | None = None):
-        super().__init__(max_channels=max_channels, io_timeout=io_timeout, port=port,
-                         native_server=native_server, poll_us=poll_us)
-        mod, why = native_module()
-        if mod is None:
-            raise TransportError(f"native tcp client unavailable: {why}")
-        self._mod = mod
+                 poll_us: int | None = None):
+        super().__init__(max_channels=max_channels, io_timeout=io_timeout, port=port, poll_us=poll_us)
         self.handles = PeerHandles(self._connect_native, "tcp")
 
     def native_peer(self, peer: str, info: dict[str, Any]):
