@@ -7,11 +7,12 @@
  * completions need no lock. A batch is planned (verbs_plan.c), posted as
  * chains (one ibv_post_send each) with selective signalling, and polled in
  * batches with a deadline; completions are accounted with the rules of
- * peercache/rdma/completion.py. Any error or timeout moves the channel's QP
- * to ERR, waits for the flush of its last posted WR (so the NIC no longer
- * writes into the caller's buffers), and marks the connection dead: its
- * owner drops it and connects again through the control plane (both sides
- * get fresh QPs), which is the channel reset.
+ * poll_run() below (tests/oracles/rdma_completion.py is their Python
+ * oracle). Any error or timeout moves the channel's QP to ERR, waits for the
+ * flush of its last posted WR (so the NIC no longer writes into the caller's
+ * buffers), and marks the connection dead: its owner drops it and connects
+ * again through the control plane (both sides get fresh QPs), which is the
+ * channel reset.
  */
 
 #include <errno.h>
@@ -711,7 +712,7 @@ static int post_chains(batch *b, run *u, uint32_t depth) {
 }
 
 /* Polls one batch of completions of run u and accounts them (the rules of
- * peercache/rdma/completion.py): a success retires every WR up to it, an
+ * tests/oracles/rdma_completion.py): a success retires every WR up to it, an
  * error fails the run and flushes its QP, and a failed run is quiet once the
  * flush of its last posted WR came. Completions of earlier batches (another
  * epoch) are skipped. Returns 1 if a completion of this batch came. */

@@ -20,12 +20,12 @@
 #define PV_RXE_VENDOR_ID 0xFFFFFF  /* Soft-RoCE (rdma_rxe) reports this vendor id */
 #define PV_KICK_S 0.01             /* Soft-RoCE: ring the doorbell after this long without a completion */
 
-/* Queue and device limits that shape chains and signalling (peercache.rdma.plan.Limits). */
+/* Queue and device limits that shape chains and signalling (Limits of tests/oracles/rdma_plan.py). */
 typedef struct pv_limits {
     uint32_t sq_depth, max_rd_atom, max_sge, signal_every, max_chain;
 } pv_limits;
 
-/* One planned READ (peercache.rdma.plan.WorkRequest). */
+/* One planned READ (WorkRequest of tests/oracles/rdma_plan.py). */
 typedef struct pv_wr {
     uint32_t rail, channel, region, nsge, signaled, chain;
     uint32_t fence;        /* not the first READ of its unit: IBV_SEND_FENCE */
@@ -35,8 +35,9 @@ typedef struct pv_wr {
 
 uint32_t pv_signal_cadence(const pv_limits *l);
 uint32_t pv_chain_length(const pv_limits *l);
-/* Plan ops over rails (rules of peercache/rdma/plan.py). out holds up to n WRs,
- * refused[i] is a status for ops never issued, else -1; load is updated. 0 or -1 (no memory). */
+/* Plan ops over rails (the rules of verbs_plan.c; tests/oracles/rdma_plan.py is their
+ * Python oracle). out holds up to n WRs, refused[i] is a status for ops never issued,
+ * else -1; load is updated. 0 or -1 (no memory). */
 int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal,
             const int32_t *rail_numa, uint64_t *load, size_t nrails, const pv_limits *lim,
             uint32_t channels, pv_wr *out, size_t *nwrs, int32_t *refused);

@@ -551,7 +551,7 @@ static PyObject *py_devices(PyObject *mod, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"plan", py_plan, METH_VARARGS,
      "plan(ops, local_numa, rail_numa, load, (sq_depth, max_rd_atom, max_sge, signal_every, max_chain), "
-     "channels) -> (wrs, refused, load): the native planner, for tests against peercache.rdma.plan."},
+     "channels) -> (wrs, refused, load): the native planner, for tests against their oracle, tests/oracles/rdma_plan.py."},
     {"wc_statuses", py_wc_statuses, METH_NOARGS, "Per-op status of each ibv_wc_status 0..21."},
     {"limits", py_limits, METH_VARARGS, "limits(sq_depth, max_rd_atom, max_sge, signal_every, max_chain) -> (k, chain)."},
     {"devices", py_devices, METH_NOARGS, "devices() -> (names, error text when the list could not be read)."},

@@ -1,4 +1,5 @@
-/* The read planner of the verbs backend: the rules of peercache/rdma/plan.py in C.
+/* The read planner of the verbs backend (tests/oracles/rdma_plan.py is its Python oracle,
+ * whose docstring states each rule).
  *
  * Ops -> units (ops that must stay on one QP, in order: the header, payload
  * and trailer of a slot read, pc_slot_ops in pc.h) -> rails (NUMA of the
@@ -7,7 +8,7 @@
  * fenced) -> chains of at most
  * pv_chain_length WRs, every k-th and the last of a chain signalled. WRs are
  * numbered channel by channel, so a channel's WRs are one contiguous range.
- * A test compares this with the Python planner on random batches.
+ * tests/test_rdma_verbs.py compares this with the oracle on random batches.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ uint32_t pv_chain_length(const pv_limits *l) {
 
 /* Whether op i continues the unit whose anchor is f and whose last op is p: 0 no, 1 yes,
  * 2 yes and i becomes the anchor (it continues p remotely in the local buffer of p and f:
- * the header of an adjacent slot, whose trailer must join this unit too; plan.py units()). */
+ * the header of an adjacent slot, whose trailer must join this unit too; rdma_plan.py units()). */
 static int continues(const pc_op *ops, size_t f, size_t p, size_t i) {
     const pc_op *a = &ops[p], *b = &ops[i], *u = &ops[f];
     if (b->region != a->region || b->remote_offset < a->remote_offset + a->length) return 0;
@@ -70,7 +71,7 @@ int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal
     size_t npr = 0, nkeys = 0;
     size_t i = 0;
     while (i < n) {
-        /* One unit over all ops (refused ones included, as in plan.py), then filtered. */
+        /* One unit over all ops (refused ones included, as in rdma_plan.py), then filtered. */
         size_t f = i, p = i, nu = 0;   /* f: the unit's anchor */
         unit[nu++] = i;
         for (i = i + 1; i < n; p = i, i++) {

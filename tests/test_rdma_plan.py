@@ -1,15 +1,17 @@
-"""Read planner and completion accounting of the RDMA path (pure: no device needed)."""
+"""Read planner and completion accounting of the RDMA path (pure: no device needed), in their Python
+oracles (tests/oracles: the rules of native/verbs_plan.c and native/verbs.c)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from peercache import tags
-from peercache.rdma import plan as P
-from peercache.rdma.completion import (WC, account_channel, account_plan, op_statuses, wc_name,
-                                       wc_status)
+from peercache.rdma.completion import WC, wc_name, wc_status
 from peercache.transport import base
 from peercache.transport.base import OP_DTYPE, Status
+
+from oracles import rdma_plan as P
+from oracles.rdma_completion import account_channel, account_plan, op_statuses
 
 H, T = tags.HEADER_BYTES, tags.TRAILER_BYTES
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from peercache import tags
-from peercache.rdma import plan as P
 from peercache.rdma.completion import WC, wc_status
 from peercache.transport.base import OP_DTYPE, slot_ops
+
+from oracles import rdma_plan as P
 
 pytestmark = pytest.mark.rdma    # also run in the Soft-RoCE guest by `make test-rdma`
 

@@ -1,1 +1,4 @@
-"""The RDMA path: read planner, completion accounting, device discovery, GPU registration."""
+"""The RDMA path: device discovery, work-completion status codes, GPU registration.
+
+The read planner and the completion accounting are native (native/verbs_plan.c, native/verbs.c);
+their Python oracles, which the tests compare the native code with, are in tests/oracles."""

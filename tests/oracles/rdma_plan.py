@@ -1,8 +1,10 @@
-"""Read planner of the RDMA path: ops -> units -> rails -> channels -> WRs -> chains.
+"""Test oracle of the RDMA read planner: ops -> units -> rails -> channels -> WRs -> chains.
 
-This is the reference of the rules the native verbs backend applies
-(``verbs_plan.c`` implements the same steps, and a test compares the two on
-random batches). Everything here is pure: no device, no memory registration.
+The verbs backend plans in C (``native/verbs_plan.c``, ``peercache._verbs.plan``);
+this is the same rules in Python: tests/test_rdma_plan.py checks them here, and
+tests/test_rdma_verbs.py compares the native planner with this one on random
+batches. No production path uses it. Everything here is pure: no device, no
+memory registration.
 
 1. *Units*: consecutive ops that must stay on one QP, in order. A slot read
    is header, payload, trailer (or header, trailer for an empty object); the
@@ -190,7 +192,7 @@ def plan_reads(ops: np.ndarray, rail_numa: list[int], local_numa: list[int],
     ``local_numa[j]`` is the NUMA node of local buffer ``j`` (-1 unknown);
     ``outstanding`` the bytes each rail already has in flight.
     """
-    from ..transport.base import Status
+    from peercache.transport.base import Status
 
     if not rail_numa:
         raise ValueError("a plan needs at least one rail")

@@ -1,0 +1,6 @@
+"""Python oracles of native fast paths: the same rules as the C code, kept only for the tests
+to compare the native code against (no production path imports them).
+
+- ``rdma_plan``: the RDMA read planner (native/verbs_plan.c).
+- ``rdma_completion``: the completion accounting of the verbs backend (native/verbs.c).
+"""
