@@ -27,9 +27,7 @@ derives from a local stand-in with the same methods as SGLang's ``HiCacheStorage
 from __future__ import annotations
 
 import ctypes
-import inspect
 import logging
-import re
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -39,7 +37,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import checks, tags
-from .auth import check_secret, load_secret
+from .config import NodeConfig, option, with_default
 from .errors import ConfigError, PeerCacheError
 from .node import BatchResult, Get, Node
 from .transport.base import native_module
@@ -102,28 +100,10 @@ HiCacheStorage = _SGLangHiCacheStorage if _SGLangHiCacheStorage is not None else
 
 #: Extra-config keys SGLang itself reads (the dynamic loader, the v1 switch, heterogeneous TP).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
-PROTOCOLS = ("tcp", "shm", "rdma")
 DEFAULT_POOL_BYTES = 1 << 30
 DEFAULT_DIR_CACHE_TTL = 5.0
 #: Slot size of the generic path when neither a host pool nor 'page_bytes' gave one.
 DEFAULT_PAGE_BYTES = 128 << 10
-
-
-def _opt(key: str) -> str:
-    """How an error names an extra-config key."""
-    return f"extra config {key!r}"
-
-
-def _directory(v: Any) -> str:
-    """'directory': a Redis URL that parses, or HOST:PORT of the embedded directory."""
-    from .directory.redis_url import is_redis, parse_url
-    if isinstance(v, str) and is_redis(v):
-        try:
-            parse_url(v)
-        except ConfigError as e:
-            raise ConfigError(f"{_opt('directory')}: {e}") from None
-        return v
-    return checks.host_port(_opt("directory"), v)
 
 
 def model_part(model_name: Any) -> str:
@@ -135,97 +115,22 @@ def model_part(model_name: Any) -> str:
 
 
 @dataclass(frozen=True)
-class StoreConfig:
-    """What PeerCacheStore reads from SGLang's extra config, validated."""
+class StoreConfig(NodeConfig):
+    """What PeerCacheStore reads from SGLang's extra config, validated: the node's options
+    (:class:`~peercache.config.NodeConfig`, each under its key) with HiCache's own defaults, and the
+    key prefix."""
 
-    discovery_addr: str = "127.0.0.1:31998"
-    directory: Optional[str] = None
-    protocol: str = "tcp"
-    devices: tuple = ()
-    ib_port: int = 1
-    gid_index: Optional[int] = None
-    pool_bytes: int = DEFAULT_POOL_BYTES
-    page_bytes: Optional[int] = None
-    bind: str = "127.0.0.1"
-    host_discovery: bool = False
-    dir_cache_ttl: float = DEFAULT_DIR_CACHE_TTL
-    max_channels: int = 4
-    timeout: float = 5.0
-    auth_key: Optional[bytes] = None
-    integrity: bool = False
-    tenant: str = "default"
-    model: Optional[str] = None
+    pool_bytes: int = with_default(NodeConfig, "pool_bytes", DEFAULT_POOL_BYTES)
+    dir_cache_ttl: float = with_default(NodeConfig, "dir_cache_ttl", DEFAULT_DIR_CACHE_TTL)
+    tenant: str = option("default", "first part of every key: stores of one tenant share pages",
+                         check=checks.name, key="tenant")
+    model: Optional[str] = option(None, "second part of every key (unset: SGLang's model name, '/' encoded)",
+                                  check=checks.name, key="model")
 
     @classmethod
-    def from_extra(cls, extra: Optional[dict]) -> "StoreConfig":
+    def from_extra(cls, extra: Optional[dict], *, ignore=SGLANG_KEYS) -> "StoreConfig":
         """Validate ``extra`` (SGLang's ``--hicache-storage-backend-extra-config``); ConfigError names the key."""
-        extra = dict(extra or {})
-        known = {f for f in cls.__dataclass_fields__ if f != "auth_key"} | {"auth_key", "auth_key_file"}
-        unknown = sorted(set(extra) - known - set(SGLANG_KEYS))
-        if unknown:
-            raise ConfigError(f"extra config {unknown[0]!r} is not a PeerCacheStore setting; known: "
-                              f"{sorted(known)} (and SGLang's {list(SGLANG_KEYS)})")
-        kw: dict[str, Any] = {}
-        if "discovery_addr" in extra:
-            kw["discovery_addr"] = checks.host_port(_opt("discovery_addr"), extra["discovery_addr"])
-        if "directory" in extra:
-            kw["directory"] = _directory(extra["directory"])
-        if "protocol" in extra:
-            if extra["protocol"] not in PROTOCOLS:
-                raise ConfigError(f"extra config 'protocol': {extra['protocol']!r} is not one of {list(PROTOCOLS)}")
-            kw["protocol"] = extra["protocol"]
-        if "devices" in extra:
-            d = extra["devices"]
-            d = d.split(",") if isinstance(d, str) else d
-            if not isinstance(d, (list, tuple)) or not d or not all(
-                    isinstance(x, str) and re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", x.strip()) for x in d):
-                raise ConfigError(f"extra config 'devices': {extra['devices']!r} is not a list of RDMA device "
-                                  "names (e.g. [\"mlx5_0\", \"mlx5_1\"] or \"mlx5_0,mlx5_1\")")
-            kw["devices"] = tuple(x.strip() for x in d)
-        if "ib_port" in extra:
-            kw["ib_port"] = checks.integer(_opt("ib_port"), extra["ib_port"], minimum=1, maximum=255)
-        if "max_channels" in extra:
-            kw["max_channels"] = checks.integer(_opt("max_channels"), extra["max_channels"], minimum=1,
-                                                maximum=checks.MAX_CHANNELS)
-        if "gid_index" in extra and extra["gid_index"] is not None:
-            kw["gid_index"] = checks.integer(_opt("gid_index"), extra["gid_index"], minimum=0, maximum=255,
-                                             what=" (or null: found automatically)")
-        if "pool_bytes" in extra:
-            kw["pool_bytes"] = checks.byte_size(_opt("pool_bytes"), extra["pool_bytes"])
-            checks.fits_memory(_opt("pool_bytes"), kw["pool_bytes"])
-        if "page_bytes" in extra and extra["page_bytes"] is not None:
-            kw["page_bytes"] = checks.byte_size(_opt("page_bytes"), extra["page_bytes"], minimum=1)
-        if "bind" in extra:
-            kw["bind"] = checks.host(_opt("bind"), extra["bind"])
-        for key in ("host_discovery", "integrity"):
-            if key in extra:
-                if not isinstance(extra[key], bool):
-                    raise ConfigError(f"extra config {key!r}: {extra[key]!r} is not true or false")
-                kw[key] = extra[key]
-        if "dir_cache_ttl" in extra:
-            kw["dir_cache_ttl"] = checks.seconds(_opt("dir_cache_ttl"), extra["dir_cache_ttl"])
-        if "timeout" in extra:
-            kw["timeout"] = checks.seconds(_opt("timeout"), extra["timeout"], positive=True)
-        if "auth_key" in extra and "auth_key_file" in extra:
-            raise ConfigError("extra config 'auth_key' and 'auth_key_file' are both set; give one of them")
-        if "auth_key" in extra:
-            v = extra["auth_key"]
-            if not isinstance(v, (str, bytes)) or not v:
-                raise ConfigError("extra config 'auth_key' is not a non-empty string (the cluster secret)")
-            kw["auth_key"] = check_secret(v.encode() if isinstance(v, str) else v, _opt("auth_key"))
-        elif "auth_key_file" in extra:
-            v = extra["auth_key_file"]
-            if not isinstance(v, str) or not v:
-                raise ConfigError(f"extra config 'auth_key_file': {v!r} is not a file path")
-            kw["auth_key"] = load_secret(v, option=_opt("auth_key_file"))
-        if "tenant" in extra:
-            kw["tenant"] = checks.name(_opt("tenant"), extra["tenant"])
-        if "model" in extra and extra["model"] is not None:
-            kw["model"] = checks.name(_opt("model"), extra["model"])
-        if kw.get("devices") and kw.get("protocol", "tcp") != "rdma":
-            raise ConfigError("extra config 'devices' is set but 'protocol' is not \"rdma\"; devices are RDMA "
-                              "rails: set protocol to rdma or drop devices")
-        return cls(**kw)
+        return super().from_extra(extra, ignore=ignore)
 
 
 @dataclass
@@ -361,23 +266,10 @@ class PeerCacheStore(HiCacheStorage):
                                       f"to {page_bytes}")
                 return self._node
             c = self.config
-            slots = c.pool_bytes // tags.slot_stride(page_bytes) if c.pool_bytes else 0
-            if c.pool_bytes and slots == 0:
+            if c.pool_bytes and c.pool_slots(page_bytes) == 0:
                 raise ConfigError(f"extra config 'pool_bytes': {c.pool_bytes} holds no {page_bytes} byte page; "
                                   "raise it (or 0: a reader that stores nothing)")
-            topts = ({"devices": list(c.devices), "ib_port": c.ib_port, "gid_index": c.gid_index}
-                     if c.protocol == "rdma" else {})
-            kw: dict[str, Any] = {}
-            if c.directory is not None:
-                if "directory" not in inspect.signature(Node.__init__).parameters:
-                    raise ConfigError("extra config 'directory': this PeerCache build has no directory "
-                                      "backend option; drop it to use the directory of 'discovery_addr'")
-                kw["directory"] = c.directory
-            self._node = Node(c.discovery_addr, protocol=c.protocol, bind_host=c.bind,
-                              host_discovery=c.host_discovery, pool_slots=slots, slot_capacity=page_bytes,
-                              max_channels=c.max_channels, dir_cache_ttl=c.dir_cache_ttl, rpc_timeout=c.timeout,
-                              name=f"hicache-tp{self.tp_rank}", transport_options=topts, auth_key=c.auth_key,
-                              integrity=c.integrity, **kw)
+            self._node = Node(**c.node_kwargs(page_bytes=page_bytes, name=f"hicache-tp{self.tp_rank}"))
             self._node_page_bytes = page_bytes
             return self._node
 
