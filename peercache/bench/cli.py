@@ -16,10 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     options.serve_parser(sub.add_parser("serve", help="host discovery and publish the working set"))
     options.drive_parser(sub.add_parser("drive", help="GET the working set and report throughput"))
     m = sub.add_parser("meta", help="standalone discovery + directory process")
-    m.add_argument("--discovery-addr", default=options.DEFAULT_DISCOVERY)
-    m.add_argument("--heartbeat-timeout", type=float, default=5.0)
-    options.add_directory(m)
-    options.add_auth(m)
+    options.meta_parser(m)
     return p
 
 

@@ -5,6 +5,7 @@ publishes in Redis, and drivers' ``reader_done`` reaches it through Redis.
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -51,12 +52,10 @@ def run(args) -> int:
                 done.set()
             return {"readers_done": len(readers_done)}
 
-    where = options.directory(args)
-    node = Node(args.discovery_addr, directory=where, protocol=args.protocol, bind_host=bind, host_discovery=True,
-                pool_slots=len(keys), slot_capacity=args.page_size, max_channels=args.max_channels,
-                heartbeat_timeout=args.heartbeat_timeout, name="serve",
-                transport_options=options.transport_options(args), auth_key=options.auth_secret(args),
-                integrity=args.integrity, dir_table_entries=args.dir_table_entries)
+    # the node of the flags, hosting discovery, with a pool of one slot per object
+    cfg = dataclasses.replace(options.node_config(args), bind=bind, host_discovery=True,
+                              pool_bytes=len(keys) * options.slot_bytes(args.page_size))
+    node = Node(**cfg.node_kwargs(name="serve"))
     try:
         node.add_handler("reader_done", reader_done)
         t0 = time.monotonic()

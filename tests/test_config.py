@@ -1,0 +1,115 @@
+"""The node's options are declared once (peercache.config.NodeConfig) and every surface derives from it:
+peercache-bench's flags, HiCache's extra-config keys, their checks, and Node's keyword arguments."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+
+from peercache import config, hicache, tags
+from peercache.bench import cli, options
+from peercache.config import NodeConfig
+from peercache.errors import ConfigError
+from peercache.node import Node
+
+#: HiCache's extra-config keys: an interface, changed only on purpose.
+EXTRA_KEYS = ["auth_key", "auth_key_file", "bind", "devices", "dir_cache_ttl", "directory", "discovery_addr",
+              "gid_index", "host_discovery", "ib_port", "integrity", "max_channels", "model", "page_bytes",
+              "pool_bytes", "protocol", "tenant", "timeout"]
+
+
+def _all_options():
+    return [*NodeConfig.options().values(), *hicache.StoreConfig.options().values(),
+            *config.options(options.BenchOptions).values()]
+
+
+def test_every_option_has_a_one_line_doc_a_check_and_a_surface():
+    for o in _all_options():
+        assert o.doc and "\n" not in o.doc, o.name
+        assert o.flag or o.key or o.name in ("heartbeat_interval",), f"{o.name} is on no surface"
+        assert o.check is not None or o.type == "bool", f"{o.name} has no check"
+        assert o.unit in ("", "s", "B", "µs", "pages", "threads", "entries"), (o.name, o.unit)
+
+
+def test_node_kwargs_are_exactly_what_node_takes_with_its_defaults():
+    params = inspect.signature(Node.__init__).parameters
+    kw = NodeConfig().node_kwargs()
+    assert set(kw) == set(params) - {"self"}
+    # a default NodeConfig is a default Node (None and the table's default entries are the same to it)
+    for name, value in kw.items():
+        default = params[name].default
+        if name == "dir_table_entries":
+            assert default is None and value == options.FLAGS["dir_table_entries"].default
+        elif name == "transport_options":
+            assert default is None and value == {}
+        elif default is not inspect.Parameter.empty:
+            assert value == default, (name, value, default)
+
+
+def test_hicache_keys_are_the_declared_ones():
+    keys = sorted(o.key for o in hicache.StoreConfig.options().values() if o.key)
+    assert keys == EXTRA_KEYS
+    with pytest.raises(ConfigError, match="'pol_bytes' is not a PeerCacheStore setting") as e:
+        hicache.StoreConfig.from_extra({"pol_bytes": 1})
+    assert str(EXTRA_KEYS) in str(e.value)
+
+
+@pytest.mark.parametrize("key", EXTRA_KEYS)
+def test_every_extra_key_refuses_a_bad_value_naming_itself(key):
+    with pytest.raises(ConfigError, match=f"extra config '{key}'"):
+        hicache.StoreConfig.from_extra({key: ["?"]})
+
+
+FLAGGED = sorted(n for n, o in options.FLAGS.items() if o.check is not None)
+
+
+@pytest.mark.parametrize("name", FLAGGED)
+def test_every_flag_refuses_a_bad_value_naming_itself(name):
+    o = options.FLAGS[name]
+    with pytest.raises(ConfigError, match=o.flag.name):
+        config.checked({name: o}, argparse.Namespace(**{o.dest: ["?"]}))
+
+
+def test_a_flag_and_a_key_of_one_option_share_its_check():
+    with pytest.raises(ConfigError, match="--max-channels must be positive, got 0"):
+        options.validate(cli.build_parser().parse_args(["drive", "--max-channels", "0"]), "drive")
+    with pytest.raises(ConfigError, match="extra config 'max_channels' must be positive, got 0"):
+        hicache.StoreConfig.from_extra({"max_channels": 0})
+    # extra config also takes sizes as text and lists as text; a flag takes what argparse made of it
+    c = hicache.StoreConfig.from_extra({"page_bytes": "64K", "devices": "mlx5_0, mlx5_1", "protocol": "rdma",
+                                        "gid_index": None})
+    assert (c.page_bytes, c.devices, c.gid_index) == (64 << 10, ("mlx5_0", "mlx5_1"), None)
+
+
+def test_hicache_defaults_differ_where_declared_and_a_store_builds_its_node_from_the_config():
+    s, n = hicache.StoreConfig(), NodeConfig()
+    assert (s.pool_bytes, s.dir_cache_ttl, s.tenant) == (hicache.DEFAULT_POOL_BYTES, hicache.DEFAULT_DIR_CACHE_TTL,
+                                                         "default")
+    assert (n.pool_bytes, n.dir_cache_ttl) == (0, 0.0)
+    c = hicache.StoreConfig.from_extra({"protocol": "rdma", "devices": ["mlx5_0"], "gid_index": 3, "timeout": 2,
+                                        "bind": "0.0.0.0", "pool_bytes": "1MiB", "max_channels": 2})
+    kw = c.node_kwargs(page_bytes=4096, name="hicache-tp0")
+    assert kw["transport_options"] == {"devices": ["mlx5_0"], "ib_port": 1, "gid_index": 3}
+    assert (kw["rpc_timeout"], kw["bind_host"], kw["slot_capacity"], kw["max_channels"], kw["dir_cache_ttl"]) == \
+        (2.0, "0.0.0.0", 4096, 2, 5.0)
+    assert kw["pool_slots"] == (1 << 20) // tags.slot_stride(4096) and kw["name"] == "hicache-tp0"
+    assert "auth_key=" not in repr(c)   # the secret is never shown
+
+
+def test_serve_flags_make_the_node_serve_had():
+    args = cli.build_parser().parse_args(["serve", "--protocol", "tcp", "--tcp-poll-us", "7", "--page-size", "4096",
+                                          "--working-set", "8", "--heartbeat-timeout", "3", "--integrity"])
+    options.validate(args, "serve")
+    kw = dataclasses.replace(options.node_config(args), host_discovery=True,
+                             pool_bytes=8 * options.slot_bytes(4096)).node_kwargs(name="serve")
+    assert (kw["pool_slots"], kw["slot_capacity"], kw["max_channels"], kw["heartbeat_timeout"]) == (8, 4096, 8, 3.0)
+    assert kw["transport_options"] == {"poll_us": 7} and kw["integrity"] and kw["dir_cache_ttl"] == 0.0
+
+
+def test_meta_flags_are_the_declared_ones_with_help():
+    text = cli.build_parser()._subparsers._group_actions[0].choices["meta"].format_help()
+    for flag in ("--discovery-addr", "--heartbeat-timeout", "--directory", "--auth-key-file"):
+        assert flag in text
+    assert "drop nodes silent for this long [5.0]" in text
