@@ -103,8 +103,7 @@ def test_node_that_stops_heartbeating_is_dropped(port):
     try:
         prod.put_batch([b"k"], [b"v"])
         assert hub.exists_batch([b"k"]) == [True]
-        prod._stop.set()                              # heartbeats stop, process stays
-        prod._hb.join(2)
+        prod.membership.stop_heartbeats()             # heartbeats stop, process stays
         deadline = time.monotonic() + 5
         while hub.exists_batch([b"k"]) == [True] and time.monotonic() < deadline:
             time.sleep(0.1)

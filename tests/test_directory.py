@@ -61,15 +61,10 @@ def test_cache_ttl_expiry_and_invalidate():
 
 
 @pytest.mark.parametrize("ttl", [0.0, 30.0])
-@pytest.mark.parametrize("native", [True, False], ids=["native", "dict"])
-def test_cache_hands_out_the_hash_of_the_key_asked_for_never_the_entrys(ttl, native):
+def test_cache_hands_out_the_hash_of_the_key_asked_for_never_the_entrys(ttl):
     """lookup_into's ``want``: tags.key_hash of each key asked for, cached or not, whatever key hash
     the cached location carries (a directory entry may be a copy of another key's)."""
     c = DirectoryCache(ttl)
-    if not native:
-        c._native = None
-    elif c._native is None:
-        pytest.fail("the native module is not built")
     other = Location(*loc("n1", 0))._replace(key_hash=tags.key_hash(b"b"))
     c.put_rows([b"a"], c.rows([other]))                 # a's entry: a copy of b's
     keys = [b"a", b"b", b"c" * 100]

@@ -11,8 +11,8 @@ from peercache import tags
 from peercache.directory.store import Directory
 from peercache.directory.table import LINE_BYTES, MAGIC, DirTable, TableView, bucket_line, line_check
 from peercache.directory.service import MetaService
-from peercache import node as node_module
 from peercache.node import Get, Node
+from peercache.node.lookup_replies import SLOT_LIMIT
 from peercache.rpc import RpcServer
 from peercache.transport.base import ABSENT, LOC_DTYPE, native_module
 
@@ -223,7 +223,7 @@ def test_consumer_reads_every_key_through_the_table(port, protocol):
         prod.put_batch(keys, pages(keys))
         assert len(prod.meta.directory.table) == len(keys)
         with Node(addr, protocol=protocol, dir_cache_ttl=0.0) as cons:
-            assert cons._table is not None and cons._table.node_id == prod.node_id
+            assert cons.table_reader.view is not None and cons.table_reader.view.node_id == prod.node_id
             calls = counted(cons)
             dest = np.zeros(len(keys) * PAGE, np.uint8)
             r = cons.get_batch_into(keys, dest, np.arange(len(keys)) * PAGE)
@@ -255,7 +255,7 @@ def test_python_read_path_uses_the_table(port):
     with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
         prod.put_batch(keys, pages(keys))
         with Node(addr, dir_cache_ttl=0.0) as cons:
-            cons._native = None
+            cons.reader.native = None
             calls = counted(cons)
             dest = np.zeros(len(keys) * PAGE, np.uint8)
             assert cons.get_batch_into(keys, dest, np.arange(len(keys)) * PAGE).hits == len(keys)
@@ -316,7 +316,7 @@ def test_a_left_or_dropped_producer_leaves_the_table(port):
     """A pool-less discovery host serves the table; producers' entries leave it with them."""
     addr = f"127.0.0.1:{port}"
     with Node(addr, host_discovery=True, heartbeat_interval=0.1, heartbeat_timeout=0.6) as host:
-        assert host.pool is None and host._table is not None and host.info["data"]
+        assert host.pool is None and host.table_reader.view is not None and host.info["data"]
         table = host.meta.directory.table
         p1 = Node(addr, pool_slots=4, slot_capacity=PAGE, heartbeat_interval=0.1, heartbeat_timeout=0.6)
         p2 = Node(addr, pool_slots=4, slot_capacity=PAGE, heartbeat_interval=0.1, heartbeat_timeout=0.6)
@@ -389,7 +389,7 @@ def test_the_table_off_still_works(port):
         assert prod.meta.directory.table is None and prod.meta.table_info() is None
         prod.put_batch([b"a"], [b"A" * PAGE])
         with Node(addr, dir_cache_ttl=0.0) as cons:
-            assert cons._table is None
+            assert cons.table_reader.view is None
             dest = np.zeros(PAGE, np.uint8)
             assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
             assert cons.get_batch_into([b"nope"], dest, [0]).status[0] == Get.MISS
@@ -408,7 +408,7 @@ def test_a_discovery_without_the_table_still_works(port):
         assert "table" not in svc.handlers()["members"]({})
         with Node(addr, pool_slots=4, slot_capacity=PAGE) as prod, Node(addr, dir_cache_ttl=0.0) as cons:
             prod.put_batch([b"a"], [b"A" * PAGE])
-            assert cons._table is None
+            assert cons.table_reader.view is None
             dest = np.zeros(PAGE, np.uint8)
             assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
             assert cons.table_resolved == 0
@@ -426,7 +426,7 @@ def test_a_table_announced_for_another_directory_address_is_not_used(port):
         relay = RpcServer(f"127.0.0.1:{free_port()}", prod.meta.handlers(), limits=prod.meta.limits).start()
         try:
             with Node(relay.address.replace("tcp://", ""), dir_cache_ttl=0.0) as cons:
-                assert cons._table is None
+                assert cons.table_reader.view is None
                 dest = np.zeros(PAGE, np.uint8)
                 assert cons.get_batch_into([b"a"], dest, [0]).hits == 1
         finally:
@@ -476,7 +476,6 @@ def test_dirbench_node_path_resolves_through_the_table():
 
 NATIVE, NATIVE_WHY = native_module()
 needs_native = pytest.mark.skipif(NATIVE is None, reason=f"peercache._native: {NATIVE_WHY}")
-SLOT_LIMIT = node_module._SLOT_LIMIT
 
 
 def native_read(table: DirTable, view: TableView, keys: list[bytes], nums=None, epoch=None):
@@ -622,57 +621,126 @@ def test_native_mapping_of_member_numbers():
     d.close()
 
 
+def oracle_lookup(reader, table: DirTable, keys: list):
+    """The table lookup of a node's TableReader in Python (NumPy), as the engine once had it: the
+    oracle its native reads are compared with. ``(rows, resolved, resolved count)``, or None; the
+    ranges are copied straight from the table's memory, the member numbers are the reader's
+    (synced by it, one members call, when the epoch moved or a number is new)."""
+    view, n = reader.view, len(keys)
+    epoch, recs, found, absent = read_all(table, view, keys)
+    if epoch is None:
+        return None
+    rows = np.ascontiguousarray(recs).view(LOC_DTYPE).reshape(n).copy()
+    num = rows["node"]
+    if epoch != reader.epoch:
+        reader.sync(epoch)
+    nums = reader.nums
+    known = num < len(nums)
+    if found.any() and not known[found].all() or (known & found).any() \
+            and (nums[num[known & found]] == ABSENT).any():
+        reader.sync(epoch)      # a member not mapped yet
+        nums = reader.nums
+        known = num < len(nums)
+    idx = np.full(n, ABSENT, np.uint32)
+    idx[known] = nums[num[known]]
+    found &= idx != ABSENT
+    cap, lim = rows["capacity"], np.uint64(SLOT_LIMIT)
+    found &= ~((rows["length"] > cap) | (cap > lim) | (rows["offset"] > lim - np.minimum(cap, lim)))
+    rows["node"] = np.where(found, idx, ABSENT)
+    resolved = found | absent
+    return rows, resolved, int(resolved.sum())
+
+
+def oracle_one(reader, table: DirTable, key: bytes):
+    """:func:`oracle_lookup` of one key with :meth:`TableView.parse_one`: its row, or None."""
+    epoch, rec, absent = one(table, reader.view, key)
+    if epoch is None or (rec is None and not absent):
+        return None
+    if epoch != reader.epoch:
+        reader.sync(epoch)
+    if rec is None:
+        row = np.zeros(1, LOC_DTYPE)
+        row["node"] = ABSENT
+        return row
+    num = int.from_bytes(rec[:4], "little")
+    if num >= len(reader.nums) or reader.nums[num] == ABSENT:
+        reader.sync(epoch)
+        if num >= len(reader.nums) or reader.nums[num] == ABSENT:
+            return None
+    row = np.frombuffer(int(reader.nums[num]).to_bytes(4, "little") + rec[4:], LOC_DTYPE).copy()
+    length, offset, cap = (int(row[0][f]) for f in ("length", "offset", "capacity"))
+    if length > cap or cap > SLOT_LIMIT or offset > SLOT_LIMIT - cap:
+        return None
+    return row
+
+
+def a_table_with_doubtful_entries(prod: Node, keys: list) -> tuple:
+    """The producer's table with, besides ``keys``, a record that cannot be a slot, one of a member
+    number nobody maps, and one key whose line fails its check; returns (table, every key asked)."""
+    table = prod.meta.directory.table
+    num = prod.meta.directory.number(prod.node_id)
+    ref = prod.pool.ref(keys[0])
+    big, ghost = b"too-long", b"ghost"
+    table.put(big, np.array([num, 1, ref.offset, PAGE + 1, PAGE, 1, tags.key_hash(big)], "<u8").tobytes())
+    table.put(ghost, np.array([num + 5, 1, ref.offset, 8, PAGE, 1, tags.key_hash(ghost)], "<u8").tobytes())
+    victim = keys[17]
+    table.words[table._line_of[victim], 7] ^= np.uint64(1)
+    return table, keys + [big, ghost, victim] + [b"absent-%d" % i for i in range(50)]
+
+
+def assert_same_rows(p, q):
+    assert (p[1] == q[1]).all()
+    assert (p[0]["node"] == q[0]["node"]).all()
+    f = q[0]["node"] != ABSENT
+    assert (p[0][f] == q[0][f]).all()
+
+
 @needs_native
-def test_a_consumer_node_resolves_natively_as_the_python_path_does(port):
+def test_a_consumer_node_resolves_natively_as_the_python_oracle_does(port):
     addr = f"127.0.0.1:{port}"
     keys = [b"nv-%d" % i for i in range(200)]
     with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
         prod.put_batch(keys, pages(keys))
-        table = prod.meta.directory.table
-        num = prod.meta.directory.number(prod.node_id)
-        ref = prod.pool.ref(keys[0])
-        big, ghost = b"too-long", b"ghost"
-        table.put(big, np.array([num, 1, ref.offset, PAGE + 1, PAGE, 1, tags.key_hash(big)], "<u8").tobytes())
-        table.put(ghost, np.array([num + 5, 1, ref.offset, 8, PAGE, 1, tags.key_hash(ghost)], "<u8").tobytes())
-        victim = keys[17]
-        table.words[table._line_of[victim], 7] ^= np.uint64(1)
-        allk = keys + [big, ghost, victim] + [b"absent-%d" % i for i in range(50)]
+        table, allk = a_table_with_doubtful_entries(prod, keys)
         with Node(addr, dir_cache_ttl=0.0) as cons:
-            assert cons._table_native_ok(cons._table)
+            reader = cons.table_reader
+            assert reader.reads_natively(reader.view)
             calls = counted(cons)
             got = {}
             for how in ("py", "native", "py", "native"):
                 before = cons.table_resolved, cons.table_forwarded
-                rows, resolved = cons._table_lookup_py(allk) if how == "py" else cons._table_lookup(allk)
-                got[how] = (rows.copy(), resolved.copy(), cons.table_resolved - before[0],
-                            cons.table_forwarded - before[1])
+                if how == "py":
+                    rows, resolved, r = oracle_lookup(reader, table, allk)
+                    got[how] = (rows, resolved, r, len(allk) - r)
+                else:
+                    rows, resolved = reader.lookup(allk)
+                    got[how] = (rows.copy(), resolved.copy(), cons.table_resolved - before[0],
+                                cons.table_forwarded - before[1])
                 if how == "native" and "py" in got:
                     p, q = got["py"], got["native"]
-                    assert (p[1] == q[1]).all() and p[2:] == q[2:]
-                    assert (p[0]["node"] == q[0]["node"]).all()
-                    f = q[0]["node"] != ABSENT
-                    assert (p[0][f] == q[0][f]).all()
+                    assert_same_rows(p, q)
+                    assert p[2:] == q[2:]
             rows, resolved, r, fwd = got["native"]
             assert fwd == 4 and r == len(allk) - 4     # big, ghost, the victim (twice): for the RPC
             assert not resolved[[17, len(keys), len(keys) + 1, len(keys) + 2]].any()
             assert (rows["offset"][:len(keys)] == [prod.pool.ref(k).offset for k in keys])[
                 np.arange(len(keys)) != 17].all()
             assert "lookup" not in calls and calls.count("members") >= 2   # ghost: mapped again each time
-            # keys that are bytes-like but not bytes take the Python read, with the same answers
-            rows_b, resolved_b = cons._table_lookup([bytearray(k) for k in allk])
+            # keys that are bytes-like but not bytes are read by their bytes, with the same answers
+            rows_b, resolved_b = reader.lookup([bytearray(k) for k in allk])
             assert (resolved_b == resolved).all() and (rows_b["node"] == rows["node"]).all()
-            assert (cons._table_one(bytearray(keys[3])) == cons._table_one(keys[3])).all()
+            assert (reader.one(bytearray(keys[3])) == reader.one(keys[3])).all()
             # one key at a time, the latency path
-            for k in allk[::7] + [big, ghost, victim, b"absent-0"]:
-                p, q = cons._table_one_py(k), cons._table_one(k)
+            for k in allk[::7] + [allk[len(keys)], allk[len(keys) + 1], keys[17], b"absent-0"]:
+                p, q = oracle_one(reader, table, k), reader.one(k)
                 assert (p is None) == (q is None)
                 if q is not None:
                     assert (p == q).all()
             # a new epoch: the numbers are mapped again with one members call, answers unchanged
             table.set_epoch(table.epoch + 3)
             calls.clear()
-            rows2, resolved2 = cons._table_lookup(keys)
-            assert calls == ["members"] and cons._table_epoch == table.epoch
+            rows2, resolved2 = reader.lookup(keys)
+            assert calls == ["members"] and reader.epoch == table.epoch
             assert (rows2["node"][resolved2] != ABSENT).sum() == len(keys) - 1
             # and through a read, uncached, the RPC answering what the table could not
             dest = np.zeros(len(allk) * PAGE, np.uint8)
@@ -680,5 +748,50 @@ def test_a_consumer_node_resolves_natively_as_the_python_path_does(port):
             assert r.hits == len(keys) + 1 and calls.count("lookup") == 1   # the victim twice
         # the hosting node reads its own table in place, natively too
         host_calls = counted(prod)
-        rows, resolved = prod._table_lookup(keys)
+        rows, resolved = prod.table_reader.lookup(keys)
         assert resolved.sum() == len(keys) - 1 and "lookup" not in host_calls
+
+
+@needs_native
+@pytest.mark.parametrize("how", ["python tcp", "registered memory"])
+def test_the_table_read_through_the_transport_answers_as_the_native_one(port, how):
+    """Where the table node's handle cannot land the read in scratch of its own (a transport
+    without native handles; one whose reads need registered memory, as rdma's: here tcp declaring
+    it), the table is read through the transport's read_batch, parsed by TableView and mapped
+    natively: the same rows, counts and calls as the native read and the oracle."""
+    addr = f"127.0.0.1:{port}"
+    keys = [b"tr-%d" % i for i in range(200)]
+    options = {"native": False} if how == "python tcp" else {}
+    with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
+        prod.put_batch(keys, pages(keys))
+        table, allk = a_table_with_doubtful_entries(prod, keys)
+        with Node(addr, dir_cache_ttl=0.0) as native, \
+                Node(addr, dir_cache_ttl=0.0, transport_options=options) as cons:
+            if how == "registered memory":
+                cons.transport.needs_registered_memory = True
+            reader = cons.table_reader
+            assert not reader.reads_natively(reader.view) and reader.native is not None
+            calls = counted(cons)
+            for _ in range(2):
+                before = cons.table_resolved, cons.table_forwarded
+                rows, resolved = reader.lookup(allk)
+                q = (rows.copy(), resolved.copy(), cons.table_resolved - before[0],
+                     cons.table_forwarded - before[1])
+                n_rows, n_resolved = native.table_reader.lookup(allk)
+                o_rows, o_resolved, r = oracle_lookup(native.table_reader, table, allk)
+                assert_same_rows((n_rows, n_resolved), q)
+                assert_same_rows((o_rows, o_resolved), q)
+                assert q[2:] == (r, len(allk) - r) == (len(allk) - 4, 4)
+            assert "lookup" not in calls and calls.count("members") >= 2   # ghost: mapped again each time
+            if how == "registered memory":
+                assert len(reader._scratch.buf) >= 1 << 16       # one scratch buffer, kept
+            for k in allk[::7] + [allk[len(keys)], allk[len(keys) + 1], keys[17], b"absent-0"]:
+                p, q = native.table_reader.one(k), reader.one(k)
+                assert (p is None) == (q is None), k
+                if q is not None:
+                    assert (p == q).all()
+            assert (reader.one(bytearray(keys[3])) == reader.one(keys[3])).all()
+            dest = np.zeros(len(allk) * PAGE, np.uint8)
+            calls.clear()
+            r = cons.get_batch_into(allk, dest, np.arange(len(allk)) * PAGE)
+            assert r.hits == len(keys) + 1 and calls.count("lookup") == 1

@@ -80,7 +80,7 @@ def test_poisoned_location_is_a_peercache_error_never_a_raw_exception(pair, fiel
     poison(prod.node, b"bad", field, value)
     with peercache.Client(addr, page_size=4096, dir_cache_ttl=ttl) as cons:
         if path == "python":
-            cons.node._native = None          # the reference (pure-Python) read path
+            cons.node.reader.native = None          # the reference (pure-Python) read path
         for _ in range(2):   # the second round would use a cached location when ttl > 0
             with pytest.raises(InvalidLocation, match="invalid"):
                 cons.get("bad")
@@ -369,7 +369,7 @@ def _consumer(addr: str, path: str):
     """A consumer with locations cached for 30 s, on the native or the pure-Python read path."""
     with peercache.Client(addr, page_size=4096, dir_cache_ttl=30.0) as cons:
         if path == "python":
-            cons.node._native = None
+            cons.node.reader.native = None
         yield cons
 
 

@@ -67,7 +67,7 @@ def pair(protocol, path, producer_integrity, consumer_integrity, ttl=0.0):
             peercache.Client(addr, protocol=protocol, page_size=PAGE, integrity=consumer_integrity,
                              dir_cache_ttl=ttl) as cons:
         if path == "python":
-            cons.node._native = None
+            cons.node.reader.native = None
         yield prod, cons
 
 
@@ -135,7 +135,7 @@ def test_pattern_check_at_odd_sizes_and_edges_agrees_with_the_reference(protocol
                             page_size=40000)
     cons = peercache.Client(addr, protocol=protocol, page_size=40000)
     if path == "python":
-        cons.node._native = None
+        cons.node.reader.native = None
     try:
         keys, flips = [], {}
         for j, size in enumerate(sizes):

@@ -81,7 +81,7 @@ def test_node_reads_the_original_reply_of_another_directory(producer, native):
     try:
         with Node(old.address.replace("tcp://", ""), dir_cache_ttl=0.0) as cons:
             if not native:
-                cons._native = None
+                cons.reader.native = None
             dest = np.zeros(2 * 4096, np.uint8)
             r = cons.get_batch_into([b"a", b"nope", b"b"], dest, [0, 4096, 0])
             assert r.status.tolist() == [Get.HIT, Get.MISS, Get.HIT] and r.lengths[0] == 100
@@ -99,7 +99,7 @@ def test_a_node_seen_first_at_the_current_epoch_is_fetched_once(producer):
             cons.node.lookup([b"a"], use_cache=False)       # epoch now current, only A known
             assert prod2.node.node_id not in cons.node.peers
             assert cons.get("c") == b"C" * 10                # B unknown at this epoch: one members call
-            assert prod2.node.node_id in cons.node._fresh_peers
+            assert prod2.node.node_id in cons.node.peer_infos.fresh
 
 
 def test_a_malformed_record_reply_is_an_rpc_error(producer):
@@ -143,7 +143,7 @@ def test_a_split_batch_whose_replies_mix_records_and_lists_is_merged(producer):
     srv = RpcServer(f"127.0.0.1:{free_port()}", {**meta.handlers(), "lookup": lookup}, limits=meta.limits).start()
     try:
         with Node(srv.address.replace("tcp://", ""), dir_cache_ttl=0.0) as cons:
-            cons.limits = dataclasses.replace(cons.limits, max_keys_per_request=2)
+            cons.membership.limits = dataclasses.replace(cons.limits, max_keys_per_request=2)
             keys = [b"nope", b"a", b"b", b"x", b"a"]
             locs = cons.lookup(keys)
             assert calls == [2, 2, 1]

@@ -164,7 +164,7 @@ def cluster(request):
     prod = Node(addr, protocol=request.param, host_discovery=True, pool_slots=64, slot_capacity=2048,
                 name="prod")
     cons = Node(addr, protocol=request.param, dir_cache_ttl=60.0, max_channels=4, name="cons")
-    assert cons._native is not None, "the consumer should use the native batch path"
+    assert cons.reader.native is not None, "the consumer should use the native batch path"
     yield prod, cons
     cons.close()
     prod.close()
@@ -243,7 +243,7 @@ def test_python_tcp_path_still_works_as_reference():
                 transport_options={"native": False})
     cons = Node(addr, protocol="tcp", name="c", transport_options={"native": False})
     try:
-        assert cons._native is None and type(cons.transport) is TcpTransport
+        assert cons.reader.native is None and type(cons.transport) is TcpTransport
         prod.put_batch([b"a", b"b"], [b"alpha", b"bravo"])
         dest = np.zeros(512, np.uint8)
         r = cons.get_batch_into([b"a", b"x", b"b"], dest, [0, 256, 300])
@@ -262,12 +262,12 @@ def test_make_transport_picks_native_tcp_when_built():
         t.close()
 
 
-def test_without_the_extension_tcp_and_shm_say_how_to_build(monkeypatch):
+def test_without_the_extension_tcp_shm_and_the_node_say_how_to_build(monkeypatch):
     import types
 
     import peercache.transport.base as base
     from peercache.directory.cache import DirectoryCache
-    from peercache.errors import TransportUnavailable
+    from peercache.errors import ConfigError, TransportUnavailable
 
     def missing(name):
         raise ImportError(f"No module named {name!r}")
@@ -280,4 +280,7 @@ def test_without_the_extension_tcp_and_shm_say_how_to_build(monkeypatch):
                  lambda: make_transport("shm")):
         with pytest.raises(TransportUnavailable, match=r"peercache\._native is unavailable .*run `make setup`"):
             make()
-    assert not DirectoryCache(5.0).native
+    with pytest.raises(ConfigError, match="run `make setup` to build peercache._native"):
+        DirectoryCache(5.0)
+    with pytest.raises(ConfigError, match="make setup"):
+        Node(f"127.0.0.1:{free_port()}", protocol="tcp", transport_options={"native": False})

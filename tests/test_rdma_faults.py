@@ -95,14 +95,14 @@ def wait_port_mtu(rdma_dev: str, want: int) -> None:
 def count_stale(node: Node) -> list[int]:
     """Wrap the node's native read so every tag mismatch (torn or stale slot) is counted."""
     seen = [0]
-    orig = node._read_native
+    orig = node.reader.read_native
 
     def counting(*a):
         err, stale, other = orig(*a)
         seen[0] += len(stale)
         return err, stale, other
 
-    node._read_native = counting
+    node.reader.read_native = counting
     return seen
 
 
@@ -209,7 +209,7 @@ def _fill(prod, n, size=4000):
 
 
 def _fault_peer(cons, prod, regions, tag):
-    info = cons._data_endpoint(prod.node_id)
+    info = cons.peer_infos.data_endpoint(prod.node_id)
     return cons.transport._connect(prod.node_id, info, regions=regions, tag=tag)
 
 

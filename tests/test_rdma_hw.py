@@ -116,7 +116,7 @@ def test_bad_remote_key_is_reported_per_op_then_reconnects(pair):
     keys = [b"a", b"b", b"c"]
     prod.put_batch(keys, [b"x" * 8192, b"y" * 100, b"z" * 5000])
     locs = cons.lookup(keys)
-    info = cons._data_endpoint(prod.node_id)
+    info = cons.peer_infos.data_endpoint(prod.node_id)
     peer = cons.transport._connect(prod.node_id, info, rkey_xor=0x5A5A5A)
     ops = np.zeros(len(keys), dtype=OP_DTYPE)
     for i, l in enumerate(locs):

@@ -95,7 +95,7 @@ def pair(backend, protocol, path, integrity=False, ttl=0.0):
             peercache.Client(spec, protocol=protocol, page_size=PAGE, integrity=integrity,
                              dir_cache_ttl=ttl) as cons:
         if path == "python":
-            cons.node._native = None
+            cons.node.reader.native = None
         yield prod, cons, lambda key, other: redirect(prod.node, key, other)
 
 
@@ -248,7 +248,7 @@ def test_a_redirected_entry_is_a_miss_over_rdma(backend, integrity):
                     pool_slots=8, slot_capacity=PAGE, integrity=integrity, name="prod")
         cons = Node(spec, protocol="rdma", transport_options={"devices": cons_devs[:1]}, dir_cache_ttl=0.0,
                     integrity=integrity, name="cons")
-        assert cons._native is not None, "the rdma test needs the native module built"
+        assert cons.reader.native is not None, "the rdma test needs the native module built"
         keys = list(VALUES)
         prod.put_batch(keys, list(VALUES.values()))
         dest = np.zeros(3 * PAGE, np.uint8)

@@ -58,8 +58,7 @@ def test_cluster_owner_only_and_a_silent_node_vanishes(redis_cluster):
             assert other.node.publish_refused == 1
             assert other.get("s1") == b"O" * 8 and other.get("mine") == b"M" * 8
             epoch0 = other.node.discovery.call("members")["epoch"]
-            owner.node._stop.set()                  # stops heartbeating
-            owner.node._hb.join(timeout=5)
+            owner.node.membership.stop_heartbeats()   # stops heartbeating
             t = time.monotonic()
             while other.get("s2") is not None and time.monotonic() - t < scaled(15):
                 time.sleep(0.1)

@@ -293,8 +293,7 @@ def test_a_silent_node_vanishes_with_its_entries_and_the_epoch_moves(redis_serve
             assert cons.get("v1") == b"1" * 8
             gone_id = prod.node.node_id
             epoch0 = cons.node.discovery.call("members")["epoch"]
-            prod.node._stop.set()          # the producer stops heartbeating (as if it hung)
-            prod.node._hb.join(timeout=5)
+            prod.node.membership.stop_heartbeats()   # the producer stops heartbeating (as if it hung)
             t = time.monotonic()
             while cons.get("v1") is not None and time.monotonic() - t < scaled(15):
                 time.sleep(0.1)

@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .. import tags
+from ..errors import ConfigError
 from .location import Location
 from ..transport.base import ABSENT, LOC_DTYPE, native_module
 
@@ -15,37 +16,39 @@ from ..transport.base import ABSENT, LOC_DTYPE, native_module
 class DirectoryCache:
     """Client-side cache of lookups with a time-to-live (0 disables it).
 
-    Entries live in a native sharded hash map when the extension is built
-    (batch lookups without the GIL, one short lock per key and shard), else
-    in a dict. Node ids are interned to small integers so a cached location
-    is a fixed-size record the native read path consumes directly.
+    Entries live in the native sharded hash map (batch lookups without the
+    GIL, one short lock per key and shard). Node ids are interned to small
+    integers so a cached location is a fixed-size record the native read path
+    consumes directly.
     """
 
     def __init__(self, ttl: float, clock=time.monotonic, max_entries: int = 1 << 22):
         if ttl < 0:
             raise ValueError(f"--dir-cache-ttl must be >= 0 seconds, got {ttl}")
+        mod, why = native_module()
+        if mod is None:
+            raise ConfigError(f"the directory cache needs the native module: {why}; run `make setup` "
+                              "to build peercache._native")
         self.ttl = ttl
         self.clock = clock
         self.max_entries = max_entries
-        mod, _ = native_module()
-        self._native = mod.LocCache() if mod is not None else None
-        self._map: dict[bytes, tuple[float, Location]] = {}
+        self._native = mod.LocCache()
+        self._key_hashes = mod.key_hashes
         self._lock = threading.Lock()
         self._node_ids: list[str] = []
         self._node_index: dict[str, int] = {}
-        self._hits = 0
-        self._misses = 0
+        self._misses = 0            # lookups with the cache off (ttl 0), which never reach the map
 
     # -- counters ---------------------------------------------------------------------
     @property
     def hits(self) -> int:
         """Keys served from the cache so far."""
-        return self._hits + (self._native.hits if self._native is not None else 0)
+        return self._native.hits
 
     @property
     def misses(self) -> int:
         """Keys the cache could not serve so far."""
-        return self._misses + (self._native.misses if self._native is not None else 0)
+        return self._misses + self._native.misses
 
     # -- node interning ---------------------------------------------------------------
     def node_index(self, node_id: str) -> int:
@@ -77,11 +80,6 @@ class DirectoryCache:
         return Location(self._node_ids[int(row["node"])], *(int(row[f]) for f in LOC_DTYPE.names[1:]))
 
     # -- batch API used by the native read path -------------------------------------------
-    @property
-    def native(self) -> bool:
-        """Whether records live in the native map (lookup_into/put_rows are fast)."""
-        return self._native is not None
-
     def lookup_into(self, keys: Sequence[bytes], out: np.ndarray, want: np.ndarray | None = None) -> int:
         """Fill ``out`` (LOC_DTYPE) for ``keys``; returns how many were cached and unexpired.
 
@@ -95,33 +93,20 @@ class DirectoryCache:
             if want is not None:
                 self.key_hashes_into(keys, want)
             return 0
-        if self._native is not None:
-            return self._native.lookup(keys, self.clock(), out, want)
-        locs = self.get_many(keys)
-        out[:] = self.rows(locs)
-        if want is not None:
-            self.key_hashes_into(keys, want)
-        return sum(l is not None for l in locs)
+        return self._native.lookup(keys, self.clock(), out, want)
 
     def key_hashes_into(self, keys: Sequence[bytes], want: np.ndarray) -> None:
         """``want[i]`` = :func:`tags.key_hash` of ``keys[i]`` (natively where the keys are bytes)."""
-        mod, _ = native_module()
-        if mod is not None:
-            try:
-                mod.key_hashes(keys, want)
-                return
-            except TypeError:
-                pass               # keys that are not bytes: hashed in Python
-        want[:] = tags.key_hashes(keys)
+        try:
+            self._key_hashes(keys, want)
+        except TypeError:
+            want[:] = tags.key_hashes(keys)       # keys that are not bytes: hashed in Python
 
     def put_rows(self, keys: Sequence[bytes], rows: np.ndarray) -> None:
         """Remember records (node != ABSENT) until now + ttl."""
         if self.ttl == 0:
             return
-        if self._native is not None:
-            self._native.put(keys, rows, self.clock() + self.ttl, self.max_entries)
-            return
-        self.put_many(keys, [None if r["node"] == ABSENT else self._location(r) for r in rows])
+        self._native.put(keys, rows, self.clock() + self.ttl, self.max_entries)
 
     # -- the Python API -------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes]) -> list[Location | None]:
@@ -129,59 +114,25 @@ class DirectoryCache:
         if self.ttl == 0:
             self._misses += len(keys)
             return [None] * len(keys)
-        if self._native is not None:
-            rows = np.empty(len(keys), dtype=LOC_DTYPE)
-            self._native.lookup(list(keys), self.clock(), rows)
-            return [None if r["node"] == ABSENT else self._location(r) for r in rows]
-        now = self.clock()
-        out: list[Location | None] = []
-        with self._lock:
-            for k in keys:
-                e = self._map.get(k)
-                if e is not None and e[0] > now:
-                    out.append(e[1])
-                    self._hits += 1
-                else:
-                    if e is not None:
-                        del self._map[k]
-                    out.append(None)
-                    self._misses += 1
-        return out
+        rows = np.empty(len(keys), dtype=LOC_DTYPE)
+        self._native.lookup(list(keys), self.clock(), rows)
+        return [None if r["node"] == ABSENT else self._location(r) for r in rows]
 
     def put_many(self, keys: Sequence[bytes], locs: Sequence[Location | None]) -> None:
         """Remember found locations until now + ttl."""
         if self.ttl == 0:
             return
-        if self._native is not None:
-            self._native.put(list(keys), self.rows(locs), self.clock() + self.ttl, self.max_entries)
-            return
-        expiry = self.clock() + self.ttl
-        with self._lock:
-            if len(self._map) + len(keys) > self.max_entries:
-                self._map.clear()  # bounded memory; a refill costs one lookup per batch
-            for k, loc in zip(keys, locs):
-                if loc is not None:
-                    self._map[k] = (expiry, loc)
+        self._native.put(list(keys), self.rows(locs), self.clock() + self.ttl, self.max_entries)
 
     def invalidate(self, keys: Iterable[bytes]) -> None:
         """Forget ``keys`` (after a tag mismatch showed the location is stale)."""
-        if self._native is not None:
-            self._native.invalidate(list(keys))
-            return
-        with self._lock:
-            for k in keys:
-                self._map.pop(k, None)
+        self._native.invalidate(list(keys))
 
     def drop_node(self, node_id: str) -> None:
         """Forget every location on ``node_id``."""
-        if self._native is not None:
-            idx = self._node_index.get(node_id)
-            if idx is not None:
-                self._native.drop_node(idx)
-            return
-        with self._lock:
-            for k in [k for k, (_, loc) in self._map.items() if loc.node_id == node_id]:
-                del self._map[k]
+        idx = self._node_index.get(node_id)
+        if idx is not None:
+            self._native.drop_node(idx)
 
     def __len__(self) -> int:
-        return len(self._native) if self._native is not None else len(self._map)
+        return len(self._native)

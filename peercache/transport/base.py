@@ -181,6 +181,11 @@ class Transport(abc.ABC):
     #: True when :meth:`native_peer` gives handles the native batch path can use.
     native: bool = False
 
+    #: True when reads land only in memory registered with the device (rdma, beyond 64 B; see
+    #: :meth:`prepare_local`): a node reads into scratch it keeps registered, never into scratch
+    #: of a native call's own (such as the directory table read of ``native_peer`` handles).
+    needs_registered_memory: bool = False
+
     def native_peer(self, peer: str, info: dict[str, Any]):
         """A connected ``peercache._native.Peer`` for ``peer`` (native transports only)."""
         return None

@@ -52,6 +52,7 @@ class RdmaTransport(Transport):
 
     name = "rdma"
     native = True
+    needs_registered_memory = True
 
     def __init__(self, max_channels: int = 4, *, devices: list[str] | None = None, device_name: str | None = None, ib_port: int = 1,
                  gid_index: int | None = None, sq_depth: int = 256, timeout_s: float = 5.0,

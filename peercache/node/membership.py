@@ -1,0 +1,140 @@
+"""This node's membership in the cluster: its registration with the directory, the heartbeats
+that keep it, and leaving."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import DiscoveryUnreachable, PeerCacheError, RpcError
+from ..rpc import DEFAULT_LIMITS, Limits
+
+log = logging.getLogger("peercache.node")
+
+
+def _nothing(*_args) -> None:
+    return None
+
+
+class Membership:
+    """Registration (the node's id, the token that proves requests in its name, the directory's
+    request limits), a heartbeat every ``heartbeat_interval`` on a connection of its own, and
+    leaving.
+
+    What registering means to the rest of the node is given as callables: ``on_registered(reply)``
+    after each registration, ``on_forgotten()`` after registering again because the directory
+    forgot this node (its pages are published again), ``on_heartbeat()`` after each heartbeat the
+    directory answered knowing this node (publishes it refused are tried again).
+    """
+
+    def __init__(self, directory, info: dict, heartbeat_interval: float, *,
+                 on_registered: Callable[[dict], None] = _nothing, on_forgotten: Callable[[], None] = _nothing,
+                 on_heartbeat: Callable[[], None] = _nothing):
+        #: the directory client (None once closed)
+        self.directory = directory
+        #: what this node registers as (name, host, pid, protocol, data and control endpoints, regions)
+        self.info = info
+        self.heartbeat_interval = heartbeat_interval
+        self.on_registered, self.on_forgotten, self.on_heartbeat = on_registered, on_forgotten, on_heartbeat
+        self.node_id: str | None = None
+        #: issued by discovery at registration; proves requests in this node's name
+        self.token: str | None = None
+        #: discovery's request limits (from its register reply); batches are split to fit
+        self.limits: Limits = DEFAULT_LIMITS
+        #: when the directory last answered this node (registration, then each heartbeat; monotonic s)
+        self.answered = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self) -> None:
+        """Register (again, with the id and token this node holds, after the directory forgot it)."""
+        again = {"node_id": self.node_id, "token": self.token} if self.node_id and self.token else {}
+        reply = self.directory.call("register", info=self.info, **again)
+        self.node_id = reply["node_id"]
+        self.token = reply.get("token")
+        self.limits = Limits.from_dict(reply.get("limits"))
+        self.on_registered(reply)
+
+    def slices(self, keys: Sequence[bytes], per_key: int):
+        """(start, end) slices of ``keys`` that fit one request under discovery's limits.
+
+        ``per_key`` is what each key adds to a request beyond its own bytes.
+        One slice (maybe empty) when everything fits, the common case.
+        """
+        lim = self.limits
+        budget = lim.max_message_bytes - (64 << 10)
+        n = len(keys)
+        if n <= lim.max_keys_per_request and sum(map(len, keys)) + per_key * n <= budget:
+            yield 0, n
+            return
+        ends = np.cumsum(np.fromiter(map(len, keys), np.int64, n) + per_key)   # bytes up to each key
+        start, before = 0, 0
+        while start < n:
+            fit = int(np.searchsorted(ends, before + budget, side="right"))
+            end = min(n, start + lim.max_keys_per_request, max(fit, start + 1))
+            yield start, end
+            start, before = end, int(ends[end - 1])
+
+    # -- heartbeats -----------------------------------------------------------------
+    def start_heartbeats(self) -> None:
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeats(self) -> None:
+        """No more heartbeats (the node stays registered until the directory times it out)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def silence(self) -> float:
+        """Seconds since the directory last answered this node."""
+        return time.monotonic() - self.answered
+
+    def _heartbeat_loop(self) -> None:
+        # A socket of its own: a heartbeat never waits for this node's other requests (a big
+        # lookup in flight, or one waiting out its timeout) to release the shared client.
+        hb = None
+        while hb is None:
+            disc = self.directory
+            if disc is None:
+                return
+            try:
+                hb = disc.clone()
+            except PeerCacheError as e:
+                log.warning("heartbeat: cannot reach the directory (%s); trying again", e)
+                if self._stop.wait(self.heartbeat_interval):
+                    return
+        try:
+            self._heartbeats(hb)
+        finally:
+            hb.close()
+
+    def _heartbeats(self, hb) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                reply = hb.call("heartbeat", node_id=self.node_id, token=self.token)
+                self.answered = time.monotonic()
+                if not reply["known"]:
+                    log.warning("discovery forgot node %s; registering again", self.node_id)
+                    self.register()
+                    self.on_forgotten()
+                else:
+                    self.on_heartbeat()
+            except PeerCacheError as e:
+                log.warning("heartbeat failed: %s", e)
+
+    # -- leaving ------------------------------------------------------------------
+    def close(self, leave: bool = True) -> None:
+        """Stop the heartbeats and (``leave``) tell the directory this node is gone; the
+        directory client stays open (its owner closes it)."""
+        self.stop_heartbeats()
+        disc = self.directory
+        if leave and disc is not None and self.node_id:
+            try:
+                disc.call("leave", node_id=self.node_id, token=self.token, timeout=1.0)
+            except (RpcError, DiscoveryUnreachable):
+                pass
+        self.directory = None

@@ -1,0 +1,168 @@
+"""Where keys are: the client cache, then the directory's table, then the lookup RPC."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..directory.cache import DirectoryCache
+from ..directory.location import Location
+from ..transport.base import ABSENT, LOC_DTYPE
+from .lookup_replies import LookupReplies
+from .membership import Membership
+from .peers import PeerInfos
+from .table_reader import TableReader
+
+
+class Resolver:
+    """Locations of keys, each asked of the cheapest tier that can answer it: the client cache
+    (``cache``, with a TTL), then the directory's table (``table``, one one-sided read), then
+    one directory RPC (``directory``, split to fit its limits) for the rest. What the table and
+    the RPC answer is cached.
+
+    A location whose slot did not hold the key when read (evicted, reused, torn, or another
+    key's slot) is looked up once more by :meth:`relocate`: forgotten by the cache and asked of
+    the directory itself (no cache, no table), so a retry can never loop.
+
+    Locations come as :class:`Location` lists (:meth:`lookup`) or as LOC_DTYPE rows, node = the
+    cache's index, ABSENT for a miss or an invalid entry (:meth:`lookup_rows`); an invalid entry
+    is appended to the caller's ``bad`` list as ``(index, why)`` and never cached.
+    """
+
+    def __init__(self, cache: DirectoryCache, table: TableReader, directory, membership: Membership,
+                 peers: PeerInfos, replies: LookupReplies):
+        self.cache, self.table, self.directory = cache, table, directory
+        self.membership, self.peers, self.replies = membership, peers, replies
+
+    # -- Location lists ---------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes], use_cache: bool = True,
+               bad: list | None = None) -> list[Location | None]:
+        """Locations of ``keys``: cached ones, then what one read of the directory's table
+        answers, the rest with one directory RPC (``use_cache`` False: the RPC alone)."""
+        locs = self.cache.get_many(keys) if use_cache else [None] * len(keys)
+        missing = [i for i, l in enumerate(locs) if l is None]
+        if missing and use_cache and self.table.view is not None:
+            mkeys = [keys[i] for i in missing]
+            got = self.table.lookup(mkeys)
+            if got is not None:
+                rows, resolved = got
+                node_id = self.cache.node_id
+                for j in np.flatnonzero(resolved & (rows["node"] != ABSENT)).tolist():
+                    r = rows[j].tolist()
+                    locs[missing[j]] = Location(node_id(r[0]), *r[1:])
+                self.cache.put_rows(mkeys, rows)
+                missing = [missing[j] for j in np.flatnonzero(~resolved).tolist()]
+        if missing:
+            sub_bad: list = []
+            mkeys = [keys[i] for i in missing]
+            fresh = self.rpc_locations(mkeys, sub_bad)
+            for i, l in zip(missing, fresh):
+                locs[i] = l
+            self.cache.put_many(mkeys, fresh)
+            if bad is not None:
+                bad.extend((missing[j], why) for j, why in sub_bad)
+        return locs
+
+    def locate(self, keys: list, bad: list, want: np.ndarray | None = None) -> list:
+        """:meth:`lookup` of a batch read (the Python read path); ``want`` is filled with the
+        hash of each key asked for."""
+        if want is not None:
+            self.cache.key_hashes_into(keys, want)
+        return self.lookup(keys, use_cache=True, bad=bad)
+
+    # -- LOC_DTYPE rows ---------------------------------------------------------------
+    def lookup_rows(self, keys: list, bad: list, want: np.ndarray | None = None,
+                    use_cache: bool = True) -> np.ndarray:
+        """Locations of ``keys`` as rows (``want``: filled with the hash of each key asked for).
+        Without the cache the table is skipped too: the directory itself answers."""
+        locs = np.empty(len(keys), dtype=LOC_DTYPE)
+        if use_cache:
+            cached = self.cache.lookup_into(keys, locs, want)
+            if cached == len(keys):
+                return locs
+        else:
+            if want is not None:
+                self.cache.key_hashes_into(keys, want)
+            locs["node"] = ABSENT
+            cached = 0
+        self._fill_from_directory(keys, locs, bad, use_table=use_cache, none_cached=cached == 0)
+        return locs
+
+    def relocate(self, keys: list, bad: list, as_rows: bool):
+        """Fresh locations of ``keys``, whose location did not match their slot's tag: forgotten
+        by the cache, then asked of the directory itself (rows with ``as_rows``, else Locations)."""
+        self.cache.invalidate(keys)
+        if as_rows:
+            return self.lookup_rows(keys, bad, use_cache=False)
+        return self.lookup(keys, use_cache=False, bad=bad)
+
+    def _fill_from_directory(self, keys: list, locs: np.ndarray, bad: list | None = None,
+                             use_table: bool = True, none_cached: bool = False) -> None:
+        """Look up the rows of ``locs`` that are ABSENT (``none_cached``: all of them): in the
+        directory's table (one one-sided read, ``use_table``), the ones it cannot answer with one
+        directory RPC.
+
+        Invalid entries stay ABSENT and go to ``bad`` as ``(index into keys, why)``.
+        """
+        if none_cached or len(locs) == 1:
+            todo = None
+        else:
+            node = locs["node"]
+            todo = None if not (node != ABSENT).any() else np.flatnonzero(node == ABSENT)
+        if use_table and self.table.view is not None:
+            tkeys = keys if todo is None else [keys[i] for i in todo]
+            if len(tkeys) == 1:                # the latency path
+                row = self.table.one(tkeys[0])
+                if row is not None:
+                    locs[0 if todo is None else int(todo[0])] = row[0]
+                    self.cache.put_rows(tkeys, row)
+                    return
+                got = None
+            else:
+                # the whole batch: the table's rows land in locs itself
+                got = self.table.rows(tkeys, locs if todo is None else None)
+            if got is not None:
+                rows, resolved, r = got
+                if todo is not None:
+                    locs[todo] = rows
+                self.cache.put_rows(tkeys, rows)
+                if r == len(tkeys):
+                    return
+                left = np.flatnonzero(~resolved)
+                todo = left if todo is None else todo[left]
+        if todo is None:
+            mkeys, sub_bad = keys, (bad if bad is not None else [])
+            rows = self.rpc_rows(mkeys, sub_bad)
+            locs[:] = rows
+            self.cache.put_rows(mkeys, rows)
+            return
+        miss = todo
+        mkeys = [keys[i] for i in miss]
+        sub_bad = []
+        rows = self.rpc_rows(mkeys, sub_bad)
+        locs[miss] = rows
+        self.cache.put_rows(mkeys, rows)
+        if bad is not None:
+            bad.extend((int(miss[j]), why) for j, why in sub_bad)
+
+    # -- the lookup RPC -----------------------------------------------------------------
+    def rpc_locations(self, keys: Sequence[bytes], bad: list | None = None) -> list[Location | None]:
+        """One lookup RPC (no cache) as Locations."""
+        return self.replies.locations(self.lookup_rpc(keys), keys, bad)
+
+    def rpc_rows(self, keys: Sequence[bytes], bad: list | None = None) -> np.ndarray:
+        """One lookup RPC (no cache) as rows."""
+        return self.replies.any_rows(self.lookup_rpc(keys), keys, bad)
+
+    def lookup_rpc(self, keys: Sequence[bytes]) -> dict:
+        """The lookup reply for ``keys``: one RPC, or as many as discovery's limits need, merged.
+
+        It asks for fixed binary records (``recs``) and sends the epoch of the node infos it
+        holds; a directory that answers with the original ``locs`` lists is read as before.
+        """
+        parts = list(self.membership.slices(keys, 8))
+        ask = {"recs": True, "epoch": self.peers.infos_epoch}
+        if len(parts) == 1:
+            return self.directory.call("lookup", keys=keys if isinstance(keys, list) else list(keys), **ask)
+        replies = [self.directory.call("lookup", keys=list(keys[a:b]), **ask) for a, b in parts]
+        return self.replies.merge(parts, replies, self.peers.epoch)

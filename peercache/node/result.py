@@ -1,0 +1,50 @@
+"""What a batch read answers: one :class:`Get` per key, and the :class:`BatchResult` around them."""
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class Get(IntEnum):
+    """Outcome of one key in a batch read."""
+
+    HIT = 0
+    MISS = 1
+    ERROR = 2
+
+
+#: no indices (a read-only empty array: what a batch without stale or redirected keys hands back)
+NO_INDICES = np.empty(0, np.intp)
+NO_INDICES.flags.writeable = False
+
+
+class BatchResult:
+    """Per-key outcome of a batch read plus the first error's reason."""
+
+    __slots__ = ("status", "lengths", "generations", "error", "invalid", "content_mismatch", "redirected",
+                 "miss_reason")
+
+    def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
+                 error: str | None, invalid: frozenset = frozenset(),
+                 content_mismatch: np.ndarray | None = None, redirected: np.ndarray | None = None,
+                 miss_reason: str | None = None):
+        self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
+        #: indices whose directory entry was invalid (status ERROR; see :func:`~peercache.directory.validate.read_location`)
+        self.invalid = invalid
+        #: with ``check_pattern``: indices of hits whose bytes are not the bench pattern
+        self.content_mismatch = np.empty(0, np.intp) if content_mismatch is None else content_mismatch
+        #: indices of misses whose directory entry points at another key's slot (the slot is the
+        #: one the entry describes, and holds another key): never a hit, never those bytes
+        self.redirected = NO_INDICES if redirected is None else redirected
+        #: why the first of :attr:`redirected` was a miss ("the directory's entry for K points at
+        #: another key's slot (node N, offset O); read as a miss"); None when there is none
+        self.miss_reason = miss_reason
+
+    @property
+    def hits(self) -> int:
+        return int((self.status == Get.HIT).sum())
+
+    @property
+    def errors(self) -> int:
+        return int((self.status == Get.ERROR).sum())
