@@ -8,6 +8,7 @@ import pytest
 
 from peercache import tags
 from peercache.directory.cache import DirectoryCache
+from peercache.directory.client import DirectoryOps
 from peercache.node.lookup_replies import LookupReplies
 from peercache.node.membership import Membership
 from peercache.node.peers import PeerInfos
@@ -20,8 +21,9 @@ from peercache.rpc import DEFAULT_LIMITS
 from peercache.transport.base import ABSENT, LOC_DTYPE
 
 
-class Directory:
-    """A directory client that answers from a dict of records and records every request."""
+class Directory(DirectoryOps):
+    """A directory client that answers from a dict of records and records every request (the
+    typed ops send their messages through ``call``)."""
 
     host = "127.0.0.1"
 

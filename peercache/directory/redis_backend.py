@@ -72,6 +72,7 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+from .client import DirectoryOps
 from .service import DEFAULT_HEARTBEAT_TIMEOUT
 from ..errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from ..rpc import Limits, pack, unpack
@@ -227,7 +228,7 @@ def not_a_record(v: bytes) -> list:
     return [f"<{len(v)}-byte entry, not a {REC}-byte record: older PeerCache? republish>"]
 
 
-class RedisDirectory:
+class RedisDirectory(DirectoryOps):
     """A directory client speaking Redis (see the module doc); ``call`` answers like the embedded one."""
 
     kind = "redis"
@@ -694,7 +695,7 @@ class RedisDirectory:
         # Each key's type and length are checked as the request is built (_mget): no pass of its own.
         if msg.get("recs") is True:
             return self.lookup_records(keys, msg.get("epoch"))
-        return self.lookup(keys)
+        return self.lookup_lists(keys)
 
     def lookup_records(self, keys: Sequence[bytes], epoch: int | None = None) -> dict:
         """The embedded directory's fast reply: ``{recs, nids, epoch[, missing][, nodes]}``.
@@ -704,7 +705,7 @@ class RedisDirectory:
         present; ``missing``: little-endian uint32 indices of the keys not found (absent, or their
         owner gone), only when some are; ``nodes``: the endpoint infos of the nodes present, only
         when ``epoch`` (the caller's) is not the current one. One round trip (plus one only for an
-        owner whose lease ran out). A value that is not a record makes it answer as :meth:`lookup`.
+        owner whose lease ran out). A value that is not a record makes it answer as :meth:`lookup_lists`.
         """
         cur, raw = self._fetch(keys)
         n = len(raw)
@@ -744,7 +745,7 @@ class RedisDirectory:
             reply["missing"] = np.flatnonzero(~have).astype("<u4").tobytes()
         return reply
 
-    def lookup(self, keys: Sequence[bytes]) -> dict:
+    def lookup_lists(self, keys: Sequence[bytes]) -> dict:
         """``{locs: [8-field list | None], nodes: {node_id: info}, epoch}``: one pipelined round trip
         (the entries and the epoch), plus one more only for owners whose liveness lease ran out."""
         epoch, raw = self._fetch(keys)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import auth as _auth
 from ..directory.cache import DirectoryCache
-from ..directory.client import DirectoryClient, connect_directory, is_redis
+from ..directory.client import DirectoryClient, Registration, connect_directory, is_redis
 from ..directory.location import Location
 from ..directory.service import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from ..directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
@@ -102,8 +102,8 @@ class Node:
         #: the endpoint of a transport that needs set-up per consumer (rdma: the QP exchange)
         self.control: RpcServer | None = None
         self.pool: Pool | None = None
-        #: the directory client (embedded: an RpcClient to discovery; Redis: Redis itself), one
-        #: ``call(op, **fields)`` surface either way; None once closed
+        #: the directory client (embedded: an RpcClient to discovery; Redis: Redis itself), the
+        #: same typed ops either way (:class:`~peercache.directory.client.DirectoryOps`); None once closed
         self.directory: DirectoryClient | None = None
         self.transport = None
         self.info: dict[str, Any] = {}
@@ -194,9 +194,9 @@ class Node:
             self.info["regions"] = [[POOL_REGION, self.pool.size]]
         return table
 
-    def _registered(self, reply: dict) -> None:
-        self.peer_infos.epoch = reply["epoch"]
-        self.table_reader.use(reply.get("table"))
+    def _registered(self, registration: Registration) -> None:
+        self.peer_infos.epoch = registration.epoch
+        self.table_reader.use(registration.table)
 
     # -- what the parts hold, by the names callers use ------------------------------------
     node_id = _held("membership", "node_id", "This node's id, from its registration.")
@@ -243,7 +243,7 @@ class Node:
 
     def members(self) -> dict[str, dict[str, Any]]:
         """Current membership as discovery sees it."""
-        return self.directory.call("members")["nodes"]
+        return self.directory.members().nodes
 
     # -- producing ----------------------------------------------------------------------
     def put_batch(self, keys: Sequence[bytes], values: Sequence | None = None,

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import tags
 from ..directory.cache import DirectoryCache
+from ..directory.client import LookupResult
 from ..directory.location import Location
 from ..directory.validate import U64, read_location
 from ..errors import RpcError
@@ -22,9 +23,9 @@ SLOT_LIMIT = U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES
 
 
 class LookupReplies:
-    """Reads lookup replies of both shapes: fixed binary records ``{recs, nids, epoch[, missing]
-    [, nodes]}`` (what this node asks for) and the original ``{locs: [8-field list | None], nodes,
-    epoch}``. Node numbers become the cache's node indices (``cache``), the infos a reply carries
+    """Reads lookup replies (:class:`~peercache.directory.client.LookupResult`) of both shapes:
+    fixed binary records ``{recs, nids, epoch[, missing][, nodes]}`` (what this node asks for)
+    and the original ``{locs: [8-field list | None], nodes, epoch}``. Node numbers become the cache's node indices (``cache``), the infos a reply carries
     go to ``peers``; an entry that cannot be a slot is counted in :attr:`bad_locations` and
     appended to the caller's ``bad`` list as ``(index, why)``. ``address`` names the directory in
     messages about malformed replies."""
@@ -40,9 +41,9 @@ class LookupReplies:
         return RpcError(f"discovery at {self.address} sent a malformed lookup reply ({what}); is it a "
                         "PeerCache of the same version?")
 
-    def locations(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
+    def locations(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
         """Checked locations of a reply of either shape."""
-        if "recs" in reply:
+        if reply.records:
             rows = self.rows(reply, keys, bad)
             out: list[Location | None] = [None] * len(rows)
             found = np.flatnonzero(rows["node"] != ABSENT)
@@ -52,19 +53,19 @@ class LookupReplies:
             return out
         return self._checked_locs(reply, keys, bad)
 
-    def any_rows(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
+    def any_rows(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
         """Checked LOC_DTYPE rows of a reply of either shape (node = the cache's index; ABSENT for a
         miss or an invalid entry)."""
-        if "recs" in reply:
+        if reply.records:
             return self.rows(reply, keys, bad)
         return self.cache.rows(self._checked_locs(reply, keys, bad))
 
-    def _checked_locs(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
+    def _checked_locs(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
         """The locations of an original ``{locs: [8-field list | None], nodes, epoch}`` reply, checked."""
-        self.peers.by_id.update(reply["nodes"])
-        self.peers.epoch = reply["epoch"]
+        self.peers.by_id.update(reply.nodes)
+        self.peers.epoch = reply.epoch
         out: list[Location | None] = []
-        for i, raw in enumerate(reply["locs"]):
+        for i, raw in enumerate(reply.locs):
             if raw is None:
                 out.append(None)
                 continue
@@ -81,11 +82,11 @@ class LookupReplies:
         if bad is not None:
             bad.append((i, why))
 
-    def rows(self, reply: dict, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
+    def rows(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
         """Rows of a ``{recs, nids, epoch[, nodes]}`` reply: the records with discovery's node numbers
         turned into the cache's indices, checked as :func:`~peercache.directory.validate.read_location` checks one entry."""
-        blob, nids, n = reply.get("recs"), reply.get("nids"), len(keys)
-        missing = reply.get("missing") or b""
+        blob, nids, n = reply.recs, reply.nids, len(keys)
+        missing = reply.missing or b""
         m = len(missing) // 4 if type(missing) is bytes and len(missing) % 4 == 0 else -1
         if (type(blob) is not bytes or m < 0 or len(blob) != (n - m) * LOC_DTYPE.itemsize
                 or not isinstance(nids, dict)):
@@ -102,8 +103,8 @@ class LookupReplies:
             have = np.ones(n, bool)
             have[gone] = False
             rows[have] = np.frombuffer(blob, LOC_DTYPE)
-        nodes = reply.get("nodes")
-        epoch = reply.get("epoch")
+        nodes = reply.nodes
+        epoch = reply.epoch
         if nodes:   # our epoch was stale: the infos of the nodes present, current as of ``epoch``
             self.peers.take(nodes, epoch)
         self.peers.epoch = epoch
@@ -153,38 +154,36 @@ class LookupReplies:
             rows["node"][wrong] = ABSENT
         return rows
 
-    def merge(self, parts: list, replies: list, epoch) -> dict:
-        """One reply of the replies to the ``parts`` ((start, end) slices) of a split lookup."""
+    def merge(self, parts: list, replies: list[LookupResult], epoch) -> LookupResult:
+        """One reply of the replies to the ``parts`` ((start, end) slices) of a split lookup
+        (``epoch``: the last one known, for a last reply that carries none)."""
         nodes: dict = {}
         for r in replies:
-            nodes.update(r.get("nodes") or {})
-        epoch = replies[-1].get("epoch", epoch)
-        if all("recs" in r for r in replies):
+            nodes.update(r.nodes or {})
+        if replies[-1].epoch is not None:
+            epoch = replies[-1].epoch
+        if all(r.records for r in replies):
             nids: dict = {}
             for r in replies:
-                nids.update(r.get("nids") or {})
-            merged = {"recs": b"".join(r["recs"] for r in replies), "nids": nids, "epoch": epoch}
+                nids.update(r.nids or {})
             gone = []
             for (a, b), r in zip(parts, replies):
-                g = np.frombuffer(r.get("missing") or b"", "<u4")
+                g = np.frombuffer(r.missing or b"", "<u4")
                 if len(g) and int(g.max()) >= b - a:
                     raise self._malformed(f"a missing index beyond its {b - a} keys")
                 gone.append(g.astype(np.int64) + a)
-            if any(len(g) for g in gone):
-                merged["missing"] = np.concatenate(gone).astype("<u4").tobytes()
-            if nodes:
-                merged["nodes"] = nodes
-            return merged
+            missing = np.concatenate(gone).astype("<u4").tobytes() if any(len(g) for g in gone) else None
+            return LookupResult(True, epoch, nodes or None, b"".join(r.recs for r in replies), nids, missing)
         locs: list = []
         for (a, b), r in zip(parts, replies):
-            locs += r["locs"] if "recs" not in r else self._record_lists(r, b - a)
-        return {"locs": locs, "nodes": nodes, "epoch": epoch}
+            locs += r.locs if not r.records else self._record_lists(r, b - a)
+        return LookupResult(False, epoch, nodes, locs=locs)
 
-    def _record_lists(self, reply: dict, n: int) -> list:
+    def _record_lists(self, reply: LookupResult, n: int) -> list:
         """A ``recs`` reply of ``n`` keys as ``locs`` lists (to merge it with a ``locs`` reply of a split batch)."""
-        missing = set(np.frombuffer(reply.get("missing") or b"", "<u4").tolist())
-        rows = iter(np.frombuffer(reply["recs"], LOC_DTYPE).tolist())
-        nids = reply.get("nids") or {}
+        missing = set(np.frombuffer(reply.missing or b"", "<u4").tolist())
+        rows = iter(np.frombuffer(reply.recs, LOC_DTYPE).tolist())
+        nids = reply.nids or {}
         out: list = []
         try:
             for i in range(n):

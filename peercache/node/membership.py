@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..directory.client import Registration
 from ..errors import DiscoveryUnreachable, PeerCacheError, RpcError
 from ..rpc import DEFAULT_LIMITS, Limits
 
@@ -24,14 +25,14 @@ class Membership:
     request limits), a heartbeat every ``heartbeat_interval`` on a connection of its own, and
     leaving.
 
-    What registering means to the rest of the node is given as callables: ``on_registered(reply)``
+    What registering means to the rest of the node is given as callables: ``on_registered(registration)``
     after each registration, ``on_forgotten()`` after registering again because the directory
     forgot this node (its pages are published again), ``on_heartbeat()`` after each heartbeat the
     directory answered knowing this node (publishes it refused are tried again).
     """
 
     def __init__(self, directory, info: dict, heartbeat_interval: float, *,
-                 on_registered: Callable[[dict], None] = _nothing, on_forgotten: Callable[[], None] = _nothing,
+                 on_registered: Callable[[Registration], None] = _nothing, on_forgotten: Callable[[], None] = _nothing,
                  on_heartbeat: Callable[[], None] = _nothing):
         #: the directory client (None once closed)
         self.directory = directory
@@ -51,12 +52,11 @@ class Membership:
 
     def register(self) -> None:
         """Register (again, with the id and token this node holds, after the directory forgot it)."""
-        again = {"node_id": self.node_id, "token": self.token} if self.node_id and self.token else {}
-        reply = self.directory.call("register", info=self.info, **again)
-        self.node_id = reply["node_id"]
-        self.token = reply.get("token")
-        self.limits = Limits.from_dict(reply.get("limits"))
-        self.on_registered(reply)
+        reg = self.directory.register(self.info, self.node_id, self.token)
+        self.node_id = reg.node_id
+        self.token = reg.token
+        self.limits = Limits.from_dict(reg.limits)
+        self.on_registered(reg)
 
     def slices(self, keys: Sequence[bytes], per_key: int):
         """(start, end) slices of ``keys`` that fit one request under discovery's limits.
@@ -115,9 +115,9 @@ class Membership:
     def _heartbeats(self, hb) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             try:
-                reply = hb.call("heartbeat", node_id=self.node_id, token=self.token)
+                known = hb.heartbeat(self.node_id, self.token)
                 self.answered = time.monotonic()
-                if not reply["known"]:
+                if not known:
                     log.warning("discovery forgot node %s; registering again", self.node_id)
                     self.register()
                     self.on_forgotten()
@@ -134,7 +134,7 @@ class Membership:
         disc = self.directory
         if leave and disc is not None and self.node_id:
             try:
-                disc.call("leave", node_id=self.node_id, token=self.token, timeout=1.0)
+                disc.leave(self.node_id, self.token, timeout=1.0)
             except (RpcError, DiscoveryUnreachable):
                 pass
         self.directory = None

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..directory.client import Members
+
 #: hosts a server binds to when it listens on every interface
 WILDCARDS = ("0.0.0.0", "::", "")
 
@@ -20,7 +22,7 @@ class PeerInfos:
     directory's replies: a lookup reply carries them when this node's are stale, a members call
     sends them all.
 
-    ``directory``: the directory client (its ``members`` op); ``directory_host``: where a node
+    ``directory``: the directory client (its ``members``); ``directory_host``: where a node
     whose server listens on every interface is reached (where the directory is).
     """
 
@@ -41,19 +43,19 @@ class PeerInfos:
         self.by_id.update(nodes)
         self.fresh, self.infos_epoch = frozenset(nodes), epoch
 
-    def members(self) -> dict:
+    def members(self) -> Members:
         """One members call; its infos are taken (see :meth:`take`), its reply returned."""
-        reply = self.directory.call("members")
-        self.take(reply.get("nodes") or {}, reply.get("epoch"))
-        return reply
+        members = self.directory.members()
+        self.take(members.nodes or {}, members.epoch)
+        return members
 
     def refresh(self, unknown: list) -> None:
         """Infos of nodes a reply named that this node has none of (current as of its epoch): one
         members call."""
-        reply = self.directory.call("members")
-        self.by_id.update(reply["nodes"])
-        self.fresh = frozenset(reply["nodes"]) | frozenset(unknown)
-        self.infos_epoch = reply["epoch"]
+        members = self.directory.members()
+        self.by_id.update(members.nodes)
+        self.fresh = frozenset(members.nodes) | frozenset(unknown)
+        self.infos_epoch = members.epoch
 
     def data_endpoint(self, node_id: str) -> dict[str, Any] | None:
         """Where ``node_id``'s pages are read (None: no info of it)."""

@@ -98,12 +98,12 @@ class Publisher:
         refused, example = 0, None
         self._refused.difference_update(keys)
         for a, b in parts:
-            reply = self.directory.call("publish", node_id=me.node_id, token=me.token, keys=keys[a:b],
-                                        locs=locs[a:b], unpublish=evicted if together else [])
-            if reply.get("refused"):
-                refused += reply["refused"]
-                example = example or (reply.get("refused_keys") or [None])[0]
-                self._refused.update(keys[a + i] for i in reply.get("refused_index") or [])
+            got = self.directory.publish(me.node_id, me.token, keys[a:b], locs[a:b],
+                                         evicted if together else [])
+            if got.refused:
+                refused += got.refused
+                example = example or (got.refused_keys or [None])[0]
+                self._refused.update(keys[a + i] for i in got.refused_index)
         if evicted and not together:
             self._unpublish(evicted)
         if refused:
@@ -115,6 +115,5 @@ class Publisher:
         me = self.membership
         n = 0
         for a, b in me.slices(keys, 8):
-            n += self.directory.call("unpublish", node_id=me.node_id, token=me.token,
-                                     keys=list(keys[a:b]))["unpublished"]
+            n += self.directory.unpublish(me.node_id, me.token, list(keys[a:b]))
         return n

@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ..directory.cache import DirectoryCache
+from ..directory.client import LookupResult
 from ..directory.location import Location
 from ..transport.base import ABSENT, LOC_DTYPE
 from .lookup_replies import LookupReplies
@@ -154,15 +155,15 @@ class Resolver:
         """One lookup RPC (no cache) as rows."""
         return self.replies.any_rows(self.lookup_rpc(keys), keys, bad)
 
-    def lookup_rpc(self, keys: Sequence[bytes]) -> dict:
+    def lookup_rpc(self, keys: Sequence[bytes]) -> LookupResult:
         """The lookup reply for ``keys``: one RPC, or as many as discovery's limits need, merged.
 
         It asks for fixed binary records (``recs``) and sends the epoch of the node infos it
         holds; a directory that answers with the original ``locs`` lists is read as before.
         """
         parts = list(self.membership.slices(keys, 8))
-        ask = {"recs": True, "epoch": self.peers.infos_epoch}
+        epoch = self.peers.infos_epoch
         if len(parts) == 1:
-            return self.directory.call("lookup", keys=keys if isinstance(keys, list) else list(keys), **ask)
-        replies = [self.directory.call("lookup", keys=list(keys[a:b]), **ask) for a, b in parts]
-        return self.replies.merge(parts, replies, self.peers.epoch)
+            return self.directory.lookup(keys, recs=True, epoch=epoch)
+        results = [self.directory.lookup(list(keys[a:b]), recs=True, epoch=epoch) for a, b in parts]
+        return self.replies.merge(parts, results, self.peers.epoch)

@@ -266,9 +266,9 @@ class TableReader:
 
     def sync(self, epoch: int) -> None:
         """Map member numbers to node ids (and refresh the peers' infos) with one members call."""
-        reply = self.peers.members()
-        self.use(reply.get("table"))
-        nums = reply.get("nums") or {}
+        members = self.peers.members()
+        self.use(members.table)
+        nums = members.nums or {}
         arr = np.full(max([k for k in nums if type(k) is int and 0 <= k < U32] or [-1]) + 1, ABSENT, np.uint32)
         for number, node_id in nums.items():
             if type(number) is int and 0 <= number < len(arr) and isinstance(node_id, str) and node_id:
