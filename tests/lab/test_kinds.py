@@ -32,14 +32,32 @@ def test_point_names_are_those_of_the_tidy_data_and_charts():
 
 
 def test_every_kind_declares_typed_knobs_metrics_in_known_units_and_a_runner():
-    from peercache.lab.pipeline.runpoint import PointRun
     assert set(kinds.KINDS) == {"perftest", "iperf3", "memcpy", "peercache", "group", "node_api", "sockperf", "hicache",
                                  "dirlookup", "redis_benchmark"}
     for name, k in kinds.KINDS.items():
-        assert callable(getattr(PointRun, k.runs_with)), name
+        # one module per kind: its declaration, its run, its sanity check and its metric extraction
+        assert k.__module__ == f"peercache.lab.pipeline.points.{name}", name
+        assert k.run.__func__ is not kinds.Kind.run.__func__, name
         assert k.primary in k.metrics and all(u in tidy.UNITS for u in k.metrics.values()), name
         for knob in k.knobs.values():
             assert knob.doc and "type" in knob.schema or "enum" in knob.schema, (name, knob.name)
+
+
+def test_a_registered_kind_must_say_how_it_runs():
+    with pytest.raises(TypeError, match="kind warp: define run"):
+        class Warp(kinds.Timed):
+            name = "warp"
+            metrics = {"bw": "B/s"}
+            primary = "bw"
+
+            @classmethod
+            def point_name(cls, one):
+                return "warp"
+
+            @classmethod
+            def row_tool(cls, params):
+                return "warp"
+    assert "warp" not in kinds.KINDS
 
 
 def test_a_grid_is_the_product_of_its_parameters_in_declaration_order():

@@ -57,6 +57,7 @@ def test_whole_machine_binds_each_groups_serve_and_drive_to_its_nics_node(tmp_pa
     from peercache.lab.launch.hosts import LocalHost
     from peercache.lab.launch.runners import GroupFailed, GroupRunResult
     from peercache.lab.pipeline import experiments, runpoint
+    from peercache.lab.pipeline.points import group
 
     tb = _testbed(tmp_path)
     seen = {}
@@ -68,14 +69,14 @@ def test_whole_machine_binds_each_groups_serve_and_drive_to_its_nics_node(tmp_pa
         def run(self):
             raise GroupFailed("not run in this test", GroupRunResult({}, None, False, "not run", 0.0, 0.0))
 
-    monkeypatch.setattr(runpoint, "GroupRunner", Runner)
+    monkeypatch.setattr(group, "GroupRunner", Runner)
     monkeypatch.setattr(runpoint, "_python_tool", lambda *a, **k: ["python3", "-m", a[-1]])
     point = experiments.Point("whole_machine", "g", "group", {
         "protocol": "rdma", "layout": "mla", "page_size": 4096, "batch_size": 8, "groups": ["rxe0", "rxe1"],
         "readers": 1, "threads": 1, "per_device": True})
     pr = runpoint.PointRun(tb, point, 0, tmp_path)
     th = runpoint.TestbedHosts(LocalHost(), LocalHost(), "127.0.0.1", "127.0.0.1", None)
-    pr.group(th)
+    group.PeerCacheGroupRun.run(pr, th)
     # consumer: rxe0 on node 0, rxe1 on node 1; producer (swapped parents): rxe0 on 1, rxe1 on 0
     assert {g: (s.clients[0].numa_node, s.server.numa_node) for g, s in seen.items()} == {
         "rxe0": (0, 1), "rxe1": (1, 0)}

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from peercache.lab.pipeline import experiments, runpoint
+from peercache.lab.pipeline.points.perftest import PERFTEST_ATTEMPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURE = ROOT / "tests" / "fixtures" / "lab" / "twohost" / "ib_write_bw_q1_s128K.client.log"
@@ -86,7 +87,7 @@ def test_a_clock_calibration_failure_is_run_again_and_noted(tmp_path, monkeypatc
 
 def test_it_gives_up_after_the_last_attempt(tmp_path, monkeypatch):
     doc, runs = run_point(tmp_path, monkeypatch, fails=5)
-    assert runs == runpoint.PERFTEST_ATTEMPTS
+    assert runs == PERFTEST_ATTEMPTS
     bw = [r for r in doc["rows"] if r["metric"] == "bw"]
     assert bw[0]["status"] == "failed" and "could not calibrate its cycle counter" in bw[0]["reason"]
 

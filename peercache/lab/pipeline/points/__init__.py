@@ -1,0 +1,24 @@
+"""One module per point kind, each holding the kind's declaration, its run, its sanity check and its metric
+extraction (in the shape of ReFrame's ``osu.py``):
+
+=====================  ================================================================
+``perftest``           ib_read_bw / ib_write_bw / ib_send_bw between the hosts
+``iperf3``             iperf3 over TCP (one client, or N client processes over one window)
+``sockperf``           sockperf TCP ping-pong (the raw round trip)
+``memcpy``             the producer's memory-copy ceiling per NUMA node (the shm limit)
+``peercache``          serve and drive: GET throughput of one pair
+``hicache``            the peercache pair read through SGLang HiCache's v1 path
+``group``              one serve/drive pair per NIC over one shared window
+``node_api``           the engine's batch API in one consumer process
+``dirlookup``          directory lookups/s (dirbench)
+``redis_benchmark``    redis-benchmark's MGET (the raw limit of the Redis directory)
+=====================  ================================================================
+
+What every kind is made of is in :mod:`.declare`; the shared harness a kind's ``run`` is given (launch
+and cleanup, CPU and NUMA evidence, port counters, the result's meta) is
+:class:`peercache.lab.pipeline.runpoint.PointRun`. Importing this package registers every kind, in this
+order (the order ``python -m peercache.lab.pipeline kinds`` lists them in).
+"""
+from peercache.lab.pipeline.points import perftest, iperf3, sockperf, memcpy  # noqa: F401  (registers them)
+from peercache.lab.pipeline.points import peercache, hicache, group, node_api  # noqa: F401
+from peercache.lab.pipeline.points import dirlookup, redis_benchmark  # noqa: F401

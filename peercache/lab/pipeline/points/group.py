@@ -1,0 +1,132 @@
+"""The ``group`` kind: one serve/drive pair per NIC (or per group without NICs), all measuring one shared,
+barrier-aligned window (the whole machine's GET throughput).
+
+Declaration (:class:`PeerCacheGroupRun`), run (every group's drive starts a fixed lead after the group
+barrier), sanity (a group whose drive failed fails the point) and metric extraction
+(:func:`extract`: one row per group and the aggregate over the shared window).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from typing import TYPE_CHECKING, Any, Iterator
+
+from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
+from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
+from peercache.lab.pipeline.points.peercache import READY_LINE, PeerCacheKnobs, serve_drive
+from peercache.lab.system import cpusample
+from peercache.lab.tidy import Row
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+#: Seconds from the group barrier to the shared measurement start (drivers need to spawn).
+GROUP_START_LEAD_S = 6.0
+
+
+class PeerCacheGroupRun(PeerCacheKnobs):
+    """One serve/drive pair per NIC (or per group without NICs), all measuring one shared, barrier-aligned window."""
+
+    name = "group"
+    metrics = {"get_throughput": "GB/s"}
+    primary = "get_throughput"
+    is_get = True
+
+    #: groups when the testbed has no devices (int); with devices: one group per device
+    groups = variable(POSITIVE_INT, 2, "groups without devices (with devices: one per device)")
+    #: drive processes per group (int)
+    readers_per_nic = variable(POSITIVE_INT, doc="drive processes per group (--processes)")
+    #: threads per drive process (int)
+    threads = variable(POSITIVE_INT, doc="threads per drive process (--concurrencies)")
+
+    @classmethod
+    def expand(cls, scenario, part, devices):
+        vals = cls.values(part)
+        groups = list(devices) or [f"group{i}" for i in range(vals["groups"])]
+        return [Point(scenario, f"group_{vals['protocol']}_n{len(groups)}_s{sizes(page)}_b{batch}", cls.name, {
+            "protocol": vals["protocol"], "layout": vals["layout"], "page_size": page, "batch_size": batch,
+            "groups": groups, "readers": vals["readers_per_nic"], "threads": vals["threads"],
+            "per_device": bool(devices), **timing(vals)}, loopback=part.get("place") == "loopback")
+            for page, batch in itertools.product(vals["page_size"], vals["batch_size"])]
+
+    @classmethod
+    def row_tool(cls, params):
+        return "peercache-bench"
+
+    @classmethod
+    def port_devices(cls, params, testbed_devices):
+        return list(params["groups"]) if params.get("per_device") else []
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        p = pr.point.params
+        specs, outs = [], {}
+        for i, g in enumerate(p["groups"]):
+            port = pr.ports.allocate()
+            outs[g] = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
+            gp = dict(p, devices=[g] if p["per_device"] else [])
+            serve, drive = serve_drive(pr, th, port, gp, p["readers"], p["threads"], outs[g],
+                                       start_at=f"{{start_at}}+{GROUP_START_LEAD_S * pr.slow}")
+            pnode = pr.numa_side(f"{g}/server", gp["devices"], "producer")
+            cnode = pr.numa_side(f"{g}/client", gp["devices"], "consumer")
+            dev = g if p["per_device"] else None
+            pdev = (pr.tb.role_devices("producer", [g]) or [None])[0] if dev else None
+            drive = pr.cpu_wrap(f"{g}/consumer", th, "consumer", drive)
+            serve = pr.cpu_wrap(f"{g}/producer", th, "producer", serve)
+            specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, cnode, dev)],
+                                   SideSpec(th.producer, serve, pnode, pdev), Readiness(pattern=READY_LINE, timeout=60 * pr.slow)))
+        docs: dict[str, dict] = {}
+
+        def measure(gr) -> WindowBytes:
+            doc = json.loads(pr.fetch(th.consumer, outs[gr.name]))
+            (pr.raw_dir / gr.name).mkdir(exist_ok=True)
+            (pr.raw_dir / gr.name / "drive.json").write_text(json.dumps(doc, indent=1))
+            docs[gr.name] = doc
+            return sanity(gr.name, doc["points"][0])
+
+        runner = GroupRunner(specs, client_timeout=pr.timeout + GROUP_START_LEAD_S * pr.slow, measure=measure,
+                             log_dir=pr.raw_dir, window_tolerance_s=0.05)
+        ctx = pr.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
+                     protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
+                     batch=p["batch_size"], threads=p["threads"], processes=p["readers"])
+        try:
+            res = runner.run()
+            err = None
+        except GroupFailed as e:
+            res, err = e.result, str(e)
+        for name, gr in res.groups.items():
+            pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+            pr.numa.update({f"{name}/{k}": v for k, v in gr.numa_bindings().items()})
+        pr.merge_numa_choices()
+        if err:
+            pr.fail("get_throughput", "GB/s", err, side="aggregate", **{k: ctx[k] for k in (
+                "tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes")})
+            return
+        pr.rows += extract(pr, res.aggregate, docs, ctx)
+
+
+def sanity(group: str, pt: dict[str, Any]) -> WindowBytes:
+    """The bytes and window of one group's drive point; a drive that failed fails the whole point."""
+    if pt["status"] != "ok":
+        raise RuntimeError(f"group {group}: drive failed: {pt['reason']}")
+    return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
+
+
+def extract(pr: PointRun, agg: Any, docs: dict[str, dict], ctx: dict[str, Any]) -> Iterator[Row]:
+    """One row per group over its own window (with its CPU evidence), then the aggregate over the shared one."""
+    cpu: dict[str, Any] = {}
+    for name, g in agg.groups.items():
+        cpu[name] = pr.cpu_usage({"consumer": f"{name}/consumer", "producer": f"{name}/producer"},
+                                 g["start"], g["end"])
+        yield Row(metric="get_throughput", value=g["bytes"] / g["seconds"] / 1e9, unit="GB/s",
+                  extra={"window_start": g["start"], "window_end": g["end"], "cpu": cpu[name],
+                         "verified": bool(docs[name]["points"][0].get("verified"))},
+                  **dict(ctx, side="per_device", devices=name))
+    yield Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s",
+              extra={"window_start": agg.window_start, "window_end": agg.window_end,
+                     "verified": all(d["points"][0].get("verified") for d in docs.values()),
+                     "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
+                     "groups": len(agg.groups), "cpu": cpusample.combine(cpu)},
+              **dict(ctx, side="aggregate", devices=",".join(agg.groups)))
+

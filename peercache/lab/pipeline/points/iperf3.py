@@ -1,0 +1,142 @@
+"""The ``iperf3`` kind: iperf3 over TCP between the point's hosts (the raw TCP limit).
+
+Declaration (:class:`Iperf3Run`), run (one client against its server, or N client processes each
+against its own server, released together and summed over one window), and metric extraction
+(:func:`extract`). Its sanity is the parser's: a report iperf3 marked as an error is a ToolError.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
+from peercache.lab.pipeline.points.declare import BOOL, POSITIVE_INT, Timed, parameter, sizes, timing, variable
+from peercache.lab.system import cpusample
+from peercache.lab.tidy import Row
+from peercache.lab.tools import iperf3 as iperf3_tool
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+
+class Iperf3Run(Timed):
+    """iperf3 over TCP (the raw TCP limit): N client processes, each against its own one-off server."""
+
+    name = "iperf3"
+    metrics = {"bw": "B/s", "bw_sent": "B/s", "bytes_sent": "B", "bytes_received": "B", "cpu_local": "%",
+               "cpu_remote": "%", "retransmits": "count"}
+    primary = "bw"
+
+    #: parallel client processes, each with its own server port (int, swept): one iperf3 3.x
+    #: process runs all its -P streams in one thread, so one process is no limit for several readers
+    processes = parameter(POSITIVE_INT, [1], "client processes, one server each")
+    #: parallel streams per client, -P (int, swept)
+    streams = parameter(POSITIVE_INT, doc="streams per client (-P)")
+    #: write/read length in bytes, -l (int, swept)
+    length = parameter(POSITIVE_INT, doc="buffer length in bytes (-l)")
+    #: wrap the client in perf stat (bool)
+    perf_stat = variable(BOOL, False, "run the client under perf stat")
+    #: -R: the server sends, as a GET does (bool)
+    reverse = variable(BOOL, False, "reverse (-R): the server sends, as a GET does", tag="R")
+    #: -O: run the warm-up seconds first and leave them out of the figures (bool)
+    omit_warmup = variable(BOOL, False, "omit (-O) the warm-up seconds from the figures", tag="O")
+
+    @classmethod
+    def point_name(cls, one):
+        base = f"iperf3_P{one['streams']}_l{sizes(one['length'])}"
+        return base if one["processes"] == 1 else base.replace("iperf3_", f"iperf3_x{one['processes']}_", 1)
+
+    @classmethod
+    def params(cls, one, devices):
+        p = {"streams": one["streams"], "length": one["length"], "processes": one["processes"],
+             "perf_stat": bool(one["perf_stat"])}
+        p.update({k: True for k in ("reverse", "omit_warmup") if one[k]})
+        return {**p, **timing(one)}
+
+    @classmethod
+    def row_tool(cls, params):
+        return "iperf3"
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        p = pr.point.params
+        if int(p.get("processes", 1)) > 1:
+            return run_processes(pr, th)
+        port = pr.ports.allocate()
+        server = iperf3_tool.server_command(port, bind=th.producer_addr)
+        secs = max(1, math.ceil(pr.duration))
+        omit = max(0, math.ceil(pr.warmup)) if p.get("omit_warmup") else 0
+        client, perf_path = pr.perf_wrap(iperf3_tool.client_command(
+            th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
+            reverse=bool(p.get("reverse"))) + (["-O", str(omit)] if omit else []))
+        ctx = pr.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"],
+                     host=str(th.consumer), peer=str(th.producer), side="client")
+        res, err = pr.pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow), th, [])
+        pr.record(res)
+        if err:
+            pr.fail("bw", "B/s", err, **{k: v for k, v in ctx.items() if k not in pr.ctx()})
+            return
+        result = iperf3_tool.parse_json(res.client.stdout, source=f"{pr.run_id}/client", host=str(th.consumer))
+        pr.rows += extract(result, ctx)
+        pr.attach_pair_cpu(*pr.pair_window(res))
+        pr.perf_rows(th, perf_path, ctx)
+
+
+def extract(result: iperf3_tool.Iperf3Result, ctx: dict[str, Any]) -> list[Row]:
+    """The client's rows: what arrived (``bw_received``) is the point's ``bw``, the figure comparable to a READ."""
+    rows = iperf3_tool.to_rows(result, **ctx)
+    for r in rows:
+        if r.metric == "bw_received":
+            r.metric = "bw"
+    return rows
+
+
+def run_processes(pr: PointRun, th: TestbedHosts) -> None:
+    """N iperf3 client processes, each against its own server, released together; bytes over one window."""
+    p = pr.point.params
+    n, secs = int(p["processes"]), max(1, math.ceil(pr.duration))
+    omit = max(0, math.ceil(pr.warmup))
+    specs = []
+    for i in range(n):
+        port = pr.ports.allocate()
+        name = f"proc{i}"
+        server = pr.cpu_wrap(f"{name}/producer", th, "producer", iperf3_tool.server_command(port, bind=th.producer_addr))
+        client = pr.cpu_wrap(f"{name}/consumer", th, "consumer", iperf3_tool.client_command(
+            th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
+            reverse=bool(p.get("reverse")))
+            + ["-O", str(omit)])
+        specs.append(GroupSpec(name, [SideSpec(th.consumer, client)], SideSpec(th.producer, server),
+                               Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow)))
+    results: dict[str, Any] = {}
+
+    def measure(gr) -> WindowBytes:
+        c = gr.clients[0]
+        r = iperf3_tool.parse_json(c.stdout, source=f"{pr.run_id}/{gr.name}", host=str(th.consumer))
+        results[gr.name] = r
+        start = c.start + omit            # the omitted warm-up seconds are not in the sums
+        return WindowBytes(r.received_bytes, start, start + r.received_seconds)
+
+    runner = GroupRunner(specs, client_timeout=pr.timeout, measure=measure, log_dir=pr.raw_dir,
+                         window_tolerance_s=0.5)
+    ctx = pr.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"], processes=n,
+                 host=str(th.consumer), peer=str(th.producer), side="client")
+    try:
+        res, err = runner.run(), None
+    except GroupFailed as e:
+        res, err = e.result, str(e)
+    for name, gr in res.groups.items():
+        pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+    if err:
+        pr.fail("bw", "B/s", err, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "qps",
+                                                          "processes")})
+        return
+    agg = res.aggregate
+    cpu = {g: pr.cpu_usage({"consumer": f"{g}/consumer", "producer": f"{g}/producer"},
+                           w.start, w.end) for g, w in res.windows.items()}
+    pr.rows.append(Row(metric="bw", value=agg.rate_Bps, unit="B/s", raw_value=agg.rate_Bps * 8,
+                       raw_unit="bit/s",
+                       extra={"window_start": agg.window_start, "window_end": agg.window_end,
+                              "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
+                              "client_processes": n, "cpu": cpusample.combine(cpu),
+                              "per_process_Bps": {g: r.received_bps / 8 for g, r in results.items()}},
+                       **ctx))

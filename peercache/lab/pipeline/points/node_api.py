@@ -1,0 +1,106 @@
+"""The ``node_api`` kind: the engine's batch API in one consumer process (``peercache.lab.tools.nodeloop``)
+against a serve.
+
+Declaration (:class:`NodeApiRun`), run (serve on the producer, nodeloop on the consumer: pages/s, then
+a verified pass), sanity (every key of the published working set must hit) and metric extraction
+(:func:`extract`).
+"""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from peercache.lab.errors import ParseError
+from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.declare import POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable
+from peercache.lab.pipeline.points.peercache import READY_LINE
+from peercache.lab.tidy import Row
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+
+class NodeApiRun(Timed):
+    """The engine's batch API in one consumer process (``peercache.lab.tools.nodeloop``) against a serve."""
+
+    name = "node_api"
+    metrics = {"pages_per_s": "pages/s", "verify_failures": "count", "verified_keys": "count"}
+    primary = "pages_per_s"
+    is_get = True
+
+    #: transport of the reads (str)
+    protocol = variable(one_of("shm"), "shm", "transport (the batch API's shm path)")
+    #: bytes per page (int, swept)
+    page_size = parameter(POSITIVE_INT, doc="bytes per page")
+    #: keys per get_batch_into call (int, swept)
+    batch_size = parameter(POSITIVE_INT, doc="keys per call")
+    #: pages serve publishes (int)
+    working_set = variable(POSITIVE_INT, doc="pages published")
+
+    @classmethod
+    def point_name(cls, one):
+        return f"api_{one['protocol']}_s{sizes(one['page_size'])}_b{one['batch_size']}_ws{one['working_set']}"
+
+    @classmethod
+    def params(cls, one, devices):
+        return {"protocol": one["protocol"], "layout": "mla", "page_size": one["page_size"],
+                "batch_size": one["batch_size"], "working_set": one["working_set"], **timing(one)}
+
+    @classmethod
+    def row_tool(cls, params):
+        return "peercache-node-api"
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        """The batch API in one consumer process (tools/nodeloop) against a serve: pages/s, then a verified pass."""
+        p = pr.point.params
+        port = pr.ports.allocate()
+        addr = f"{th.producer_addr}:{port}"
+        serve = [*pr.python_tool(th, "producer", "peercache.bench.cli"), "serve", "--discovery-addr", addr,
+                 "--protocol", p["protocol"], "--layout", p["layout"], "--page-size", str(p["page_size"]),
+                 "--working-set", str(p["working_set"]), "--readers", "1", "--max-wait", str(int(pr.timeout)),
+                 "--quiet"]
+        client = [*pr.python_tool(th, "consumer", "peercache.lab.tools.nodeloop"), "--discovery-addr", addr,
+                  "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"]),
+                  "--batch", str(p["batch_size"]), "--duration", str(pr.duration)]
+        ctx = pr.ctx(tool="peercache-node-api", side="client", host=str(th.consumer), peer=str(th.producer),
+                     protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"], batch=p["batch_size"],
+                     threads=1, processes=1)
+        res, err = pr.pair(serve, client, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, [])
+        pr.record(res)
+        if err:
+            pr.fail("pages_per_s", "pages/s", err, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})
+            return
+        lines = [ln for ln in res.client.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            raise ParseError("nodeloop", "no JSON result line; read its log beside the result",
+                             source=f"{pr.run_id}/client")
+        doc = json.loads(lines[-1])
+        (pr.raw_dir / "nodeloop.json").write_text(json.dumps(doc, indent=1))
+        why = sanity(doc)
+        if why:
+            pr.fail("pages_per_s", "pages/s", why, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})
+        pr.rows += extract(doc, ctx, measured=why is None)
+        pr.attach_pair_cpu(*pr.pair_window(res))
+
+
+def sanity(doc: dict[str, Any]) -> str | None:
+    """Why the figure is not of the published working set (None: it is): every key must hit; a miss means it
+    measured something else."""
+    if doc["hits"] != doc["gets"]:
+        return (f"{doc['gets'] - doc['hits']} of {doc['gets']} GETs were not hits "
+                "(the working set is not all published, or serve evicted)")
+    return None
+
+
+def extract(doc: dict[str, Any], ctx: dict[str, Any], measured: bool) -> list[Row]:
+    """The pages/s row (when ``measured``), then the verified pass's counts."""
+    extra = {"gets": doc["gets"], "hits": doc["hits"], "seconds": doc["seconds"],
+             "working_set": doc["working_set"]}
+    rows = []
+    if measured:
+        rows.append(Row(metric="pages_per_s", value=doc["pages_per_s"], unit="pages/s",
+                        raw_value=doc["pages_per_s"], raw_unit="pages/s", extra=extra, **ctx))
+    rows.append(Row(metric="verified_keys", value=float(doc["verified_keys"]), unit="count", **ctx))
+    rows.append(Row(metric="verify_failures", value=float(doc["verify_failures"]), unit="count", **ctx))
+    return rows

@@ -1,0 +1,199 @@
+"""The ``peercache`` kind: ``peercache-bench serve`` on the producer, ``drive`` on the consumer (GET throughput).
+
+Declaration (:class:`PeerCacheRun`, on the knobs every serve/drive kind shares: :class:`PeerCacheKnobs`),
+run, sanity (:func:`sanity`: drive's status, and a window without a completed batch measured nothing)
+and metric extraction (:func:`extract`: the rows of drive's result document). The serve and drive
+command lines (:func:`serve_drive`) are shared with the ``hicache`` and ``group`` kinds.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING, Any, Iterator
+
+from peercache.lab.errors import ToolError
+from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_MICROSECONDS, NULLABLE_SECONDS,
+                                                   POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable)
+from peercache.lab.tidy import Row
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+#: What serve prints once it has published its pages and listens.
+READY_LINE = "peercache-bench serve: ready"
+#: --dir-cache-ttl of every drive, as in the published reproduction commands.
+DIR_CACHE_TTL_S = 5.0
+
+
+class PeerCacheKnobs(Timed):
+    """Knobs of every kind that runs serve and drive."""
+
+    #: data transport (str)
+    protocol = variable(one_of("rdma", "tcp", "shm"), doc="transport (--protocol)")
+    #: page geometry (str): mla one object per page, mha two (K and V)
+    layout = variable(one_of("mla", "mha"), doc="page layout (--layout)")
+    #: bytes per object (int, swept)
+    page_size = parameter(POSITIVE_INT, doc="bytes per object (--page-size)")
+    #: keys per GET batch (int, swept)
+    batch_size = parameter(POSITIVE_INT, doc="keys per batch (--batch-size)")
+
+
+class PeerCacheRun(PeerCacheKnobs):
+    """``peercache-bench serve`` on the producer, ``drive`` on the consumer: GET throughput of one pair."""
+
+    name = "peercache"
+    metrics = {"get_throughput": "GB/s", "pages_per_s": "pages/s", "latency_p50": "us", "latency_p99": "us",
+               "latency_p999": "us", "hit_rate": "ratio", "errors": "count", "keys": "count",
+               "verify_failures": "count"}
+    primary = "get_throughput"
+    is_get = True
+
+    #: [drive processes, threads each] (pair of ints, swept)
+    processes_x_threads = parameter({"type": "array", "items": POSITIVE_INT, "minItems": 2, "maxItems": 2},
+                                    doc="[drive processes (--processes), threads each (--concurrencies)]")
+    #: where GETs land (str, swept): host memory or a CUDA GPU (--gpu)
+    destinations = parameter(one_of("host", "gpu"), ["host"], "GET destination: host memory or GPU (--gpu)")
+    #: every testbed device as a rail (bool); false: the first one
+    all_devices = variable(BOOL, False, "every device as a rail (--devices d1,..,dN); false: the first")
+    #: pages serve publishes (int or null = the testbed's working_set_bytes / page_size)
+    working_set = variable(NULLABLE_INT, None, "pages published [testbed working_set_bytes / page_size]",
+                           tag="ws{}")
+    #: channels per peer, --max-channels (int or null = drive's default)
+    max_channels = variable(NULLABLE_INT, None, "channels per peer (--max-channels) [drive's default]",
+                            tag="ch{}")
+    #: directory cache TTL in seconds (number or null = the testbed's dir_cache_ttl)
+    dir_cache_ttl = variable(NULLABLE_SECONDS, None, "--dir-cache-ttl [testbed dir_cache_ttl]", tag="ttl{}")
+    #: check every page's bytes in the read pass (bool): on by default, so every figure is of bytes
+    #: that were right; off (--no-verify) only where a figure must exclude the check's cost
+    verify = variable(BOOL, True, "verify each page in the read pass (off: drive --no-verify)", tag="noverify")
+    #: slot checksums: serve writes one per page, drive checks it before a hit (bool, --integrity)
+    integrity = variable(BOOL, False, "payload checksums (serve and drive --integrity)", tag="integrity")
+    #: tcp: µs drive's client polls for a reply before sleeping (int or null = drive's default; 0 sleeps)
+    tcp_poll_us = variable(NULLABLE_MICROSECONDS, None, "tcp reply poll before sleeping (--tcp-poll-us) [drive's default]",
+                           tag="poll{}")
+
+    @classmethod
+    def point_name(cls, one):
+        procs, threads = one["processes_x_threads"]
+        return (f"pc_{one['protocol']}_p{procs}x{threads}_s{sizes(one['page_size'])}_b{one['batch_size']}"
+                + ("" if one["destinations"] == "host" else f"_{one['destinations']}"))
+
+    @classmethod
+    def params(cls, one, devices):
+        procs, threads = one["processes_x_threads"]
+        p = {"protocol": one["protocol"], "layout": one["layout"], "page_size": one["page_size"],
+             "batch_size": one["batch_size"], "processes": procs, "threads": threads,
+             "destination": one["destinations"], "devices": list(devices) if one["all_devices"] else devices[:1]}
+        p.update({k: one[k] for k in ("working_set", "max_channels", "dir_cache_ttl", "verify", "integrity",
+                                      "tcp_poll_us") if one[k] != cls.knobs[k].default})
+        return {**p, **timing(one)}
+
+    @classmethod
+    def row_tool(cls, params):
+        return "peercache-bench"
+
+    @classmethod
+    def port_devices(cls, params, testbed_devices):
+        return list(params.get("devices") or []) if params.get("protocol") == "rdma" else []
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        p = pr.point.params
+        port = pr.ports.allocate()
+        out = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
+        serve, drive = serve_drive(pr, th, port, p, p["processes"], p["threads"], out)
+        ctx = pr.ctx(tool=cls.row_tool(p), side="client", host=str(th.consumer), peer=str(th.producer),
+                     protocol=p["protocol"], layout=p["layout"], devices=",".join(p.get("devices") or []),
+                     numa_node=pr.numa_of(p.get("devices") or []),
+                     extra={"destination": p.get("destination", "host")})
+        res, err = pr.pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, p.get("devices") or [])
+        pr.record(res)
+        try:
+            doc = json.loads(pr.fetch(th.consumer, out))
+            (pr.raw_dir / "drive.json").write_text(json.dumps(doc, indent=1))
+        except (ToolError, json.JSONDecodeError) as e:
+            pr.fail("get_throughput", "GB/s", err or f"drive wrote no result document: {e}",
+                    **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
+                    batch=p["batch_size"], threads=p["threads"], processes=p["processes"])
+            return
+        pr.rows += extract(doc, ctx, pr.duration)
+        first = (doc.get("points") or [{}])[0]
+        pr.attach_pair_cpu(first.get("window_start"), first.get("window_end"))
+        if err and doc.get("status") == "ok":
+            pr.notes.append(f"pair reported a failure after a complete drive: {err}")
+
+
+def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
+                out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
+    """The serve (producer) and drive (consumer) argv of one pair of a serve/drive kind's point."""
+    bench_p = pr.python_tool(th, "producer", "peercache.bench.cli")
+    # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
+    bench_c = pr.python_tool(th, "consumer", getattr(pr.point.spec, "drive_module", "peercache.bench.cli"))
+    ws = pr.working_set(p.get("working_set"), p["page_size"], p["batch_size"])
+    common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
+              "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
+    serve_devs, drive_devs = [], []
+    if p.get("devices"):
+        serve_devs = ["--devices", ",".join(pr.tb.role_devices("producer", p["devices"]))]
+        drive_devs = ["--devices", ",".join(pr.tb.role_devices("consumer", p["devices"]))]
+    serve = [*bench_p, "serve", *common, *serve_devs, "--readers", "1", "--max-wait", str(int(pr.timeout)),
+             "--quiet", *(["--integrity"] if p.get("integrity") else [])]
+    drive = [*bench_c, "drive", *common, *drive_devs, "--batch-size", str(p["batch_size"]),
+             "--concurrencies", str(threads), "--processes", str(processes),
+             "--duration", str(pr.duration), "--warmup", str(pr.warmup),
+             *([] if p.get("verify", True) else ["--no-verify"]),
+             *(["--integrity"] if p.get("integrity") else []),
+             *(["--max-channels", str(p["max_channels"])] if p.get("max_channels") else []),
+             *(["--tcp-poll-us", str(p["tcp_poll_us"])] if p.get("tcp_poll_us") is not None else []),
+             "--dir-cache-ttl", str(p.get("dir_cache_ttl", pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))),
+             "--out", out_path]
+    if pr.slow > 1:
+        drive += ["--ready-timeout", f"{30 * pr.slow:.0f}"]
+    if start_at:
+        drive += ["--start-at", start_at]
+    if p.get("destination") == "gpu":
+        drive.append("--gpu")
+    return serve, drive
+
+
+def sanity(pt: dict[str, Any], duration: float) -> tuple[str, str | None]:
+    """(status, reason) of one drive point: drive's own, except that a point that completed no batch in its
+    window measured nothing (it is not 0 GB/s)."""
+    status = "ok" if pt["status"] == "ok" else "failed"
+    reason = pt["reason"]
+    if status == "ok" and pt.get("batches") == 0:
+        status, reason = "failed", (f"drive completed no batch in its {duration} s window (one batch "
+                                    "takes longer than that here); lengthen the testbed's duration")
+    return status, reason
+
+
+def extract(doc: dict[str, Any], ctx: dict[str, Any], duration: float) -> Iterator[Row]:
+    """The rows of drive's result document, each point judged by :func:`sanity`."""
+    for pt in doc["points"]:
+        c = dict(ctx, threads=pt["concurrency"], processes=pt["processes"], batch=pt["batch_size"],
+                 size_bytes=pt["page_size"])
+        extra = {"verified": pt["verified"], "integrity": bool(doc["meta"].get("integrity")),
+                 "window_start": pt.get("window_start"),
+                 "window_end": pt.get("window_end"), "destination": ctx.get("extra", {}).get("destination")}
+        c.pop("extra", None)
+        status, reason = sanity(pt, duration)
+
+        def row(metric, value, unit, raw_unit=None):
+            if status == "ok" and value is None:
+                return Row(metric=metric, value=None, unit=unit, status="not_measured",
+                           reason="not reported for this op", extra=extra, **c)
+            return Row(metric=metric, value=value if status == "ok" else None, unit=unit,
+                       status=status, reason=reason, raw_value=value,
+                       raw_unit=raw_unit or unit, extra=extra, **c)
+        yield row("get_throughput", pt["gb_per_s"], "GB/s")
+        yield row("pages_per_s", pt["pages_per_s"], "pages/s")
+        for q in ("p50", "p99", "p999"):
+            yield row(f"latency_{q}", pt["latency_us"][q], "us")
+        yield row("hit_rate", pt["hit_rate"], "ratio")
+        yield Row(metric="errors", value=float(pt["errors"]), unit="count", extra=extra, **c)
+        if pt["verified"]:
+            # A verified run's evidence: how many GETs were checked, and how many failed the check.
+            yield Row(metric="keys", value=float(pt["keys"]), unit="count", extra=extra, **c)
+            yield Row(metric="verify_failures", value=float(pt["verify_failures"]), unit="count",
+                      extra=extra, **c)
