@@ -282,3 +282,21 @@ def test_real_ib_read_bw_without_device_is_classified():
     assert "ibv_devices" in str(err)
     with pytest.raises(ParseError):
         pt.parse_output(out)
+
+
+def test_work_completion_statuses_are_the_engines_table():
+    # Codes and IBV_WC_ names exist once, in the engine's WC enum; the lab adds only the text and the advice.
+    from peercache.rdma.completion import WC
+    assert set(pt.WC_TEXT) == {wc.name for wc in WC if wc is not WC.SUCCESS}
+    table = pt.wc_status_table()
+    assert table[12][0] == "IBV_WC_RETRY_EXC_ERR" and table[12][1] == "transport retry counter exceeded"
+    assert set(table) == {int(wc) for wc in WC} - {0}
+
+
+def test_reading_perftest_output_does_not_import_the_engines_rdma_path():
+    import sys
+    code = ("import sys; from peercache.lab.tools import perftest as pt; "
+            "pt.classify_failure('Couldn\\'t allocate MR', 1, 'h', 'ib_read_bw'); "
+            "print(sorted(m for m in ('numpy', 'peercache.rdma.completion') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

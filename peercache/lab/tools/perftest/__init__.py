@@ -7,7 +7,8 @@ One module per job, their names re-exported here:
 - :mod:`.text`: the text report (:func:`parse_output`, :func:`parse_latency_output`, :func:`parse_header`);
 - :mod:`.jsonout`: the ``--out_json`` file (:func:`parse_json`, :func:`parse_latency_json`,
   :func:`cross_check`);
-- :mod:`.failures`: what a failed run says (:func:`classify_failure`, :func:`completion_errors`);
+- :mod:`.failures`: what a failed run says (:func:`classify_failure`, :func:`completion_errors`; the
+  work-completion statuses are the engine's ``peercache.rdma.completion.WC``);
 - :mod:`.rows`: tidy rows of a result (:func:`to_rows`).
 
 Units. perftest prints bandwidth in one of three labels. ``MB/sec`` (older
@@ -50,16 +51,16 @@ from __future__ import annotations
 
 from peercache.lab.tools.perftest.command import (SERVER_READY_PATTERN, TOOLS, PerftestParams, client_command,
                                                   server_command, symmetric_args)
-from peercache.lab.tools.perftest.failures import (CLOCK_CALIBRATION, WC_STATUS, CompletionError, classify_failure,
-                                                   completion_errors)
+from peercache.lab.tools.perftest.failures import (CLOCK_CALIBRATION, WC_TEXT, CompletionError, classify_failure,
+                                                   completion_errors, wc_status_table)
 from peercache.lab.tools.perftest.jsonout import cross_check, parse_json, parse_latency_json
 from peercache.lab.tools.perftest.results import (BW_UNITS, LAT_COLUMNS, PerftestLatencyResult, PerftestLatencyRow,
                                                   PerftestResult, PerftestRow)
 from peercache.lab.tools.perftest.rows import to_rows
 from peercache.lab.tools.perftest.text import LAT_TOOLS, parse_header, parse_latency_output, parse_output
 
-__all__ = ["BW_UNITS", "CLOCK_CALIBRATION", "LAT_COLUMNS", "LAT_TOOLS", "SERVER_READY_PATTERN", "TOOLS", "WC_STATUS",
+__all__ = ["BW_UNITS", "CLOCK_CALIBRATION", "LAT_COLUMNS", "LAT_TOOLS", "SERVER_READY_PATTERN", "TOOLS", "WC_TEXT",
            "CompletionError", "PerftestLatencyResult", "PerftestLatencyRow", "PerftestParams", "PerftestResult",
            "PerftestRow", "classify_failure", "client_command", "completion_errors", "cross_check", "parse_header",
            "parse_json", "parse_latency_json", "parse_latency_output", "parse_output", "server_command",
-           "symmetric_args", "to_rows"]
+           "symmetric_args", "to_rows", "wc_status_table"]

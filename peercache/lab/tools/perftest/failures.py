@@ -4,79 +4,95 @@ Part of :mod:`peercache.lab.tools.perftest` (its docstring says the units, sides
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
 from peercache.lab.errors import ToolError
 
-#: ibv_wc_status (rdma-core libibverbs/verbs.h) -> enum name, ibv_wc_status_str() text, what to
-#: check. perftest prints "Failed status N: ..." (up to 25.07) or "Failed status-TEXT (N): ..."
+#: What a failed work completion says and what to check, by ``ibv_wc_status``: its code and
+#: ``IBV_WC_`` name are the engine's :class:`peercache.rdma.completion.WC` (rdma-core's verbs.h, the one
+#: table of them, see :func:`wc_status_table`); here, by member name, the ``ibv_wc_status_str()`` text and
+#: the advice. perftest prints "Failed status N: ..." (up to 25.07) or "Failed status-TEXT (N): ..."
 #: (perftest PR #342, 2025).
-WC_STATUS: dict[int, tuple[str, str, str]] = {
-    1: ("IBV_WC_LOC_LEN_ERR", "local length error",
+WC_TEXT: dict[str, tuple[str, str]] = {
+    "LOC_LEN_ERR": ("local length error",
         "a message was longer than the buffer posted for it: run both sides with the same -s "
         "size (and the same test)"),
-    2: ("IBV_WC_LOC_QP_OP_ERR", "local QP operation error",
+    "LOC_QP_OP_ERR": ("local QP operation error",
         "the work request does not fit this QP (too many SGEs, inline data above the QP's "
         "max_inline_data, or a message above the port's max_msg_sz): check -I, -s and -t against "
         "`ibv_devinfo -v` limits"),
-    3: ("IBV_WC_LOC_EEC_OP_ERR", "local EE context operation error",
+    "LOC_EEC_OP_ERR": ("local EE context operation error",
         "an EE context error (RD transport); not expected with RC/UC/UD"),
-    4: ("IBV_WC_LOC_PROT_ERR", "local protection error",
+    "LOC_PROT_ERR": ("local protection error",
         "the local buffer is not covered by a valid memory registration (lkey or access): with "
         "--use_cuda / --use_rocm check GPUDirect RDMA (nvidia-peermem or dmabuf loaded, the "
         "GPU's BAR/MMIO setup under a hypervisor), otherwise the registered size"),
-    5: ("IBV_WC_WR_FLUSH_ERR", "Work Request Flushed Error",
+    "WR_FLUSH_ERR": ("Work Request Flushed Error",
         "the QP was already in the error state, so outstanding work was flushed: this is a "
         "consequence, not the cause; look for the first non-flush error on this side and on the "
         "peer (the peer exiting, or a retry-exceeded error before it)"),
-    6: ("IBV_WC_MW_BIND_ERR", "memory management operation error",
+    "MW_BIND_ERR": ("memory management operation error",
         "a memory window bind failed: check the MR access flags"),
-    7: ("IBV_WC_BAD_RESP_ERR", "bad response error",
+    "BAD_RESP_ERR": ("bad response error",
         "the responder sent an unexpected transport response: check the peer's device and "
         "firmware logs (dmesg)"),
-    8: ("IBV_WC_LOC_ACCESS_ERR", "local access error",
+    "LOC_ACCESS_ERR": ("local access error",
         "a protection error on a local buffer written by an RDMA read response or atomic: check "
         "the local MR access flags"),
-    9: ("IBV_WC_REM_INV_REQ_ERR", "remote invalid request error",
+    "REM_INV_REQ_ERR": ("remote invalid request error",
         "the peer rejected the request as invalid: an opcode its QP does not allow (server and "
         "client running different tests), no room for the message, or a message too long: run "
         "the same tool with the same flags on both sides"),
-    10: ("IBV_WC_REM_ACCESS_ERR", "remote access error",
-         "the peer refused the rkey/address: wrong rkey or address, a remote buffer smaller than "
-         "the message, or a remote MR without that access right (e.g. a write into an "
-         "ib_read_bw server's buffer): run the same test with the same -s on both sides"),
-    11: ("IBV_WC_REM_OP_ERR", "remote operation error",
-         "the responder could not complete the operation (its QP failed or its receive WQE was "
-         "malformed): read the peer's log; a server running another test gives this too"),
-    12: ("IBV_WC_RETRY_EXC_ERR", "transport retry counter exceeded",
-         "the peer stopped answering (no ACK or NAK within the retries): the peer process exited "
-         "or its QP is in error (read its log), or the path drops packets (link or port down, "
-         "wrong GID index or route, MTU mismatch, no lossless/ECN setup for RoCE); on emulated "
-         "devices (Soft-RoCE, siw) under CPU load ACKs can come too late; check `ibv_devinfo` "
-         "port state and the port error counters on both hosts"),
-    13: ("IBV_WC_RNR_RETRY_EXC_ERR", "RNR retry counter exceeded",
-         "the receiver had no receive posted (receiver not ready): the server posts receives "
-         "too slowly or ran out (ib_send_*), or it is not running the same test; raise the "
-         "server's RX depth (-r) or the RNR timer"),
-    14: ("IBV_WC_LOC_RDD_VIOL_ERR", "local RDD violation error",
-         "an RD domain violation (RD transport); not expected with RC/UC/UD"),
-    15: ("IBV_WC_REM_INV_RD_REQ_ERR", "remote invalid RD request",
-         "an RD request error (RD transport); not expected with RC/UC/UD"),
-    16: ("IBV_WC_REM_ABORT_ERR", "aborted error",
-         "the responder aborted the operation: read the peer's log"),
-    17: ("IBV_WC_INV_EECN_ERR", "invalid EE context number",
-         "an EE context error (RD transport); not expected with RC/UC/UD"),
-    18: ("IBV_WC_INV_EEC_STATE_ERR", "invalid EE context state",
-         "an EE context error (RD transport); not expected with RC/UC/UD"),
-    19: ("IBV_WC_FATAL_ERR", "fatal error",
-         "the device reported a fatal error: check dmesg and the device's health on this host"),
-    20: ("IBV_WC_RESP_TIMEOUT_ERR", "response timeout error",
-         "the responder did not answer in time: check the peer and the path as for a retry "
-         "exceeded error"),
-    21: ("IBV_WC_GENERAL_ERR", "general error",
-         "the device reported an error it does not classify: check dmesg on both hosts"),
+    "REM_ACCESS_ERR": ("remote access error",
+        "the peer refused the rkey/address: wrong rkey or address, a remote buffer smaller than "
+        "the message, or a remote MR without that access right (e.g. a write into an "
+        "ib_read_bw server's buffer): run the same test with the same -s on both sides"),
+    "REM_OP_ERR": ("remote operation error",
+        "the responder could not complete the operation (its QP failed or its receive WQE was "
+        "malformed): read the peer's log; a server running another test gives this too"),
+    "RETRY_EXC_ERR": ("transport retry counter exceeded",
+        "the peer stopped answering (no ACK or NAK within the retries): the peer process exited "
+        "or its QP is in error (read its log), or the path drops packets (link or port down, "
+        "wrong GID index or route, MTU mismatch, no lossless/ECN setup for RoCE); on emulated "
+        "devices (Soft-RoCE, siw) under CPU load ACKs can come too late; check `ibv_devinfo` "
+        "port state and the port error counters on both hosts"),
+    "RNR_RETRY_EXC_ERR": ("RNR retry counter exceeded",
+        "the receiver had no receive posted (receiver not ready): the server posts receives "
+        "too slowly or ran out (ib_send_*), or it is not running the same test; raise the "
+        "server's RX depth (-r) or the RNR timer"),
+    "LOC_RDD_VIOL_ERR": ("local RDD violation error",
+        "an RD domain violation (RD transport); not expected with RC/UC/UD"),
+    "REM_INV_RD_REQ_ERR": ("remote invalid RD request",
+        "an RD request error (RD transport); not expected with RC/UC/UD"),
+    "REM_ABORT_ERR": ("aborted error",
+        "the responder aborted the operation: read the peer's log"),
+    "INV_EECN_ERR": ("invalid EE context number",
+        "an EE context error (RD transport); not expected with RC/UC/UD"),
+    "INV_EEC_STATE_ERR": ("invalid EE context state",
+        "an EE context error (RD transport); not expected with RC/UC/UD"),
+    "FATAL_ERR": ("fatal error",
+        "the device reported a fatal error: check dmesg and the device's health on this host"),
+    "RESP_TIMEOUT_ERR": ("response timeout error",
+        "the responder did not answer in time: check the peer and the path as for a retry "
+        "exceeded error"),
+    "GENERAL_ERR": ("general error",
+        "the device reported an error it does not classify: check dmesg on both hosts"),
 }
+
+
+@functools.cache
+def wc_status_table() -> dict[int, tuple[str, str, str]]:
+    """``ibv_wc_status`` code -> (``IBV_WC_`` name, ``ibv_wc_status_str()`` text, what to check) of every
+    failed status, derived from the engine's WC enum (the import contracts' seam peercache.rdma.completion).
+
+    Imported on the first completion error read, not with this module: the engine's completion module
+    brings the transport layer's base and numpy, which reading perftest's output never needs.
+    """
+    from peercache.rdma.completion import WC
+    return {int(wc): (f"IBV_WC_{wc.name}", *WC_TEXT[wc.name]) for wc in WC if wc is not WC.SUCCESS}
+
 
 _COMPLETION = re.compile(r"Completion with error at (?P<side>client|server)")
 _FAILED_STATUS = re.compile(
@@ -112,7 +128,7 @@ def completion_errors(text: str) -> list[CompletionError]:
         counts = None
         if st:
             code = int(st.group("code") or st.group("code2"))
-            known = WC_STATUS.get(code)
+            known = wc_status_table().get(code)
             name = known[0] if known else None
             desc = st.group("text") or (known[1] if known else None)
             wr_id, syndrome = int(st.group("wr_id")), st.group("syndrome")
@@ -142,7 +158,7 @@ def _completion_failure(text: str, returncode: int | None, host: str,
         check = ("perftest stops at the first failed completion; read the full log of both "
                  "sides for the 'Failed status' line")
     else:
-        known = WC_STATUS.get(first.status)
+        known = wc_status_table().get(first.status)
         name = first.name or f"unknown ibv_wc_status {first.status}"
         desc = f', "{first.description}"' if first.description else ""
         counts = ""
