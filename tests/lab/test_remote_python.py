@@ -27,6 +27,12 @@ def test_on_this_machine():
     assert not SshHost("h").on_this_machine
 
 
+def test_only_this_namespace_reaches_a_server_on_our_loopback():
+    # What a host is, it says itself: the redis-server of a dirlookup point listens on this 127.0.0.1.
+    assert LocalHost().shares_our_loopback
+    assert not NetnsHost("x").shares_our_loopback and not SshHost("h").shares_our_loopback
+
+
 def test_host_python_resolution():
     ssh = SshHost("root@h")
     assert host_python(ssh, {}) == ["python3"]                                     # default

@@ -317,6 +317,9 @@ class Host(abc.ABC):
     #: True for hosts that are this machine (local, a network namespace on it): they run this
     #: checkout with this interpreter and see this filesystem; False for remote (SSH) hosts.
     on_this_machine = False
+    #: True for a host in this process's network namespace (this machine, not a namespace on it): a
+    #: server started here on 127.0.0.1 is reachable from it.
+    shares_our_loopback = False
 
     def __init__(self, spec: str):
         self.spec = spec
@@ -408,6 +411,7 @@ class LocalHost(Host):
 
     kind = "local"
     on_this_machine = True
+    shares_our_loopback = True
 
     def __init__(self, spec: str = "local"):
         super().__init__(spec)

@@ -37,7 +37,7 @@ from peercache.lab.launch import netns
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
-from peercache.lab.launch.hosts import Host, LocalHost, parse_host
+from peercache.lab.launch.hosts import Host, parse_host
 from peercache.lab.system.slowness import slowness
 from peercache.lab.launch.runners import PairFailed, PairRunner, PortAllocator, Readiness, SideSpec
 from peercache.lab.tidy import Row, RunMeta, convert, redact_folder, write_result
@@ -460,7 +460,7 @@ class PointRun:
     def local_only(self, th: TestbedHosts, what: str) -> str | None:
         """Why ``what`` cannot run on ``th`` (None: it can): its servers run here, on 127.0.0.1."""
         # The redis-server (and the embedded directory dirbench hosts) run here, on 127.0.0.1.
-        if not isinstance(th.producer, LocalHost):
+        if not th.producer.shares_our_loopback:
             return (f"{what} runs on this host over 127.0.0.1 (its redis-server is started here); "
                     f"give the part place: loopback (its producer host is {th.producer})")
         return None
