@@ -112,6 +112,7 @@ class Kind:
     metrics: ClassVar[dict[str, str]]     #: metric -> unit of the rows it yields (perf counters aside)
     primary: ClassVar[str]                #: the headline metric (a failed or skipped point's row)
     is_get: ClassVar[bool] = False        #: measures PeerCache GETs (compared with a raw limit), not a raw tool
+    tool_column: ClassVar[str | None] = None   #: the ``tool`` column of its rows, unless row_tool derives it
     knobs: ClassVar[dict[str, Knob]] = {}
 
     def __init_subclass__(cls, **kw: Any) -> None:
@@ -129,10 +130,11 @@ class Kind:
             # Kind.expand names points with point_name; a kind with its own expand names them there.
             needs = (("row_tool", "run") if cls.expand.__func__ is not Kind.expand.__func__
                      else ("point_name", "row_tool", "run"))
-            missing = [m for m in needs if getattr(cls, m).__func__ is getattr(Kind, m).__func__]
+            missing = [m for m in needs if getattr(cls, m).__func__ is getattr(Kind, m).__func__
+                       and not (m == "row_tool" and cls.tool_column)]
             if missing:
                 raise TypeError(f"kind {cls.name}: define {', '.join(missing)} (every registered kind names its "
-                                "points and the tool of its rows, and runs them)")
+                                "points and the tool of its rows (row_tool or tool_column), and runs them)")
             KINDS[cls.name] = cls
 
     # -- what a scenario part may say ---------------------------------------------------
@@ -182,10 +184,18 @@ class Kind:
         """The point's parameters, as the runner reads them."""
         return dict(one)
 
+    @classmethod
+    def changed(cls, one: dict[str, Any], *names: str) -> dict[str, Any]:
+        """The knobs among ``names`` whose value differs from their default (a point's parameters name only those)."""
+        return {k: one[k] for k in names if one[k] != cls.knobs[k].default}
+
     # -- what its rows say ---------------------------------------------------------
     @classmethod
     def row_tool(cls, params: dict[str, Any]) -> str:
-        """The ``tool`` column of the point's rows (every registered kind defines it)."""
+        """The ``tool`` column of the point's rows: :attr:`tool_column`, unless the kind derives it from ``params``
+        (every registered kind says one or the other)."""
+        if cls.tool_column:
+            return cls.tool_column
         raise NotImplementedError(f"kind {cls.__name__} defines no row_tool")
 
     @classmethod
@@ -218,6 +228,10 @@ class Kind:
         processes, check what they said (sanity) and add its rows to ``pr.rows`` (every registered kind
         defines it)."""
         raise NotImplementedError(f"kind {cls.__name__} defines no run")
+
+
+#: Wrap the client in perf stat (bool): a knob of the raw kinds whose client it can count.
+PERF_STAT = variable(BOOL, False, "run the client under perf stat")
 
 
 class Timed(Kind):

@@ -36,6 +36,7 @@ class DirLookupRun(Timed):
     name = "dirlookup"
     metrics = {**DIR_METRICS, "misses": "count", "verify_failures": "count"}
     primary = "keys_per_s"
+    tool_column = "peercache-dirbench"
 
     #: the directory backend (str): embedded (HOST:PORT) or redis (redis://127.0.0.1:PORT/0)
     directory = variable(one_of("embedded", "redis"), doc="directory backend (dirbench --directory)")
@@ -58,10 +59,6 @@ class DirLookupRun(Timed):
     def params(cls, one, devices):
         return {"directory": one["directory"], "batch": one["batch"], "clients": one["clients"],
                 "keys": one["keys"], **({"path": one["path"]} if one["path"] != "rpc" else {}), **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "peercache-dirbench"
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

@@ -32,6 +32,7 @@ class PeerCacheGroupRun(PeerCacheKnobs):
     metrics = {"get_throughput": "GB/s"}
     primary = "get_throughput"
     is_get = True
+    tool_column = "peercache-bench"
 
     #: groups when the testbed has no devices (int); with devices: one group per device
     groups = variable(POSITIVE_INT, 2, "groups without devices (with devices: one per device)")
@@ -49,10 +50,6 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             "groups": groups, "readers": vals["readers_per_nic"], "threads": vals["threads"],
             "per_device": bool(devices), **timing(vals)}, loopback=part.get("place") == "loopback")
             for page, batch in itertools.product(vals["page_size"], vals["batch_size"])]
-
-    @classmethod
-    def row_tool(cls, params):
-        return "peercache-bench"
 
     @classmethod
     def port_devices(cls, params, testbed_devices):

@@ -18,11 +18,8 @@ class HiCacheRun(PeerCacheRun):
     name = "hicache"
     #: the consumer's tool: drive's flags and result document, the read through the HiCache store
     drive_module: ClassVar[str] = "peercache.bench.hicache_drive"
+    tool_column = "peercache-hicache"
 
     @classmethod
     def point_name(cls, one):
         return PeerCacheRun.point_name(one).replace("pc_", "hc_", 1)
-
-    @classmethod
-    def row_tool(cls, params):
-        return "peercache-hicache"

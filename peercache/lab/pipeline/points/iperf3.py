@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
-from peercache.lab.pipeline.points.declare import BOOL, POSITIVE_INT, Timed, parameter, sizes, timing, variable
+from peercache.lab.pipeline.points.declare import BOOL, PERF_STAT, POSITIVE_INT, Timed, parameter, sizes, timing, variable
 from peercache.lab.system import cpusample
 from peercache.lab.tidy import Row
 from peercache.lab.tools import iperf3 as iperf3_tool
@@ -26,6 +26,7 @@ class Iperf3Run(Timed):
     metrics = {"bw": "B/s", "bw_sent": "B/s", "bytes_sent": "B", "bytes_received": "B", "cpu_local": "%",
                "cpu_remote": "%", "retransmits": "count"}
     primary = "bw"
+    tool_column = "iperf3"
 
     #: parallel client processes, each with its own server port (int, swept): one iperf3 3.x
     #: process runs all its -P streams in one thread, so one process is no limit for several readers
@@ -35,7 +36,7 @@ class Iperf3Run(Timed):
     #: write/read length in bytes, -l (int, swept)
     length = parameter(POSITIVE_INT, doc="buffer length in bytes (-l)")
     #: wrap the client in perf stat (bool)
-    perf_stat = variable(BOOL, False, "run the client under perf stat")
+    perf_stat = PERF_STAT
     #: -R: the server sends, as a GET does (bool)
     reverse = variable(BOOL, False, "reverse (-R): the server sends, as a GET does", tag="R")
     #: -O: run the warm-up seconds first and leave them out of the figures (bool)
@@ -52,10 +53,6 @@ class Iperf3Run(Timed):
              "perf_stat": bool(one["perf_stat"])}
         p.update({k: True for k in ("reverse", "omit_warmup") if one[k]})
         return {**p, **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "iperf3"
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

@@ -27,6 +27,7 @@ class MemcpyRun(Timed):
     name = "memcpy"
     metrics = {"bw": "B/s"}
     primary = "bw"
+    tool_column = "memcpy"
 
     #: page size in bytes (int, swept)
     size = parameter(POSITIVE_INT, doc="page size in bytes")
@@ -43,12 +44,8 @@ class MemcpyRun(Timed):
     @classmethod
     def params(cls, one, devices):
         p = {"size": one["size"]}
-        p.update({k: one[k] for k in ("batch", "working_set") if one[k] != cls.knobs[k].default})
+        p.update(cls.changed(one, "batch", "working_set"))
         return {**p, **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "memcpy"
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

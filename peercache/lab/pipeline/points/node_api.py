@@ -27,6 +27,7 @@ class NodeApiRun(Timed):
     metrics = {"pages_per_s": "pages/s", "verify_failures": "count", "verified_keys": "count"}
     primary = "pages_per_s"
     is_get = True
+    tool_column = "peercache-node-api"
 
     #: transport of the reads (str)
     protocol = variable(one_of("shm"), "shm", "transport (the batch API's shm path)")
@@ -45,10 +46,6 @@ class NodeApiRun(Timed):
     def params(cls, one, devices):
         return {"protocol": one["protocol"], "layout": "mla", "page_size": one["page_size"],
                 "batch_size": one["batch_size"], "working_set": one["working_set"], **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "peercache-node-api"
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

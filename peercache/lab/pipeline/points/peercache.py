@@ -48,6 +48,7 @@ class PeerCacheRun(PeerCacheKnobs):
                "verify_failures": "count"}
     primary = "get_throughput"
     is_get = True
+    tool_column = "peercache-bench"
 
     #: [drive processes, threads each] (pair of ints, swept)
     processes_x_threads = parameter({"type": "array", "items": POSITIVE_INT, "minItems": 2, "maxItems": 2},
@@ -85,13 +86,9 @@ class PeerCacheRun(PeerCacheKnobs):
         p = {"protocol": one["protocol"], "layout": one["layout"], "page_size": one["page_size"],
              "batch_size": one["batch_size"], "processes": procs, "threads": threads,
              "destination": one["destinations"], "devices": list(devices) if one["all_devices"] else devices[:1]}
-        p.update({k: one[k] for k in ("working_set", "max_channels", "dir_cache_ttl", "verify", "integrity",
-                                      "tcp_poll_us") if one[k] != cls.knobs[k].default})
+        p.update(cls.changed(one, "working_set", "max_channels", "dir_cache_ttl", "verify", "integrity",
+                             "tcp_poll_us"))
         return {**p, **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "peercache-bench"
 
     @classmethod
     def port_devices(cls, params, testbed_devices):

@@ -11,8 +11,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from peercache.lab.launch.runners import Readiness
-from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, POSITIVE_INT, Timed, one_of, parameter, sizes,
-                                                   timing, variable)
+from peercache.lab.pipeline.points.declare import (NULLABLE_INT, PERF_STAT, POSITIVE_INT, Timed, one_of, parameter,
+                                                   sizes, timing, variable)
 from peercache.lab.tidy import Row
 from peercache.lab.tools import perftest as pt
 
@@ -39,7 +39,7 @@ class PerftestRun(Timed):
     #: send queue depth, -t (int or null = perftest's default)
     tx_depth = variable(NULLABLE_INT, None, "send queue depth (-t) [perftest's default]")
     #: wrap the client in perf stat (bool)
-    perf_stat = variable(BOOL, False, "run the client under perf stat")
+    perf_stat = PERF_STAT
     #: iterations per QP, -n, instead of a -D duration (int or null = duration mode)
     iterations = variable(NULLABLE_INT, None,
                           "iterations per QP (-n) instead of the duration (-D): each side of a -D run stops "

@@ -36,6 +36,7 @@ class RedisBenchmarkRun(Timed):
     name = "redis_benchmark"
     metrics = dict(DIR_METRICS)
     primary = "keys_per_s"
+    tool_column = "redis-benchmark"
 
     #: keys per MGET (int, swept)
     batch = parameter(POSITIVE_INT, doc="keys per MGET")
@@ -55,10 +56,6 @@ class RedisBenchmarkRun(Timed):
     def params(cls, one, devices):
         return {"batch": one["batch"], "clients": one["clients"], "value_bytes": one["value_bytes"],
                 **({"keyspace": one["keyspace"]} if one["keyspace"] else {}), **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "redis-benchmark"
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

@@ -24,6 +24,7 @@ class SockperfRun(Timed):
     name = "sockperf"
     metrics = {"rtt_p50": "us", "rtt_p99": "us", "rtt_p999": "us", "rtt_avg": "us", "observations": "count"}
     primary = "rtt_p50"
+    tool_column = "sockperf"
 
     #: message size in bytes, -m, echoed back (int, swept): the page size of the GETs it is the limit for
     msg_size = parameter(POSITIVE_INT, doc="message size in bytes (-m), echoed back")
@@ -38,10 +39,6 @@ class SockperfRun(Timed):
     @classmethod
     def params(cls, one, devices):
         return {"msg_size": one["msg_size"], **({"busy_poll": True} if one["busy_poll"] else {}), **timing(one)}
-
-    @classmethod
-    def row_tool(cls, params):
-        return "sockperf"
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:
