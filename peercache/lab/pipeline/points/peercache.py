@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from peercache.lab.errors import ToolError
 from peercache.lab.launch.runners import Readiness
@@ -28,6 +28,9 @@ DIR_CACHE_TTL_S = 5.0
 
 class PeerCacheKnobs(Timed):
     """Knobs of every kind that runs serve and drive."""
+
+    #: the consumer's tool (drive's flags and result document); a kind may read with its own (hicache)
+    drive_module: ClassVar[str] = "peercache.bench.cli"
 
     #: data transport (str)
     protocol = variable(one_of("rdma", "tcp", "shm"), doc="transport (--protocol)")
@@ -126,7 +129,7 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
     """The serve (producer) and drive (consumer) argv of one pair of a serve/drive kind's point."""
     bench_p = pr.python_tool(th, "producer", "peercache.bench.cli")
     # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
-    bench_c = pr.python_tool(th, "consumer", getattr(pr.point.spec, "drive_module", "peercache.bench.cli"))
+    bench_c = pr.python_tool(th, "consumer", pr.point.spec.drive_module)
     ws = pr.working_set(p.get("working_set"), p["page_size"], p["batch_size"])
     common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
               "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
