@@ -4,7 +4,6 @@ stale retry, the reader's one retry of stale locations."""
 import dataclasses
 
 import numpy as np
-import pytest
 
 from peercache import tags
 from peercache.directory.cache import DirectoryCache

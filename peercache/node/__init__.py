@@ -35,10 +35,9 @@ from ..directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
 from ..directory.table import TABLE_REGION
 from ..errors import ConfigError, PeerCacheError
 from ..pool import Pool, SlotRef
-from ..rpc import Limits, RpcServer
+from ..rpc import RpcServer
 from ..transport import make_transport
 from ..transport.base import native_module
-from .lookup_replies import SLOT_LIMIT as _SLOT_LIMIT
 from .lookup_replies import LookupReplies
 from .membership import Membership
 from .peers import WILDCARDS, PeerInfos
