@@ -54,7 +54,7 @@ test: setup
 	@$(MAKE) --no-print-directory test-hicache
 	@$(MAKE) --no-print-directory test-rdma GUEST_FLAGS=--if-available
 
-# The SGLang HiCache contract (tests/test_hicache_sglang.py) in a venv of its own, so torch
+# The SGLang HiCache contract (tests/engine/hicache/test_hicache_sglang.py) in a venv of its own, so torch
 # and SGLang stay out of the engine's dependencies: PyPI torch (CPU use, ~5.5 GB), SGLang
 # without its dependencies plus the few modules its hicache_storage imports, the engine's
 # runtime dependencies (from pyproject.toml) and a .pth to this checkout (its built native
@@ -75,7 +75,7 @@ $(SGLANG_VENV)/.installed: $(VENV)/.installed Makefile pyproject.toml
 	@touch $@
 
 test-hicache: setup $(SGLANG_VENV)/.installed
-	$(SGLANG_PY) -m pytest tests/test_hicache_sglang.py -p no:cacheprovider --noconftest
+	PYTHONPATH=tests $(SGLANG_PY) -m pytest tests/engine/hicache/test_hicache_sglang.py -p no:cacheprovider --noconftest
 
 # Every RDMA/verbs test inside a QEMU guest with Debian's kernel and real
 # rxe devices on both ends of two veth pairs; a missing device fails.

@@ -8,7 +8,7 @@
  * fenced) -> chains of at most
  * pv_chain_length WRs, every k-th and the last of a chain signalled. WRs are
  * numbered channel by channel, so a channel's WRs are one contiguous range.
- * tests/test_rdma_verbs.py compares this with the oracle on random batches.
+ * tests/engine/transport/test_rdma_verbs.py compares this with the oracle on random batches.
  */
 #include <stdlib.h>
 #include <string.h>

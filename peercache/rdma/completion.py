@@ -2,7 +2,7 @@
 
 The verbs backend accounts completions in C (``poll_run`` in native/verbs.c, with
 ``pv_wc_status`` for the per-op Status); tests/oracles/rdma_completion.py is the Python oracle
-of that accounting, and tests/test_rdma_verbs.py compares the native status map with
+of that accounting, and tests/engine/transport/test_rdma_verbs.py compares the native status map with
 WC_TO_STATUS.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ unreported fault) says nothing about the unsignalled WRs before it: they count
 as failed. A channel that saw any error, or that did not complete within the
 poll timeout, must be reset before it is used again. The native backend
 (``poll_run`` in native/verbs.c) implements these rules; this Python copy is
-what tests/test_rdma_plan.py checks them with. No production path uses it (the
+what tests/engine/transport/test_rdma_plan.py checks them with. No production path uses it (the
 status codes and their map, ``peercache.rdma.completion``, stay in the engine).
 """
 from __future__ import annotations

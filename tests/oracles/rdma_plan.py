@@ -1,8 +1,8 @@
 """Test oracle of the RDMA read planner: ops -> units -> rails -> channels -> WRs -> chains.
 
 The verbs backend plans in C (``native/verbs_plan.c``, ``peercache._verbs.plan``);
-this is the same rules in Python: tests/test_rdma_plan.py checks them here, and
-tests/test_rdma_verbs.py compares the native planner with this one on random
+this is the same rules in Python: tests/engine/transport/test_rdma_plan.py checks them here, and
+tests/engine/transport/test_rdma_verbs.py compares the native planner with this one on random
 batches. No production path uses it. Everything here is pure: no device, no
 memory registration.
 

@@ -3,7 +3,7 @@
 The seqlock tag catches a slot that changed while it was read; a payload that changed without
 its tag (a bug, a bit flip in host memory, a wrong DMA) is caught only by the checksum, and only
 with integrity on. Both read paths (native and the pure-Python reference) and the tcp and shm
-transports are covered; over rdma the same native pass runs (tests/test_rdma_faults.py).
+transports are covered; over rdma the same native pass runs (tests/engine/transport/test_rdma_faults.py).
 """
 from __future__ import annotations
 

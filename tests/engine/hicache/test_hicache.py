@@ -1,7 +1,7 @@
 """peercache.hicache.PeerCacheStore: SGLang's HiCache storage contract, two processes (writer, reader).
 
 In the main venv the store derives from the local stand-in of ``HiCacheStorage`` and values are
-numpy arrays; tests/test_hicache_sglang.py runs these same cases in the SGLang venv
+numpy arrays; tests/engine/hicache/test_hicache_sglang.py runs these same cases in the SGLang venv
 (``make test-hicache``), through SGLang's own StorageBackendFactory, with torch tensors.
 The host KV pool is a numpy-backed stand-in with SGLang's ``get_page_buffer_meta``
 (tests/hicache_fixtures.py): SGLang's own host pool classes need transformers and kernels.

@@ -10,7 +10,7 @@ import pytest
 from conftest import BENCH, free_port
 from peercache import gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECK = os.path.join(ROOT, "tests", "gpu", "check_gpu_shm.py")
 
 

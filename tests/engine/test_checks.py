@@ -20,7 +20,7 @@ from peercache import hicache
 from peercache.bench import cli
 from peercache.errors import ConfigError, PeerCacheError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 REFUSED_FLAGS = [
     ("serve", ["--dir-table-entries", "9223372036854775807"], "--dir-table-entries"),

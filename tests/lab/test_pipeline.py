@@ -13,7 +13,7 @@ from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline.plan import Plan
 from peercache.lab.pipeline.runpoint import canonical_metric
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 TINY = "tests/fixtures/pipeline/tiny.yaml"
 TINY_SCENARIOS = "tests/fixtures/pipeline/tiny-scenarios.yaml"

@@ -2,7 +2,7 @@
 
 PeerCacheStore is loaded through SGLang's real ``StorageBackendFactory.create_backend("dynamic", ...)``
 with the extra config SGLang passes, must be a real ``HiCacheStorage``, and then runs every
-round trip of tests/test_hicache.py (imported below) through it with torch tensors. The host
+round trip of tests/engine/hicache/test_hicache.py (imported below) through it with torch tensors. The host
 KV pool is a numpy-backed stand-in with SGLang's ``get_page_buffer_meta``: SGLang's own host
 pool classes need transformers and GPU kernels to build, which this CPU venv does not have.
 In the main venv (no SGLang) the whole module skips, saying so.

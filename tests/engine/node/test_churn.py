@@ -1,7 +1,7 @@
 """The churn benchmark: verified GETs while the producer overwrites and evicts.
 
 The 10 M GET runs are ``slow`` (not in the default run; ``pytest -m slow
-tests/test_churn.py`` or the script by hand:
+tests/engine/node/test_churn.py`` or the script by hand:
 ``python -m peercache.bench.churn --protocol tcp --gets 10000000``).
 """
 from __future__ import annotations
