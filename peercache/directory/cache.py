@@ -27,8 +27,7 @@ class DirectoryCache:
             raise ValueError(f"--dir-cache-ttl must be >= 0 seconds, got {ttl}")
         mod, why = native_module()
         if mod is None:
-            raise ConfigError(f"the directory cache needs the native module: {why}; run `make setup` "
-                              "to build peercache._native")
+            raise ConfigError(f"the directory cache needs the native module: {why}")
         self.ttl = ttl
         self.clock = clock
         self.max_entries = max_entries

@@ -1,23 +1,18 @@
 """Data-path transports: one interface, three implementations (tcp, shm, rdma)."""
 from __future__ import annotations
 
-import logging
-
 from ..errors import ConfigError, TransportUnavailable
 from .base import LOC_DTYPE, OP_DTYPE, Status, Transport, native_module
 
-log = logging.getLogger(__name__)
-
 PROTOCOLS = ("tcp", "shm", "rdma")
-_warned: list[bool] = []
 
 
 def make_transport(protocol: str, native: bool | None = None, **options) -> Transport:
     """The transport for ``protocol``, or a ConfigError naming what is available.
 
-    ``native`` (tcp only): None = the native client when it is built, else
-    the pure-Python one with a warning; False = pure Python (the reference);
-    True = native or TransportUnavailable.
+    ``native`` (tcp only): None or True = the native client (TransportUnavailable,
+    saying how to build it, when the extension is missing); False = the pure-Python
+    client (the reference the native one is compared with).
     """
     if protocol == "tcp":
         from .tcp import NativeTcpTransport, TcpTransport
@@ -25,12 +20,7 @@ def make_transport(protocol: str, native: bool | None = None, **options) -> Tran
         if native is False:
             return TcpTransport(**options)
         if mod is None:
-            if native:
-                raise TransportUnavailable(f"native tcp client requested: {why}")
-            if not _warned:
-                _warned.append(True)
-                log.warning("using the slow pure-Python tcp client: %s", why)
-            return TcpTransport(**options)
+            raise TransportUnavailable(f"the tcp transport needs the native module: {why}")
         return NativeTcpTransport(**options)
     if protocol == "shm":
         from .shm import ShmTransport
