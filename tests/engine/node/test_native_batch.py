@@ -280,7 +280,7 @@ def test_without_the_extension_tcp_shm_and_the_node_say_how_to_build(monkeypatch
                  lambda: make_transport("shm")):
         with pytest.raises(TransportUnavailable, match=r"peercache\._native is unavailable .*run `make setup`"):
             make()
-    with pytest.raises(ConfigError, match="run `make setup` to build peercache._native"):
+    with pytest.raises(ConfigError, match=r"directory cache needs the native module: .*run `make setup`"):
         DirectoryCache(5.0)
     with pytest.raises(ConfigError, match="make setup"):
         Node(f"127.0.0.1:{free_port()}", protocol="tcp", transport_options={"native": False})
