@@ -558,7 +558,7 @@ def test_a_node_with_a_secret_serves_its_pool_only_to_token_holders(port):
 
 
 # ------------------------------------------------------------------------------ a flood without the secret
-# (issue 25, finding 2: 1,100 idle connections without the secret kept a drive holding it out)
+# (a probe found 1,100 idle connections without the secret kept a drive holding it out)
 
 def _flood(port: int, n: int, seconds: float, source: str | None = None) -> list[socket.socket]:
     """Up to ``n`` connections that never send a byte, opened within ``seconds`` (bounded)."""
@@ -690,7 +690,7 @@ def test_a_client_over_the_connection_limit_is_told_so(servers, client, caplog):
 
 
 # ------------------------------------------------------------------------------ slow readers
-# (issue 25, finding 7: about 3.25 MiB of serve's memory per connection whose client reads a little)
+# (a probe found about 3.25 MiB of serve's memory per connection whose client reads a little)
 
 def _kernel_send_queues(port: int) -> int | None:
     """Bytes the kernel holds in the send queues of the server's side of ``port``'s connections

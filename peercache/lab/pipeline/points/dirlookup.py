@@ -17,7 +17,7 @@ from peercache.lab.tidy import Row
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
-# Directory throughput (issue 16): keys/s and batches/s are rates of ops (an op = one key, resp. one batch).
+# Directory throughput: keys/s and batches/s are rates of ops (an op = one key, resp. one batch).
 DIR_METRICS = {"keys_per_s": "ops/s", "batches_per_s": "ops/s", "latency_p50": "us", "latency_p99": "us"}
 
 
