@@ -183,7 +183,7 @@ _FAILURES: list[tuple[str, re.Pattern[str], str, str]] = [
     (CLOCK_CALIBRATION, re.compile(r"Correlation coefficient r\^2: [0-9.eE+-]+ < 0\.9"),
      "could not calibrate its cycle counter (perftest said '{said}'), so it printed no report",
      "perftest measures the CPU frequency from timestamp samples and gives up when they scatter: "
-     "a loaded or emulated CPU; rerun it on a quiet host (the point runner retries it twice)"),
+     "a loaded or emulated CPU; rerun it on a quiet host (the point runner runs it up to 3 times, 8 on emulated hosts)"),
     ("resource_error", re.compile(r"Failed to allocate hugepages[^\n]*|Failed to allocate hugepage region"),
      "cannot allocate the hugepage buffer (perftest said '{said}')",
      "--use_hugepages needs free hugepages (HugePages_Free in /proc/meminfo) and, one SysV "
