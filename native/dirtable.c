@@ -1,9 +1,9 @@
 /* Directory table reads: the engine of peercache._native.table_lookup, without the GIL.
  *
  * A consumer resolves keys the directory cache does not hold with one
- * one-sided read of the directory's table (peercache/dirtable.py has the
- * layout and the Python reference: TableView.plan/parse, and the mapping of
- * Node._table_lookup_py). Here, for n keys at once: their key hashes (BLAKE2b
+ * one-sided read of the directory's table (peercache/directory/table.py has
+ * the layout and TableView.plan/parse; tests/engine/directory/test_dirtable.py
+ * holds the Python oracle of the mapping). Here, for n keys at once: their key hashes (BLAKE2b
  * with an 8-byte digest, libb2: the hash tags.key_hash computes), the plan
  * (the header line and each distinct bucket once), one read_batch of the
  * table node's backend (tcp / shm) or a copy from the table itself (its host

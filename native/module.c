@@ -741,7 +741,7 @@ static PyMethodDef module_methods[] = {
      "table_lookup(source, keys, spec, nums, slot_limit, epoch, rows, state) -> (code, epoch, resolved, "
      "first_status, error_text); reads the keys' buckets of a directory table (source: its node's Peer, "
      "or the table's memory) in one batch without the GIL and fills LOC_DTYPE rows and TABLE_* states; "
-     "see peercache.node.Node._table_native."},
+     "see peercache.node.table_reader.TableReader._native_read."},
     {"table_map", py_table_map, METH_VARARGS,
      "table_map(rows, state, nums, slot_limit, final) -> (unknown, resolved); maps the member numbers "
      "of found rows (after table_lookup returned TABLE_REMAP)."},

@@ -274,7 +274,7 @@ size_t pc_map_drop_node(pc_map *m, uint32_t node);
 void pc_map_clear(pc_map *m);
 size_t pc_map_len(pc_map *m);
 
-/* Directory table reads (dirtable.c): the consumer's side of peercache/dirtable.py. */
+/* Directory table reads (dirtable.c): the consumer's side of peercache/directory/table.py. */
 #define PC_TABLE_LINE_BYTES 64u
 #define PC_TABLE_MAGIC 0x3142545249444350ull   /* "PCDIRTB1" little-endian: dirtable.MAGIC */
 #define PC_TABLE_KEY_HASH_WORD 6u              /* the entry word holding the key hash */
