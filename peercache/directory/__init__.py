@@ -7,9 +7,11 @@ One interface, two backends:
 - the embedded backend: :mod:`.service` (membership and the ZeroMQ handlers, hosted by the
   discovery node or ``peercache-bench meta``), :mod:`.store` (the key -> location map) and
   :mod:`.table` (its one-sided view, read by consumers like a page);
-- the Redis backend: :mod:`.redis_backend` (Redis / Redis Cluster, Lua scripts),
-  :mod:`.redis_url` (the URL, parsed without importing redis-py) and :mod:`.redis_lookup`
-  (the hand-written lookup request path);
+- the Redis backend: :mod:`.redis_backend` (Redis / Redis Cluster: publish, unpublish, lookup,
+  composed of :mod:`.redis_connection`, :mod:`.redis_scripts` (the Lua scripts),
+  :mod:`.redis_membership`, :mod:`.redis_leases`, :mod:`.redis_lookup` (the hand-written
+  lookup request path) and :mod:`.redis_remote_ops`), and :mod:`.redis_url` (the URL, parsed
+  without importing redis-py);
 - :mod:`.location` -- a location and its stored record; :mod:`.cache` -- the consumer's TTL cache.
 
 Importing the package is light: the backends load when first used.
