@@ -33,6 +33,14 @@ def test_only_this_namespace_reaches_a_server_on_our_loopback():
     assert not NetnsHost("x").shares_our_loopback and not SshHost("h").shares_our_loopback
 
 
+def test_what_a_check_needs_of_a_host_the_host_says():
+    # The preflight asks these, never a host's class: only a namespace is made for each point, only ssh logs in.
+    assert NetnsHost("x").created_per_point
+    assert not LocalHost().created_per_point and not SshHost("h").created_per_point
+    assert SshHost("h").reached_over_ssh
+    assert not LocalHost().reached_over_ssh and not NetnsHost("x").reached_over_ssh
+
+
 def test_host_python_resolution():
     ssh = SshHost("root@h")
     assert host_python(ssh, {}) == ["python3"]                                     # default

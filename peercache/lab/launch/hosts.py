@@ -320,6 +320,11 @@ class Host(abc.ABC):
     #: True for a host in this process's network namespace (this machine, not a namespace on it): a
     #: server started here on 127.0.0.1 is reachable from it.
     shares_our_loopback = False
+    #: True for a host that exists only while a point runs (a network namespace the point creates and
+    #: removes): before a point there is nothing there to probe or ping, and making one needs root.
+    created_per_point = False
+    #: True for a host reached over SSH: a check must log in first, and exit status 255 is ssh's own failure.
+    reached_over_ssh = False
 
     def __init__(self, spec: str):
         self.spec = spec
@@ -425,6 +430,7 @@ class NetnsHost(Host):
 
     kind = "netns"
     on_this_machine = True
+    created_per_point = True
 
     def __init__(self, name: str):
         super().__init__(f"netns:{name}")
@@ -523,6 +529,7 @@ class SshHost(Host):
     """
 
     kind = "ssh"
+    reached_over_ssh = True
 
     def __init__(self, target: str, *, port: int | None = None, identity: str | None = None,
                  strict_host_key_checking: str = "accept-new", known_hosts: str | None = None,

@@ -47,7 +47,7 @@ from typing import Any
 from peercache import sysfs
 from peercache.bench import meta as bench_meta
 from peercache.lab.launch import netns
-from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, NetnsHost, SshHost, parse_host
+from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, parse_host
 from peercache.lab.pipeline import experiments
 from peercache.lab.system.hostinfo import _iboe_mtu
 from peercache.lab.system.slowness import slowness
@@ -468,8 +468,9 @@ def required_tools(tb: experiments.Testbed, points: list | None, remote: bool) -
 
 
 def _probe_host(host: Host) -> Host:
-    # A namespace of the built-in testbed exists only while a point runs; its files and PATH are this machine's.
-    return LocalHost() if isinstance(host, NetnsHost) else host
+    # A host created per point (a namespace of the built-in testbed) exists only while a point runs; its files
+    # and PATH are this machine's.
+    return LocalHost() if host.created_per_point else host
 
 
 def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str | os.PathLike | None = None,
@@ -499,7 +500,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                 rep.failures.append(f"{role} ({defs[role]['host']}): {e}")
         if len(hosts) < len(ROLES):
             return rep
-        if tb.get("netns_pair") and any(isinstance(h, NetnsHost) for h in hosts.values()):
+        if tb.get("netns_pair") and any(h.created_per_point for h in hosts.values()):
             ok, why = netns.available()
             if not ok:
                 fb = tb.get("fallback_hosts") or {}
@@ -525,7 +526,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
 
         def probe(role: str) -> tuple[list[str], list[str], dict[str, Any], Probe | None]:
             h, e = hosts[role], expects[role]
-            if isinstance(h, SshHost):
+            if h.reached_over_ssh:
                 try:
                     h.connect()
                 except HostError as err:
@@ -539,7 +540,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                         "check the host's load and its shell"], [], {}, None
             except HostError as err:
                 return [f"{e.who}: {_one_line(str(err), 600)}"], [], {}, None
-            if r.rc == 255 and isinstance(h, SshHost):
+            if r.rc == 255 and h.reached_over_ssh:
                 return [f"{e.who}: ssh failed running the probe: {_one_line(r.stderr) or 'no message'}"], [], {}, None
             p = parse_probe(r.stdout)
             fail, notes, summary = probe_findings(e, p)
@@ -570,7 +571,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
 def _reach(tb: experiments.Testbed, hosts: dict[str, Host], expects: dict[str, Expect],
            probes: dict[str, Probe | None], rep: Report, slow: float) -> None:
     """Each host pings the other's address and (rdma) the other's GID address of every rail."""
-    if any(isinstance(h, NetnsHost) for h in hosts.values()):
+    if any(h.created_per_point for h in hosts.values()):
         why = ("skipped: network-namespace hosts are created for each point (and removed after it), so there is "
                "nothing to ping before a point runs")
         for role in hosts:
