@@ -31,6 +31,8 @@ rule capture_host:
     params:
         py=PY,
         testbed=PLAN.testbed_path,
+        # a new capture format captures again (Snakemake re-runs a rule whose params changed)
+        capture_schema=PLAN.capture_schema,
     resources:
         testbed=1,
     conda:

@@ -3,7 +3,9 @@
 One :class:`Field` per line of the published table (topology, NICs, link, line rate, CPU,
 memory, NUMA, kernel, rdma-core/OFED, perftest, PeerCache revision). A field the capture
 could not fill is ``None`` with the reason the capture gave (or why no capture was there);
-nothing is guessed. :func:`capture_commands` lists what the capture ran and read.
+nothing is guessed. :func:`capture_commands` lists what the capture ran and read, and
+:func:`why_no_commands` says why a capture lists none (made by an older lab, before captures
+recorded their sources: Snakemake keeps a capture whose file exists, so a re-run reused it).
 """
 from __future__ import annotations
 
@@ -238,6 +240,20 @@ def environment_fields(caps: dict[str, dict], runs: pd.DataFrame, why_none: str 
             out.append(Field(label, None, why_none))
     out.append(Field("PeerCache revision", *_revision(runs)))
     return out
+
+
+def why_no_commands(caps: dict[str, dict], folder=None) -> str:
+    """Why the captures in ``folder`` list no commands, and what to do (a sentence)."""
+    if not caps:
+        return "no testbed capture, so no commands to list"
+    old = [role for role, doc in caps.items() if not (doc.get("capture") or {}).get("sources")]
+    if not old:
+        return "the capture ran no commands"
+    where = Path(folder) if folder else Path("data/raw/<testbed>/testbed")
+    versions = sorted({str((caps[r].get("capture") or {}).get("schema_version", "?")) for r in old})
+    return (f"the {' and '.join(old)} capture(s) ({', '.join(f'{where / r}.json' for r in old)}, hostinfo "
+            f"schema {', '.join(versions)}) were made before captures recorded their commands, and a later run "
+            f"kept them; remove {where}/ and run `make run` again to capture the hosts afresh")
 
 
 def capture_commands(caps: dict[str, dict]) -> list[str]:

@@ -87,6 +87,7 @@ class Report:
     notes: list[str] = field(default_factory=list)        #: said at the top (emulation caveats first)
     environment: list[environment.Field] = field(default_factory=list)
     env_commands: list[str] = field(default_factory=list)
+    env_commands_why: str = ""                              #: why env_commands is empty, where it is
     conclusions: list[Conclusion] = field(default_factory=list)
     rows: pd.DataFrame | None = None                       #: the judged tidy rows
     title: str = ""
@@ -541,11 +542,13 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
         sections.append(Section(sc, table, [f for f in figs if f.exists()], charts.meta_block(sub, runs),
                                 list(dict.fromkeys(sec_notes)), descriptions.get(sc, ""),
                                 compact_tables(sc, sub, limits), captions, compact_meta(sub, runs)))
-    caps, why = environment.load_captures(resolve(captures_dir) if captures_dir else None)
+    cap_dir = resolve(captures_dir) if captures_dir else None
+    caps, why = environment.load_captures(cap_dir)
     counts = rows["verdict"].value_counts().to_dict()
     return Report(testbed, overview_table(rows), sections, {k: int(v) for k, v in counts.items()}, notes,
                   environment.environment_fields(caps, runs, why), environment.capture_commands(caps),
-                  conclusions(rows), rows, f"PeerCache performance baseline: {testbed}")
+                  environment.why_no_commands(caps, cap_dir), conclusions(rows), rows,
+                  f"PeerCache performance baseline: {testbed}")
 
 
 # --- rendering: one Markdown document, the HTML made from it ---------------------------
@@ -599,7 +602,7 @@ def report_markdown(rep: Report, out_dir=None, baseline: Report | None = None, l
         parts.append("Commands and files that captured it (each host):\n\n```\n" + "\n".join(rep.env_commands)
                      + "\n```\n")
     else:
-        parts.append("_The capture recorded no commands (a capture older than this report, or none)._\n")
+        parts.append(f"_No commands listed: {rep.env_commands_why or 'the capture recorded none'}._\n")
     for i, sec in enumerate(rep.sections, start=1):
         parts.append(f"## {i} · {sec.scenario.replace('_', ' ')}\n")
         if sec.description:

@@ -35,6 +35,9 @@ class Plan:
                 f"collect stage finds it, e.g. data/raw/{self.name}")
         self.raw_root = str(Path(self.raw).parent)
         self.reps = range(int(self.testbed["repetitions"]))
+        #: the capture's format: a capture rule parameter, so Snakemake captures again when it changes
+        #: instead of keeping a capture an older lab wrote (one without the commands it ran)
+        self.capture_schema = hostinfo.SCHEMA_VERSION
         self.guest = self.testbed.guest
 
     def guest_command(self) -> str:

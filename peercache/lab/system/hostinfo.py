@@ -40,7 +40,8 @@ from typing import Any, Callable, Protocol
 
 from peercache.sysfs import gid_table, is_live, proc_path, read_attr, sysfs_path
 
-SCHEMA_VERSION = 1
+#: 2: the capture lists its sources (the commands it ran, the files it read); 1 did not.
+SCHEMA_VERSION = 2
 _COMMAND_TIMEOUT_S = 10
 
 
