@@ -48,14 +48,63 @@ def test_collect_writes_parquet_that_round_trips(raw, tmp_path):
     assert list(res.errors["check"]) == ["above_line_rate"]
 
 
+def _plan_of(runs):
+    return [f"{m['scenario']}/{m['point']}/rep{m['repetition']}" for m in runs.to_dict("records")]
+
+
 def test_missing_points_are_errors(raw, tmp_path):
-    raw_dir, _, _ = raw
+    raw_dir, _, runs = raw
     (raw_dir / TB / "single_nic" / "crashed_point" / "rep0").mkdir(parents=True)
     res = collect.collect_testbed(raw_dir, tmp_path / "tidy", TB, write=False,
-                                  expected=["gpudirect/gpu_page1048576", "multi_rail/page131072_b32_t16"])
+                                  expected=_plan_of(runs) + ["single_nic/crashed_point/rep0",
+                                                             "multi_rail/page131072_b32_t16"])
     missing = _issues(res, "missing_point")
     assert sorted(missing["point"]) == ["crashed_point", "page131072_b32_t16"]
     assert set(missing["severity"]) == {"error"}
+
+
+def test_only_the_plans_points_are_collected_stale_ones_are_named(raw, tmp_path):
+    # An earlier run with another grid left single_nic/old_grid_point and a second repetition behind.
+    raw_dir, rows, runs = raw
+    plan = _plan_of(runs)
+    first = runs.iloc[0]
+    stale_rep = raw_dir / TB / first["scenario"] / first["point"] / "rep1"
+    stale_rep.mkdir()
+    src = raw_dir / TB / first["scenario"] / first["point"] / "rep0" / "result.json"
+    doc = json.loads(src.read_text())
+    doc["meta"]["run_id"] += "-rep1"
+    doc["meta"]["repetition"] = 1
+    for r in doc["rows"]:
+        r["run_id"] = doc["meta"]["run_id"]
+    (stale_rep / "result.json").write_text(json.dumps(doc))
+    _write_point(raw_dir, "single_nic", "old_grid_point",
+                 [tidy.Row(metric="bw", value=9.9, unit="GB/s", experiment="x", scenario="single_nic",
+                           run_id="single_nic-old_grid_point", testbed=TB, tool="iperf3")])
+    (raw_dir / TB / "single_nic" / "old_crashed_point" / "rep0").mkdir(parents=True)
+    res = collect.collect_testbed(raw_dir, tmp_path / "tidy", TB, expected=plan)
+    assert sorted(res.runs["run_id"]) == sorted(runs["run_id"])
+    assert set(res.rows["run_id"]) <= set(runs["run_id"]) and len(res.rows) == len(rows)
+    stale = _issues(res, "stale_point")
+    assert sorted(stale["point"]) == [first["point"], "old_grid_point"]
+    assert set(stale["severity"]) == {"warning"}
+    assert "not in the current plan" in stale["message"].iloc[0] and "Delete " in stale["message"].iloc[0]
+    assert _issues(res, "missing_point").empty           # the old crashed point is not this plan's either
+    back, _ = collect.load_tidy(tmp_path / "tidy" / TB)
+    assert "single_nic-old_grid_point" not in set(back["run_id"])
+    # Without a plan, every result is read (a folder collected by hand).
+    everything = collect.collect_testbed(raw_dir, tmp_path / "tidy2", TB, write=False)
+    assert "single_nic-old_grid_point" in set(everything.rows["run_id"])
+
+
+def test_plan_names_every_repetition(tmp_path):
+    from peercache.lab.pipeline.plan import Plan
+    plan = Plan("experiments/testbeds/local.yaml")
+    exp = plan.expected()
+    assert "single_nic/iperf3_P1_l128K_R_O/rep0" in exp
+    assert len(exp) == len(plan.points) * len(plan.reps)
+    assert collect.planned_points(["a/b", "a/c/rep2"]) == {("a", "b", None), ("a", "c", 2)}
+    with pytest.raises(ValueError, match="rep<k>"):
+        collect.planned_points(["a/b/first"])
 
 
 def _write_point(raw_dir, scenario, point, rows):

@@ -198,8 +198,34 @@ def _issue(severity, check, message, scenario="", point="", run_id="", metric=""
                 run_id=run_id, metric=metric, message=message)
 
 
-def read_raw(raw_dir, testbed: str) -> tuple[list[tidy.Row], list[tidy.RunMeta], list[dict]]:
-    """All result.json of data/raw/<testbed>/** as rows, metas and read problems."""
+def planned_points(expected: Iterable[str]) -> set[tuple[str, str, int | None]]:
+    """``(scenario, point, repetition)`` of each expected name: ``scenario/point`` (any repetition, None)
+    or ``scenario/point/rep<k>``."""
+    out = set()
+    for exp in expected:
+        scenario, _, rest = str(exp).partition("/")
+        point, _, rep = rest.partition("/")
+        if rep and not (rep.startswith("rep") and rep[3:].isdigit()):
+            raise ValueError(f"expected point {exp!r}: the third part must be rep<k>, e.g. "
+                             f"{scenario}/{point}/rep0")
+        out.add((scenario, point, int(rep[3:]) if rep else None))
+    return out
+
+
+def in_plan(plan: set[tuple[str, str, int | None]], scenario: str, point: str, rep: int | None) -> bool:
+    """Whether a result of ``scenario/point`` repetition ``rep`` is in the plan (every result is, without one)."""
+    return not plan or (scenario, point, None) in plan or (scenario, point, rep) in plan
+
+
+def _rep_of(name: str) -> int | None:
+    return int(name[3:]) if name.startswith("rep") and name[3:].isdigit() else None
+
+
+def read_raw(raw_dir, testbed: str, plan: set[tuple[str, str, int | None]] | None = None
+             ) -> tuple[list[tidy.Row], list[tidy.RunMeta], list[dict]]:
+    """The result.json files of data/raw/<testbed>/** as rows, metas and read problems. With a ``plan``
+    (:func:`planned_points`) only its points are read: a result the plan does not name was left by an earlier
+    run with another grid, and is reported as stale instead of read."""
     base = Path(raw_dir) / testbed
     if not base.is_dir():
         raise FileNotFoundError(f"raw folder {base} does not exist; run the pipeline for testbed "
@@ -207,9 +233,16 @@ def read_raw(raw_dir, testbed: str) -> tuple[list[tidy.Row], list[tidy.RunMeta],
     rows: list[tidy.Row] = []
     metas: list[tidy.RunMeta] = []
     issues: list[dict] = []
+    plan = plan or set()
     for path in sorted(base.rglob(tidy.RESULT_FILE)):
         rel = path.relative_to(base).parts
         scenario, point = (rel[0], rel[1]) if len(rel) >= 3 else ("", "")
+        if not in_plan(plan, scenario, point, _rep_of(rel[2]) if len(rel) >= 4 else None):
+            issues.append(_issue("warning", "stale_point",
+                                 f"{path.parent.relative_to(base)}: not in the current plan (left by an "
+                                 "earlier run with another grid or repetitions); left out of the tidy tables "
+                                 f"and the report. Delete {path.parent} to drop it", scenario, point))
+            continue
         try:
             meta, rs = tidy.read_result(path)
         except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
@@ -224,6 +257,8 @@ def read_raw(raw_dir, testbed: str) -> tuple[list[tidy.Row], list[tidy.RunMeta],
     for rep in sorted(p for p in base.glob("*/*/rep*") if p.is_dir()):
         if not (rep / tidy.RESULT_FILE).exists():
             scenario, point = rep.parent.parent.name, rep.parent.name
+            if not in_plan(plan, scenario, point, _rep_of(rep.name)):
+                continue
             issues.append(_issue("error", "missing_point",
                                  f"{rep.relative_to(base)} has no {tidy.RESULT_FILE}: the point neither "
                                  "ran to completion nor was marked skipped/failed; re-run it",
@@ -235,13 +270,13 @@ def check_tidy(rows: pd.DataFrame, runs: pd.DataFrame, expected: Iterable[str] =
                refs: TestbedRefs | None = None) -> list[dict]:
     """Findings on tidy tables: missing points, reasons, units, impossible values."""
     issues: list[dict] = []
-    points = {(m["scenario"], m["point"]) for m in runs.to_dict("records")}
-    for exp in expected:
-        scenario, _, point = exp.partition("/")
-        if (scenario, point) not in points:
+    ran = {(m["scenario"], m["point"], m["repetition"]) for m in runs.to_dict("records")}
+    ran |= {(s, p, None) for s, p, _ in ran}
+    for exp, key in zip(expected, (planned_points([e]).pop() for e in expected)):
+        if key not in ran:
             issues.append(_issue("error", "missing_point",
                                  f"expected point {exp} has no result (not even skipped/failed); "
-                                 "re-run it or mark it skipped with a reason", scenario, point))
+                                 "re-run it or mark it skipped with a reason", key[0], key[1]))
     known_runs = set(runs["run_id"])
     point_of = {m["run_id"]: m["point"] for m in runs.to_dict("records")}
     for rid in sorted(set(rows["run_id"]) - known_runs):
@@ -285,15 +320,19 @@ def check_tidy(rows: pd.DataFrame, runs: pd.DataFrame, expected: Iterable[str] =
 
 def collect_testbed(raw_dir, tidy_dir, testbed: str, expected: Iterable[str] = (),
                     refs: TestbedRefs | None = None, write: bool = True) -> CollectResult:
-    """Read data/raw/<testbed>, write data/tidy/<testbed>/{rows,runs}.parquet, run the checks."""
-    rows, metas, issues = read_raw(raw_dir, testbed)
+    """Read data/raw/<testbed> (only the ``expected`` points where it names any: see :func:`read_raw`), write
+    data/tidy/<testbed>/{rows,runs}.parquet, run the checks."""
+    expected = list(expected)
+    rows, metas, issues = read_raw(raw_dir, testbed, planned_points(expected))
     rows_df = rows_frame(rows)
     runs_df = runs_frame(metas)
     dup = runs_df["run_id"][runs_df["run_id"].duplicated()]
     for rid in sorted(set(dup)):
         issues.append(_issue("error", "duplicate_run", f"run_id {rid} appears in several result files; "
                              "run ids must be unique per testbed", run_id=rid))
-    issues += check_tidy(rows_df, runs_df, expected, refs)
+    flagged = {(i["scenario"], i["point"]) for i in issues if i["check"] == "missing_point"}
+    issues += [i for i in check_tidy(rows_df, runs_df, expected, refs)     # a crashed point is named once
+               if i["check"] != "missing_point" or (i["scenario"], i["point"]) not in flagged]
     out = write_tidy(tidy_dir, testbed, rows_df, runs_df) if write else None
     return CollectResult(rows_df, runs_df, pd.DataFrame(issues, columns=ISSUE_COLUMNS), out)
 

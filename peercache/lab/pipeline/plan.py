@@ -59,8 +59,9 @@ class Plan:
         return [f"{self.raw}/testbed/{role}.json" for role in ROLES]
 
     def expected(self) -> list[str]:
-        """'scenario/point' names the collect checks expect."""
-        return [f"{p.scenario}/{p.name}" for p in self.points]
+        """'scenario/point/rep<k>' of every result of the plan: what collect reads and checks (a result the
+        plan does not name, left by an earlier run, stays out of the tidy tables)."""
+        return [f"{p.scenario}/{p.name}/rep{k}" for p in self.points for k in self.reps]
 
     def expected_yaml(self) -> str:
         """:meth:`expected` as one YAML flow list (a papermill -p value)."""
