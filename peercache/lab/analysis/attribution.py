@@ -27,7 +27,7 @@ RULES_FILE = Path(__file__).resolve().parents[3] / "data" / "reference" / "attri
 SCHEMA_VERSION = 1
 
 #: Evidence fields a rule may test (see the rules file for their meaning).
-EVIDENCE = ("fraction_of_raw", "raw_tool", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
+EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
             "numa_remote", "memory_node", "nic_node", "summed_windows", "pcie_fraction", "pcie_GBps",
             "pcie_gen", "pcie_width")
@@ -96,7 +96,7 @@ def _num(v: Any) -> float | None:
 
 
 def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: str | None = None,
-             line_rate_Bps: float | None = None, host_cores: int | None = None,
+             raw_busiest_thread: float | None = None, line_rate_Bps: float | None = None, host_cores: int | None = None,
              shared_host: bool = False, numa: dict[str, Any] | None = None,
              pcie: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The evidence of one throughput row (pure): what was recorded, nothing filled in."""
@@ -108,6 +108,8 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
         bps = None
     if bps is not None and raw_Bps:
         ev["fraction_of_raw"], ev["raw_tool"] = bps / raw_Bps, raw_tool
+        if _num(raw_busiest_thread) is not None:
+            ev["raw_busiest_thread"] = float(raw_busiest_thread)
     line = _num(ex.get("line_rate_Bps")) or line_rate_Bps
     if bps is not None and line:
         ev["line_fraction"], ev["line_rate_gbps"] = bps / line, line * 8 / 1e9
@@ -172,9 +174,9 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
               line_rate_of=lambda row: None) -> pd.DataFrame:
     """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
 
-    ``raw_of(row)``: (raw limit in B/s, how it was measured) of the same path measured
-    the same way in the same run, over as many NICs as the row, or None (raw rows themselves, or nothing
-    comparable); ``line_rate_of(row)``: the row's summed line rate in bit/s
+    ``raw_of(row)``: (raw limit in B/s, how it was measured[, the raw run's busiest thread in CPU s per s or
+    None]) of the same path measured the same way in the same run, over as many NICs as the row, or None
+    (raw rows themselves, or nothing comparable); ``line_rate_of(row)``: the row's summed line rate in bit/s
     from the references, or None (the runner's port rates are used first).
     """
     rules = rules or load_rules()
@@ -188,6 +190,7 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
         devs = row_devices(r)
         bits = line_rate_of(r)
         ev = evidence(r, raw_Bps=raw[0] if raw else None, raw_tool=raw[1] if raw else None,
+                      raw_busiest_thread=raw[2] if raw and len(raw) > 2 else None,
                       line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
                       pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None,
                       numa=_numa(r, devs, nics))

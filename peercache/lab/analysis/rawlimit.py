@@ -10,6 +10,10 @@ x groups), the same request size (iperf3 ``-l`` = the page size) and the same
 direction (``-R``: the producer sends); memcpy with as many threads and the
 same page size. Where no raw run has that shape there is no limit and no
 percentage, and :func:`why_none` says what was missing.
+
+A limit is the most the path gave: the best of the run's repetitions of that
+shape (and of each one's back-to-back rounds, kept in its row), never their
+mean, and its label says how many runs it is the best of.
 """
 from __future__ import annotations
 
@@ -35,8 +39,10 @@ class RawLimit:
 
     gbs: float
     tool: str
-    label: str                #: e.g. "iperf3 -R, 4 connections, 128 KiB writes" or "2 x ib_read_bw"
+    label: str                #: e.g. "iperf3 -R, 4 connection(s), 128 KiB requests, best of 3 runs" or "2 x ib_read_bw"
     runs: tuple[str, ...]
+    #: the raw run's busiest thread (either side), CPU s per s, where its row recorded it
+    busiest_thread: float | None = None
 
     @property
     def bps(self) -> float:
@@ -84,27 +90,46 @@ def point_shape(r) -> tuple[str, int | None, int | None]:
     return str(r.get("protocol") or ""), conns, _int(r.get("size_bytes"))
 
 
+def _busiest(r) -> float | None:
+    """The busiest thread of either side of a raw row's run (CPU s per s), or None where not recorded."""
+    cpu = row_extra(r).get("cpu") or {}
+    got = [float(u["busiest_thread"]) for u in (cpu.get(s) or {} for s in ("consumer", "producer"))
+           if isinstance(u, dict) and u.get("busiest_thread") is not None]
+    return max(got) if got else None
+
+
+def _samples(r) -> int:
+    """How many runs a raw row's figure is the best of (its back-to-back rounds; 1 when it records none)."""
+    return len(row_extra(r).get("rounds_Bps") or ()) or 1
+
+
 def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None, int | None], RawLimit]:
-    """The run's raw single-NIC limits by shape: mean GB/s over repetitions, with their runs."""
+    """The run's raw single-NIC limits by shape: the best GB/s over repetitions (and their rounds), with their runs."""
     raw = rows[(rows["scenario"] == "single_nic") & rows["tool"].isin(RAW_TOOLS)
                & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
-    acc: dict[tuple, list] = {}
+    acc: dict[tuple, dict[str, Any]] = {}
     for _, r in raw.iterrows():
         key = raw_shape(r)
-        # -R only where the row records it (a multi-process iperf3 row does not say)
+        # -R only where the row records it
         tool = r["tool"] + (" -R" if row_extra(r).get("reverse") else "")
-        acc.setdefault(key, [tool, [], []])
-        acc[key][1].append(convert(float(r["value"]), str(r["unit"]), "GB/s"))
-        acc[key][2].append(r["run_id"])
+        gbs = convert(float(r["value"]), str(r["unit"]), "GB/s")
+        a = acc.setdefault(key, {"tool": tool, "gbs": None, "busiest": None, "n": 0, "runs": []})
+        a["n"] += _samples(r)
+        a["runs"].append(r["run_id"])
+        if a["gbs"] is None or gbs > a["gbs"]:
+            a.update(tool=tool, gbs=gbs, busiest=_busiest(r))
     out = {}
-    for (proto, conns, size), (tool, vals, runs) in acc.items():
+    for (proto, conns, size), a in acc.items():
+        tool = a["tool"]
         if conns is None:
             label = tool
         else:
             what = "connection(s)" if tool.startswith("iperf3") else "thread(s)"
             label = f"{tool}, {conns} {what}, {_size_text(size)} requests"
-        out[(proto, conns, size)] = RawLimit(sum(vals) / len(vals), tool.split()[0], label,
-                                             tuple(dict.fromkeys(runs)))
+        if a["n"] > 1:
+            label += f", best of {a['n']} runs"
+        out[(proto, conns, size)] = RawLimit(a["gbs"], tool.split()[0], label, tuple(dict.fromkeys(a["runs"])),
+                                             a["busiest"])
     return out
 
 
@@ -127,7 +152,7 @@ def raw_for(r, limits: dict[tuple, RawLimit]) -> RawLimit | None:
     n = nics_of(r)
     if n == 1:
         return per_nic
-    return RawLimit(per_nic.gbs * n, per_nic.tool, f"{n} x {per_nic.tool}", per_nic.runs)
+    return RawLimit(per_nic.gbs * n, per_nic.tool, f"{n} x {per_nic.tool}", per_nic.runs, per_nic.busiest_thread)
 
 
 def why_none(r, limits: dict[tuple, RawLimit]) -> str:
