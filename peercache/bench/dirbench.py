@@ -127,12 +127,12 @@ class LookupClient:
 
     def lookup(self, keys: list[bytes]) -> int:
         """Look ``keys`` up (one round trip); returns how many were not found."""
-        reply = self._dir.call("lookup", keys=keys, recs=True, epoch=self.epoch)
-        self.epoch = reply.get("epoch")
-        if "recs" in reply:
-            missing = reply.get("missing") or b""
+        res = self._dir.lookup(keys, recs=True, epoch=self.epoch)
+        self.epoch = res.epoch
+        if res.records:
+            missing = res.missing or b""
             return len(missing) // 4 if isinstance(missing, (bytes, bytearray)) else len(missing)
-        return sum(loc is None for loc in reply["locs"])
+        return sum(loc is None for loc in res.locs)
 
     def close(self) -> None:
         self._dir.close()
