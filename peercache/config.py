@@ -400,14 +400,32 @@ class NodeConfig:
             return self.auth_key
         return load_secret(self.auth_key_file)
 
-    def node_kwargs(self, *, page_bytes: Optional[int] = None, name: Optional[str] = None) -> dict[str, Any]:
+    def node_kwargs(self, *, page_bytes: Optional[int] = None, name: Optional[str] = None,
+                    pool_slots: Optional[int] = None, transport_options: Optional[dict] = None) -> dict[str, Any]:
         """The arguments of ``Node(**kwargs)`` for this config (``discovery_addr`` among them): a pool of
-        ``pool_bytes`` in slots of ``page_bytes`` (default: the option's), ``name`` the node's."""
+        ``pool_bytes`` in slots of ``page_bytes`` (default: the option's), or of ``pool_slots`` slots when
+        given; ``name`` the node's; ``transport_options`` added to the config's own (a bench's timeouts)."""
         page = self.page_bytes if page_bytes is None else page_bytes
+        slots = self.pool_slots(page or 0) if pool_slots is None else pool_slots
         return dict(discovery_addr=self.discovery_addr, protocol=self.protocol, bind_host=self.bind,
-                    host_discovery=self.host_discovery, pool_slots=self.pool_slots(page or 0),
+                    host_discovery=self.host_discovery, pool_slots=slots,
                     slot_capacity=page or 0, max_channels=self.max_channels, dir_cache_ttl=self.dir_cache_ttl,
                     heartbeat_interval=self.heartbeat_interval, heartbeat_timeout=self.heartbeat_timeout,
-                    rpc_timeout=self.timeout, name=name, transport_options=self.transport_options(),
+                    rpc_timeout=self.timeout, name=name,
+                    transport_options={**self.transport_options(), **(transport_options or {})},
                     auth_key=self.secret(), integrity=self.integrity, directory=self.directory,
                     dir_table_entries=self.dir_table_entries)
+
+    def extra_config(self) -> dict[str, Any]:
+        """This config as HiCache's extra config (what :meth:`from_extra` reads back): each option that has
+        a key and a value; the devices only under rdma, the secret's file only when the secret is not given."""
+        out: dict[str, Any] = {}
+        for name, o in type(self).options().items():
+            v = getattr(self, name)
+            if o.key is not None and v is not None:
+                out[o.key] = list(v) if isinstance(v, tuple) else v
+        if self.protocol != "rdma" or not self.devices:
+            out.pop("devices", None)
+        if self.auth_key is not None:
+            out.pop("auth_key_file", None)
+        return out

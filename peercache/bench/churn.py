@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from .. import tags
+from ..config import NodeConfig
 from ..errors import PeerCacheError
 from ..node import Get, Node
 from ..transport import PROTOCOLS
@@ -61,8 +62,10 @@ def _devices(text: str | None, env: str) -> list[str]:
     return [d for d in (text if text is not None else os.environ.get(env, "")).split(",") if d]
 
 
-def transport_options(protocol: str, devices: list[str]) -> dict:
-    return {"devices": devices} if protocol == "rdma" else {}
+def node_config(cfg: dict, devices: list[str], **more) -> NodeConfig:
+    """The options of a churn node on ``devices`` (rdma): the run's address, protocol and channels, and ``more``."""
+    return NodeConfig(discovery_addr=cfg["addr"], protocol=cfg["protocol"], max_channels=cfg["max_channels"],
+                      devices=tuple(devices), **more)
 
 
 # ------------------------------------------------------------------------------ readers
@@ -74,9 +77,8 @@ def _reader(conn, cfg: dict, ridx: int, quota: int, deadline: float, parent_pid:
            "bad_locations": 0, "stale": 0}
     node = None
     try:
-        node = Node(cfg["addr"], protocol=cfg["protocol"], dir_cache_ttl=cfg["dir_cache_ttl"],
-                    max_channels=cfg["max_channels"], rpc_timeout=5.0, name=f"churn-reader-{ridx}",
-                    transport_options=transport_options(cfg["protocol"], cfg["consumer_devices"]))
+        conf = node_config(cfg, cfg["consumer_devices"], dir_cache_ttl=cfg["dir_cache_ttl"], timeout=5.0)
+        node = Node(**conf.node_kwargs(name=f"churn-reader-{ridx}"))
         keys = np.empty(cfg["keys"], dtype=object)
         keys[:] = key_names(cfg["keys"])
         khash = np.fromiter((tags.key_hash(k) for k in keys), np.uint64, len(keys))
@@ -136,10 +138,9 @@ class Producer:
 
     def __init__(self, cfg: dict):
         self.cfg = cfg
-        self.node = Node(cfg["addr"], protocol=cfg["protocol"], bind_host="127.0.0.1", host_discovery=True,
-                         pool_slots=cfg["slots"], slot_capacity=cfg["page_size"], max_channels=cfg["max_channels"],
-                         name="churn-producer",
-                         transport_options=transport_options(cfg["protocol"], cfg["producer_devices"]))
+        conf = node_config(cfg, cfg["producer_devices"], bind="127.0.0.1", host_discovery=True,
+                           page_bytes=cfg["page_size"])
+        self.node = Node(**conf.node_kwargs(pool_slots=cfg["slots"], name="churn-producer"))
         self.keys = key_names(cfg["keys"])
         self.puts = 0
         self.batches = 0

@@ -42,6 +42,7 @@ import time
 import numpy as np
 
 from .. import checks, tags
+from ..config import NodeConfig
 from ..errors import ConfigError, PeerCacheError
 from ..redact import redact, redact_doc
 from . import meta, options
@@ -83,9 +84,10 @@ class Producer:
 
         self.spec, self.backend = spec, backend_of(spec)
         # Embedded: this node hosts the directory at HOST:PORT, as serve's node does; Redis: it talks to it.
-        self.node = Node(spec, protocol="tcp", host_discovery=self.backend == "embedded", directory=spec,
-                         pool_slots=len(keys), slot_capacity=SLOT_BYTES, heartbeat_timeout=heartbeat_timeout,
-                         name="dirbench")
+        conf = NodeConfig(discovery_addr=spec, directory=spec, protocol="tcp",
+                          host_discovery=self.backend == "embedded", page_bytes=SLOT_BYTES,
+                          heartbeat_timeout=heartbeat_timeout)
+        self.node = Node(**conf.node_kwargs(pool_slots=len(keys), name="dirbench"))
         try:
             t0 = time.monotonic()
             for i in range(0, len(keys), PUBLISH_BATCH):
@@ -147,8 +149,8 @@ class NodeLookupClient:
         from ..node import Node
 
         self.spec, self.backend = spec, backend_of(spec)
-        self.node = Node(spec, protocol="tcp", directory=spec, dir_cache_ttl=0.0, rpc_timeout=timeout,
-                         name="dirbench-client")
+        conf = NodeConfig(discovery_addr=spec, directory=spec, protocol="tcp", dir_cache_ttl=0.0, timeout=timeout)
+        self.node = Node(**conf.node_kwargs(name="dirbench-client"))
 
     def lookup(self, keys: list[bytes]) -> int:
         """Resolve ``keys``; returns how many were not found."""

@@ -16,11 +16,12 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .. import tags
+from ..config import NodeConfig
 from ..directory.client import connect_directory, is_redis
 from ..errors import PeerCacheError
 from ..node import Get, Node
@@ -99,14 +100,9 @@ class _Worker:
         self.keys_arr = np.empty(len(self.keys), dtype=object)
         self.keys_arr[:] = self.keys
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
-        topts = dict(cfg.get("transport_options") or {})
-        if cfg["protocol"] == "tcp":
-            topts.setdefault("io_timeout", DATA_TIMEOUT_S)
-        self.node = Node(cfg["discovery_addr"], directory=cfg.get("directory"), protocol=cfg["protocol"],
-                         max_channels=cfg["max_channels"], dir_cache_ttl=cfg["dir_cache_ttl"],
-                         rpc_timeout=IO_TIMEOUT_S, name=f"drive-{pidx}",
-                         transport_options=topts, auth_key=cfg.get("auth_key"),
-                         integrity=cfg.get("integrity", False))
+        node = replace(cfg["node"], timeout=IO_TIMEOUT_S)
+        data_timeout = {"io_timeout": DATA_TIMEOUT_S} if node.protocol == "tcp" else None
+        self.node = Node(**node.node_kwargs(name=f"drive-{pidx}", transport_options=data_timeout))
         #: the bench pattern is checked in the native batch, on the bytes it just landed (host memory);
         #: GPU memory is checked here after a download instead
         self.fused_verify = bool(cfg["verify"]) and not cfg.get("gpu")
@@ -443,13 +439,13 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
     options.validate(args, "drive")
     check_prerequisites(args)
     cfg = {k: getattr(args, k) for k in (
-        "discovery_addr", "protocol", "layout", "page_size", "working_set", "max_channels",
-        "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup",
-        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device", "integrity")}
+        "discovery_addr", "protocol", "layout", "page_size", "working_set",
+        "batch_size", "concurrencies", "processes", "duration", "warmup",
+        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device")}
     cfg["directory"] = options.directory(args)
     cfg["worker"] = worker
-    cfg["transport_options"] = options.transport_options(args)
-    cfg["auth_key"] = options.auth_secret(args)   # to the driver processes only, never into the document
+    # The driver processes' node options; its secret goes to them only, never into the document.
+    cfg["node"] = replace(options.node_config(args), directory=cfg["directory"], auth_key=options.auth_secret(args))
     start = meta.now_iso()
     doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "drive",
            "meta": {**meta.host_block(), "command": meta.command_line(), "start": start, "end": None,
@@ -643,8 +639,9 @@ def _tell_serve(args, doc: dict) -> None:
         return
     try:
         # reader_done is accepted only in a registered node's name: register, tell, leave.
-        cli = Node(args.discovery_addr, directory=options.directory(args), rpc_timeout=2.0 if ok else 0.5,
-                   name="drive", auth_key=options.auth_secret(args))
+        node = NodeConfig(discovery_addr=args.discovery_addr, directory=options.directory(args),
+                          timeout=2.0 if ok else 0.5, auth_key=options.auth_secret(args))
+        cli = Node(**node.node_kwargs(name="drive"))
         try:
             cli.call("reader_done", summary={"status": doc["status"], "points": len(doc["points"])})
         finally:

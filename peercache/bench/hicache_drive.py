@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -149,17 +150,8 @@ class HiCacheWorker(drive._Worker):
         self.slice_bytes = self.batch * self.objs * cfg["page_size"]
         pages = self.batch * max(cfg["concurrencies"])
         mla = cfg["layout"] == "mla"
-        extra = {"discovery_addr": cfg["discovery_addr"], "protocol": cfg["protocol"], "pool_bytes": 0,
-                 "page_bytes": cfg["page_size"], "dir_cache_ttl": cfg["dir_cache_ttl"],
-                 "max_channels": cfg["max_channels"], "integrity": bool(cfg.get("integrity")), "timeout": 3.0}
-        topts = cfg.get("transport_options") or {}
-        if topts.get("devices"):
-            extra.update(devices=list(topts["devices"]), ib_port=topts.get("ib_port", 1),
-                         gid_index=topts.get("gid_index"))
-        if cfg.get("auth_key"):
-            extra["auth_key"] = cfg["auth_key"]
-        if cfg.get("directory"):
-            extra["directory"] = cfg["directory"]
+        # drive's node options, as SGLang would give them: the store's extra config
+        extra = replace(cfg["node"], pool_bytes=0, timeout=3.0).extra_config()
         #: serve's first object key of each page -> its page hash (the page number)
         self.hash_of = {k: str(i) for i, k in enumerate(self.keys[:: self.objs])}
         self.store = BenchStore(_Config(mla, extra), cfg["layout"], cfg["working_set"])

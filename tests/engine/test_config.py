@@ -113,3 +113,27 @@ def test_meta_flags_are_the_declared_ones_with_help():
     for flag in ("--discovery-addr", "--heartbeat-timeout", "--directory", "--auth-key-file"):
         assert flag in text
     assert "drop nodes silent for this long [5.0]" in text
+
+
+def test_drive_flags_make_the_node_a_drive_worker_had():
+    # drive's workers build their node from the run's NodeConfig: a reader (no pool) with drive's timeouts
+    args = cli.build_parser().parse_args(["drive", "--protocol", "tcp", "--max-channels", "3", "--dir-cache-ttl",
+                                          "0.5", "--integrity", "--page-size", "4096"])
+    options.validate(args, "drive")
+    node = dataclasses.replace(options.node_config(args), directory=options.directory(args), timeout=3.0)
+    kw = node.node_kwargs(name="drive-0", transport_options={"io_timeout": 2.0})
+    assert (kw["pool_slots"], kw["max_channels"], kw["dir_cache_ttl"], kw["rpc_timeout"], kw["integrity"]) == \
+        (0, 3, 0.5, 3.0, True)
+    assert kw["transport_options"] == {"io_timeout": 2.0} and kw["directory"] == args.discovery_addr
+
+
+def test_a_pool_may_be_given_in_slots():
+    kw = NodeConfig(page_bytes=64).node_kwargs(pool_slots=10, name="dirbench")
+    assert (kw["pool_slots"], kw["slot_capacity"]) == (10, 64)
+
+
+def test_extra_config_reads_back_as_the_same_node_options():
+    c = NodeConfig(protocol="rdma", devices=("mlx5_0", "mlx5_1"), ib_port=2, max_channels=2, timeout=3.0,
+                   page_bytes=4096, dir_cache_ttl=0.5, integrity=True, directory="127.0.0.1:4000")
+    assert NodeConfig.from_extra(c.extra_config()) == c
+    assert "devices" not in dataclasses.replace(c, protocol="tcp").extra_config()   # rails are rdma's only
