@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +29,8 @@ TWOHOST = "tests/fixtures/pipeline/twohost.yaml"
 #: Processes of a lab run; none may outlive it on either machine.
 RUN_PROCESS = re.compile(r"peercache|cpusample|ib_read_bw|ib_write_bw|iperf3|perf stat|numactl")
 PY = str(ROOT / ".venv" / "bin" / "python")
+#: Snakemake's lines worth showing while the pipeline runs: the job that starts, the count done, errors.
+PROGRESS = re.compile(r"^rule |^localrule |wildcards:|steps \(|Error|error:")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def scaled(pair, seconds: float) -> float:
 def leftovers(pair, role: str) -> list[str]:
     """The lab's processes still running on ``role`` (sshd sessions and this probe excluded)."""
     r = pair.ssh(role, "ps -eo pid,args", timeout=scaled(pair, 30))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, f"{r.stderr.strip()}\n{pair.describe(role)}"
     return [ln.strip() for ln in r.stdout.splitlines()[1:]
             if RUN_PROCESS.search(ln) and "ps -eo" not in ln]
 
@@ -89,11 +92,27 @@ def pipeline_run(pair, tmp_path_factory):
     work = tmp_path_factory.mktemp("twohost")
     pipeline_copy(work)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--profile", "profiles/ssh-testbed",
-                        "--config", f"testbed={TWOHOST}"], cwd=work, capture_output=True, text=True,
-                       timeout=scaled(pair, 240) + 1800)
-    print(f"two-host pipeline: {time.monotonic() - t0:.0f} s, rc {r.returncode}")
-    return work, r
+    # Snakemake's log goes to the console as it runs (make test-2host runs pytest -s): a stage of
+    # many minutes shows which job it is on, each line stamped with the seconds since the start.
+    p = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--profile", "profiles/ssh-testbed",
+                          "--config", f"testbed={TWOHOST}"], cwd=work, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    timer = threading.Timer(scaled(pair, 240) + 1800, p.kill)
+    timer.start()
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if PROGRESS.search(line):
+                print(f"  [{time.monotonic() - t0:5.0f} s] {line.rstrip()[:160]}", flush=True)
+        p.wait()
+    finally:
+        timer.cancel()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    print(f"two-host pipeline: {time.monotonic() - t0:.0f} s, rc {p.returncode}")
+    return work, subprocess.CompletedProcess(p.args, p.returncode, "".join(lines), "")
 
 
 @pytest.mark.timeout(7200)
@@ -146,6 +165,32 @@ def test_whole_machine_groups_are_bound_to_their_nics_nodes(pipeline_run):
 def test_nothing_is_left_on_either_machine_after_the_run(pair, pipeline_run):
     for role in M.ROLES:
         assert leftovers(pair, role) == [], role
+
+
+# --- the preflight on two kernels ----------------------------------------------------------------
+
+def test_validate_connect_names_a_wrong_device_and_a_host_without_peercache_in_two_lines(pair, tmp_path):
+    """The consumer names rxe9 (it has rxe0, rxe1) and the producer's python is the system python3,
+    which has no PeerCache: one line each, exit 1, and nothing started on either machine."""
+    import yaml
+    doc = yaml.safe_load((ROOT / TWOHOST).read_text())
+    doc["hosts"]["producer"]["python"] = "python3"
+    doc["hosts"]["consumer"]["devices"] = ["rxe0", "rxe9"]
+    doc["results"] = str(tmp_path / "raw" / "twohost")
+    tb = tmp_path / "broken.yaml"
+    tb.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "peercache.lab.pipeline", "validate", "--testbed", str(tb), "--connect"],
+                       capture_output=True, text=True, timeout=scaled(pair, 60) + 120, cwd=ROOT)
+    print(r.stderr.strip())
+    assert r.returncode == 1, r.stdout + r.stderr
+    fail = [ln for ln in r.stderr.splitlines() if not ln.startswith("preflight of testbed")]
+    assert len(fail) == 2, r.stderr
+    assert fail[0].startswith("producer (ssh:pc-producer): python python3 (") and "cannot import peercache" in fail[0], fail
+    assert fail[1] == ("consumer (ssh:pc-consumer): RDMA device rxe9 not found (have: rxe0, rxe1); fix the "
+                       "testbed's hosts.consumer.devices"), fail
+    assert r.stderr.splitlines()[-1] == "preflight of testbed twohost: 2 problem(s); nothing was started"
+    assert not (tmp_path / "raw").exists()
+    assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
 
 
 # --- faults across the wire --------------------------------------------------------------------

@@ -59,6 +59,9 @@ NET_PREFIX = "198.18"
 HOST_ALIAS = {"producer": "pc-producer", "consumer": "pc-consumer"}
 #: Written into the control share to ask a guest to power off.
 STOP_FILE = "stop"
+#: What each machine writes into its control share: sshd's log, and its health every 2 s.
+SSHD_LOG = "sshd.log"
+HEALTH_FILE = "health"
 MAX_RAILS = 4
 
 
@@ -114,7 +117,9 @@ class Ports:
 
 def qemu_argv(kern: K.GuestKernel, spec: MachinesSpec, accel: str, role: str, ctl: Path, ports: Ports) -> list[str]:
     """The qemu command line of one machine (pure)."""
-    append = ["console=ttyS0", "panic=-1", "quiet", "loglevel=3", "mitigations=off", "nokaslr"]
+    # loglevel 4: the kernel's errors reach the console log (an OOM kill, an rxe error, a lockup),
+    # which is all there is to read when a machine stops answering ssh.
+    append = ["console=ttyS0", "panic=-1", "quiet", "loglevel=4", "mitigations=off", "nokaslr"]
     per_node = spec.memory_mib // spec.numa_nodes
     argv = [R.QEMU, "-name", HOST_ALIAS[role], "-machine", "pc", "-accel", accel,
             "-cpu", "host" if accel == "kvm" else "max", "-smp", str(spec.cpus),
@@ -187,24 +192,34 @@ def setup_script(spec: MachinesSpec, role: str) -> str:
               "cp /mnt/pcguest/host_key /mnt/pcguest/authorized_keys /etc/ssh/pcguest/",
               "chmod 600 /etc/ssh/pcguest/host_key",
               f"cat > /etc/ssh/pcguest/sshd_config <<'EOF'\n{SSHD_CONFIG.format(addr=MGMT_ADDR)}EOF",
-              "/usr/sbin/sshd -f /etc/ssh/pcguest/sshd_config -E /tmp/sshd.log",
+              f"/usr/sbin/sshd -f /etc/ssh/pcguest/sshd_config -E /mnt/pcguest/{SSHD_LOG}",
               "echo \"pcguest: $(hostname): RDMA devices $(ls /sys/class/infiniband | tr '\\n' ' ')"
               "NUMA nodes $(cat /sys/devices/system/node/online)\""]
     return "\n".join(lines) + "\n"
 
 
-#: The machine's command: wait (bounded by the launcher's kill) until asked to power off.
-WAIT_COMMAND = f"while [ ! -e /mnt/pcguest/{STOP_FILE} ]; do sleep 2; done"
+#: The machine's command: wait (bounded by the launcher's kill) until asked to power off, and meanwhile
+#: write the machine's health every 2 s into the control share (uptime, load, sshd's listening socket
+#: and its queue), which this side can read when the machine stops answering ssh.
+WAIT_COMMAND = (f"while [ ! -e /mnt/pcguest/{STOP_FILE} ]; do "
+                f"{{ echo \"$(date +%T) up $(cut -d' ' -f1 /proc/uptime) s, load $(cat /proc/loadavg)\"; "
+                f"ss -tlnH 'sport = :22'; ss -tnH state established '( sport = :22 )' | wc -l; }} "
+                f"> /mnt/pcguest/{HEALTH_FILE}.new 2>&1; mv /mnt/pcguest/{HEALTH_FILE}.new /mnt/pcguest/{HEALTH_FILE}; "
+                "sleep 2; done")
 
 
 def ssh_config(ports: dict[str, int], identity: Path, known_hosts: Path) -> str:
-    """The ssh client config naming the pair (pure): batch mode, this run's key and host keys only."""
+    """The ssh client config naming the pair (pure): batch mode, this run's key and host keys only.
+
+    A machine that answers no keepalive for 30 s (5 s x 6) is taken as gone: an emulated machine
+    busy on both vCPUs can be silent for seconds, and a dropped shared master ends every session
+    over it."""
     out = []
     for role, port in ports.items():
         out.append(f"Host {HOST_ALIAS[role]}\n  HostName 127.0.0.1\n  Port {port}\n  User root\n"
                    f"  HostKeyAlias {HOST_ALIAS[role]}\n  IdentityFile {identity}\n  IdentitiesOnly yes\n"
                    f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
-                   "  ServerAliveInterval 2\n  ServerAliveCountMax 3\n")
+                   "  ServerAliveInterval 5\n  ServerAliveCountMax 6\n")
     return "\n".join(out)
 
 
@@ -419,6 +434,24 @@ class MachinePair:
             time.sleep(0.5)
         raise GuestTimeout(f"{HOST_ALIAS[role]}: sshd did not answer through 127.0.0.1:{self.ports.ssh[role]} "
                            f"before the boot deadline: {last}")
+
+    def describe(self, role: str, n: int = 30) -> str:
+        """Whether ``role``'s qemu still runs, and the last ``n`` lines of its console: for an error
+        about a machine that stopped answering."""
+        m = self.machines.get(role)
+        if m is None:
+            return f"{HOST_ALIAS[role]}: never started"
+        state = "running" if self.running(role) else f"qemu exited {m.proc.returncode if m.proc else '?'}"
+        out = [f"{HOST_ALIAS[role]} ({state}; console {m.log}), its console's last lines:\n{m.tail(n)}"]
+        for name, what in ((HEALTH_FILE, "its health (written every 2 s: time, uptime, load, sshd's "
+                                         "listening socket with its queue, established ssh connections)"),
+                           (SSHD_LOG, "sshd's log")):
+            try:
+                text = (m.ctl / name).read_text(errors="replace")
+            except OSError as e:
+                text = f"(unreadable: {e})"
+            out.append(f"{what}:\n" + "".join(text.splitlines(keepends=True)[-10:]))
+        return "\n".join(out)
 
     # -- stop --------------------------------------------------------------------------------
     def running(self, role: str) -> bool:

@@ -21,8 +21,16 @@ from peercache.lab.tidy import Row
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
-#: Seconds from the group barrier to the shared measurement start (drivers need to spawn).
+#: Seconds from the group barrier to the shared measurement start (drivers need to spawn): at least
+#: GROUP_START_LEAD_S, and GROUP_START_LEAD_PER_SLOW_S per unit of the hosts' slowness. On the two
+#: emulated machines (slowness 16) a driver reached its wait about 19 s after the barrier, so 48 s.
 GROUP_START_LEAD_S = 6.0
+GROUP_START_LEAD_PER_SLOW_S = 3.0
+
+
+def start_lead(slow: float) -> float:
+    """Seconds between the group barrier and the shared start on hosts ``slow`` times slower."""
+    return max(GROUP_START_LEAD_S, GROUP_START_LEAD_PER_SLOW_S * slow)
 
 
 class PeerCacheGroupRun(PeerCacheKnobs):
@@ -64,7 +72,7 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             outs[g] = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
             gp = dict(p, devices=[g] if p["per_device"] else [])
             serve, drive = serve_drive(pr, th, port, gp, p["readers"], p["threads"], outs[g],
-                                       start_at=f"{{start_at}}+{GROUP_START_LEAD_S * pr.slow}")
+                                       start_at=f"{{start_at}}+{start_lead(pr.slow)}")
             pnode = pr.numa_side(f"{g}/server", gp["devices"], "producer")
             cnode = pr.numa_side(f"{g}/client", gp["devices"], "consumer")
             dev = g if p["per_device"] else None
@@ -82,7 +90,7 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             docs[gr.name] = doc
             return sanity(gr.name, doc["points"][0])
 
-        runner = GroupRunner(specs, client_timeout=pr.timeout + GROUP_START_LEAD_S * pr.slow, measure=measure,
+        runner = GroupRunner(specs, client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
                              log_dir=pr.raw_dir, window_tolerance_s=0.05)
         ctx = pr.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
