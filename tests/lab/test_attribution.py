@@ -33,6 +33,14 @@ def cpu(consumer=None, producer=None):
     # ... and where the raw run's own thread was at a full core, that is the cause it gives
     (dict(r=row(5.0), raw_Bps=3.2e9, raw_tool="iperf3", raw_busiest_thread=0.99), "above_raw",
      "above raw (156% of iperf3): the raw run's busiest thread was at 0.99 of a core"),
+    # ... or, both runs' CPU recorded, that the raw tool spent more CPU per byte (local run: 2x2 readers at
+    # 6.0 GB/s on 1.87 cores, iperf3 -R x4 at 3.6 GB/s on 1.81 cores, one 2-CPU machine)
+    (dict(r=row(6.0, cpu=cpu(consumer=(1.177, 0.357), producer=(0.69, 0.494))), raw_Bps=3.605e9,
+          raw_tool="iperf3", raw_busiest_thread=0.26, raw_cpu={"consumer": 0.778, "producer": 1.027}, shared_host=True),
+     "above_raw", "above raw (166% of iperf3): the raw tool spent more CPU per byte: 2.00 GB/s per busy core (1.80 cores busy) against PeerCache's 3.21"),
+    # ... or where it was not CPU-bound and retransmitted, loss held it back
+    (dict(r=row(3.72), raw_Bps=1.72e9, raw_tool="iperf3", raw_busiest_thread=0.41, raw_retransmits=813),
+     "above_raw", "above raw (216% of iperf3): the raw run was held back by loss, not CPU: it retransmitted 813 TCP"),
     (dict(r=row(2.0, cpu=cpu(consumer=(1.1, 0.98))), raw_Bps=4e9, raw_tool="iperf3"), "consumer_core",
      "one core (consumer thread at 0.98 of a core)"),
     (dict(r=row(2.0, cpu=cpu(consumer=(0.5, 0.4), producer=(0.95, 0.93)))), "producer_core",

@@ -51,6 +51,7 @@ def test_best_of_rounds_keeps_the_best_round_and_records_every_figure():
     assert bw.extra["rounds_Bps"] == [1.9e9, 2.6e9, 2.2e9]
     assert bw.extra["limit_of"] == "best of 3 back-to-back rounds (1.9-2.6 GB/s)"
     assert bw.extra["reverse"] is True          # what ran, from iperf3's own report
+    assert bw.extra["retransmits"] == _result("client_loopback_p2_reverse.json").retransmits
     # one round: its rows as they were
     one = _rounds_of(_result("client_loopback_p1.json"), [2.0e9], "r")
     assert "rounds_Bps" not in next(r for r in kind.best_of(one) if r.metric == "bw").extra
@@ -98,6 +99,7 @@ def test_multi_process_rows_say_reverse_where_it_ran():
     lim = raw_limits(df)[("tcp", 4, 131072)]
     assert lim.label.startswith("iperf3 -R, 4 connection(s)")
     assert lim.busiest_thread == 0.97
+    assert lim.retransmits == row.extra["retransmits"] == 4 * res.retransmits
     # a forward capture reads forward
     fwd = kind.processes_row(agg, {"proc0": _result("client_loopback_p1.json")}, {}, ctx)
     assert fwd.extra["reverse"] is False

@@ -27,7 +27,8 @@ RULES_FILE = Path(__file__).resolve().parents[3] / "data" / "reference" / "attri
 SCHEMA_VERSION = 1
 
 #: Evidence fields a rule may test (see the rules file for their meaning).
-EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
+EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "raw_retransmits", "GBps_per_core",
+            "raw_GBps_per_core", "raw_cores", "per_core_vs_raw", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
             "numa_remote", "memory_node", "nic_node", "summed_windows", "pcie_fraction", "pcie_GBps",
             "pcie_gen", "pcie_width")
@@ -96,7 +97,8 @@ def _num(v: Any) -> float | None:
 
 
 def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: str | None = None,
-             raw_busiest_thread: float | None = None, line_rate_Bps: float | None = None, host_cores: int | None = None,
+             raw_busiest_thread: float | None = None, raw_retransmits: float | None = None,
+             raw_cpu: dict[str, float] | None = None, line_rate_Bps: float | None = None, host_cores: int | None = None,
              shared_host: bool = False, numa: dict[str, Any] | None = None,
              pcie: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The evidence of one throughput row (pure): what was recorded, nothing filled in."""
@@ -110,6 +112,8 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
         ev["fraction_of_raw"], ev["raw_tool"] = bps / raw_Bps, raw_tool
         if _num(raw_busiest_thread) is not None:
             ev["raw_busiest_thread"] = float(raw_busiest_thread)
+        if _num(raw_retransmits) is not None:
+            ev["raw_retransmits"] = float(raw_retransmits)
     line = _num(ex.get("line_rate_Bps")) or line_rate_Bps
     if bps is not None and line:
         ev["line_fraction"], ev["line_rate_gbps"] = bps / line, line * 8 / 1e9
@@ -129,6 +133,11 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
                 used += float(u["cores"])
     if host_cores and ("consumer_cores" in ev or "producer_cores" in ev):
         ev["host_cores"], ev["cpu_fraction"] = int(host_cores), used / host_cores
+    # Bytes per busy core of the figure and of its raw run, counted alike (the consumer; both sides on one machine)
+    raw_used = sum(c for s, c in (raw_cpu or {}).items() if s == "consumer" or shared_host)
+    if bps and raw_Bps and used > 0 and raw_used > 0 and "consumer_cores" in ev and "consumer" in (raw_cpu or {}):
+        ev.update(GBps_per_core=bps / 1e9 / used, raw_GBps_per_core=raw_Bps / 1e9 / raw_used, raw_cores=raw_used,
+                  per_core_vs_raw=(bps / used) / (raw_Bps / raw_used))
     if numa and numa.get("memory_node") is not None and numa.get("nic_node") is not None:
         ev.update(memory_node=numa["memory_node"], nic_node=numa["nic_node"],
                   numa_remote=numa["memory_node"] != numa["nic_node"])
@@ -175,7 +184,7 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
     """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
 
     ``raw_of(row)``: (raw limit in B/s, how it was measured[, the raw run's busiest thread in CPU s per s or
-    None]) of the same path measured the same way in the same run, over as many NICs as the row, or None
+    None[, the TCP segments it retransmitted or None[, its CPU by side]]]) of the same path measured the same way in the same run, over as many NICs as the row, or None
     (raw rows themselves, or nothing comparable); ``line_rate_of(row)``: the row's summed line rate in bit/s
     from the references, or None (the runner's port rates are used first).
     """
@@ -191,6 +200,8 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
         bits = line_rate_of(r)
         ev = evidence(r, raw_Bps=raw[0] if raw else None, raw_tool=raw[1] if raw else None,
                       raw_busiest_thread=raw[2] if raw and len(raw) > 2 else None,
+                      raw_retransmits=raw[3] if raw and len(raw) > 3 else None,
+                      raw_cpu=dict(raw[4]) if raw and len(raw) > 4 else None,
                       line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
                       pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None,
                       numa=_numa(r, devs, nics))

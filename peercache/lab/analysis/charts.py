@@ -283,7 +283,7 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
 
     def raw_of(r):
         got = raw_for(r, limits)
-        return (got.bps, got.label, got.busiest_thread) if got else None
+        return (got.bps, got.label, got.busiest_thread, got.retransmits, got.cores) if got else None
 
     rows = attribution.attribute(rows, runs, raw_of, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
                                  else (lambda r: None))

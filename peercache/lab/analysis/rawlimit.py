@@ -43,6 +43,10 @@ class RawLimit:
     runs: tuple[str, ...]
     #: the raw run's busiest thread (either side), CPU s per s, where its row recorded it
     busiest_thread: float | None = None
+    #: TCP segments the raw run retransmitted (count), where its row recorded them
+    retransmits: float | None = None
+    #: the raw run's CPU by side ("consumer"/"producer" -> CPU s per s of its process tree), where recorded
+    cores: tuple[tuple[str, float], ...] = ()
 
     @property
     def bps(self) -> float:
@@ -98,6 +102,12 @@ def _busiest(r) -> float | None:
     return max(got) if got else None
 
 
+def _cores(r) -> tuple[tuple[str, float], ...]:
+    """(side, CPU s per s) of each side of a raw row's run that recorded its CPU."""
+    cpu = row_extra(r).get("cpu") or {}
+    return tuple((s, float(u["cores"])) for s, u in cpu.items() if isinstance(u, dict) and u.get("cores") is not None)
+
+
 def _samples(r) -> int:
     """How many runs a raw row's figure is the best of (its back-to-back rounds; 1 when it records none)."""
     return len(row_extra(r).get("rounds_Bps") or ()) or 1
@@ -113,11 +123,12 @@ def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None, int | None], R
         # -R only where the row records it
         tool = r["tool"] + (" -R" if row_extra(r).get("reverse") else "")
         gbs = convert(float(r["value"]), str(r["unit"]), "GB/s")
-        a = acc.setdefault(key, {"tool": tool, "gbs": None, "busiest": None, "n": 0, "runs": []})
+        a = acc.setdefault(key, {"tool": tool, "gbs": None, "busiest": None, "retrans": None, "cores": (), "n": 0,
+                                 "runs": []})
         a["n"] += _samples(r)
         a["runs"].append(r["run_id"])
         if a["gbs"] is None or gbs > a["gbs"]:
-            a.update(tool=tool, gbs=gbs, busiest=_busiest(r))
+            a.update(tool=tool, gbs=gbs, busiest=_busiest(r), retrans=row_extra(r).get("retransmits"), cores=_cores(r))
     out = {}
     for (proto, conns, size), a in acc.items():
         tool = a["tool"]
@@ -129,7 +140,7 @@ def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None, int | None], R
         if a["n"] > 1:
             label += f", best of {a['n']} runs"
         out[(proto, conns, size)] = RawLimit(a["gbs"], tool.split()[0], label, tuple(dict.fromkeys(a["runs"])),
-                                             a["busiest"])
+                                             a["busiest"], a["retrans"], a["cores"])
     return out
 
 
@@ -152,7 +163,8 @@ def raw_for(r, limits: dict[tuple, RawLimit]) -> RawLimit | None:
     n = nics_of(r)
     if n == 1:
         return per_nic
-    return RawLimit(per_nic.gbs * n, per_nic.tool, f"{n} x {per_nic.tool}", per_nic.runs, per_nic.busiest_thread)
+    return RawLimit(per_nic.gbs * n, per_nic.tool, f"{n} x {per_nic.tool}", per_nic.runs, per_nic.busiest_thread,
+                    per_nic.retransmits)
 
 
 def why_none(r, limits: dict[tuple, RawLimit]) -> str:

@@ -131,6 +131,8 @@ def extract(result: iperf3_tool.Iperf3Result, ctx: dict[str, Any]) -> list[Row]:
     for r in rows:
         if r.metric == "bw_received":
             r.metric = "bw"
+            # the sender's retransmits beside the figure: a stream that lost segments backed off
+            r.extra = dict(r.extra, retransmits=result.retransmits)
     return rows
 
 
@@ -184,11 +186,13 @@ def processes_row(agg, results: dict[str, iperf3_tool.Iperf3Result], cpu: dict[s
     """The ``bw`` row of N client processes (pure): bytes over their shared window (``agg``), each
     process's figure, and what ran as iperf3 reported it (``-R`` where it was used)."""
     reverse = sorted({r.reverse for r in results.values()})
+    retrans = [r.retransmits for r in results.values()]
     return Row(metric="bw", value=agg.rate_Bps, unit="B/s", raw_value=agg.rate_Bps * 8, raw_unit="bit/s",
                extra={"window_start": agg.window_start, "window_end": agg.window_end,
                       "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
                       "client_processes": len(results) or ctx.get("processes"), "cpu": cpu,
                       "reverse": reverse[0] if len(reverse) == 1 else None,
+                      "retransmits": sum(retrans) if retrans and None not in retrans else None,
                       "version": next((r.version for r in results.values()), None),
                       "per_process_Bps": {g: r.received_bps / 8 for g, r in results.items()}},
                **ctx)
