@@ -90,3 +90,18 @@ def test_make_run_goes_through_the_ssh_profile_for_ssh_testbeds():
     assert "--profile" not in R.snakemake_argv("experiments/testbeds/local.yaml", local, 2, ["-n"])
     assert R.machines_spec(two) == M.MachinesSpec(rails=2, mtu=4200, cpus=2, numa_nodes=2, memory_mib=2048)
     assert R.machines_spec(local) is None
+
+
+def test_the_monitor_listens_beside_the_control_share_not_in_it(tmp_path):
+    a = argv("consumer", tmp_path)
+    assert values(a, "-monitor") == [f"unix:{tmp_path / 'consumer.monitor'},server=on,wait=off"]
+
+
+def test_a_monitor_that_does_not_answer_is_said_so(tmp_path):
+    import socket
+    path = tmp_path / "m.sock"
+    with socket.socket(socket.AF_UNIX) as srv:      # accepts, never speaks: a stuck main loop
+        srv.bind(str(path))
+        srv.listen(1)
+        assert "no answer within 1 s" in M.ask_monitor(path, "info status", timeout=1.0)
+    assert "no answer" in M.ask_monitor(tmp_path / "absent.sock", "info status", timeout=1.0)

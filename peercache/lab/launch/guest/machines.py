@@ -124,7 +124,10 @@ def qemu_argv(kern: K.GuestKernel, spec: MachinesSpec, accel: str, role: str, ct
     argv = [R.QEMU, "-name", HOST_ALIAS[role], "-machine", "pc", "-accel", accel,
             "-cpu", "host" if accel == "kvm" else "max", "-smp", str(spec.cpus),
             "-m", str(per_node * spec.numa_nodes),
-            "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-monitor", "none",
+            "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
+            # The human monitor on a Unix socket beside (not in) the control share: describe() asks it
+            # whether qemu's main loop still answers when the machine has stopped answering ssh.
+            "-monitor", f"unix:{monitor_path(ctl)},server=on,wait=off",
             "-no-reboot", "-kernel", str(kern.vmlinuz), "-initrd", str(kern.initrd), "-append", " ".join(append),
             "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={ctl},mount_tag=ctl,security_model=none,multidevs=remap"]
@@ -147,6 +150,36 @@ def qemu_argv(kern: K.GuestKernel, spec: MachinesSpec, accel: str, role: str, ct
                  "-device", f"virtio-net-pci,netdev=rail{i},mac={nic_mac(role, i + 1)},"
                             f"bus=node{spec.rail_node(i)},addr={i + 1:#x}"]
     return argv
+
+
+def monitor_path(ctl: Path) -> Path:
+    """Where the machine whose control share is ``ctl`` has its qemu monitor socket (outside the share)."""
+    return ctl.parent / f"{ctl.name}.monitor"
+
+
+def ask_monitor(path: Path, command: str, timeout: float = 5.0) -> str:
+    """One command to a qemu human monitor socket: its answer, or what went wrong (never raises)."""
+    def until_prompt(s: socket.socket) -> bytes:
+        buf = b""
+        while not buf.rstrip().endswith(b"(qemu)"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(timeout)
+            s.connect(str(path))
+            until_prompt(s)                     # the greeting
+            s.sendall(command.encode() + b"\n")
+            text = until_prompt(s).decode(errors="replace").replace("\r", "")
+    except OSError as e:
+        return f"no answer within {timeout:.0f} s ({type(e).__name__}: {e}): qemu's main loop may be stuck"
+    # The monitor echoes the command (with terminal escapes) before its answer.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and command not in ln and "(qemu)" not in ln]
+    return " ".join(lines) or "an empty answer"
 
 
 def _nic_by_mac(mac: str, name: str) -> str:
@@ -443,6 +476,8 @@ class MachinePair:
             return f"{HOST_ALIAS[role]}: never started"
         state = "running" if self.running(role) else f"qemu exited {m.proc.returncode if m.proc else '?'}"
         out = [f"{HOST_ALIAS[role]} ({state}; console {m.log}), its console's last lines:\n{m.tail(n)}"]
+        if self.running(role):
+            out.append(f"qemu's monitor, asked `info status`: {ask_monitor(monitor_path(m.ctl), 'info status')}")
         for name, what in ((HEALTH_FILE, "its health (written every 2 s: time, uptime, load, sshd's "
                                          "listening socket with its queue, established ssh connections)"),
                            (SSHD_LOG, "sshd's log")):
