@@ -183,10 +183,10 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
               line_rate_of=lambda row: None) -> pd.DataFrame:
     """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
 
-    ``raw_of(row)``: (raw limit in B/s, how it was measured[, the raw run's busiest thread in CPU s per s or
-    None[, the TCP segments it retransmitted or None[, its CPU by side]]]) of the same path measured the same way in the same run, over as many NICs as the row, or None
-    (raw rows themselves, or nothing comparable); ``line_rate_of(row)``: the row's summed line rate in bit/s
-    from the references, or None (the runner's port rates are used first).
+    ``raw_of(row)``: the raw limit (:class:`peercache.lab.analysis.rawlimit.RawLimit`: ``bps``, ``label``,
+    ``busiest_thread``, ``retransmits``, ``cores``) of the same path measured the same way in the same run, over
+    as many NICs as the row, or None (raw rows themselves, or nothing comparable); ``line_rate_of(row)``: the
+    row's summed line rate in bit/s from the references, or None (the runner's port rates are used first).
     """
     rules = rules or load_rules()
     out = rows.copy()
@@ -198,10 +198,10 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
         cores, shared, nics = host_of(runs, r["run_id"])
         devs = row_devices(r)
         bits = line_rate_of(r)
-        ev = evidence(r, raw_Bps=raw[0] if raw else None, raw_tool=raw[1] if raw else None,
-                      raw_busiest_thread=raw[2] if raw and len(raw) > 2 else None,
-                      raw_retransmits=raw[3] if raw and len(raw) > 3 else None,
-                      raw_cpu=dict(raw[4]) if raw and len(raw) > 4 else None,
+        ev = evidence(r, raw_Bps=raw.bps if raw else None, raw_tool=raw.label if raw else None,
+                      raw_busiest_thread=raw.busiest_thread if raw else None,
+                      raw_retransmits=raw.retransmits if raw else None,
+                      raw_cpu=dict(raw.cores) if raw and raw.cores else None,
                       line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
                       pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None,
                       numa=_numa(r, devs, nics))

@@ -281,11 +281,8 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
     tb = refs.get(testbed)
     limits = raw_limits(rows)
 
-    def raw_of(r):
-        got = raw_for(r, limits)
-        return (got.bps, got.label, got.busiest_thread, got.retransmits, got.cores) if got else None
-
-    rows = attribution.attribute(rows, runs, raw_of, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
+    rows = attribution.attribute(rows, runs, lambda r: raw_for(r, limits),
+                                 line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
                                  else (lambda r: None))
     # A value above the line rate is a measurement error first: that verdict stays.
     above = (rows["limit"] == "above_raw") & (rows["verdict"] != "above_line_rate")

@@ -272,7 +272,8 @@ def check_tidy(rows: pd.DataFrame, runs: pd.DataFrame, expected: Iterable[str] =
     issues: list[dict] = []
     ran = {(m["scenario"], m["point"], m["repetition"]) for m in runs.to_dict("records")}
     ran |= {(s, p, None) for s, p, _ in ran}
-    for exp, key in zip(expected, (planned_points([e]).pop() for e in expected)):
+    for exp in expected:
+        key = planned_points([exp]).pop()
         if key not in ran:
             issues.append(_issue("error", "missing_point",
                                  f"expected point {exp} has no result (not even skipped/failed); "
