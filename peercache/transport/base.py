@@ -193,6 +193,18 @@ class Transport(abc.ABC):
     def forget(self, peer: str) -> None:
         """Drop any connection state for ``peer`` (it left or restarted)."""
 
+    # -- counters (read by the metrics endpoint at scrape time, never per op) ----------
+    def rail_stats(self) -> list[dict[str, Any]]:
+        """One dict per rail, cumulative: ``rail`` (device name), ``state`` ("up"/"down"),
+        ``bytes_read``, ``reads``, ``completion_errors`` (ibv_wc_status name -> count),
+        ``qp_resets``, ``downs``, ``ups``. Empty for a transport without rails (tcp, shm)."""
+        return []
+
+    def server_stats(self) -> dict[str, Any]:
+        """Counters of this transport's data server (tcp: accepted and open connections, requests
+        served, refusals by kind; see ``peercache.transport.tcp.STAT_NAMES``); empty without one."""
+        return {}
+
     @abc.abstractmethod
     def close(self) -> None:
         """Stop serving and drop every connection."""

@@ -537,6 +537,10 @@ class TcpTransport(Transport):
         """Ops the data server refused so far."""
         return self._server.refused_total if self._server else 0
 
+    def server_stats(self) -> dict[str, Any]:
+        server = self._server
+        return server.stats() if server is not None else {}
+
     def _channels(self, peer: str, info: dict[str, Any]) -> _Channels:
         with self._lock:
             ch = self._peers.get(peer)
