@@ -257,6 +257,19 @@ def _secret(label: str, v: Any) -> bytes:
     return check_secret(v.encode() if isinstance(v, str) else v, label)
 
 
+def _metrics_addr(label: str, v: Any) -> str:
+    """HOST:PORT to serve the metrics on (port 0: any free port)."""
+    host, sep, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
+    try:
+        ok = bool(sep and port.isdigit() and int(port) <= 65535 and "://" not in v and checks.host(label, host))
+    except ConfigError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{label} {v!r} is not HOST:PORT for the metrics endpoint; give e.g. 127.0.0.1:9464 "
+                          "(127.0.0.1: read from this machine only; port 0: any free port)")
+    return v
+
+
 def _path(label: str, v: Any) -> str:
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{label}: {v!r} is not a file path")
@@ -331,6 +344,10 @@ class NodeConfig:
         None, "file holding the cluster secret: only processes with the same secret can use the control plane",
         check=_path, key="auth_key_file",
         flag=Flag("--auth-key-file", metavar="PATH", shown="$PEERCACHE_AUTH_KEY if set, else no authentication"))
+    metrics_addr: Optional[str] = option(
+        None, "HOST:PORT of this process's Prometheus endpoint (GET /metrics; port 0: any free port); off when "
+              "unset. Loopback keeps it to this machine: another address logs who can then read the metrics",
+        check=_metrics_addr, flag=Flag("--metrics-addr", metavar="HOST:PORT", shown="off"), key="metrics_addr")
     integrity: bool = option(
         False, "write a checksum (XXH3-64) of each page in its slot header, and check it before a read "
                "counts as a hit (a mismatch is a miss and a counter)", check=boolean,

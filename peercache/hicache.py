@@ -37,7 +37,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import checks, tags
-from .config import NodeConfig, option, with_default
+from .config import NodeConfig, extra_label, option, with_default
 from .errors import ConfigError, PeerCacheError
 from .node import BatchResult, Get, Node
 from .transport.base import native_module
@@ -236,8 +236,18 @@ class PeerCacheStore(HiCacheStorage):
         self._closed = False
         self._native, self._native_why = native_module()
         self._reset_stats()
+        #: the Prometheus endpoint of extra config 'metrics_addr' (None: off)
+        self._metrics = None
+        if self.config.metrics_addr:
+            from . import metrics
+            self._metrics = metrics.serve_node(self.config.metrics_addr, lambda: self._node,
+                                               label=extra_label("metrics_addr"))
         if self.config.page_bytes is not None:
-            self._ensure_node(self.config.page_bytes)
+            try:
+                self._ensure_node(self.config.page_bytes)
+            except BaseException:
+                self.close()
+                raise
 
     # -- keys and connection ----------------------------------------------------------------
     def _suffixes(self, objs: int) -> list[str]:
@@ -271,6 +281,8 @@ class PeerCacheStore(HiCacheStorage):
                                   "raise it (or 0: a reader that stores nothing)")
             self._node = Node(**c.node_kwargs(page_bytes=page_bytes, name=f"hicache-tp{self.tp_rank}"))
             self._node_page_bytes = page_bytes
+            if self._metrics is not None:
+                self._metrics.watch(self._node)
             return self._node
 
     @property
@@ -589,11 +601,20 @@ class PeerCacheStore(HiCacheStorage):
         s["directory_cache_hits"] = node.cache.hits if node is not None else 0
         return s
 
+    @property
+    def metrics_url(self) -> Optional[str]:
+        """Where this store's metrics are read (extra config 'metrics_addr'; None when off)."""
+        return self._metrics.url if self._metrics is not None else None
+
     def close(self) -> None:
-        """Leave the cluster: the pool, its registration, the receive region's and every connection (idempotent)."""
+        """Leave the cluster: the pool, its registration, the receive region's and every connection, and
+        the metrics endpoint (idempotent)."""
         with self._node_lock:
             self._closed = True
             node, self._node = self._node, None
+            endpoint, self._metrics = self._metrics, None
+        if endpoint is not None:
+            endpoint.close()
         if node is not None:
             node.close()
         self._region = None

@@ -78,6 +78,8 @@ class Pool:
         self._free = list(range(slots - 1, -1, -1))
         self._refs: dict[bytes, SlotRef] = {}
         self._lock = threading.Lock()
+        #: objects evicted (least recently used) to make room for new keys
+        self.evictions = 0
 
     # -- writes -------------------------------------------------------------
     def put(self, key: bytes, data, fill=None) -> tuple[SlotRef, SlotRef | None]:
@@ -99,6 +101,7 @@ class Pool:
             else:
                 old_key, slot = self._lru.popitem(last=False)
                 evicted = self._refs.pop(old_key)
+                self.evictions += 1
             gen = int(self._generation[slot]) + 1
             self._generation[slot] = gen
             ref = SlotRef(key, slot, slot * self.stride, length, self.capacity, gen, tags.key_hash(key))

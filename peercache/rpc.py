@@ -252,6 +252,7 @@ class RpcServer:
         self._order: collections.deque[bytes] = collections.deque()
         self._queued_bytes = 0
         self._logs = _LogLimiter()
+        #: requests, errors, dropped, busy, auth_refused (ZAP: a client key not derived from the secret)
         self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._loop, name=f"rpc-{bind}", daemon=True)
         self._worker = threading.Thread(target=self._work, name=f"rpc-worker-{bind}", daemon=True)
@@ -366,7 +367,10 @@ class RpcServer:
                         if not self._zap.get(zmq.EVENTS) & zmq.POLLIN:
                             break
                         frames = self._zap.recv_multipart(zmq.NOBLOCK)
-                        self._zap.send_multipart(_auth.zap_reply(frames, self.auth))
+                        reply = _auth.zap_reply(frames, self.auth)
+                        if reply[2] != b"200":
+                            self.stats["auth_refused"] += 1   # a peer without the cluster secret
+                        self._zap.send_multipart(reply)
                 if self._replies in ready:
                     for _ in range(256):
                         if not self._replies.get(zmq.EVENTS) & zmq.POLLIN:

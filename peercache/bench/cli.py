@@ -28,6 +28,11 @@ def _meta_redis(args) -> int:
 
     options.check_directory(args)
     d = RedisDirectory(args.directory, timeout=5.0, heartbeat_timeout=args.heartbeat_timeout)
+    try:
+        endpoint = _meta_metrics(args, None, None)
+    except PeerCacheError:
+        d.close()
+        raise
     print(f"peercache-bench meta: ready on {d.address} ({'Redis Cluster' if d.cluster else 'Redis'}; "
           "reaping expired nodes)", flush=True)
     stop = threading.Event()
@@ -41,8 +46,20 @@ def _meta_redis(args) -> int:
             except PeerCacheError as e:
                 logging.getLogger("peercache.bench.meta").warning("reaping: %s", e)
     finally:
+        if endpoint is not None:
+            endpoint.close()
         d.close()
     return 0
+
+
+def _meta_metrics(args, server, service):
+    """meta's metrics endpoint (--metrics-addr; None when off): the directory it hosts, and its RPC server."""
+    if not args.metrics_addr:
+        return None
+    from .. import metrics
+    endpoint = metrics.serve_service(args.metrics_addr, server, service)
+    print(f"peercache-bench meta: metrics at {endpoint.url}", flush=True)
+    return endpoint
 
 
 def _meta(args) -> int:
@@ -67,11 +84,19 @@ def _meta(args) -> int:
     except PeerCacheError:
         svc.stop()
         raise
+    try:
+        endpoint = _meta_metrics(args, srv, svc)
+    except PeerCacheError:
+        srv.stop()
+        svc.stop()
+        raise
     print(f"peercache-bench meta: ready on {args.discovery_addr}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    if endpoint is not None:
+        endpoint.close()
     srv.stop()
     svc.stop()
     return 0

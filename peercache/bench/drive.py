@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import logging
 import multiprocessing as mp
 import os
 import random
@@ -21,12 +22,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import tags
+from ..auth import is_loopback
 from ..config import NodeConfig
 from ..directory.client import connect_directory, is_redis
 from ..errors import PeerCacheError
 from ..node import Get, Node
 from ..directory.redis_url import parse_url
 from . import meta, options
+
+log = logging.getLogger(__name__)
 
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
@@ -103,6 +107,16 @@ class _Worker:
         node = replace(cfg["node"], timeout=IO_TIMEOUT_S)
         data_timeout = {"io_timeout": DATA_TIMEOUT_S} if node.protocol == "tcp" else None
         self.node = Node(**node.node_kwargs(name=f"drive-{pidx}", transport_options=data_timeout))
+        #: this process's metrics endpoint (--metrics-addr, the port plus the process's index), or None
+        self.metrics = None
+        if node.metrics_addr:
+            from .. import metrics
+            try:
+                self.metrics = metrics.serve_node(metrics_address(node.metrics_addr, pidx, cfg["processes"]),
+                                                  self.node, warn=False)   # drive warned once
+            except BaseException:
+                self.node.close()
+                raise
         #: the bench pattern is checked in the native batch, on the bytes it just landed (host memory);
         #: GPU memory is checked here after a download instead
         self.fused_verify = bool(cfg["verify"]) and not cfg.get("gpu")
@@ -128,6 +142,11 @@ class _Worker:
             self.gpu_method = "pinned-staging"
             self.recv = self.gpu.pinned(total)
             self.dest = self.recv
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this process's metrics are read (None without --metrics-addr)."""
+        return self.metrics.url if self.metrics is not None else None
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg["ready_timeout"]
@@ -290,6 +309,8 @@ class _Worker:
                 abort.append(f"{vfail} page(s) read as hits had wrong contents")
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         self.node.close()
 
 
@@ -323,6 +344,12 @@ def _die_with_parent(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def metrics_address(addr: str, pidx: int, processes: int) -> str:
+    """The metrics address of driver process ``pidx``: --metrics-addr's port plus ``pidx`` (0: any free port)."""
+    from ..metrics import for_process
+    return for_process(addr, pidx, processes)
+
+
 def _worker_class(cfg: dict) -> type:
     """The worker class a driver process runs: drive's own, or ``cfg["worker"]`` ("module:Class")."""
     spec = cfg.get("worker")
@@ -338,7 +365,7 @@ def _worker_main(conn, cfg: dict, pidx: int, live, parent_pid: int | None = None
     try:
         worker = _worker_class(cfg)(cfg, pidx, live)
         worker.wait_ready()
-        conn.send(("ready", worker.gpu_method))
+        conn.send(("ready", worker.gpu_method, worker.metrics_url))
         while True:
             if not conn.poll(cfg["ready_timeout"] + cfg["warmup"] + cfg["duration"] + 120):
                 return  # the parent went away
@@ -438,6 +465,11 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
     """
     options.validate(args, "drive")
     check_prerequisites(args)
+    if getattr(args, "metrics_addr", None):
+        from .. import metrics
+        metrics.for_process(args.metrics_addr, args.processes - 1, args.processes)   # the ports fit
+        if not is_loopback(args.metrics_addr.rpartition(":")[0].strip("[]")):
+            log.warning(metrics.open_warning(args.metrics_addr))
     cfg = {k: getattr(args, k) for k in (
         "discovery_addr", "protocol", "layout", "page_size", "working_set",
         "batch_size", "concurrencies", "processes", "duration", "warmup",
@@ -462,6 +494,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                     "gpu": args.gpu, "gpu_registration": None,
                     "ib_port": args.ib_port if args.protocol == "rdma" else None,
                     "gid_index": args.gid_index if args.protocol == "rdma" else None,
+                    "metrics": [],
                     "versions": meta.versions(), "git_revision": meta.git_revision()},
            "points": [], "status": "ok", "error": None}
     ctx = mp.get_context("spawn")
@@ -481,6 +514,9 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
             if msg[0] == "error":
                 raise PeerCacheError(msg[1])
             doc["meta"]["gpu_registration"] = msg[1]
+            if msg[2]:
+                doc["meta"]["metrics"].append(msg[2])
+                print(f"drive: metrics of driver process {i} at {msg[2]}", file=sys.stderr, flush=True)
         say(f"drive: {args.processes} process(es) ready against {_safe_directory(cfg['directory'])}")
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3

@@ -150,8 +150,11 @@ class HiCacheWorker(drive._Worker):
         self.slice_bytes = self.batch * self.objs * cfg["page_size"]
         pages = self.batch * max(cfg["concurrencies"])
         mla = cfg["layout"] == "mla"
-        # drive's node options, as SGLang would give them: the store's extra config
-        extra = replace(cfg["node"], pool_bytes=0, timeout=3.0).extra_config()
+        # drive's node options, as SGLang would give them: the store's extra config (the metrics endpoint
+        # of each driver process on its own port, as drive's)
+        node = cfg["node"]
+        addr = node.metrics_addr and drive.metrics_address(node.metrics_addr, pidx, cfg["processes"])
+        extra = replace(node, pool_bytes=0, timeout=3.0, metrics_addr=addr or None).extra_config()
         #: serve's first object key of each page -> its page hash (the page number)
         self.hash_of = {k: str(i) for i, k in enumerate(self.keys[:: self.objs])}
         self.store = BenchStore(_Config(mla, extra), cfg["layout"], cfg["working_set"])
@@ -174,6 +177,11 @@ class HiCacheWorker(drive._Worker):
         if t is None:
             t = self._tokens[(tid, n)] = self.token_indices[tid * self.batch: tid * self.batch + n].reshape(-1)
         return t
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this process's metrics are read (the store's endpoint; None without --metrics-addr)."""
+        return self.store.metrics_url
 
     def close(self) -> None:
         self.store.close()

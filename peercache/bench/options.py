@@ -135,7 +135,8 @@ def _add(p: argparse.ArgumentParser, *names: str, help: str | None = None) -> No
 def add_common(p: argparse.ArgumentParser) -> None:
     """Flags shared by serve and drive (they must agree on the working set)."""
     _add(p, "discovery_addr", "directory", "protocol", "device_name", "devices", "ib_port", "gid_index", "layout",
-         "page_bytes", "working_set", "max_channels", "tcp_poll_us", "quiet", "integrity", "auth_key_file")
+         "page_bytes", "working_set", "max_channels", "tcp_poll_us", "quiet", "integrity", "auth_key_file",
+         "metrics_addr")
 
 
 def add_directory(p: argparse.ArgumentParser) -> None:
@@ -186,7 +187,7 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
 def meta_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``meta``."""
     _add(p, "discovery_addr", help="HOST:PORT meta binds for discovery")
-    _add(p, "heartbeat_timeout", "directory", "auth_key_file")
+    _add(p, "heartbeat_timeout", "directory", "auth_key_file", "metrics_addr")
 
 
 def devices(args) -> list[str]:

@@ -56,7 +56,12 @@ def run(args) -> int:
     cfg = dataclasses.replace(options.node_config(args), bind=bind, host_discovery=True,
                               pool_bytes=len(keys) * options.slot_bytes(args.page_size))
     node = Node(**cfg.node_kwargs(name="serve"))
+    endpoint = None
     try:
+        if cfg.metrics_addr:
+            from .. import metrics
+            endpoint = metrics.serve_node(cfg.metrics_addr, node)
+            print(f"serve: metrics at {endpoint.url}", flush=True)
         node.add_handler("reader_done", reader_done)
         t0 = time.monotonic()
         for i in range(0, len(keys), PUBLISH_BATCH):
@@ -84,6 +89,7 @@ def run(args) -> int:
                             "devices": options.devices(args), "versions": meta.versions(),
                             "rails": (node.transport.rail_info()
                                       if hasattr(node.transport, "rail_info") else None),
+                            "metrics": endpoint.url if endpoint is not None else None,
                             "git_revision": meta.git_revision()},
                    "readers_done": readers_done,
                    "refused_ops": getattr(node.transport, "refused", None)}
@@ -92,4 +98,6 @@ def run(args) -> int:
         print(f"serve: {len(readers_done)} of {args.readers} readers done; exiting", flush=True)
         return 0 if len(readers_done) >= args.readers else 1
     finally:
+        if endpoint is not None:
+            endpoint.close()
         node.close()

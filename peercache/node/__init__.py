@@ -141,7 +141,8 @@ class Node:
             self.table_reader = TableReader(native, self.transport, self.cache, self.peer_infos, self.membership,
                                             self.hosted_directory, self.directory_addr)
             self.resolver = Resolver(self.cache, self.table_reader, self.directory, self.membership,
-                                     self.peer_infos, LookupReplies(self.cache, self.peer_infos, discovery_addr))
+                                     self.peer_infos, LookupReplies(self.cache, self.peer_infos, discovery_addr),
+                                     tier="redis" if is_redis(self.directory_addr) else "rpc")
             self.reader = Reader(native if self.transport.native else None, self.transport, self.cache,
                                  self.resolver, self.peer_infos, self.integrity)
             self.membership.register()

@@ -32,6 +32,8 @@ class Publisher:
         self.membership = membership
         #: keys this node published that stayed with another node (their owner)
         self.refused_total = 0
+        #: keys the directory took from this node (each publish, republish and retry counts)
+        self.published_total = 0
         self._refused: set[bytes] = set()
         #: held across "which keys are still in the pool" + their publish RPC (see put_batch)
         self._lock = threading.Lock()
@@ -104,6 +106,7 @@ class Publisher:
                 refused += got.refused
                 example = example or (got.refused_keys or [None])[0]
                 self._refused.update(keys[a + i] for i in got.refused_index)
+        self.published_total += len(keys) - refused
         if evicted and not together:
             self._unpublish(evicted)
         if refused:

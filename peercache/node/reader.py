@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from time import perf_counter
 from typing import Sequence
 
 import numpy as np
@@ -53,11 +54,16 @@ class Reader:
         self.redirected_entries = 0
         self._redirects_logged = (float("-inf"), 0)          # (when, redirected_entries) at the last log line
         self._integrity_logged = (float("-inf"), 0, 0)       # (when, failures, missing) at the last log line
+        #: what records each batch call (``record(seconds, status, lengths)``: the metrics' batch
+        #: stats, :class:`peercache.metrics.BatchStats`), None when nobody asks: then a call costs one test
+        self.batches = None
 
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
                        capacities: Sequence[int] | np.ndarray | None = None, *,
                        check_pattern: bool = False) -> BatchResult:
         """:meth:`peercache.node.Node.get_batch_into`."""
+        recorder = self.batches
+        started = perf_counter() if recorder is not None else 0.0
         n = len(keys)
         if not isinstance(keys, list):
             keys = list(keys)
@@ -104,6 +110,8 @@ class Reader:
         error, invalid = self._mark_invalid(keys, bad, status, error)
         if self.integrity:
             self._report_integrity()
+        if recorder is not None:
+            recorder.record(perf_counter() - started, status, lengths)
         return BatchResult(status, lengths, gens, error, invalid,
                            np.flatnonzero(content) if checks & CHECK_PATTERN else None, redirected, reason)
 

@@ -28,12 +28,22 @@ class Resolver:
     Locations come as :class:`Location` lists (:meth:`lookup`) or as LOC_DTYPE rows, node = the
     cache's index, ABSENT for a miss or an invalid entry (:meth:`lookup_rows`); an invalid entry
     is appended to the caller's ``bad`` list as ``(index, why)`` and never cached.
+
+    Each tier counts what it answered (the cache: ``cache.hits`` / ``cache.misses``; the table:
+    ``table.resolved`` / ``table.forwarded``); the last tier, the lookup RPC or Redis (``tier``),
+    counts the keys it was asked (:attr:`directory_asked`) and those the directory holds
+    (:attr:`directory_found`).
     """
 
     def __init__(self, cache: DirectoryCache, table: TableReader, directory, membership: Membership,
-                 peers: PeerInfos, replies: LookupReplies):
+                 peers: PeerInfos, replies: LookupReplies, tier: str = "rpc"):
         self.cache, self.table, self.directory = cache, table, directory
         self.membership, self.peers, self.replies = membership, peers, replies
+        #: what the last tier is: "rpc" (the embedded directory's lookup op) or "redis"
+        self.tier = tier
+        #: keys asked of the directory itself (the last tier), and of them the ones it holds
+        self.directory_asked = 0
+        self.directory_found = 0
 
     # -- Location lists ---------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes], use_cache: bool = True,
@@ -164,6 +174,20 @@ class Resolver:
         parts = list(self.membership.slices(keys, 8))
         epoch = self.peers.infos_epoch
         if len(parts) == 1:
-            return self.directory.lookup(keys, recs=True, epoch=epoch)
-        results = [self.directory.lookup(list(keys[a:b]), recs=True, epoch=epoch) for a, b in parts]
-        return self.replies.merge(parts, results, self.peers.epoch)
+            result = self.directory.lookup(keys, recs=True, epoch=epoch)
+        else:
+            results = [self.directory.lookup(list(keys[a:b]), recs=True, epoch=epoch) for a, b in parts]
+            result = self.replies.merge(parts, results, self.peers.epoch)
+        self.directory_asked += len(keys)
+        self.directory_found += _found(result, len(keys))
+        return result
+
+
+def _found(result: LookupResult, n: int) -> int:
+    """How many of the ``n`` keys of a lookup reply the directory holds (as the reply says; it is
+    checked when read: this only counts)."""
+    if result.records:
+        missing = result.missing
+        return max(0, n - (len(missing) // 4 if isinstance(missing, bytes) else 0))
+    locs = result.locs
+    return sum(1 for loc in locs if loc is not None) if isinstance(locs, list) else 0

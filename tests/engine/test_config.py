@@ -16,8 +16,8 @@ from peercache.node import Node
 
 #: HiCache's extra-config keys: an interface, changed only on purpose.
 EXTRA_KEYS = ["auth_key", "auth_key_file", "bind", "devices", "dir_cache_ttl", "directory", "discovery_addr",
-              "gid_index", "host_discovery", "ib_port", "integrity", "max_channels", "model", "page_bytes",
-              "pool_bytes", "protocol", "tenant", "timeout"]
+              "gid_index", "host_discovery", "ib_port", "integrity", "max_channels", "metrics_addr", "model",
+              "page_bytes", "pool_bytes", "protocol", "tenant", "timeout"]
 
 
 def _all_options():
