@@ -68,12 +68,13 @@ def run(args) -> int:
             node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)
         pub_s = time.monotonic() - t0
         total = len(keys) * args.page_size
+        # before the ready line: a signal sent as soon as it shows ends serve in order
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
         print(f"{READY_LINE} on {node.discovery.address} protocol={args.protocol} layout={args.layout} "
               f"objects={len(keys)} page_size={args.page_size} B integrity={'on' if args.integrity else 'off'} "
               f"({total / 2**20:.1f} MiB, "
               f"published in {pub_s:.2f} s)", flush=True)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
         if args.readers == 0:
             print("serve: --readers 0, serving until interrupted", flush=True)
         deadline = time.monotonic() + args.max_wait
