@@ -34,6 +34,11 @@ figures run with verification off. What each figure measures:
   ``--integrity`` (a checksum per page written at put, checked before each hit) over the
   unverified run without it. ``integrity_vs_off_shm_128k`` is the same on shm, where the
   copy runs at memory speed and the checksum's own cost shows (no target).
+- ``metrics_on_vs_off_tcp_128k``: over tcp, serve and drive each serving their Prometheus
+  metrics (``--metrics-addr 127.0.0.1:0``, not scraped: the cost of having it on) over the
+  unverified run without them, measured earlier in the same round.
+  ``latency_4k_cached_metrics_vs_off``: the cached 4 KiB GET's p50 with the metrics on over the
+  same GET without them (at most; the per-batch record where a batch is shortest).
 
 - ``latency_4k_uncached_vs_rtt`` / ``latency_4k_cached_vs_rtt``: the p50 of one 4 KiB GET
   (``drive --protocol tcp --batch-size 1 --page-size 4096``, one thread, one channel; the
@@ -109,6 +114,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_tcp_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_verified_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_integrity_128k": ("get_throughput", "GB/s"),
+    "peercache_tcp_metrics_128k": ("get_throughput", "GB/s"),
     "node_api_pages_per_s_64b": ("pages_per_s", "pages/s"),
     "drive_pages_per_s_64b": ("pages_per_s", "pages/s"),
     "drive_shm_128k_b128": ("get_throughput", "GB/s"),
@@ -118,6 +124,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_tcp_4k_cached_sleep": ("latency_p50", "us"),
     "peercache_tcp_4k_uncached": ("latency_p50", "us"),
     "peercache_tcp_4k_cached": ("latency_p50", "us"),
+    "peercache_tcp_4k_cached_metrics": ("latency_p50", "us"),
     "dirlookup_embedded_128": ("keys_per_s", "ops/s"),
     "dirlookup_embedded_rpc_128": ("keys_per_s", "ops/s"),
     "redis_mget_128": ("keys_per_s", "ops/s"),
@@ -132,6 +139,7 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "verify_vs_noverify_tcp_128k": ("peercache_tcp_verified_128k", "peercache_tcp_128k"),
     "integrity_vs_off_128k": ("peercache_tcp_integrity_128k", "peercache_tcp_128k"),
     "integrity_vs_off_shm_128k": ("peercache_shm_integrity_128k", "peercache_shm_128k"),
+    "metrics_on_vs_off_tcp_128k": ("peercache_tcp_metrics_128k", "peercache_tcp_128k"),
     "pages_per_s_64b": ("node_api_pages_per_s_64b", None),
     "hicache_v1_vs_drive_128k": ("hicache_v1_shm_128k", "drive_shm_128k_b128"),
     "latency_4k_uncached_vs_rtt": ("peercache_tcp_4k_uncached", "sockperf_tcp_4k"),
@@ -139,6 +147,7 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "latency_4k_uncached_vs_busy_rtt": ("peercache_tcp_4k_uncached", "sockperf_tcp_4k_busy"),
     "latency_4k_cached_vs_busy_rtt": ("peercache_tcp_4k_cached", "sockperf_tcp_4k_busy"),
     "latency_4k_cached_sleep_vs_rtt": ("peercache_tcp_4k_cached_sleep", "sockperf_tcp_4k"),
+    "latency_4k_cached_metrics_vs_off": ("peercache_tcp_4k_cached_metrics", "peercache_tcp_4k_cached"),
     "dir_lookups_embedded_128": ("dirlookup_embedded_128", None),
     "dir_lookups_embedded_rpc_128": ("dirlookup_embedded_rpc_128", None),
     "dir_lookups_redis_vs_mget_128": ("dirlookup_redis_128", "redis_mget_128"),
@@ -154,11 +163,11 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "peercache_shm_integrity_128k")),
     ("once", ("tcp_128k_check",)),
     ("rounds", ("iperf3_tcp_128k", "peercache_tcp_128k", "peercache_tcp_verified_128k",
-                "peercache_tcp_integrity_128k")),
+                "peercache_tcp_integrity_128k", "peercache_tcp_metrics_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
     ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",
-                "peercache_tcp_4k_cached_sleep")),
+                "peercache_tcp_4k_cached_sleep", "peercache_tcp_4k_cached_metrics")),
     ("rounds", ("dirlookup_embedded_128", "dirlookup_embedded_rpc_128", "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),
 )

@@ -76,13 +76,13 @@ class BatchStats:
         cell[self._sum] += seconds
         n = len(status)
         cell[self._keys] += n
-        if n == 1:          # the latency path: no numpy call
-            if status[0] == 0:
+        if n == 1:          # the latency path: no numpy call, no numpy scalar
+            if status.item(0) == 0:
                 cell[self._hits] += 1
-                cell[self._bytes] += int(lengths[0])
+                cell[self._bytes] += lengths.item(0)
         else:
             cell[self._hits] += n - int(np.count_nonzero(status))
-            cell[self._bytes] += int(lengths.sum())
+            cell[self._bytes] += np.add.reduce(lengths).item()
 
     def snapshot(self) -> BatchTotals:
         """The sums of every thread's cell now (cells of ended threads folded into one)."""

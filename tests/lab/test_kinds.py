@@ -71,6 +71,8 @@ def test_a_grid_is_the_product_of_its_parameters_in_declaration_order():
     tagged = experiments.expand_part("s", "p", dict(part, verify=False, working_set=64, integrity=True), [])
     assert tagged[0].name == "pc_tcp_p1x1_s4K_b8_ws64_noverify_integrity"
     assert tagged[0].params["verify"] is False and tagged[0].params["integrity"] is True
+    metrics = experiments.expand_part("s", "p", dict(part, metrics_endpoint=True), [])
+    assert metrics[0].name == "pc_tcp_p1x1_s4K_b8_metrics" and metrics[0].params["metrics_endpoint"] is True
 
 
 def test_point_kind_must_be_registered():

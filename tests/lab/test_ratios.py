@@ -35,7 +35,11 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
     # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 4 + 1 + 5 + 2 + 5)
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 5 + 1 + 6 + 2 + 5)
+    # the metrics-on twins last in their rounds, after the run without them
+    assert order[j + 3] == ("peercache_tcp_metrics_128k", 0)
+    assert bp.points["peercache_tcp_metrics_128k"].params["metrics_endpoint"] is True
+    assert order[order.index(("peercache_tcp_4k_cached", 1)) + 2] == ("peercache_tcp_4k_cached_metrics", 1)
     # the 4 KiB GETs: both sockperf baselines first, the GET that sleeps at once measured as well
     k = order.index(("sockperf_tcp_4k", 1))
     assert order[k + 1] == ("sockperf_tcp_4k_busy", 1) and order[k + 4] == ("peercache_tcp_4k_cached_sleep", 1)
@@ -88,7 +92,7 @@ def test_every_ratio_has_a_target_in_the_references_data():
     t = load_bench_targets()
     assert t == {"shm_vs_memcpy_128k": 0.9, "tcp_vs_iperf3_128k": 0.9, "pages_per_s_64b": 3e6,
                  "verify_vs_noverify_tcp_128k": 0.9, "verify_vs_noverify_shm_128k": 0.85,
-                 "integrity_vs_off_128k": 0.85, "hicache_v1_vs_drive_128k": 0.9,
+                 "integrity_vs_off_128k": 0.85, "hicache_v1_vs_drive_128k": 0.9, "metrics_on_vs_off_tcp_128k": 0.95,
                  "dir_lookups_embedded_128": 1e6, "dir_lookups_redis_vs_mget_128": 0.8}
     # every ratio the bench prints has one, but the shm integrity figure (shown for what it costs there)
     # and the 4 KiB GETs over the baseline that waits as they do (shown beside the targets)

@@ -73,6 +73,9 @@ class PeerCacheRun(PeerCacheKnobs):
     verify = variable(BOOL, True, "verify each page in the read pass (off: drive --no-verify)", tag="noverify")
     #: slot checksums: serve writes one per page, drive checks it before a hit (bool, --integrity)
     integrity = variable(BOOL, False, "payload checksums (serve and drive --integrity)", tag="integrity")
+    #: serve and drive each serve their Prometheus metrics on a free loopback port (bool, --metrics-addr
+    #: 127.0.0.1:0): what the endpoint costs when it is on; nothing scrapes it during the point
+    metrics_endpoint = variable(BOOL, False, "serve and drive with --metrics-addr 127.0.0.1:0", tag="metrics")
     #: tcp: µs drive's client polls for a reply before sleeping (int or null = drive's default; 0 sleeps)
     tcp_poll_us = variable(NULLABLE_MICROSECONDS, None, "tcp reply poll before sleeping (--tcp-poll-us) [drive's default]",
                            tag="poll{}")
@@ -90,7 +93,7 @@ class PeerCacheRun(PeerCacheKnobs):
              "batch_size": one["batch_size"], "processes": procs, "threads": threads,
              "destination": one["destinations"], "devices": list(devices) if one["all_devices"] else devices[:1]}
         p.update(cls.changed(one, "working_set", "max_channels", "dir_cache_ttl", "verify", "integrity",
-                             "tcp_poll_us"))
+                             "tcp_poll_us", "metrics_endpoint"))
         return {**p, **timing(one)}
 
     @classmethod
@@ -133,6 +136,8 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
     ws = pr.working_set(p.get("working_set"), p["page_size"], p["batch_size"])
     common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
               "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
+    if p.get("metrics_endpoint"):
+        common += ["--metrics-addr", "127.0.0.1:0"]
     serve_devs, drive_devs = [], []
     if p.get("devices"):
         serve_devs = ["--devices", ",".join(pr.tb.role_devices("producer", p["devices"]))]
