@@ -163,3 +163,14 @@ def test_exported_names_are_the_collectors_sample_names():
               "peercache_data_connections", "process_cpu_seconds_total"):
         assert n in names
     assert "peercache_read_bytes" not in names and "peercache_rail_up_total" not in names
+
+
+def test_docs_metrics_md_names_every_family_the_code_exports():
+    from pathlib import Path
+    import re
+    text = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`(peercache_[a-z_]+)`", text))
+    # a histogram is documented by its family name, its samples (_bucket, _count, _sum) with it
+    families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in exported_names() if n.startswith("peercache_")}
+    assert families - documented == set(), f"not in docs/metrics.md: {sorted(families - documented)}"
+    assert documented - families == set(), f"docs/metrics.md names what no collector exports: {sorted(documented - families)}"
