@@ -28,6 +28,11 @@ class NodeEndpoint(Endpoint):
         """Record ``node``'s GET batches from now on."""
         self.collector.watch(node)
 
+    def close(self) -> None:
+        """Stop serving, free the port, and stop recording the watched nodes' batches (idempotent)."""
+        super().close()
+        self.collector.unwatch()
+
 
 def serve_node(addr: str, node: Union[Any, Callable[[], Any]], *, label: str = "--metrics-addr",
                warn: bool = True) -> NodeEndpoint:

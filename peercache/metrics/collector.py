@@ -201,11 +201,20 @@ class NodeCollector(Collector):
     def __init__(self, node_of: Callable[[], Any], batches: Optional[BatchStats] = None):
         self.node_of = node_of
         self.batches = batches if batches is not None else BatchStats()
+        self._readers: list = []
 
     def watch(self, node) -> None:
         """Record ``node``'s GET batches from now on."""
         if node is not None and node.reader is not None:
             node.reader.batches = self.batches
+            self._readers.append(node.reader)
+
+    def unwatch(self) -> None:
+        """Stop recording the batches of every node watched (the endpoint closed: nobody reads them)."""
+        readers, self._readers = self._readers, []
+        for reader in readers:
+            if reader.batches is self.batches:
+                reader.batches = None
 
     def collect(self) -> Iterator[Metric]:
         node = self.node_of()

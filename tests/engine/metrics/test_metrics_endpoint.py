@@ -71,6 +71,9 @@ def test_each_batch_is_one_observation_and_the_counters_match_what_was_read(prod
         assert look("rpc", "hit") + look("rpc", "miss") == 0
         assert s[("peercache_node_info", (("node", "consumer"), ("protocol", "tcp")))] == 1
         assert ("peercache_pool_slots", ()) not in s             # a reader has no pool
+        assert cons.reader.batches is ep.collector.batches
+        ep.close()
+        assert cons.reader.batches is None                     # closed: the reader records nothing more
     finally:
         ep.close()
         cons.close()
