@@ -183,3 +183,12 @@ def test_the_hicache_store_serves_its_metrics_at_metrics_addr():
         assert closed(url)
     with pytest.raises(ConfigError, match="extra config 'metrics_addr' 'nowhere' is not HOST:PORT"):
         make_store(False, {"metrics_addr": "nowhere"})
+
+
+def test_drive_beyond_loopback_warns_once_before_its_processes_start(port):
+    # nothing serves at --discovery-addr: the warning comes before the driver processes, then drive fails
+    r = subprocess.run([*BENCH, "drive", "--discovery-addr", f"127.0.0.1:{port}", *SMALL, "--processes", "2",
+                        "--ready-timeout", "1", "--metrics-addr", "0.0.0.0:0"],
+                       capture_output=True, text=True, timeout=scaled(60))
+    assert r.returncode == 1
+    assert r.stderr.count("--metrics-addr 0.0.0.0:0: the metrics endpoint is not on loopback") == 1, r.stderr
