@@ -153,6 +153,10 @@ typedef struct pc_backend {
                       size_t nlocals, int32_t *status, char *err, size_t errlen, const pc_notify *notify);
     /* 1 while the peer is usable, 0 once it is known gone (optional, may be NULL). */
     int (*alive)(void *conn);
+    /* 1 when the connection should be replaced before its next batch (verbs: it is dead, or
+     * a rail it lost may get fresh QPs now). Cheap, asked per batch by read_slots, which then
+     * treats the node as not connected (optional, may be NULL). */
+    int (*stale)(void *conn);
     void (*close)(void *conn);
     /* How waits for a reply went: replies a poll caught, waits that slept, polls that ran out
      * before they slept (optional, may be NULL). */

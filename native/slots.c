@@ -16,9 +16,9 @@
  * against the checksum its producer wrote (a mismatch or a missing checksum
  * is a miss, never bytes), and against the bench pattern (a mismatch is
  * counted and reported, the key stays a hit). A key whose node
- * has no connected handle is not read (PC_NEED_PEER): the caller connects
- * and reads it again. The first failed op of the batch is reported with its
- * node and its backend's message. module.c takes the Python arguments, the
+ * has no connected handle, or one its backend says is stale, is not read
+ * (PC_NEED_PEER): the caller connects and reads it again. The first failed
+ * op of the batch is reported with its node and its backend's message. module.c takes the Python arguments, the
  * handles and the memory, and builds the result.
  */
 #include <stdio.h>
@@ -52,9 +52,10 @@ size_t pc_slot_nodes(const pc_loc *locs, size_t i, size_t n, pc_slot_peer *nodes
 }
 
 /* The ops of the keys of node p, into ops. A key that cannot be read gets
- * its code and count here: PC_NEED_PEER (p has no handle), PC_TOO_BIG (over
- * its capacity), PC_LOCAL_RANGE (its payload would not fit in dest). first
- * is the index in ops of the first op of each key read. Returns how many ops. */
+ * its code and count here: PC_NEED_PEER (p has no handle, or a stale one),
+ * PC_TOO_BIG (over its capacity), PC_LOCAL_RANGE (its payload would not fit
+ * in dest). first is the index in ops of the first op of each key read.
+ * Returns how many ops. */
 static size_t node_ops(const pc_slot_batch *b, const pc_slot_peer *p, pc_op *ops, int32_t *first,
                        uint32_t *opkey, pc_slot_result *r) {
     const pc_loc *locs = b->locs;
@@ -64,10 +65,11 @@ static size_t node_ops(const pc_slot_batch *b, const pc_slot_peer *p, pc_op *ops
     uint64_t destlen = b->destlen;
     uint32_t nd = p->node;
     size_t m = 0, need = 0, errors = 0;
+    int connected = p->be && !(p->be->stale && p->be->stale(p->conn));
     for (size_t i = 0; i < b->n; i++) {
         const pc_loc *l = &locs[i];
         if (l->node != nd) continue;
-        if (!p->be) { codes[i] = PC_NEED_PEER; need++; continue; }
+        if (!connected) { codes[i] = PC_NEED_PEER; need++; continue; }
         if (caps && l->length > caps[i]) {
             status[i] = PC_GET_ERROR; codes[i] = PC_TOO_BIG; errors++;
             continue;

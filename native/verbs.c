@@ -60,6 +60,7 @@ pv_rail *pv_rail_open(const char *name, int port, int gid_index, int32_t numa, c
     atomic_init(&r->refs, 1);
     atomic_init(&r->outstanding, 0);
     atomic_init(&r->kicks, 0);
+    pv_rail_state_init(r);
     snprintf(r->name, sizeof r->name, "%s", name);
     r->port = port;
     r->gid_index = gid_index;
@@ -96,10 +97,14 @@ pv_rail *pv_rail_open(const char *name, int port, int gid_index, int32_t numa, c
         snprintf(err, errlen, "ibv_alloc_pd(%s): %s", name, strerror(errno));
         goto fail;
     }
+    if (pv_rail_watch(r, err, errlen) != 0) goto fail;
     return r;
 fail:
+    pv_rail_unwatch(r);
+    if (r->pd) ibv_dealloc_pd(r->pd);
     if (r->ctx) ibv_close_device(r->ctx);
     pthread_rwlock_destroy(&r->mrlock);
+    pthread_mutex_destroy(&r->smu);
     free(r);
     return NULL;
 }
@@ -125,11 +130,13 @@ void pv_rail_ref(pv_rail *r) { atomic_fetch_add(&r->refs, 1); }
 
 void pv_rail_unref(pv_rail *r) {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    pv_rail_unwatch(r);
     for (size_t i = 0; i < r->nmrs; i++) ibv_dereg_mr(r->mrs[i].mr);
     free(r->mrs);
     if (r->pd) ibv_dealloc_pd(r->pd);
     if (r->ctx) ibv_close_device(r->ctx);
     pthread_rwlock_destroy(&r->mrlock);
+    pthread_mutex_destroy(&r->smu);
     free(r);
 }
 
@@ -230,6 +237,8 @@ static void chan_free(pv_chan *ch) {
 void pv_conn_close(void *p) {
     pv_conn *c = p;
     if (!c) return;
+    if (c->reader)
+        for (size_t r = 0; r < c->nrails; r++) atomic_fetch_sub(&c->rails[r]->readers, 1);
     if (c->chans)
         for (size_t i = 0; i < c->nrails * c->nchan; i++) chan_free(&c->chans[i]);
     free(c->chans);
@@ -237,6 +246,46 @@ void pv_conn_close(void *p) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);
+}
+
+void pv_conn_reader(pv_conn *c) {
+    if (c->reader) return;
+    c->reader = 1;
+    for (size_t r = 0; r < c->nrails; r++) atomic_fetch_add(&c->rails[r]->readers, 1);
+}
+
+/* "rxe_b0: up; rxe_b1: down (...)" of every rail of c, into buf. */
+static void describe_rails(pv_conn *c, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t r = 0; r < c->nrails && at + 1 < len; r++) {
+        char one[320];
+        pv_rail_describe(c->rails[r], one, sizeof one);
+        if (pv_rail_up(c->rails[r]) && atomic_load(&c->failed[r])) {
+            double in = (double)atomic_load(&c->retry_us[r]) / 1e6 - pc_mono_s();
+            snprintf(one, sizeof one, "%s: up, but READs to this peer failed on it (%s); fresh QPs %s",
+                     c->rails[r]->name, c->fail_why[r] ? c->fail_why[r] : "transport error",
+                     in > 0 ? "after its wait" : "on the next connection");
+        }
+        int w = snprintf(buf + at, len - at, "%s%s", r ? "; " : "", one);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+}
+
+/* Takes rail r out of this connection's plans for now (c->mu held, or c not yet shared): its
+ * QPs failed with a transport error (why: a static string). Fresh QPs come with the next
+ * connection, which verbs_stale asks for once the rail's wait is over and its port is not
+ * down. A port that is no longer ACTIVE takes the rail down for every connection. */
+static void path_fail(pv_conn *c, size_t r, const char *why) {
+    pv_rail *rl = c->rails[r];
+    pv_rail_check_port(rl);
+    if (atomic_load(&c->failed[r])) return;
+    double wait = pv_rail_next_backoff(rl);
+    atomic_store(&c->retry_us[r], (uint64_t)((pc_mono_s() + wait) * 1e6));
+    c->fail_why[r] = why;
+    atomic_store(&c->failed[r], 1);
+    atomic_fetch_add(&c->nfailed, 1);
 }
 
 pv_conn *pv_conn_new(pv_rail **rails, size_t nrails, uint32_t nchan, uint32_t sq_depth, double timeout_s,
@@ -267,8 +316,25 @@ pv_conn *pv_conn_new(pv_rail **rails, size_t nrails, uint32_t nchan, uint32_t sq
         if ((uint32_t)rl->dev.max_sge < sge) sge = (uint32_t)rl->dev.max_sge;
     }
     c->lim = (pv_limits){sq_depth, rd ? rd : 1, sge ? sge : 1, 16, 64};
-    for (size_t r = 0; r < nrails; r++)
-        if (pv_rail_port_now(rails[r], &c->mtu[r], &c->lid[r], err, errlen) != 0) goto fail;
+    /* A rail whose port is not ACTIVE still gets its QPs (the peer expects nrails x nchan),
+     * but it is down: no plan uses it until its port is back and a probe read succeeded. */
+    size_t active = 0;
+    for (size_t r = 0; r < nrails; r++) {
+        if (pv_rail_port_now(rails[r], &c->mtu[r], &c->lid[r], err, errlen) == 0) {
+            active++;
+            continue;
+        }
+        c->mtu[r] = (int)rails[r]->pattr.active_mtu;
+        c->lid[r] = rails[r]->pattr.lid;
+        pv_rail_check_port(rails[r]);
+    }
+    if (!active) {
+        char all[PV_MAX_RAILS * 200];
+        describe_rails(c, all, sizeof all);
+        snprintf(err, errlen, "no rail's port is ACTIVE (%s); check the links (ibv_devinfo, ip link)", all);
+        goto fail;
+    }
+    err[0] = '\0';
     for (size_t r = 0; r < nrails; r++) {
         for (uint32_t k = 0; k < nchan; k++) {
             pv_chan *ch = &c->chans[r * nchan + k];
@@ -306,56 +372,75 @@ fail:
     return NULL;
 }
 
+/* Channel k of rail r: RESET -> INIT was done at creation; RTR and RTS against the peer's QP q. */
+static int chan_connect(pv_conn *c, size_t r, uint32_t k, const pv_remote_qp *q, uint32_t rd, char *err,
+                        size_t errlen) {
+    pv_rail *rl = c->rails[r];
+    pv_chan *ch = &c->chans[r * c->nchan + k];
+    /* The smaller of the two ports' MTUs as they are now (both sides take the minimum). */
+    enum ibv_mtu mtu = (enum ibv_mtu)(c->mtu[r] < q->mtu ? c->mtu[r] : q->mtu);
+    if (mtu < IBV_MTU_256) mtu = IBV_MTU_256;
+    /* Our READs may not exceed what the peer's QP accepts as responder. */
+    uint32_t out = rd;
+    if (q->rd_atom > 0 && (uint32_t)q->rd_atom < out) out = (uint32_t)q->rd_atom;
+    if (out < c->lim.max_rd_atom) c->lim.max_rd_atom = out ? out : 1;
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = q->qpn, .rq_psn = q->psn,
+        .max_dest_rd_atomic = (uint8_t)(rl->dev.max_qp_rd_atom > 0 ? rl->dev.max_qp_rd_atom : 1),
+        .min_rnr_timer = 12,
+        .ah_attr = {.dlid = q->lid, .sl = 0, .src_path_bits = 0, .port_num = (uint8_t)rl->port},
+    };
+    if (rl->gid_index >= 0) {
+        /* RoCE (and routed IB) needs the GRH: the peer is addressed by its GID. */
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, q->gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)rl->gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.grh.traffic_class = 0;
+        a.ah_attr.grh.flow_label = 0;
+    }
+    if (ibv_modify_qp(ch->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+        snprintf(err, errlen, "QP to RTR on %s (remote qpn %u, mtu %d): %s%s", rl->name, q->qpn,
+                 (int)mtu, strerror(errno),
+                 rl->gid_index < 0 && rl->pattr.link_layer == IBV_LINK_LAYER_ETHERNET
+                     ? "; RoCE needs a GID index (--gid-index)" : "");
+        return -1;
+    }
+    struct ibv_qp_attr s = {
+        .qp_state = IBV_QPS_RTS, .sq_psn = ch->psn,
+        /* 4.096 us * 2^14 = 67 ms per try, 7 retries: a dead peer shows as
+         * IBV_WC_RETRY_EXC_ERR in about half a second, well inside the poll timeout. */
+        .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = (uint8_t)out,
+    };
+    if (ibv_modify_qp(ch->qp, &s, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                      IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+        snprintf(err, errlen, "QP to RTS on %s: %s", rl->name, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int pv_conn_connect(pv_conn *c, const pv_remote_qp *remote, uint32_t signal_every, uint32_t max_chain,
                     char *err, size_t errlen) {
     uint32_t rd = c->lim.max_rd_atom;
     for (size_t r = 0; r < c->nrails; r++) {
-        pv_rail *rl = c->rails[r];
         for (uint32_t k = 0; k < c->nchan; k++) {
-            pv_chan *ch = &c->chans[r * c->nchan + k];
-            const pv_remote_qp *q = &remote[r * c->nchan + k];
-            /* The smaller of the two ports' MTUs as they are now (both sides take the minimum). */
-            enum ibv_mtu mtu = (enum ibv_mtu)(c->mtu[r] < q->mtu ? c->mtu[r] : q->mtu);
-            if (mtu < IBV_MTU_256) mtu = IBV_MTU_256;
-            /* Our READs may not exceed what the peer's QP accepts as responder. */
-            uint32_t out = rd;
-            if (q->rd_atom > 0 && (uint32_t)q->rd_atom < out) out = (uint32_t)q->rd_atom;
-            if (out < c->lim.max_rd_atom) c->lim.max_rd_atom = out ? out : 1;
-            struct ibv_qp_attr a = {
-                .qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = q->qpn, .rq_psn = q->psn,
-                .max_dest_rd_atomic = (uint8_t)(rl->dev.max_qp_rd_atom > 0 ? rl->dev.max_qp_rd_atom : 1),
-                .min_rnr_timer = 12,
-                .ah_attr = {.dlid = q->lid, .sl = 0, .src_path_bits = 0, .port_num = (uint8_t)rl->port},
-            };
-            if (rl->gid_index >= 0) {
-                /* RoCE (and routed IB) needs the GRH: the peer is addressed by its GID. */
-                a.ah_attr.is_global = 1;
-                memcpy(a.ah_attr.grh.dgid.raw, q->gid, 16);
-                a.ah_attr.grh.sgid_index = (uint8_t)rl->gid_index;
-                a.ah_attr.grh.hop_limit = 64;
-                a.ah_attr.grh.traffic_class = 0;
-                a.ah_attr.grh.flow_label = 0;
-            }
-            if (ibv_modify_qp(ch->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
-                snprintf(err, errlen, "QP to RTR on %s (remote qpn %u, mtu %d): %s%s", rl->name, q->qpn,
-                         (int)mtu, strerror(errno),
-                         rl->gid_index < 0 && rl->pattr.link_layer == IBV_LINK_LAYER_ETHERNET
-                             ? "; RoCE needs a GID index (--gid-index)" : "");
-                return -1;
-            }
-            struct ibv_qp_attr s = {
-                .qp_state = IBV_QPS_RTS, .sq_psn = ch->psn,
-                /* 4.096 us * 2^14 = 67 ms per try, 7 retries: a dead peer shows as
-                 * IBV_WC_RETRY_EXC_ERR in about half a second, well inside the poll timeout. */
-                .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = (uint8_t)out,
-            };
-            if (ibv_modify_qp(ch->qp, &s, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                              IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
-                snprintf(err, errlen, "QP to RTS on %s: %s", rl->name, strerror(errno));
-                return -1;
-            }
+            if (chan_connect(c, r, k, &remote[r * c->nchan + k], rd, err, errlen) == 0) continue;
+            /* A rail whose port left ACTIVE is down, not a failed connection: its channels are
+             * unusable until the next connection, the other rails carry the reads. */
+            if (pv_rail_check_port(c->rails[r]) != 0) return -1;
+            for (uint32_t j = 0; j < c->nchan; j++) c->chans[r * c->nchan + j].broken = 1;
+            path_fail(c, r, "its port was not ACTIVE when the connection was made");
+            err[0] = '\0';
+            break;
         }
+    }
+    if ((size_t)atomic_load(&c->nfailed) == c->nrails) {
+        char all[PV_MAX_RAILS * 200];
+        describe_rails(c, all, sizeof all);
+        snprintf(err, errlen, "no rail could be connected (%s); check the links (ibv_devinfo, ip link)", all);
+        return -1;
     }
     if (signal_every) c->lim.signal_every = signal_every;
     if (max_chain) c->lim.max_chain = max_chain;
@@ -421,13 +506,22 @@ static pv_chan *acquire(pv_conn *c, size_t rail, double deadline) {
     return NULL;
 }
 
-static void release(pv_conn *c, pv_chan *ch, int broken, const char *why) {
+/* Gives channel ch of rail r back. A broken one is never used again (its QP is in ERR; the
+ * connection's replacement brings fresh QPs: the channel reset, counted on the rail). Broken
+ * by a transport error (path), it takes the rail out of this connection's plans; broken by
+ * anything else, it kills the connection, with why as the reason. */
+static void release(pv_conn *c, pv_chan *ch, size_t r, int broken, int path, const char *why) {
     pthread_mutex_lock(&c->mu);
     ch->busy = 0;
     if (broken) {
         ch->broken = 1;
-        if (!atomic_load(&c->dead)) snprintf(c->why, sizeof c->why, "%s", why);
-        atomic_store(&c->dead, 1);
+        pv_count(&c->rails[r]->n.qp_resets, 1);
+        if (path) {
+            path_fail(c, r, why);
+        } else {
+            if (!atomic_load(&c->dead)) snprintf(c->why, sizeof c->why, "%s", why);
+            atomic_store(&c->dead, 1);
+        }
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -457,7 +551,9 @@ typedef struct run {
     size_t first, count;      /* WR index range of this channel */
     size_t posted, retired;   /* WRs posted; WRs retired (positions < retired are accounted) */
     int failed, quiet, active;
-    const char *why;
+    int path;                 /* failed by a transport error: the rail, not the ops (failover) */
+    int abandoned;            /* quiet without the flush of its last WR: its reads may still land */
+    const char *why;          /* a static string */
     int wc;
 } run;
 
@@ -488,6 +584,8 @@ typedef struct batch {
     run runs[PV_MAX_RAILS];
     size_t nruns;
     double deadline;          /* for taking channels */
+    int norail;               /* no rail could carry some ops (err says why) */
+    int unretried;            /* a run failed that failover does not read again */
 } batch;
 
 static const pv_region *find_region(const pv_conn *c, uint32_t id) {
@@ -563,23 +661,37 @@ static size_t batch_check(batch *b) {
     return m;
 }
 
-/* Phase 2: plans the m ops of v over the rails with their current load
- * (bytes in flight from every thread) into wrs. 0, or -1 with the statuses
- * of those ops PC_CONNECTION and err set (out of memory). */
+/* Phase 2: plans the m ops of v over the rails that are up and not failed
+ * on this connection, with their current load (bytes in flight from every
+ * thread), into wrs. Ops no rail can carry are refused (PC_CONNECTION) and
+ * err names every rail and its state. 0, or -1 with the statuses of those
+ * ops PC_CONNECTION and err set (out of memory). */
 static int batch_plan(batch *b) {
     pv_conn *c = b->c;
     int32_t rnuma[PV_MAX_RAILS];
     uint64_t load[PV_MAX_RAILS];
+    uint8_t up[PV_MAX_RAILS];
     for (size_t r = 0; r < c->nrails; r++) {
         rnuma[r] = c->rails[r]->numa;
         load[r] = atomic_load(&c->rails[r]->outstanding);
+        /* A rail this connection still probes waits: the probe holds one of its channels. */
+        up[r] = pv_rail_up(c->rails[r]) && !atomic_load_explicit(&c->failed[r], memory_order_relaxed) &&
+                !atomic_load_explicit(&c->probe_busy[r], memory_order_relaxed);
     }
     b->nw = 0;
-    if (pv_plan(b->v, b->m, b->lnuma, b->nlocals, rnuma, load, c->nrails, &c->lim, 1, b->wrs, &b->nw,
+    if (pv_plan(b->v, b->m, b->lnuma, b->nlocals, rnuma, load, up, c->nrails, &c->lim, 1, b->wrs, &b->nw,
                 b->refused) != 0) {
         for (size_t i = 0; i < b->m; i++) b->status[b->where[i]] = PC_CONNECTION;
         snprintf(b->err, b->errlen, "out of memory planning %zu reads", b->m);
         return -1;
+    }
+    for (size_t i = 0; i < b->m && !b->norail; i++)
+        if (b->refused[i] == PC_CONNECTION) b->norail = 1;
+    if (b->norail && !b->err[0]) {
+        char all[PV_MAX_RAILS * 200];
+        describe_rails(c, all, sizeof all);
+        snprintf(b->err, b->errlen, "no rail can carry these reads: %s; check the links (ibv_devinfo, ip link)",
+                 all);
     }
     return 0;
 }
@@ -700,6 +812,7 @@ static int post_chains(batch *b, run *u, uint32_t depth) {
             size_t got = bad ? (size_t)(bad - &b->sw[u->first]) : s;
             u->posted = got;
             u->failed = 1;
+            u->path = 1;
             u->why = "ibv_post_send failed";
             u->wc = -prc;
             qp_to_err(u->ch);
@@ -709,6 +822,11 @@ static int post_chains(batch *b, run *u, uint32_t depth) {
         progress = 1;
     }
     return progress;
+}
+
+/* One error completion on rail rl, by its status (the last slot takes any larger code). */
+static void count_wc(pv_rail *rl, int status) {
+    pv_count(&rl->n.wc[status >= 0 && status < PV_WC_CODES ? status : PV_WC_CODES - 1], 1);
 }
 
 /* Polls one batch of completions of run u and accounts them (the rules of
@@ -723,10 +841,13 @@ static int poll_run(batch *b, run *u) {
     if (got < 0) {
         u->failed = 1;
         u->quiet = 1;
+        u->path = 1;
+        u->abandoned = 1;
         u->why = "ibv_poll_cq failed";
         return 0;
     }
     for (int j = 0; j < got; j++) {
+        if (wc[j].status != IBV_WC_SUCCESS) count_wc(b->c->rails[u->rail], wc[j].status);
         uint64_t id = wc[j].wr_id;
         size_t w = (size_t)(id & ((1ull << PV_WR_INDEX_BITS) - 1));
         if ((uint16_t)(id >> PV_WR_INDEX_BITS) != u->ch->epoch || w < u->first || w >= u->first + u->count)
@@ -749,6 +870,7 @@ static int poll_run(batch *b, run *u) {
         b->wst[w] = pv_wc_status(wc[j].status);
         u->retired = u->count;
         u->failed = 1;
+        u->path = b->wst[w] == PC_CONNECTION;   /* the link or the peer, not the op: failover */
         u->wc = wc[j].status;
         u->why = ibv_wc_status_str(wc[j].status);
         if (p + 1 >= u->posted)
@@ -784,11 +906,13 @@ static double expire_runs(batch *b, double t) {
         if (u->quiet) continue;
         if (!u->failed) {
             u->failed = 1;
+            u->path = 1;
             u->why = "no completion within the poll timeout";
             qp_to_err(u->ch);
             again = 1;
         } else {
             u->quiet = 1;   /* the flush did not come either: give up, never hang */
+            u->abandoned = 1;
         }
     }
     return again ? t - b->c->timeout_s + 1.0 : t;  /* 1 s for the flush */
@@ -846,36 +970,200 @@ static int batch_finish(batch *b) {
     for (size_t k = 0; k < b->nb; k++)
         if (b->wst[b->bn[k].wr] == PC_OK) memcpy(b->bn[k].dst, b->bn[k].src, b->bn[k].len);
     for (size_t i = 0; i < b->m; i++) b->status[b->where[i]] = b->vst[i];
+    if (b->norail) {
+        rc = -1;
+        b->unretried = 1;
+    }
     for (size_t k = 0; k < b->nruns; k++) {
         run *u = &b->runs[k];
+        pv_rail *rl = c->rails[u->rail];
         if (u->failed && !b->err[0])
-            snprintf(b->err, b->errlen, "%s rail %zu: %s (wc %d)", c->rails[u->rail]->name, u->rail,
+            snprintf(b->err, b->errlen, "%s rail %zu: %s (wc %d)", rl->name, u->rail,
                      u->why ? u->why : "failed", u->wc);
         if (u->failed) rc = -1;
+        if (u->failed && (!u->path || u->abandoned)) b->unretried = 1;
         if (u->active) {
-            uint64_t bytes = 0;
-            for (size_t w = u->first; w < u->first + u->count; w++) bytes += b->wrs[w].length;
-            atomic_fetch_sub(&c->rails[u->rail]->outstanding, bytes);
+            uint64_t bytes = 0, ok = 0, reads = 0;
+            for (size_t w = u->first; w < u->first + u->count; w++) {
+                bytes += b->wrs[w].length;
+                if (b->wst[w] == PC_OK) { ok += b->wrs[w].length; reads++; }
+            }
+            atomic_fetch_sub(&rl->outstanding, bytes);
+            if (reads) {
+                pv_count(&rl->n.bytes, ok);
+                pv_count(&rl->n.reads, reads);
+            }
+            /* The rail works again: the next failure waits the shortest time for fresh QPs. */
+            if (!u->failed && atomic_load_explicit(&rl->backed_off, memory_order_relaxed))
+                pv_rail_reset_backoff(rl);
         }
-        if (u->ch) release(c, u->ch, u->failed, b->err);
+        if (u->ch) release(c, u->ch, u->rail, u->failed, u->path, u->path ? u->why : b->err);
     }
     return rc;
 }
 
-/* The backend's read_batch: the six phases above in order. A connection
- * already dead fails every op at once; out of memory fails the ops it
- * reached; no op left after the checks is a success unless one of them set
- * err. */
-static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
-                            int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
-    (void)notify;   /* the bytes land by DMA: read_slots checks them after the batch */
-    pv_conn *c = cp;
-    if (atomic_load(&c->dead)) {
-        for (size_t i = 0; i < n; i++) status[i] = PC_CONNECTION;
-        snprintf(err, errlen, "rdma connection was reset after an error (%s); it is reconnected on the "
-                 "next batch", c->why);
-        return -1;
+/* Probe reads: a rail whose port is ACTIVE again (PROBE) comes back when one
+ * READ over it succeeds. A batch posts one (a few bytes of the peer's first
+ * region into the channel's scratch, on a channel it then holds) and later
+ * batches look at it without waiting; success brings the rail up for every
+ * connection, failure takes it out of this one until fresh QPs (c->mu held). */
+static void probe_post(pv_conn *c, size_t r) {
+    pv_rail *rl = c->rails[r];
+    const pv_region *rg = NULL;
+    for (size_t i = 0; i < c->nregions && !rg; i++)
+        if (c->regions[i].size) rg = &c->regions[i];
+    pv_chan *ch = NULL;
+    for (uint32_t k = 0; k < c->nchan && !ch; k++) {
+        pv_chan *x = &c->chans[r * c->nchan + k];
+        if (!x->broken && !x->busy) ch = x;
     }
+    if (!rg || !ch || ensure_scratch(rl, ch, 64) != 0) return;   /* the next batch tries again */
+    ch->epoch++;
+    struct ibv_sge sg = {(uint64_t)(uintptr_t)ch->scratch, rg->size < 8 ? (uint32_t)rg->size : 8,
+                         ch->scratch_mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = ((uint64_t)ch->epoch << PV_WR_INDEX_BITS) | PV_PROBE_WR, .sg_list = &sg,
+                             .num_sge = 1, .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = rg->addr[r];
+    wr.wr.rdma.rkey = rg->rkey[r];
+    struct ibv_send_wr *bad = NULL;
+    if (ibv_post_send(ch->qp, &wr, &bad) != 0) {
+        ch->broken = 1;
+        pv_count(&rl->n.qp_resets, 1);
+        path_fail(c, r, "the probe read could not be posted");
+        return;
+    }
+    ch->busy = 1;
+    c->probe[r] = ch;
+    c->probe_at[r] = pc_mono_s();
+    atomic_store(&c->probe_busy[r], 1);
+    atomic_fetch_add(&c->probing, 1);
+}
+
+static void probe_poll(pv_conn *c, size_t r) {
+    pv_rail *rl = c->rails[r];
+    pv_chan *ch = c->probe[r];
+    struct ibv_wc wc[PV_POLL_BATCH];
+    int done = 0;
+    const char *why = NULL;
+    int got = ibv_poll_cq(ch->cq, PV_POLL_BATCH, wc);
+    if (got < 0) {
+        done = -1;
+        why = "ibv_poll_cq failed on the probe's channel";
+    }
+    for (int j = 0; j < got; j++) {
+        if (wc[j].status != IBV_WC_SUCCESS) count_wc(rl, wc[j].status);
+        uint64_t id = wc[j].wr_id;
+        if ((uint16_t)(id >> PV_WR_INDEX_BITS) != ch->epoch || (id & PV_PROBE_WR) != PV_PROBE_WR) continue;
+        done = wc[j].status == IBV_WC_SUCCESS ? 1 : -1;
+        why = ibv_wc_status_str(wc[j].status);
+    }
+    if (!done) {
+        double t = pc_mono_s() - c->probe_at[r];
+        if (t > c->timeout_s) {
+            qp_to_err(ch);   /* a late completion lands in the channel's own scratch, never reused */
+            done = -1;
+            why = "no completion of the probe read within the poll timeout";
+        } else if (rl->soft_roce && t > PV_KICK_S && rxe_doorbell(ch->qp) == 0) {
+            atomic_fetch_add(&rl->kicks, 1);
+        }
+    }
+    if (!done) return;
+    c->probe[r] = NULL;
+    atomic_store(&c->probe_busy[r], 0);
+    atomic_fetch_sub(&c->probing, 1);
+    ch->busy = 0;
+    if (done > 0) {
+        pv_rail_probe_ok(rl);
+    } else {
+        ch->broken = 1;
+        pv_count(&rl->n.qp_resets, 1);
+        path_fail(c, r, why);
+    }
+    pthread_cond_broadcast(&c->cv);
+}
+
+static void batch_probes(pv_conn *c) {
+    int probing = atomic_load_explicit(&c->probing, memory_order_relaxed);
+    for (size_t r = 0; r < c->nrails; r++) {
+        int st = atomic_load_explicit(&c->rails[r]->state, memory_order_relaxed);
+        if (st != PV_RAIL_PROBE && !probing) continue;
+        pthread_mutex_lock(&c->mu);
+        if (c->probe[r])
+            probe_poll(c, r);
+        else if (st == PV_RAIL_PROBE && !atomic_load(&c->failed[r]))
+            probe_post(c, r);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* Ops of b to read again on the other rails: every op of a unit (verbs_plan.c:
+ * ops that must stay on one QP, in order, such as a slot's header, payload and
+ * trailer) one of whose ops failed in a run that failover reads again. A unit
+ * is read again whole, so its tags and payload come from the same pass. n of
+ * them into idx (indices into v). */
+static size_t retry_ops(const batch *b, size_t *idx) {
+    size_t m = b->m, n = 0;
+    uint8_t *mark = calloc(m ? m : 1, 1);
+    uint32_t *unit = malloc((m ? m : 1) * sizeof *unit);
+    uint8_t *umark = calloc(m ? m : 1, 1);
+    if (!mark || !unit || !umark) goto out;
+    int retry_rail[PV_MAX_RAILS] = {0};
+    for (size_t k = 0; k < b->nruns; k++) {
+        const run *u = &b->runs[k];
+        if (u->failed && u->path && !u->abandoned) retry_rail[u->rail] = 1;
+    }
+    for (size_t w = 0; w < b->nw; w++) {
+        if (!retry_rail[b->wrs[w].rail]) continue;
+        for (uint32_t s = 0; s < b->wrs[w].nsge; s++)
+            if (b->vst[b->wrs[w].op[s]] != PC_OK) mark[b->wrs[w].op[s]] = 1;
+    }
+    pv_units(b->v, m, unit);
+    for (size_t i = 0; i < m; i++)
+        if (mark[i]) umark[unit[i]] = 1;
+    for (size_t i = 0; i < m; i++)
+        if (umark[unit[i]] && b->refused[i] < 0) idx[n++] = i;
+out:
+    free(mark); free(unit); free(umark);
+    return n;
+}
+
+static int batch_round(pv_conn *c, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
+                       int32_t *status, char *err, size_t errlen, int may_retry);
+
+/* Failover: the reads of b that failed on a rail by a transport error, read
+ * once more over the rails still up (the failed ones are out of this
+ * connection's plans now). Their statuses replace the first ones. Returns 0
+ * when every op of b ended well (err cleared: the caller sees a batch that
+ * succeeded), else -1 with err saying what failed first and what the retry
+ * found. */
+static int batch_retry(batch *b) {
+    size_t *idx = malloc((b->m ? b->m : 1) * sizeof *idx);
+    pc_op *ops = malloc((b->m ? b->m : 1) * sizeof *ops);
+    int32_t *st = malloc((b->m ? b->m : 1) * sizeof *st);
+    char err2[512] = "";
+    int rc = -1;
+    if (!idx || !ops || !st) goto out;
+    size_t n = retry_ops(b, idx);
+    if (!n) goto out;
+    for (size_t k = 0; k < n; k++) ops[k] = b->v[idx[k]];
+    int rc2 = batch_round(b->c, ops, n, b->locals, b->nlocals, st, err2, sizeof err2, 0);
+    for (size_t k = 0; k < n; k++) b->status[b->where[idx[k]]] = st[k];
+    if (rc2 == 0 && !b->unretried) {
+        b->err[0] = '\0';
+        rc = 0;
+    } else if (rc2 != 0) {
+        size_t at = strlen(b->err);
+        snprintf(b->err + at, b->errlen - at, "; read again on the other rails: %s", err2[0] ? err2 : "failed");
+    }
+out:
+    free(idx); free(ops); free(st);
+    return rc;
+}
+
+/* One pass of the six phases above over ops; a pass that may retry reads
+ * the ops a transport error failed once more (batch_retry). */
+static int batch_round(pv_conn *c, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
+                       int32_t *status, char *err, size_t errlen, int may_retry) {
     batch b = {.c = c, .ops = ops, .n = n, .locals = locals, .nlocals = nlocals, .status = status,
                .err = err, .errlen = errlen};
     int rc = -1;
@@ -888,14 +1176,48 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
     batch_build(&b);
     batch_poll(&b);
     rc = batch_finish(&b);
+    if (rc != 0 && may_retry) rc = batch_retry(&b);
 out:
     batch_free(&b);
     return rc;
 }
 
-static int verbs_alive(void *cp) {
+/* The backend's read_batch: the probes of rails coming back, then one pass
+ * over the ops with failover. A connection already dead fails every op at
+ * once; out of memory fails the ops it reached; no op left after the checks
+ * is a success unless one of them set err. */
+static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local *locals, size_t nlocals,
+                            int32_t *status, char *err, size_t errlen, const pc_notify *notify) {
+    (void)notify;   /* the bytes land by DMA: read_slots checks them after the batch */
     pv_conn *c = cp;
-    return !atomic_load(&c->dead);
+    if (atomic_load(&c->dead)) {
+        for (size_t i = 0; i < n; i++) status[i] = PC_CONNECTION;
+        snprintf(err, errlen, "rdma connection was reset after an error (%s); it is reconnected on the "
+                 "next batch", c->why);
+        return -1;
+    }
+    batch_probes(c);
+    return batch_round(c, ops, n, locals, nlocals, status, err, errlen, 1);
+}
+
+/* Whether the connection should be replaced before its next batch: it is
+ * dead, or a rail it lost to a transport error may have fresh QPs now (its
+ * wait is over and its port is not down). The batch path asks this of every
+ * handle (cheap: atomics, the clock only after a failure). */
+static int verbs_stale(void *cp) {
+    pv_conn *c = cp;
+    if (atomic_load_explicit(&c->dead, memory_order_relaxed)) return 1;
+    if (!atomic_load_explicit(&c->nfailed, memory_order_relaxed)) return 0;
+    uint64_t now = (uint64_t)(pc_mono_s() * 1e6);
+    for (size_t r = 0; r < c->nrails; r++)
+        if (atomic_load(&c->failed[r]) && atomic_load(&c->rails[r]->state) != PV_RAIL_DOWN &&
+            now >= atomic_load(&c->retry_us[r]))
+            return 1;
+    return 0;
+}
+
+static int verbs_alive(void *cp) {
+    return !verbs_stale(cp);
 }
 
 static void *verbs_connect_unused(const void *params, char *err, size_t errlen) {
@@ -909,5 +1231,6 @@ const pc_backend pc_verbs_backend = {
     .connect = verbs_connect_unused,
     .read_batch = verbs_read_batch,
     .alive = verbs_alive,
+    .stale = verbs_stale,
     .close = pv_conn_close,
 };

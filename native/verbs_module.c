@@ -135,6 +135,36 @@ static PyObject *Rail_deregister(RailObject *self, PyObject *arg) {
     return PyBool_FromLong(found);
 }
 
+static PyObject *Rail_stats(RailObject *self, PyObject *unused) {
+    (void)unused;
+    pv_rail *r = self->r;
+    pv_counters *n = &r->n;
+    PyObject *wc = PyDict_New();
+    if (!wc) return NULL;
+    for (int i = 0; i < PV_WC_CODES; i++) {
+        uint64_t v = atomic_load_explicit(&n->wc[i], memory_order_relaxed);
+        if (!v) continue;
+        PyObject *k = PyLong_FromLong(i), *x = PyLong_FromUnsignedLongLong(v);
+        if (!k || !x || PyDict_SetItem(wc, k, x) < 0) { Py_XDECREF(k); Py_XDECREF(x); Py_DECREF(wc); return NULL; }
+        Py_DECREF(k);
+        Py_DECREF(x);
+    }
+    char why[sizeof r->why];
+    pthread_mutex_lock(&r->smu);
+    int st = atomic_load(&r->state);
+    memcpy(why, r->why, sizeof why);
+    pthread_mutex_unlock(&r->smu);
+    static const char *names[] = {"up", "down", "probe"};
+    return Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:N,s:K,s:K,s:K,s:i}", "name", r->name,
+                         "state", names[st >= 0 && st <= 2 ? st : 1], "why", why,
+                         "bytes_read", (unsigned long long)atomic_load(&n->bytes),
+                         "reads", (unsigned long long)atomic_load(&n->reads), "wc_errors", wc,
+                         "qp_resets", (unsigned long long)atomic_load(&n->qp_resets),
+                         "downs", (unsigned long long)atomic_load(&n->downs),
+                         "ups", (unsigned long long)atomic_load(&n->ups),
+                         "readers", atomic_load(&r->readers));
+}
+
 static PyObject *Rail_outstanding(RailObject *self, void *c) {
     (void)c;
     return PyLong_FromUnsignedLongLong((unsigned long long)atomic_load(&self->r->outstanding));
@@ -142,6 +172,10 @@ static PyObject *Rail_outstanding(RailObject *self, void *c) {
 
 static PyMethodDef Rail_methods[] = {
     {"info", (PyCFunction)Rail_info, METH_NOARGS, "Port, GID, MTU and device limits as a dict."},
+    {"stats", (PyCFunction)Rail_stats, METH_NOARGS,
+     "Counters since the rail was opened and its state: name, state ('up', 'down', 'probe': port ACTIVE "
+     "again, waiting for a probe read), why (it went down), bytes_read and reads (READs completed), "
+     "wc_errors ({ibv_wc_status: error completions}), qp_resets, downs, ups, readers."},
     {"register", (PyCFunction)Rail_register, METH_VARARGS,
      "register(buffer, numa=-1) -> (addr, lkey, rkey, numa); remote-readable, held until deregister."},
     {"register_device", (PyCFunction)Rail_register_device, METH_VARARGS,
@@ -401,6 +435,7 @@ static PyObject *Channels_handoff(ChannelsObject *self, PyObject *unused) {
     if (!h) return PyErr_NoMemory();
     h->be = &pc_verbs_backend;
     h->conn = self->c;
+    pv_conn_reader(self->c);
     PyObject *cap = PyCapsule_New(h, PC_HANDOFF_CAPSULE, handoff_destroy);
     if (!cap) { PyMem_Free(h); return NULL; }
     self->c = NULL;
@@ -459,11 +494,11 @@ static int int_list(PyObject *o, int32_t *out, size_t n, const char *what) {
 
 static PyObject *py_plan(PyObject *mod, PyObject *args) {
     (void)mod;
-    PyObject *ops_o, *lnuma_o, *rnuma_o, *load_o;
+    PyObject *ops_o, *lnuma_o, *rnuma_o, *load_o, *up_o = Py_None;
     pv_limits lim;
     unsigned int channels;
-    if (!PyArg_ParseTuple(args, "OOOO(IIIII)I", &ops_o, &lnuma_o, &rnuma_o, &load_o, &lim.sq_depth,
-                          &lim.max_rd_atom, &lim.max_sge, &lim.signal_every, &lim.max_chain, &channels))
+    if (!PyArg_ParseTuple(args, "OOOO(IIIII)I|O", &ops_o, &lnuma_o, &rnuma_o, &load_o, &lim.sq_depth,
+                          &lim.max_rd_atom, &lim.max_sge, &lim.signal_every, &lim.max_chain, &channels, &up_o))
         return NULL;
     Py_buffer ov;
     if (PyObject_GetBuffer(ops_o, &ov, PyBUF_C_CONTIGUOUS) < 0) return NULL;
@@ -478,20 +513,25 @@ static PyObject *py_plan(PyObject *mod, PyObject *args) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "need 1..16 rails");
         return NULL;
     }
-    int32_t lnuma[64], rnuma[PV_MAX_RAILS], loadi[PV_MAX_RAILS];
+    int32_t lnuma[64], rnuma[PV_MAX_RAILS], loadi[PV_MAX_RAILS], upi[PV_MAX_RAILS];
     uint64_t load[PV_MAX_RAILS];
+    uint8_t up[PV_MAX_RAILS];
     if (nl > 64 || int_list(lnuma_o, lnuma, (size_t)nl, "local_numa") < 0 ||
-        int_list(rnuma_o, rnuma, (size_t)nr, "rail_numa") < 0 || int_list(load_o, loadi, (size_t)nr, "load") < 0) {
+        int_list(rnuma_o, rnuma, (size_t)nr, "rail_numa") < 0 || int_list(load_o, loadi, (size_t)nr, "load") < 0 ||
+        (up_o != Py_None && int_list(up_o, upi, (size_t)nr, "up") < 0)) {
         PyBuffer_Release(&ov);
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "at most 64 local buffers");
         return NULL;
     }
-    for (Py_ssize_t r = 0; r < nr; r++) load[r] = (uint64_t)loadi[r];
+    for (Py_ssize_t r = 0; r < nr; r++) {
+        load[r] = (uint64_t)loadi[r];
+        up[r] = up_o == Py_None || upi[r] != 0;
+    }
     pv_wr *wrs = PyMem_Malloc((n ? n : 1) * sizeof *wrs);
     int32_t *refused = PyMem_Malloc((n ? n : 1) * sizeof *refused);
     size_t nw = 0;
     if (!wrs || !refused ||
-        pv_plan(ov.buf, n, lnuma, (size_t)nl, rnuma, load, (size_t)nr, &lim, channels, wrs, &nw, refused) != 0) {
+        pv_plan(ov.buf, n, lnuma, (size_t)nl, rnuma, load, up, (size_t)nr, &lim, channels, wrs, &nw, refused) != 0) {
         PyMem_Free(wrs); PyMem_Free(refused); PyBuffer_Release(&ov);
         return PyErr_NoMemory();
     }
@@ -511,6 +551,25 @@ static PyObject *py_plan(PyObject *mod, PyObject *args) {
     PyMem_Free(refused);
     if (!wl || !rl || !ll) { Py_XDECREF(wl); Py_XDECREF(rl); Py_XDECREF(ll); return NULL; }
     return Py_BuildValue("(NNN)", wl, rl, ll);
+}
+
+static PyObject *py_units(PyObject *mod, PyObject *ops_o) {
+    (void)mod;
+    Py_buffer ov;
+    if (PyObject_GetBuffer(ops_o, &ov, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (ov.len % (Py_ssize_t)sizeof(pc_op)) {
+        PyBuffer_Release(&ov);
+        return PyErr_Format(PyExc_ValueError, "ops must be an OP_DTYPE array");
+    }
+    size_t n = (size_t)ov.len / sizeof(pc_op);
+    uint32_t *u = PyMem_Malloc((n ? n : 1) * sizeof *u);
+    if (!u) { PyBuffer_Release(&ov); return PyErr_NoMemory(); }
+    pv_units(ov.buf, n, u);
+    PyBuffer_Release(&ov);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) PyList_SET_ITEM(l, (Py_ssize_t)i, PyLong_FromUnsignedLong(u[i]));
+    PyMem_Free(u);
+    return l;
 }
 
 static PyObject *py_wc_statuses(PyObject *mod, PyObject *unused) {
@@ -551,7 +610,9 @@ static PyObject *py_devices(PyObject *mod, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"plan", py_plan, METH_VARARGS,
      "plan(ops, local_numa, rail_numa, load, (sq_depth, max_rd_atom, max_sge, signal_every, max_chain), "
-     "channels) -> (wrs, refused, load): the native planner, for tests against their oracle, tests/oracles/rdma_plan.py."},
+     "channels, up=None) -> (wrs, refused, load): the native planner (up: whether each rail may carry reads; "
+     "None: all), for tests against their oracle, tests/oracles/rdma_plan.py."},
+    {"units", py_units, METH_O, "units(ops) -> [unit of each op]: the planner's grouping of ops that stay on one QP."},
     {"wc_statuses", py_wc_statuses, METH_NOARGS, "Per-op status of each ibv_wc_status 0..21."},
     {"limits", py_limits, METH_VARARGS, "limits(sq_depth, max_rd_atom, max_sge, signal_every, max_chain) -> (k, chain)."},
     {"devices", py_devices, METH_NOARGS, "devices() -> (names, error text when the list could not be read)."},

@@ -2,8 +2,9 @@
  * whose docstring states each rule).
  *
  * Ops -> units (ops that must stay on one QP, in order: the header, payload
- * and trailer of a slot read, pc_slot_ops in pc.h) -> rails (NUMA of the
- * destination, then least outstanding bytes) -> channels (round-robin per
+ * and trailer of a slot read, pc_slot_ops in pc.h) -> rails (only those that
+ * are up; NUMA of the destination among them, then least outstanding bytes;
+ * a unit no rail can carry is refused with PC_CONNECTION) -> channels (round-robin per
  * rail) -> READs with up to max_sge scatter entries (later READs of a unit
  * fenced) -> chains of at most
  * pv_chain_length WRs, every k-th and the last of a chain signalled. WRs are
@@ -48,9 +49,40 @@ typedef struct proto {
     uint32_t op[PV_MAX_SGE];
 } proto;
 
+void pv_units(const pc_op *ops, size_t n, uint32_t *unit) {
+    uint32_t u = 0;
+    size_t f = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = i ? continues(ops, f, i - 1, i) : 0;
+        if (!c) {
+            if (i) u++;
+            f = i;
+        } else if (c == 2) {
+            f = i;
+        }
+        unit[i] = u;
+    }
+}
+
+/* The rail for a unit whose destination is on NUMA node numa: among the rails that are up,
+ * those on that node if any, then the least loaded. (size_t)-1 if no rail is up. */
+static size_t pick_rail(int32_t numa, const int32_t *rail_numa, const uint64_t *load, const uint8_t *up,
+                        size_t nrails) {
+    int any_local = 0;
+    for (size_t r = 0; r < nrails; r++)
+        if ((!up || up[r]) && numa >= 0 && rail_numa[r] == numa) any_local = 1;
+    size_t rail = (size_t)-1;
+    for (size_t r = 0; r < nrails; r++) {
+        if (up && !up[r]) continue;
+        if (any_local && rail_numa[r] != numa) continue;
+        if (rail == (size_t)-1 || load[r] < load[rail]) rail = r;
+    }
+    return rail;
+}
+
 int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal,
-            const int32_t *rail_numa, uint64_t *load, size_t nrails, const pv_limits *lim,
-            uint32_t channels, pv_wr *out, size_t *nwrs, int32_t *refused) {
+            const int32_t *rail_numa, uint64_t *load, const uint8_t *up, size_t nrails,
+            const pv_limits *lim, uint32_t channels, pv_wr *out, size_t *nwrs, int32_t *refused) {
     *nwrs = 0;
     if (!n) return 0;
     uint32_t max_sge = lim->max_sge < 1 ? 1 : (lim->max_sge > PV_MAX_SGE ? PV_MAX_SGE : lim->max_sge);
@@ -91,13 +123,10 @@ int pv_plan(const pc_op *ops, size_t n, const int32_t *local_numa, size_t nlocal
             bytes += ops[unit[j]].length;
         }
         int32_t numa = ops[big].local_region < nlocal ? local_numa[ops[big].local_region] : -1;
-        int any_local = 0;
-        for (size_t r = 0; r < nrails; r++)
-            if (numa >= 0 && rail_numa[r] == numa) any_local = 1;
-        size_t rail = (size_t)-1;
-        for (size_t r = 0; r < nrails; r++) {
-            if (any_local && rail_numa[r] != numa) continue;
-            if (rail == (size_t)-1 || load[r] < load[rail]) rail = r;
+        size_t rail = pick_rail(numa, rail_numa, load, up, nrails);
+        if (rail == (size_t)-1) {
+            for (size_t j = 0; j < m; j++) refused[unit[j]] = PC_CONNECTION;
+            continue;
         }
         uint32_t ch = rr[rail] % channels;
         rr[rail]++;

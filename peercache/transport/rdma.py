@@ -7,9 +7,21 @@ channel), brings them to RTS against the consumer's QPs and replies with
 its own QP numbers, PSNs, GIDs, LIDs and MTUs. Consumer: creates its QPs,
 exchanges that information, moves them INIT -> RTR -> RTS and hands the
 connection to the native batch path (``peercache._native.adopt``), which
-plans, posts and polls without the GIL. A channel that fails marks the
-connection dead; the node drops it and the next batch connects again with
-fresh QPs on both sides (the channel reset).
+plans, posts and polls without the GIL.
+
+Failures (native/verbs.c, native/verbs_rail.c): a READ that fails for the
+op itself (a wrong key, a range the region lacks) marks the connection
+dead; the node drops it and the next batch connects again with fresh QPs on
+both sides (the channel reset). A READ that fails for the path (transport
+errors: retries exceeded, flushed, no completion in time) takes that rail out
+of the connection's plans and its reads are read once more over the other
+rails in the same batch call; a rail whose port leaves ACTIVE (the device's
+async events, watched by a thread per rail) is out of every plan. A rail
+comes back when its port is ACTIVE again and one probe read over it
+succeeded; the connection that lost it is replaced by the next batch (fresh
+QPs on it). A batch fails only when no rail can carry it, and its error
+names every rail and its state. :meth:`RdmaTransport.rail_stats` has the
+per-rail counters.
 """
 from __future__ import annotations
 
@@ -25,6 +37,7 @@ import numpy as np
 
 from ..errors import PeerCacheError, TransportError, TransportUnavailable
 from ..rdma import devices
+from ..rdma.completion import wc_name
 from ..rpc import RpcClient
 from .base import OP_DTYPE, Transport, native_module
 from .handles import PeerHandles
@@ -84,6 +97,7 @@ class RdmaTransport(Transport):
         self._paths: dict[str, list[dict[str, Any]]] = {}   # peer -> its QPs as connected (qp_info)
         self._locals: OrderedDict[tuple[int, int], list] = OrderedDict()
         self._lock = threading.Lock()
+        self._final_stats: list[dict[str, Any]] = []   # rail_stats() as they were at close()
 
     # -- description ---------------------------------------------------------------
     def rail_info(self) -> list[dict[str, Any]]:
@@ -94,6 +108,24 @@ class RdmaTransport(Transport):
             d["gid"] = str(ipaddress.IPv6Address(bytes(d["gid"])))
             # The port's MTU now (Soft-RoCE's follows its netdev), not the one seen at discovery.
             out.append(dict(d, mtu_bytes=devices.MTU_BYTES.get(int(d.get("mtu", 0)), s.mtu)))
+        return out
+
+    def rail_stats(self) -> list[dict[str, Any]]:
+        """Per rail, cumulative since this transport opened it: ``rail`` (device), ``state`` ("up",
+        or "down": its port is not ACTIVE, or is again but no probe read has succeeded yet),
+        ``bytes_read`` and ``reads`` (READs completed), ``completion_errors`` (``IBV_WC_*`` name ->
+        error completions), ``qp_resets`` (QPs taken out after an error; fresh ones replace them),
+        ``downs`` and ``ups``. After :meth:`close`, the figures it closed with."""
+        rails = self.rails
+        if not rails:
+            return [dict(d, completion_errors=dict(d["completion_errors"])) for d in self._final_stats]
+        out = []
+        for r in rails:
+            s = r.stats()
+            out.append({"rail": s["name"], "state": "up" if s["state"] == "up" else "down",
+                        "bytes_read": s["bytes_read"], "reads": s["reads"],
+                        "completion_errors": {wc_name(code): n for code, n in sorted(s["wc_errors"].items())},
+                        "qp_resets": s["qp_resets"], "downs": s["downs"], "ups": s["ups"]})
         return out
 
     # -- producer ------------------------------------------------------------------
@@ -256,6 +288,8 @@ class RdmaTransport(Transport):
         self.handles.drop(peer)
 
     def close(self) -> None:
+        if self.rails:
+            self._final_stats = self.rail_stats()
         self.handles.close()
         with self._lock:
             accepted, self._accepted = list(self._accepted.values()), OrderedDict()

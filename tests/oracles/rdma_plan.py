@@ -25,10 +25,12 @@ memory registration.
    unit after its first is *fenced* (IBV_SEND_FENCE): it starts only once the
    READs before it completed, so the trailer is read after the payload even
    when the responder would serve pipelined READs in parallel.
-3. *Rails*: each unit goes to a rail on the NUMA node of its destination
-   buffer (all rails when none is local or the node is unknown), then to the
-   one with the least outstanding bytes, counting what this plan already gave
-   it.
+3. *Rails*: only rails that are up carry reads (a rail whose port left
+   ACTIVE, or that failed on this connection, is out of the plan). Each unit
+   goes to an up rail on the NUMA node of its destination buffer (all up
+   rails when none is local or the node is unknown), then to the one with
+   the least outstanding bytes, counting what this plan already gave it. A
+   unit no rail can carry is refused: Status.CONNECTION for each of its ops.
 4. *Channels*: units of a rail go round-robin over the channels (QPs) the
    batch holds on that rail.
 5. *Chains*: the WRs of one channel are cut into chains of at most
@@ -176,21 +178,22 @@ def work_requests(ops: np.ndarray, unit: list[int], max_sge: int) -> list[list[i
     return groups
 
 
-def choose_rail(dest_numa: int, rail_numa: list[int], load: list[int]) -> int:
-    """Rail for a destination on ``dest_numa``: local rails first, then least load."""
-    cands = [r for r, n in enumerate(rail_numa) if dest_numa >= 0 and n == dest_numa]
-    if not cands:
-        cands = list(range(len(rail_numa)))
-    return min(cands, key=lambda r: (load[r], r))
+def choose_rail(dest_numa: int, rail_numa: list[int], load: list[int], up: list[bool] | None = None) -> int | None:
+    """Rail for a destination on ``dest_numa``: among the rails that are up, local ones first, then
+    least load; None when no rail is up."""
+    live = [r for r in range(len(rail_numa)) if up is None or up[r]]
+    cands = [r for r in live if dest_numa >= 0 and rail_numa[r] == dest_numa] or live
+    return min(cands, key=lambda r: (load[r], r)) if cands else None
 
 
 def plan_reads(ops: np.ndarray, rail_numa: list[int], local_numa: list[int],
                lim: Limits = Limits(), *, outstanding: list[int] | None = None,
-               channels: int = 1) -> Plan:
+               channels: int = 1, up: list[bool] | None = None) -> Plan:
     """Plan one batch: ``ops`` (OP_DTYPE) over rails on ``rail_numa`` nodes.
 
     ``local_numa[j]`` is the NUMA node of local buffer ``j`` (-1 unknown);
-    ``outstanding`` the bytes each rail already has in flight.
+    ``outstanding`` the bytes each rail already has in flight; ``up[r]`` whether rail ``r`` may
+    carry reads (None: all may).
     """
     from peercache.transport.base import Status
 
@@ -221,7 +224,10 @@ def plan_reads(ops: np.ndarray, rail_numa: list[int], local_numa: list[int],
         # The destination that decides: the unit's largest op (the payload, not the tag).
         big = max(u, key=lambda i: length[i])
         numa = local_numa[local[big]] if local[big] < len(local_numa) else -1
-        rail = choose_rail(numa, rail_numa, plan.load)
+        rail = choose_rail(numa, rail_numa, plan.load, up)
+        if rail is None:
+            plan.refused.update({i: int(Status.CONNECTION) for i in u})
+            continue
         ch = rr[rail] % channels
         rr[rail] += 1
         plan.load[rail] += sum(length[i] for i in u)

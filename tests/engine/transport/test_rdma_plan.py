@@ -126,6 +126,24 @@ def test_numa_then_load_tie_breaks_on_lowest_rail():
     assert P.choose_rail(-1, [0, 1], [5, 5]) == 0
 
 
+def test_a_rail_that_is_down_carries_nothing_and_numa_falls_back_to_the_rails_up():
+    ops = slot_ops([(k * STRIDE, 4096, 4096, k * 4096) for k in range(6)])
+    plan = P.plan_reads(ops, [0, 0], [0, 0], up=[True, False])
+    assert {w.rail for w in plan.wrs} == {0} and not plan.refused
+    assert plan.load[1] == 0
+    # The destination's NUMA node has only the rail that is down: the other node's rail takes it.
+    assert P.choose_rail(1, [0, 1], [0, 0], [True, False]) == 0
+    assert P.choose_rail(1, [0, 1, 1], [0, 9, 3], [True, True, False]) == 1
+    assert P.choose_rail(0, [0, 1], [0, 0], [False, False]) is None
+
+
+def test_no_rail_up_refuses_every_op_with_connection_and_plans_nothing():
+    ops = slot_ops([(0, 1000, 4096, 0), (STRIDE, 0, 4096, 4096)])
+    plan = P.plan_reads(ops, [0, 1], [0, 0], up=[False, False])
+    assert plan.wrs == [] and plan.load == [0, 0]
+    assert plan.refused == {i: Status.CONNECTION for i in range(len(ops))}
+
+
 def test_channels_round_robin_per_rail():
     ops = slot_ops([(k * STRIDE, 4096, 4096, k * 4096) for k in range(4)])
     plan = P.plan_reads(ops, [0], [0, 0], channels=2)

@@ -193,6 +193,11 @@ class FakeRail:
     def deregister(self, addr):
         return self.regs.pop(addr, None) is not None
 
+    def stats(self):
+        """The native counters' shape (Rail.stats): a rail that went down once and came back."""
+        return {"name": self.name, "state": "up", "why": "", "bytes_read": 4096 * self.id, "reads": self.id,
+                "wc_errors": {12: 3, 5: 40}, "qp_resets": 2, "downs": 1, "ups": 1, "readers": 1}
+
 
 class FakeChannels:
     """Stands in for peercache._verbs.Channels: records the exchange."""
@@ -268,6 +273,21 @@ def test_qp_exchange_through_the_producers_control_endpoint(fake_verbs):
     finally:
         cons.close()
         prod.close()
+
+
+def test_rail_stats_have_the_agreed_keys_and_outlive_close(fake_verbs):
+    """rail_stats() is what the metrics and drive read: one dict per rail with exactly these keys,
+    completion errors by IBV_WC_* name; after close() the figures it closed with."""
+    from peercache.transport.rdma import RdmaTransport
+    t = RdmaTransport(devices=["rxe_b0", "rxe_b1"])
+    stats = t.rail_stats()
+    assert [s["rail"] for s in stats] == ["rxe_b0", "rxe_b1"]
+    for s in stats:
+        assert set(s) == {"rail", "state", "bytes_read", "reads", "completion_errors", "qp_resets", "downs", "ups"}
+        assert s["state"] == "up" and s["downs"] == s["ups"] == 1 and s["qp_resets"] == 2
+        assert s["completion_errors"] == {"IBV_WC_WR_FLUSH_ERR": 40, "IBV_WC_RETRY_EXC_ERR": 3}
+    t.close()
+    assert t.rail_stats() == stats
 
 
 def test_connect_refusal_names_the_peer(fake_verbs):

@@ -9,7 +9,7 @@ import pytest
 
 from peercache import tags
 from peercache.rdma.completion import WC, wc_status
-from peercache.transport.base import OP_DTYPE, slot_ops
+from peercache.transport.base import OP_DTYPE, Status, slot_ops
 
 from oracles import rdma_plan as P
 
@@ -78,16 +78,54 @@ def test_native_planner_matches_python_planner_on_random_batches():
         lim = P.Limits(int(rng.integers(1, 64)), int(rng.integers(1, 17)), int(rng.integers(1, 4)),
                        int(rng.integers(1, 20)), int(rng.integers(1, 70)))
         ch = int(rng.integers(1, 4))
-        want = P.plan_reads(ops, rail_numa, local_numa, lim, outstanding=load, channels=ch)
+        # Some rails down (every one of them, now and then): the failover's plans.
+        up = None if trial % 3 == 0 else [bool(x) for x in rng.random(nr) < 0.6]
+        want = P.plan_reads(ops, rail_numa, local_numa, lim, outstanding=load, channels=ch, up=up)
         wrs, refused, new_load = v.plan(ops, local_numa, rail_numa, load,
                                         (lim.sq_depth, lim.max_rd_atom, lim.max_sge, lim.signal_every,
-                                         lim.max_chain), ch)
+                                         lim.max_chain), ch, up)
         got = [(w[0], w[1], w[2], w[3], w[4], bool(w[5]), w[6], tuple(w[7]), bool(w[8])) for w in wrs]
         exp = [(w.rail, w.channel, w.region, w.remote_offset, w.length, w.signaled, w.chain, w.ops, w.fence)
                for w in want.wrs]
-        assert got == exp, f"trial {trial}: {lim} channels={ch}"
+        assert got == exp, f"trial {trial}: {lim} channels={ch} up={up}"
         assert new_load == want.load
         assert {i: r for i, r in enumerate(refused) if r >= 0} == want.refused
+
+
+def test_native_planner_never_plans_onto_a_rail_that_is_down():
+    v = verbs()
+    rng = np.random.default_rng(3)
+    lim = (256, 16, 3, 16, 64)
+    seen = set()
+    for trial in range(100):
+        ops = _slot_ops(rng, int(rng.integers(1, 40)))
+        nr = int(rng.integers(2, 5))
+        up = [bool(x) for x in rng.random(nr) < 0.5]
+        wrs, refused, load = v.plan(ops, [0, 1], [int(x) for x in rng.integers(0, 2, nr)], [0] * nr, lim, 2, up)
+        used = {w[0] for w in wrs}
+        assert used <= {r for r in range(nr) if up[r]}, (trial, up, used)
+        assert all(load[r] == 0 for r in range(nr) if not up[r])
+        conn = {i for i, s in enumerate(refused) if s == int(Status.CONNECTION)}
+        planned = {o for w in wrs for o in w[7]}
+        if any(up):
+            assert not conn, (trial, up)
+        else:
+            assert not wrs and conn == {i for i in range(len(ops)) if ops["length"][i]}   # zero lengths: their own status
+        seen.add(any(up))
+        assert not (planned & conn)
+    assert seen == {True, False}
+
+
+def test_native_units_match_the_oracle():
+    v = verbs()
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        ops = _slot_ops(rng, int(rng.integers(1, 30)))
+        want = [0] * len(ops)
+        for k, u in enumerate(P.units(ops)):
+            for i in u:
+                want[i] = k
+        assert v.units(ops) == want, trial
 
 
 def test_opening_a_rail_without_a_device_names_what_is_missing():
