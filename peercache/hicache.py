@@ -599,6 +599,9 @@ class PeerCacheStore(HiCacheStorage):
         # reads whose directory entry pointed at another key's slot (misses; see Node.redirected_entries)
         s["redirected_entries"] = node.redirected_entries if node is not None else 0
         s["directory_cache_hits"] = node.cache.hits if node is not None else 0
+        # per rail (rdma; [] otherwise), since the store's node opened it, not reset by clear():
+        # bytes and READs it carried, completion errors, QP resets, its state and its downs and ups
+        s["rails"] = node.transport.rail_stats() if node is not None else []
         return s
 
     @property

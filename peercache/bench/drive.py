@@ -161,6 +161,10 @@ class _Worker:
                     "`peercache-bench serve` with the same --working-set/--layout/--page-size")
             time.sleep(0.2)
 
+    def rail_stats(self) -> list[dict]:
+        """The rails' cumulative counters (Transport.rail_stats; [] for tcp and shm)."""
+        return self.node.transport.rail_stats()
+
     def run_point(self, conc: int, t0: float) -> dict:
         cfg = self.cfg
         win_start = t0 + cfg["warmup"]
@@ -170,13 +174,21 @@ class _Worker:
         stats = [ThreadStats() for _ in range(conc)]
         threads = [threading.Thread(target=self._loop, args=(i, t0, win_start, win_end, stop, abort, stats[i]),
                                     daemon=True) for i in range(conc)]
+        # The rails' counters when the window opens and after its threads stopped: what each carried.
+        at_start: list = []
+        timer = threading.Timer(max(0.0, win_start - time.time()), lambda: at_start.append(self.rail_stats()))
+        timer.daemon = True
+        timer.start()
         for t in threads:
             t.start()
         self._watch(threads, win_end, stop, abort)
+        timer.cancel()      # a point that ended before its window opened has no rail figures
+        timer.join(1.0)
         total = ThreadStats()
         for s in stats:
             total.add(s)
-        return {"stats": total.__dict__, "abort": abort[:1]}
+        return {"stats": total.__dict__, "abort": abort[:1],
+                "rails": rail_delta(at_start[0], self.rail_stats()) if at_start else []}
 
     def _watch(self, threads: list, win_end: float, stop, abort: list) -> None:
         """Wait for the point's threads; end the point early when the directory falls silent, and
@@ -388,6 +400,41 @@ def _worker_main(conn, cfg: dict, pidx: int, live, parent_pid: int | None = None
             worker.close()
 
 
+def rail_delta(before: list[dict], after: list[dict]) -> list[dict]:
+    """Per rail, what its counters (Transport.rail_stats) grew by between two readings, and its state
+    at the second."""
+    old = {r["rail"]: r for r in before}
+    out = []
+    for r in after:
+        o = old.get(r["rail"], {})
+        errs = {k: n - o.get("completion_errors", {}).get(k, 0) for k, n in r["completion_errors"].items()}
+        out.append({"rail": r["rail"], "state": r["state"],
+                    **{k: r[k] - o.get(k, 0) for k in ("bytes_read", "reads", "qp_resets", "downs", "ups")},
+                    "completion_errors": {k: n for k, n in errs.items() if n}})
+    return out
+
+
+def merge_rails(per_process: list[list[dict]]) -> list[dict]:
+    """The rails of one point over all driver processes (by device name): counts summed, ``state`` "up"
+    only where every process saw it up, ``share`` each rail's part of all bytes read."""
+    merged: dict[str, dict] = {}
+    for rails in per_process:
+        for r in rails:
+            m = merged.setdefault(r["rail"], {"rail": r["rail"], "state": "up", "bytes_read": 0, "share": None,
+                                              "reads": 0, "qp_resets": 0, "downs": 0, "ups": 0,
+                                              "completion_errors": {}})
+            for k in ("bytes_read", "reads", "qp_resets", "downs", "ups"):
+                m[k] += r[k]
+            for k, n in r["completion_errors"].items():
+                m["completion_errors"][k] = m["completion_errors"].get(k, 0) + n
+            if r["state"] != "up":
+                m["state"] = "down"
+    total = sum(m["bytes_read"] for m in merged.values())
+    for m in merged.values():
+        m["share"] = round(m["bytes_read"] / total, 4) if total else None
+    return list(merged.values())
+
+
 def _percentiles(lat: list) -> dict:
     if not lat:
         return {"p50": None, "p99": None, "p999": None}
@@ -431,6 +478,8 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
         "keys": total.keys, "errors": total.errors, "verify_failures": total.verify_failures,
         "redirected": total.redirected,
         "verified": bool(cfg["verify"] and get),
+        # per rail over the window (rdma; [] otherwise): bytes and share, READs, errors, downs and ups
+        "rails": merge_rails([r.get("rails", []) for r in results]),
         "status": "failed" if failed else "ok", "reason": reason if failed else None,
     }
 
@@ -454,7 +503,19 @@ def format_table(doc: dict) -> str:
         lines.append(f"{p['threads']:>7} {gbs:>8} {p['pages_per_s']:>11.0f} {fmt(lat['p50']):>9} "
                      f"{fmt(lat['p99']):>9} {fmt(lat['p999']):>9} {hit:>7} {p['errors']:>6}  "
                      f"{p['status']}{' (' + p['reason'] + ')' if p['reason'] else ''}")
+        if p.get("rails"):
+            lines.append(f"{'':>7} rails: " + ", ".join(_rail_text(r) for r in p["rails"]))
     return "\n".join(lines)
+
+
+def _rail_text(r: dict) -> str:
+    """One rail of a point, for the table: bytes, share, and what happened to it."""
+    share = "-" if r["share"] is None else f"{100 * r['share']:.0f} %"
+    extra = [f"{r[k]} {k[:-1]}" for k in ("downs", "ups") if r[k]]
+    extra += [f"{n} {k}" for k, n in r["completion_errors"].items()]
+    if r["state"] != "up":
+        extra.append("down now")
+    return f"{r['rail']} {r['bytes_read'] / 1e9:.3f} GB ({share}{', ' + ', '.join(extra) if extra else ''})"
 
 
 def run(args, worker: str | None = None) -> tuple[int, dict]:

@@ -178,6 +178,10 @@ class HiCacheWorker(drive._Worker):
             t = self._tokens[(tid, n)] = self.token_indices[tid * self.batch: tid * self.batch + n].reshape(-1)
         return t
 
+    def rail_stats(self) -> list[dict]:
+        """The rails' counters as the store reports them (PeerCacheStore.get_stats()["rails"])."""
+        return self.store.get_stats()["rails"]
+
     @property
     def metrics_url(self) -> str | None:
         """Where this process's metrics are read (the store's endpoint; None without --metrics-addr)."""
