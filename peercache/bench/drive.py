@@ -28,6 +28,7 @@ from ..directory.client import connect_directory, is_redis
 from ..errors import PeerCacheError
 from ..node import Get, Node
 from ..directory.redis_url import parse_url
+from ..transport.tcp import batch_wire
 from . import meta, options
 
 log = logging.getLogger(__name__)
@@ -550,6 +551,10 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                     "concurrencies": args.concurrencies, "processes": args.processes,
                     "working_set": args.working_set, "max_channels": args.max_channels,
                     "tcp_poll_us": options.tcp_poll_us(args),
+                    # how the tcp client moves each batch (request size, depth, socket buffer): what a raw
+                    # TCP limit must reproduce to bound these figures
+                    "tcp_wire": batch_wire(args.page_size, options.objects_per_page(args.layout) * args.batch_size)
+                    if args.protocol == "tcp" else None,
                     "dir_cache_ttl": args.dir_cache_ttl, "duration": args.duration, "warmup": args.warmup,
                     "op": args.op, "verify": args.verify, "integrity": args.integrity, "access": args.access,
                     "gpu": args.gpu, "gpu_registration": None,

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TransportError, TransportUnavailable
-from .base import OP_DTYPE, Status, Transport, native_module
+from .base import OP_DTYPE, Status, Transport, native_module, slot_ops
 from .handles import PeerHandles
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,13 @@ DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
 #: change it, 0 sleeps at once. The pure-Python client always sleeps.
 DEFAULT_POLL_US = 50
 MAX_POLL_US = 1_000_000
+#: How the native client moves one batch on its data connection: requests of at most
+#: REQUEST_BYTES (or one op, when an op is larger) and REQUEST_OPS ops, REQUESTS_IN_FLIGHT of them in
+#: flight. native/tcp.c's REQ_BYTES, REQ_OPS and WINDOW, which move the bytes
+#: (tests/engine/transport/test_tcp_wire.py checks that both say the same, and counts the requests).
+REQUEST_BYTES = 1 << 20
+REQUEST_OPS = 256
+REQUESTS_IN_FLIGHT = 8
 LISTEN_BACKLOG = 512
 #: How long the server stops accepting after an accept error (native/server.c's BACKOFF_MIN/MAX).
 _BACKOFF_MIN, _BACKOFF_MAX = 0.010, 0.100
@@ -202,6 +209,50 @@ def _env_default(name: str, value, kind):
         return kind(raw)
     except ValueError:
         raise TransportError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def request_cuts(op_lengths: list[int]) -> list[tuple[int, int]]:
+    """(bytes, ops) of each request the native client cuts a batch of ops of these lengths into
+    (native/tcp.c's chunk_end: at most REQUEST_OPS ops, and REQUEST_BYTES unless its first op alone is more)."""
+    cuts, start, n = [], 0, len(op_lengths)
+    while start < n:
+        end, nbytes = start, 0
+        while end < n and end - start < REQUEST_OPS and (end == start or nbytes + op_lengths[end] <= REQUEST_BYTES):
+            nbytes += op_lengths[end]
+            end += 1
+        cuts.append((nbytes, end - start))
+        start = end
+    return cuts
+
+
+def batch_wire(object_bytes: int, objects: int, send_buffer: int | None = None) -> dict[str, int]:
+    """How the native client moves a batch of ``objects`` slot reads of ``object_bytes`` each (their ops as
+    base.slot_ops lays them out: header, payload, trailer) on its one data connection:
+
+    - ``request_bytes``: the most one request carries: REQUEST_BYTES where that cut the batch (the cap, as
+      iperf3's ``-l`` is: a request of 128 KiB objects carries 7 and a header, 896 KiB, as the next would
+      not fit), else its largest request (cut by REQUEST_OPS, or the whole batch); one object when larger;
+    - ``requests``: how many requests the batch is cut into; ``requests_in_flight``: sent and not yet
+      answered, at most;
+    - ``outstanding_bytes``: bytes asked for and not yet received, at most;
+    - ``send_buffer``: SO_SNDBUF the data server asks per connection (``send_buffer``, else
+      $PEERCACHE_TCP_SEND_BUFFER, else DEFAULT_SEND_BUFFER; 0: the kernel's autotuning);
+    - ``in_flight_bytes``: what the connection carries at once: the outstanding bytes, bounded by the
+      send buffer where one is set (asked as iperf3's ``-w`` asks it; the kernel doubles both).
+    """
+    if object_bytes < 1 or objects < 1:
+        raise ValueError(f"a batch has at least one object of at least one byte, not {objects} of {object_bytes}")
+    if send_buffer is None:
+        send_buffer = _env_default("PEERCACHE_TCP_SEND_BUFFER", DEFAULT_SEND_BUFFER, int)
+    zeros, size = np.zeros(objects, np.uint64), np.full(objects, object_bytes, np.uint64)
+    cuts = request_cuts(slot_ops(zeros, zeros, zeros, size, size, zeros, zeros)[0]["length"].tolist())
+    sizes = [b for b, _ in cuts]
+    by_bytes = any(n < REQUEST_OPS for _, n in cuts[:-1])     # a request other than the last ended on the byte cap
+    in_flight = min(REQUESTS_IN_FLIGHT, len(cuts))
+    outstanding = max(sum(sizes[i:i + in_flight]) for i in range(len(sizes) - in_flight + 1))
+    return {"request_bytes": max(REQUEST_BYTES, *sizes) if by_bytes else max(sizes), "requests": len(cuts),
+            "requests_in_flight": in_flight, "outstanding_bytes": outstanding, "send_buffer": send_buffer,
+            "in_flight_bytes": min(outstanding, send_buffer) if send_buffer > 0 else outstanding}
 
 
 def poll_us_setting(poll_us: int | None = None) -> int:

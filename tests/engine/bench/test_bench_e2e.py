@@ -10,6 +10,7 @@ import pytest
 from conftest import BENCH, free_port
 from peercache.bench.serve import READY_LINE
 from peercache.lab.launch import netns
+from peercache.transport.tcp import batch_wire
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
 
@@ -35,6 +36,8 @@ def test_loopback_serve_drive_verified_full_hit_rate(procs, port, tmp_path):
               "versions", "git_revision", "command", "start", "end"):
         assert k in m, k
     assert m["layout"] == "mha" and m["processes"] == 2 and "drive" in m["command"]
+    # how the tcp client moved each batch (8 pages of 2 objects of 16 KiB): what a raw limit must match
+    assert m["tcp_wire"] == batch_wire(16384, 16)
     assert [p["threads"] for p in doc["points"]] == [2, 4]
     for p in doc["points"]:
         assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0
