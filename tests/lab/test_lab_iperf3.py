@@ -36,6 +36,30 @@ def test_builders_always_json():
         ip.client_command("127.0.0.1", 5201, streams=0)
 
 
+def test_builder_emits_the_matched_window_and_refuses_blocks_iperf3_cannot_write():
+    # The local TCP limit's shape: 1 MiB requests, the data server's 256 KiB send buffer, the server sending.
+    argv = ip.client_command("198.18.77.1", 5201, length=1048576, window=262144, reverse=True)
+    for pair in (["-l", "1048576"], ["-w", "262144"]):
+        i = argv.index(pair[0])
+        assert argv[i:i + 2] == pair
+    assert argv[-1] == "-R"
+    assert "-w" not in ip.client_command("198.18.77.1", 5201)          # no window: the kernel's autotuning
+    with pytest.raises(ValueError, match="over iperf3's largest TCP block"):
+        ip.client_command("198.18.77.1", 5201, length=4 << 20)       # a 4 MiB batch is no -l
+    with pytest.raises(ValueError, match="window 0"):
+        ip.client_command("198.18.77.1", 5201, window=0)
+
+
+def test_window_as_iperf3_reported_it():
+    r = ip.parse_json(load("client_loopback_p1_reverse_l1M_w256K.json"))
+    assert (r.length, r.window, r.sndbuf_actual, r.rcvbuf_actual, r.reverse) == (1048576, 262144, 524288, 524288, True)
+    bw = next(x for x in ip.to_rows(r) if x.metric == "bw_received")
+    assert bw.extra["window"] == 262144 and bw.extra["sndbuf_actual"] == 524288
+    # without -w iperf3 reports sock_bufsize 0: autotuned, no window
+    auto = ip.parse_json(load("client_loopback_p2_reverse.json"))
+    assert auto.window is None and auto.sndbuf_actual == 16384
+
+
 def test_client_result():
     r = ip.parse_json(load("client_loopback_p1.json"))
     assert (r.role, r.num_streams, r.length, r.duration, r.reverse) == ("client", 1, 131072, 1, False)

@@ -152,6 +152,9 @@ def test_tiny_local_run_end_to_end(tiny_run):
     assert (get["value"] > 0).all() and set(get["scenario"]) == {"single_nic", "multi_rail", "whole_machine"}
     # verified by default: every GET figure says its bytes were checked, and none failed the check
     assert [json.loads(e).get("verified") for e in get["extra"]] == [True] * len(get)
+    # every tcp GET row says how drive's client moved its batches: the shape its raw limit is matched on
+    wires = [json.loads(e).get("tcp_wire") or {} for e in get[get["protocol"] == "tcp"]["extra"]]
+    assert wires and all(w.get("request_bytes") and w.get("in_flight_bytes") for w in wires), wires
     vf = rows[rows["metric"] == "verify_failures"]
     assert len(vf) and (vf["value"] == 0).all()
     assert set(rows[rows["scenario"] == "whole_machine"]["side"]) == {"per_device", "aggregate"}

@@ -356,10 +356,10 @@ def bar_label(r) -> str:
     """A short bar label: the tool (or PeerCache and its transport) and the connections; knobs go in the table."""
     from peercache.lab.analysis.rawlimit import point_shape, raw_shape
     if r["tool"] in RAW_TOOLS:
-        _, conns, _ = raw_shape(r)
+        conns = raw_shape(r)[1]
         return r["tool"] + (f"\n{conns} conn." if r["tool"] == "iperf3" else
                             f"\n{conns} thr" if conns and r["tool"] == "memcpy" else "")
-    _, conns, _ = point_shape(r)
+    conns = point_shape(r)[1]
     return f"PeerCache\n{r.get('protocol') or '?'}" + (f", {conns} conn." if conns and r.get("protocol") == "tcp" else "")
 
 
@@ -368,7 +368,9 @@ def measurement(r) -> str:
     from peercache.lab.analysis.rawlimit import raw_shape
     size = fmt_size(r.get("size_bytes")) if _present(r.get("size_bytes")) else "size ?"
     if r["tool"] == "iperf3":
-        return f"iperf3{' -R' if row_extra(r).get('reverse') else ''}, {raw_shape(r)[1]} conn., {size}"
+        window = raw_shape(r)[3]
+        return (f"iperf3{' -R' if row_extra(r).get('reverse') else ''}, {raw_shape(r)[1]} conn., {size}"
+                + (f", -w {fmt_size(window)}" if window else ""))
     if r["tool"] == "memcpy":
         return f"memcpy, {raw_shape(r)[1]} thr, {size}"
     if r["tool"] in RAW_TOOLS:

@@ -4,12 +4,17 @@ A raw limit is a limit only when it was measured the way the PeerCache point
 moves its bytes. On RDMA testbeds that is the published convention: the
 single-NIC ``ib_read_bw`` figure bounds each NIC, so a figure over n NICs is
 compared with n of them. Over tcp and shm the raw tools run with the point's
-own shape: the same number of connections (iperf3 client processes x streams;
-a PeerCache reader holds one data connection per batch, so processes x threads
-x groups), the same request size (iperf3 ``-l`` = the page size) and the same
-direction (``-R``: the producer sends); memcpy with as many threads and the
-same page size. Where no raw run has that shape there is no limit and no
-percentage, and :func:`why_none` says what was missing.
+own shape. Over tcp that is what drive's document says its client did with each
+batch (``tcp_wire``, from peercache.transport.tcp.batch_wire): the same number
+of connections (iperf3 client processes x streams; a PeerCache reader holds one
+data connection per batch, so processes x threads x groups), the same request
+size (iperf3 ``-l`` = the most one request asks for: the client cuts a batch
+into requests of at most 1 MiB, so a batch of 32 pages of 128 KiB is not one
+4 MiB request), the same depth (iperf3 ``-w`` = the bytes the connection
+carries at once: its requests in flight, bounded by the data server's socket
+send buffer) and the same direction (``-R``: the producer sends). shm: memcpy
+with as many threads and the same page size. Where no raw run has that shape
+there is no limit and no percentage, and :func:`why_none` says what was missing.
 
 A limit is the most the path gave: the best of the run's repetitions of that
 shape (and of each one's back-to-back rounds, kept in its row), never their
@@ -23,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from peercache.lab.analysis.references import convert, row_devices, row_extra
+from peercache.lab.tools.iperf3 import MAX_LENGTH as IPERF3_MAX_LENGTH
 
 RAW_TOOLS = ("ib_read_bw", "ib_write_bw", "iperf3", "memcpy")
 #: The raw tool a PeerCache GET over each protocol is compared with: RDMA READ for rdma,
@@ -39,7 +45,8 @@ class RawLimit:
 
     gbs: float
     tool: str
-    label: str                #: e.g. "iperf3 -R, 4 connection(s), 128 KiB requests, best of 3 runs" or "2 x ib_read_bw"
+    #: e.g. "iperf3 -R, 4 connection(s), 1 MiB requests, 256 KiB in flight, best of 3 runs" or "2 x ib_read_bw"
+    label: str
     runs: tuple[str, ...]
     #: the raw run's busiest thread (either side), CPU s per s, where its row recorded it
     busiest_thread: float | None = None
@@ -67,31 +74,45 @@ def _size_text(n: int | None) -> str:
     for unit, f in (("MiB", 2**20), ("KiB", 2**10)):
         if n >= f and n % f == 0:
             return f"{n // f} {unit}"
+    for unit, f in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f:
+            return f"{n} B (~{n / f:.1f} {unit})"
     return f"{n} B"
 
 
-def raw_shape(r) -> tuple[str, int | None, int | None]:
-    """(protocol, connections, request bytes) a raw row was measured with; (protocol, None, None) per NIC."""
+#: A measurement's shape: (protocol, connections, request bytes, bytes in flight per connection). Per NIC
+#: (ib_read_bw): (protocol, None, None, None); without a depth (a copy): in flight None.
+Shape = tuple[str, int | None, int | None, int | None]
+
+
+def raw_shape(r) -> Shape:
+    """The shape a raw row was measured with: iperf3's connections, -l and -w (as iperf3 reported it; None where
+    the kernel autotuned its buffers), memcpy's threads and size."""
     tool = r["tool"]
     proto = next((p for p, tools in RAW_FOR_PROTOCOL.items() if tool in tools), "")
     if tool in PER_NIC_TOOLS:
-        return proto, None, None
+        return proto, None, None, None
     if tool == "iperf3":
         conns = (_int(r.get("processes")) or 1) * (_int(r.get("qps")) or 1)
-    else:  # memcpy: one copy thread per reader
-        conns = _int(r.get("threads")) or 1
-    return proto, conns, _int(r.get("size_bytes"))
+        return proto, conns, _int(r.get("size_bytes")), _int(row_extra(r).get("window"))
+    # memcpy: one copy thread per reader
+    return proto, _int(r.get("threads")) or 1, _int(r.get("size_bytes")), None
 
 
-def point_shape(r) -> tuple[str, int | None, int | None]:
-    """(protocol, connections, request bytes) of a PeerCache row: one connection per reader thread."""
+def point_shape(r) -> Shape:
+    """The shape of a PeerCache row: one connection per reader thread; over tcp the request size and bytes in
+    flight drive's client moved each batch with (its ``tcp_wire``; None where the row does not record it)."""
     ex = row_extra(r)
     groups = _int(ex.get("groups")) or 1
     procs, threads = _int(r.get("processes")), _int(r.get("threads"))
     conns = None if procs is None or threads is None else procs * threads
     if conns is not None and r.get("side") == "aggregate" and groups > 1 and procs * threads < groups:
         conns *= groups       # an aggregate row whose processes are per group
-    return str(r.get("protocol") or ""), conns, _int(r.get("size_bytes"))
+    proto = str(r.get("protocol") or "")
+    if proto == "tcp":
+        wire = ex.get("tcp_wire") or {}
+        return proto, conns, _int(wire.get("request_bytes")), _int(wire.get("in_flight_bytes"))
+    return proto, conns, _int(r.get("size_bytes")), None
 
 
 def _busiest(r) -> float | None:
@@ -113,7 +134,7 @@ def _samples(r) -> int:
     return len(row_extra(r).get("rounds_Bps") or ()) or 1
 
 
-def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None, int | None], RawLimit]:
+def raw_limits(rows: pd.DataFrame) -> dict[Shape, RawLimit]:
     """The run's raw single-NIC limits by shape: the best GB/s over repetitions (and their rounds), with their runs."""
     raw = rows[(rows["scenario"] == "single_nic") & rows["tool"].isin(RAW_TOOLS)
                & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
@@ -130,18 +151,24 @@ def raw_limits(rows: pd.DataFrame) -> dict[tuple[str, int | None, int | None], R
         if a["gbs"] is None or gbs > a["gbs"]:
             a.update(tool=tool, gbs=gbs, busiest=_busiest(r), retrans=row_extra(r).get("retransmits"), cores=_cores(r))
     out = {}
-    for (proto, conns, size), a in acc.items():
+    for key, a in acc.items():
         tool = a["tool"]
-        if conns is None:
-            label = tool
-        else:
-            what = "connection(s)" if tool.startswith("iperf3") else "thread(s)"
-            label = f"{tool}, {conns} {what}, {_size_text(size)} requests"
+        label = tool if key[1] is None else f"{tool}, {shape_text(key)}"
         if a["n"] > 1:
             label += f", best of {a['n']} runs"
-        out[(proto, conns, size)] = RawLimit(a["gbs"], tool.split()[0], label, tuple(dict.fromkeys(a["runs"])),
-                                             a["busiest"], a["retrans"], a["cores"])
+        out[key] = RawLimit(a["gbs"], tool.split()[0], label, tuple(dict.fromkeys(a["runs"])),
+                            a["busiest"], a["retrans"], a["cores"])
     return out
+
+
+def shape_text(shape: Shape) -> str:
+    """A shape in words: "4 connection(s), 1 MiB requests, 256 KiB in flight" (threads for a copy)."""
+    proto, conns, size, in_flight = shape
+    what = "connection(s)" if proto == "tcp" else "thread(s)"
+    text = f"{conns} {what}, {_size_text(size)} requests"
+    if proto == "tcp":
+        text += f", {_size_text(in_flight)} in flight" if in_flight is not None else ", in flight unbounded (autotuned)"
+    return text
 
 
 def nics_of(r) -> int:
@@ -149,15 +176,16 @@ def nics_of(r) -> int:
     return _int(row_extra(r).get("groups")) or max(1, len(row_devices(r)))
 
 
-def raw_for(r, limits: dict[tuple, RawLimit]) -> RawLimit | None:
+def raw_for(r, limits: dict[Shape, RawLimit]) -> RawLimit | None:
     """The raw limit measured the same way as PeerCache row ``r``, or None (then no percentage)."""
     if r.get("tool") in RAW_TOOLS:
         return None
-    proto, conns, size = point_shape(r)
-    exact = limits.get((proto, conns, size))
-    if exact is not None:
-        return exact
-    per_nic = limits.get((proto, None, None))
+    shape = point_shape(r)
+    if shape[1] is not None and shape[2] is not None:
+        exact = limits.get(shape)
+        if exact is not None:
+            return exact
+    per_nic = limits.get((shape[0], None, None, None))
     if per_nic is None:
         return None
     n = nics_of(r)
@@ -167,19 +195,25 @@ def raw_for(r, limits: dict[tuple, RawLimit]) -> RawLimit | None:
                     per_nic.retransmits)
 
 
-def why_none(r, limits: dict[tuple, RawLimit]) -> str:
+def why_none(r, limits: dict[Shape, RawLimit]) -> str:
     """Why :func:`raw_for` found no limit for ``r``: what a matching raw run would need."""
-    proto, conns, size = point_shape(r)
+    shape = point_shape(r)
+    proto, conns, size, _ = shape
     tools = "/".join(RAW_FOR_PROTOCOL.get(proto, ("a raw tool",)))
+    if proto == "tcp" and size is None:
+        return ("the row does not say how drive's tcp client moved each batch (no tcp_wire in its drive document: "
+                "a result from before drive recorded it), so no iperf3 run can be matched to it; run the point again")
     have = [k for k in limits if k[0] == proto]
     if not have:
         return f"no {tools} run in this run's single_nic scenario"
-    shapes = ", ".join(f"{c} conn. x {_size_text(s)}" for _, c, s in sorted(have, key=lambda k: (k[1] or 0, k[2] or 0)))
-    return (f"no {tools} run with {conns} connection(s) and {_size_text(size)} requests "
-            f"(measured: {shapes})")
+    shapes = "; ".join(shape_text(k) for k in sorted(have, key=lambda k: tuple(v or 0 for v in k[1:])))
+    why = f"no {tools} run with {shape_text(shape)} (measured: {shapes})"
+    if proto == "tcp" and size > IPERF3_MAX_LENGTH:
+        why += f"; iperf3 writes at most {_size_text(IPERF3_MAX_LENGTH)} at a time, so none can be"
+    return why
 
 
-def percent_of_raw(r, limits: dict[tuple, RawLimit]) -> float | None:
+def percent_of_raw(r, limits: dict[Shape, RawLimit]) -> float | None:
     """The row's figure as a percentage of its raw limit, or None where no raw run matches."""
     lim = raw_for(r, limits)
     if lim is None or not lim.gbs:

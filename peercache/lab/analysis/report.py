@@ -250,7 +250,7 @@ def _single_nic_tables(sub, limits):
         g = _gbs(r)
         recs.append({"measurement": charts.measurement(r), "GET throughput": throughput_text(g),
                      "% of raw": "raw limit" if r["tool"] in RAW_TOOLS else (
-                         f"{100 * g / lim.gbs:.0f}% of {lim.label}" if lim and lim.gbs else "— (no matching raw run)"),
+                         f"{100 * g / lim.gbs:.0f}% of {lim.label}" if lim and lim.gbs else f"— ({why_none(r, limits)})"),
                      "run": short_run(r["run_id"])})
     return [("", recs)] if recs else []
 

@@ -35,17 +35,31 @@ def server_command(port: int, bind: str = "127.0.0.1", one_off: bool = True) -> 
     return argv
 
 
+#: The largest TCP block iperf3 writes or reads at a time (-l); iperf3 3.x refuses more
+#: ("block size too large (maximum = 1048576 bytes)").
+MAX_LENGTH = 1 << 20
+
+
 def client_command(server: str, port: int, length: int = 131072, streams: int = 1,
-                   duration: int = 5, bind: str | None = None, reverse: bool = False) -> list[str]:
-    """argv of an iperf3 TCP client with JSON output."""
+                   duration: int = 5, bind: str | None = None, reverse: bool = False,
+                   window: int | None = None) -> list[str]:
+    """argv of an iperf3 TCP client with JSON output; ``window``: -w, the socket buffer each side asks
+    per stream (SO_SNDBUF and SO_RCVBUF; None leaves them to the kernel's autotuning)."""
     _check_port(port)
     if not server or server.startswith("-"):
         raise ValueError(f"server address {server!r} is not a host name or IP address")
     if length < 1 or streams < 1 or duration < 1:
         raise ValueError(f"length ({length}), streams ({streams}) and duration ({duration}) "
                          "must be >= 1")
+    if length > MAX_LENGTH:
+        raise ValueError(f"length {length} is over iperf3's largest TCP block ({MAX_LENGTH} bytes, -l); "
+                         "a larger request has no iperf3 counterpart")
+    if window is not None and window < 1:
+        raise ValueError(f"window {window} must be >= 1 byte (or None: the kernel's autotuning)")
     argv = ["iperf3", "-c", server, "-p", str(port), "-J", "-l", str(length),
             "-P", str(streams), "-t", str(duration)]
+    if window is not None:
+        argv += ["-w", str(window)]
     if bind is not None:
         argv += ["-B", bind]
     if reverse:
@@ -90,6 +104,9 @@ class Iperf3Result:
     retransmits: int | None           #: None when iperf3 did not report it (receiver side)
     cpu_local_pct: float
     cpu_remote_pct: float | None      #: None on the server: iperf3 prints 0 there, not a measurement
+    window: int | None = None         #: -w bytes asked per socket (start.sock_bufsize); None: not set (autotuned)
+    sndbuf_actual: int | None = None  #: SO_SNDBUF / SO_RCVBUF as the kernel set them on this side, bytes
+    rcvbuf_actual: int | None = None
     missing: dict[str, str] = field(default_factory=dict)  #: field -> why it is None
     streams: list[dict[str, Any]] = field(default_factory=list)
     source: str = "<json>"
@@ -197,7 +214,17 @@ def parse_json(text: str, source: str = "<json>", host: str = "") -> Iperf3Resul
         received_seconds=float(_get(doc, "end.sum_received.seconds", _NUM, source)),
         received_bps=float(_get(doc, "end.sum_received.bits_per_second", _NUM, source)),
         retransmits=retrans, cpu_local_pct=float(_get(doc, f"{cpu}.host_total", _NUM, source)),
-        cpu_remote_pct=remote_val, missing=missing, streams=streams, source=source)
+        cpu_remote_pct=remote_val, window=_bufsize(start, "sock_bufsize", source) or None,
+        sndbuf_actual=_bufsize(start, "sndbuf_actual", source),
+        rcvbuf_actual=_bufsize(start, "rcvbuf_actual", source), missing=missing, streams=streams, source=source)
+
+
+def _bufsize(start: dict, key: str, source: str) -> int | None:
+    """A socket-buffer field of ``start`` (bytes; 0 for sock_bufsize means -w was not given), None where this
+    iperf3 does not report it."""
+    if key not in start:
+        return None
+    return _get(start, key, int, f"{source} start")
 
 
 _ROW_FIELDS = {f.name for f in dataclasses.fields(Row)}
@@ -211,8 +238,9 @@ def to_rows(result: Iperf3Result, **context: Any) -> list[Row]:
     base = {"experiment": "", "scenario": "", "run_id": "", "tool": TOOL, "protocol": "tcp",
             "side": result.role, "qps": result.num_streams, "size_bytes": result.length}
     base.update(context)
-    extra = dict(base.pop("extra", {}) or {}, reverse=result.reverse, version=result.version,
-                 source=result.source)
+    extra = dict(base.pop("extra", {}) or {}, reverse=result.reverse, window=result.window,
+                 sndbuf_actual=result.sndbuf_actual, rcvbuf_actual=result.rcvbuf_actual,
+                 version=result.version, source=result.source)
     rows = [
         Row(metric="bw_sent", value=result.sent_bps / 8, unit="B/s", raw_value=result.sent_bps,
             raw_unit="bit/s", extra=dict(extra, gbit_per_s=result.sent_bps / 1e9,

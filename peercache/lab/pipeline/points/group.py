@@ -126,12 +126,15 @@ def extract(pr: PointRun, agg: Any, docs: dict[str, dict], ctx: dict[str, Any]) 
                                  g["start"], g["end"])
         yield Row(metric="get_throughput", value=g["bytes"] / g["seconds"] / 1e9, unit="GB/s",
                   extra={"window_start": g["start"], "window_end": g["end"], "cpu": cpu[name],
-                         "verified": bool(docs[name]["points"][0].get("verified"))},
+                         "verified": bool(docs[name]["points"][0].get("verified")),
+                         "tcp_wire": docs[name]["meta"].get("tcp_wire")},
                   **dict(ctx, side="per_device", devices=name))
     yield Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s",
               extra={"window_start": agg.window_start, "window_end": agg.window_end,
                      "verified": all(d["points"][0].get("verified") for d in docs.values()),
                      "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
-                     "groups": len(agg.groups), "cpu": cpusample.combine(cpu)},
+                     "groups": len(agg.groups), "cpu": cpusample.combine(cpu),
+                     # every group's drive moves its batches alike (tcp: the shape its raw limit must have)
+                     "tcp_wire": next((d["meta"].get("tcp_wire") for d in docs.values()), None)},
               **dict(ctx, side="aggregate", devices=",".join(agg.groups)))
 

@@ -15,7 +15,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
-from peercache.lab.pipeline.points.declare import BOOL, PERF_STAT, POSITIVE_INT, Timed, parameter, sizes, timing, variable
+from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, PERF_STAT, POSITIVE_INT, Timed, parameter,
+                                                   sizes, timing, variable)
 from peercache.lab.system import cpusample
 from peercache.lab.tidy import Row
 from peercache.lab.tools import iperf3 as iperf3_tool
@@ -38,8 +39,13 @@ class Iperf3Run(Timed):
     processes = parameter(POSITIVE_INT, [1], "client processes, one server each")
     #: parallel streams per client, -P (int, swept)
     streams = parameter(POSITIVE_INT, doc="streams per client (-P)")
-    #: write/read length in bytes, -l (int, swept)
-    length = parameter(POSITIVE_INT, doc="buffer length in bytes (-l)")
+    #: write/read length in bytes, -l (int, swept): a limit beside a PeerCache tcp point uses its request size;
+    #: iperf3 writes at most 1 MiB at a time
+    length = parameter(dict(POSITIVE_INT, maximum=iperf3_tool.MAX_LENGTH),
+                       doc=f"buffer length in bytes (-l, at most {iperf3_tool.MAX_LENGTH})")
+    #: socket buffer per stream in bytes, -w (int or null, swept; null = the kernel's autotuning): a limit
+    #: beside a PeerCache tcp point uses the data server's send buffer, which bounds its bytes in flight
+    window = parameter(NULLABLE_INT, [None], "socket buffer per stream in bytes (-w) [the kernel's autotuning]")
     #: wrap the client in perf stat (bool)
     perf_stat = PERF_STAT
     #: -R: the server sends, as a GET does (bool)
@@ -53,6 +59,8 @@ class Iperf3Run(Timed):
     @classmethod
     def point_name(cls, one):
         base = f"iperf3_P{one['streams']}_l{sizes(one['length'])}"
+        if one["window"] is not None:
+            base += f"_w{sizes(one['window'])}"
         return base if one["processes"] == 1 else base.replace("iperf3_", f"iperf3_x{one['processes']}_", 1)
 
     @classmethod
@@ -60,6 +68,8 @@ class Iperf3Run(Timed):
         p = {"streams": one["streams"], "length": one["length"], "processes": one["processes"],
              "perf_stat": bool(one["perf_stat"])}
         p.update({k: True for k in ("reverse", "omit_warmup") if one[k]})
+        if one["window"] is not None:
+            p["window"] = one["window"]
         if one["rounds"] > 1:
             p["rounds"] = one["rounds"]
         return {**p, **timing(one)}
@@ -108,7 +118,7 @@ def run_one(pr: PointRun, th: TestbedHosts) -> list[Row] | None:
     omit = max(0, math.ceil(pr.warmup)) if p.get("omit_warmup") else 0
     client, perf_path = pr.perf_wrap(iperf3_tool.client_command(
         th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
-        reverse=bool(p.get("reverse"))) + (["-O", str(omit)] if omit else []))
+        reverse=bool(p.get("reverse")), window=p.get("window")) + (["-O", str(omit)] if omit else []))
     ctx = pr.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"],
                  host=str(th.consumer), peer=str(th.producer), side="client")
     res, err = pr.pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow), th, [])
@@ -149,7 +159,7 @@ def run_processes(pr: PointRun, th: TestbedHosts) -> list[Row] | None:
         server = pr.cpu_wrap(f"{name}/producer", th, "producer", iperf3_tool.server_command(port, bind=th.producer_addr))
         client = pr.cpu_wrap(f"{name}/consumer", th, "consumer", iperf3_tool.client_command(
             th.producer_addr, port, length=p["length"], streams=p["streams"], duration=secs + omit,
-            reverse=bool(p.get("reverse")))
+            reverse=bool(p.get("reverse")), window=p.get("window"))
             + ["-O", str(omit)])
         specs.append(GroupSpec(name, [SideSpec(th.consumer, client)], SideSpec(th.producer, server),
                                Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow)))
@@ -186,12 +196,15 @@ def processes_row(agg, results: dict[str, iperf3_tool.Iperf3Result], cpu: dict[s
     """The ``bw`` row of N client processes (pure): bytes over their shared window (``agg``), each
     process's figure, and what ran as iperf3 reported it (``-R`` where it was used)."""
     reverse = sorted({r.reverse for r in results.values()})
+    windows = {r.window for r in results.values()}
     retrans = [r.retransmits for r in results.values()]
     return Row(metric="bw", value=agg.rate_Bps, unit="B/s", raw_value=agg.rate_Bps * 8, raw_unit="bit/s",
                extra={"window_start": agg.window_start, "window_end": agg.window_end,
                       "start_skew_s": agg.start_skew_s, "end_skew_s": agg.end_skew_s,
                       "client_processes": len(results) or ctx.get("processes"), "cpu": cpu,
                       "reverse": reverse[0] if len(reverse) == 1 else None,
+                      # -w as iperf3 reported it (None: autotuned, or the processes disagreed)
+                      "window": windows.pop() if len(windows) == 1 else None,
                       "retransmits": sum(retrans) if retrans and None not in retrans else None,
                       "version": next((r.version for r in results.values()), None),
                       "per_process_Bps": {g: r.received_bps / 8 for g, r in results.items()}},

@@ -180,7 +180,9 @@ def extract(doc: dict[str, Any], ctx: dict[str, Any], duration: float) -> Iterat
                  size_bytes=pt["page_size"])
         extra = {"verified": pt["verified"], "integrity": bool(doc["meta"].get("integrity")),
                  "window_start": pt.get("window_start"),
-                 "window_end": pt.get("window_end"), "destination": ctx.get("extra", {}).get("destination")}
+                 "window_end": pt.get("window_end"), "destination": ctx.get("extra", {}).get("destination"),
+                 # tcp: how drive's client moved each batch (the shape its raw limit must have)
+                 "tcp_wire": doc["meta"].get("tcp_wire")}
         c.pop("extra", None)
         status, reason = sanity(pt, duration)
 
