@@ -30,6 +30,7 @@ from ..node import Get, Node
 from ..directory.redis_url import parse_url
 from ..transport.tcp import batch_wire
 from . import meta, options
+from .serve import METRICS_TEXT_OP
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ DATA_TIMEOUT_S = 2.0
 DIRECTORY_SILENCE_S = 3.0
 STUCK_GRACE_S = 0.2
 END_GRACE_S = 1.0
+#: How long process 0 waits for serve's metrics text at a window edge (--metrics-scrapes).
+SCRAPE_TIMEOUT_S = 3.0
 #: How often a driver process checks on its point's threads and its directory.
 WATCH_S = 0.1
 #: Per-batch latencies one driver thread keeps for the percentiles: beyond this many, a uniform
@@ -175,9 +178,17 @@ class _Worker:
         stats = [ThreadStats() for _ in range(conc)]
         threads = [threading.Thread(target=self._loop, args=(i, t0, win_start, win_end, stop, abort, stats[i]),
                                     daemon=True) for i in range(conc)]
-        # The rails' counters when the window opens and after its threads stopped: what each carried.
+        # The rails' counters when the window opens and after its threads stopped: what each carried;
+        # with --metrics-scrapes, the metrics text at the same two moments.
         at_start: list = []
-        timer = threading.Timer(max(0.0, win_start - time.time()), lambda: at_start.append(self.rail_stats()))
+        scrapes: list[dict] = []
+        scraping = bool(cfg.get("metrics_scrapes"))
+
+        def window_opens() -> None:
+            at_start.append(self.rail_stats())
+            if scraping:
+                scrapes.extend(self.scrape("start"))
+        timer = threading.Timer(max(0.0, win_start - time.time()), window_opens)
         timer.daemon = True
         timer.start()
         for t in threads:
@@ -185,11 +196,42 @@ class _Worker:
         self._watch(threads, win_end, stop, abort)
         timer.cancel()      # a point that ended before its window opened has no rail figures
         timer.join(1.0)
+        rails = rail_delta(at_start[0], self.rail_stats()) if at_start else []
+        if scraping and at_start:
+            scrapes.extend(self.scrape("end"))
         total = ThreadStats()
         for s in stats:
             total.add(s)
-        return {"stats": total.__dict__, "abort": abort[:1],
-                "rails": rail_delta(at_start[0], self.rail_stats()) if at_start else []}
+        return {"stats": total.__dict__, "abort": abort[:1], "rails": rails,
+                **({"scrapes": scrapes} if scraping else {})}
+
+    def scrape(self, edge: str) -> list[dict]:
+        """What this process's metrics endpoint answers now and, asked by process 0 over the control plane,
+        serve's: one record each (``source``, ``process``, ``edge``, ``time``, ``url``, ``text``; ``error``
+        in place of the text when there is none)."""
+        out = [self._own_scrape(edge)]
+        if self.pidx == 0:
+            out.append(self._serve_scrape(edge))
+        return out
+
+    def _own_scrape(self, edge: str) -> dict:
+        rec = {"source": "drive", "process": self.pidx, "edge": edge}
+        endpoint = getattr(self, "metrics", None)
+        if endpoint is None:
+            return dict(rec, error=f"driver process {self.pidx} serves no metrics endpoint of its own")
+        t = time.time()
+        return dict(rec, time=t, url=endpoint.url, text=endpoint.text())
+
+    def _serve_scrape(self, edge: str) -> dict:
+        rec = {"source": "serve", "process": None, "edge": edge}
+        try:
+            reply = self.node.call(METRICS_TEXT_OP, timeout=SCRAPE_TIMEOUT_S)
+        except Exception as e:   # a meta node, an older serve, or none: the point goes on without it
+            return dict(rec, error=f"serve's metrics could not be read over the control plane ({e}); "
+                                   "serve must be peercache-bench serve with --metrics-addr")
+        if not reply.get("text"):
+            return dict(rec, error=reply.get("why") or "serve answered no metrics text")
+        return dict(rec, time=reply.get("time"), url=reply.get("url"), text=reply["text"])
 
     def _watch(self, threads: list, win_end: float, stop, abort: list) -> None:
         """Wait for the point's threads; end the point early when the directory falls silent, and
@@ -538,6 +580,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
         "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device")}
     cfg["directory"] = options.directory(args)
     cfg["worker"] = worker
+    cfg["metrics_scrapes"] = bool(getattr(args, "metrics_scrapes", False))
     # The driver processes' node options; its secret goes to them only, never into the document.
     cfg["node"] = replace(options.node_config(args), directory=cfg["directory"], auth_key=options.auth_secret(args))
     start = meta.now_iso()
@@ -560,7 +603,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                     "gpu": args.gpu, "gpu_registration": None,
                     "ib_port": args.ib_port if args.protocol == "rdma" else None,
                     "gid_index": args.gid_index if args.protocol == "rdma" else None,
-                    "metrics": [],
+                    "metrics": [], "metrics_scrapes": cfg["metrics_scrapes"],
                     "versions": meta.versions(), "git_revision": meta.git_revision()},
            "points": [], "status": "ok", "error": None}
     ctx = mp.get_context("spawn")
@@ -598,6 +641,9 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                 c.send(("point", conc, t0))
             results = _collect(conns, procs, lives, t0, conc, k, args, say)
             point = aggregate(conc, cfg, results)
+            if cfg["metrics_scrapes"]:
+                # every process's metrics text (and serve's) at the window's start and end, as they read them
+                point["metrics_scrapes"] = [x for r in results for x in r.get("scrapes", [])]
             point["window_start"] = round(t0 + args.warmup, 6)
             point["window_end"] = round(t0 + args.warmup + args.duration, 6)
             doc["points"].append(point)

@@ -119,6 +119,10 @@ class BenchOptions:
                "nvidia-peermem); tcp and shm stage through pinned host memory", flag=Flag("--gpu"))
     gpu_device: int = option(
         0, "CUDA device of --gpu", check=config.whole(0, 255, " (a CUDA device number)"), flag=Flag("--gpu-device"))
+    metrics_scrapes: bool = option(
+        False, "keep each driver process's metrics text (what its --metrics-addr endpoint answers) and serve's "
+               "at the start and end of every point's measured window, in the result document "
+               "(points[].metrics_scrapes)", flag=Flag("--metrics-scrapes"))
     out: Optional[str] = option(
         None, "write the JSON result document here", check=checks.writable_file, flag=Flag("--out"))
 
@@ -181,7 +185,8 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``drive``."""
     add_common(p)
     _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
-         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "gpu", "gpu_device", "out")
+         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "gpu", "gpu_device", "metrics_scrapes",
+         "out")
 
 
 def meta_parser(p: argparse.ArgumentParser) -> None:
@@ -245,6 +250,9 @@ def validate(args, mode: str) -> None:
               f"the pool and --dir-table-entries {entries} (about {TABLE_BYTES_PER_ENTRY:.0f} B each)",
               "lower --dir-table-entries (0 = no table)")
         return
+    if getattr(args, "metrics_scrapes", False) and not getattr(args, "metrics_addr", None):
+        raise ConfigError("--metrics-scrapes keeps what each process's metrics endpoint answers; give "
+                          "--metrics-addr with it (e.g. --metrics-addr 127.0.0.1:0)")
     if args.batch_size > args.working_set:
         raise ConfigError(f"--batch-size {args.batch_size} is larger than --working-set "
                           f"{args.working_set}; a batch would repeat keys")

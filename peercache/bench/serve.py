@@ -18,11 +18,23 @@ from . import meta, options
 
 PUBLISH_BATCH = 512
 READY_LINE = "peercache-bench serve: ready"
+#: The control op a registered reader sends to read serve's metrics text (drive --metrics-scrapes, at its
+#: window edges): what serve's endpoint answers, over the authenticated control plane, so nobody needs to
+#: reach serve's endpoint on its host's loopback.
+METRICS_TEXT_OP = "metrics_text"
 
 
 def fill_page(view, ref) -> None:
     """Bench content: derived from (key, generation) so drive can verify it."""
     tags.fill_pattern(view, ref.key_hash, ref.generation)
+
+
+def metrics_reply(endpoint) -> dict:
+    """The answer to METRICS_TEXT_OP: the endpoint's text now and when it was read, or why there is none."""
+    if endpoint is None:
+        return {"text": None, "why": "serve runs without --metrics-addr; give it --metrics-addr 127.0.0.1:0"}
+    t = time.time()
+    return {"text": endpoint.text(), "time": t, "url": endpoint.url}
 
 
 def run(args) -> int:
@@ -63,6 +75,7 @@ def run(args) -> int:
             endpoint = metrics.serve_node(cfg.metrics_addr, node)
             print(f"serve: metrics at {endpoint.url}", flush=True)
         node.add_handler("reader_done", reader_done)
+        node.add_handler(METRICS_TEXT_OP, lambda msg: metrics_reply(endpoint))
         t0 = time.monotonic()
         for i in range(0, len(keys), PUBLISH_BATCH):
             node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)

@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Iterable
 
-from prometheus_client import start_http_server
+from prometheus_client import generate_latest, start_http_server
 from prometheus_client.registry import Collector
 
 from ..auth import is_loopback, who_can_reach
@@ -72,6 +72,10 @@ class Endpoint:
     def url(self) -> str:
         """Where a scraper reads the metrics."""
         return f"http://{self.address}/metrics"
+
+    def text(self) -> str:
+        """What ``GET /metrics`` answers now (Prometheus text format 0.0.4, the same bytes as a scrape)."""
+        return generate_latest(self.registry).decode()
 
     def close(self) -> None:
         """Stop serving and free the port (idempotent)."""

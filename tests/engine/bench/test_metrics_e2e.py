@@ -112,6 +112,54 @@ def test_drive_processes_serve_one_port_each(procs, port, tmp_path):
         assert f"drive: metrics of driver process {i} at {u}" in r.stderr
 
 
+def samples_of(text: str) -> dict:
+    """{(sample name, sorted labels): value} of one metrics text."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_drive_keeps_each_process_and_serves_metrics_at_its_window_edges(procs, port, tmp_path):
+    """--metrics-scrapes: every driver process's text and serve's (read over the control plane) at the start and
+    end of the window; the drivers' get bytes grew by the point's bytes between them, serve's data requests too."""
+    addr = f"127.0.0.1:{port}"
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "1",
+                         "--metrics-addr", "127.0.0.1:0"])
+    procs.wait_line(serve, READY_LINE)
+    doc_path = tmp_path / "drive.json"
+    r = subprocess.run([*BENCH, "drive", "--discovery-addr", addr, *SMALL, "--batch-size", str(BATCH),
+                        "--processes", "2", "--duration", "1", "--warmup", "0.3", "--out", str(doc_path),
+                        "--metrics-addr", "127.0.0.1:0", "--metrics-scrapes"], capture_output=True, text=True,
+                       timeout=scaled(90))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(doc_path.read_text())
+    (pt,) = doc["points"]
+    assert doc["meta"]["metrics_scrapes"] is True
+    by = {(s["source"], s["process"], s["edge"]): s for s in pt["metrics_scrapes"]}
+    assert set(by) == {("drive", 0, "start"), ("drive", 0, "end"), ("drive", 1, "start"), ("drive", 1, "end"),
+                       ("serve", None, "start"), ("serve", None, "end")}, [s.get("error") for s in by.values()]
+    grown = 0.0
+    for proc in (0, 1):
+        a, b = (samples_of(by[("drive", proc, e)]["text"]) for e in ("start", "end"))
+        assert by[("drive", proc, "start")]["url"] in doc["meta"]["metrics"]
+        # taken at the window's edges (a timer at its start, after the threads stopped at its end)
+        assert abs(by[("drive", proc, "start")]["time"] - pt["window_start"]) < scaled(1.0)
+        assert 0 <= by[("drive", proc, "end")]["time"] - pt["window_end"] < scaled(5.0)
+        assert a[("peercache_node_info", (("node", f"drive-{proc}"), ("protocol", "tcp")))] == 1
+        grown += b[("peercache_get_bytes_total", ())] - a[("peercache_get_bytes_total", ())]
+    # what the window counted, give or take the batch each thread had in flight at either edge
+    assert abs(grown - pt["bytes"]) <= 2 * 2 * BATCH * PAGE and pt["bytes"] > 0
+    sa, sb = (samples_of(by[("serve", None, e)]["text"]) for e in ("start", "end"))
+    assert sb[("peercache_data_requests_total", ())] > sa[("peercache_data_requests_total", ())]
+    assert sa[("peercache_node_info", (("node", "serve"), ("protocol", "tcp")))] == 1
+
+
+def test_metrics_scrapes_without_an_endpoint_is_refused_naming_the_flag(port):
+    r = subprocess.run([*BENCH, "drive", "--discovery-addr", f"127.0.0.1:{port}", *SMALL, "--metrics-scrapes"],
+                       capture_output=True, text=True, timeout=scaled(30))
+    assert r.returncode == 2
+    assert "--metrics-scrapes keeps what each process's metrics endpoint answers; give --metrics-addr" in r.stderr
+
+
 def test_meta_exports_its_directory(procs, port):
     import peercache
     addr = f"127.0.0.1:{port}"
