@@ -75,7 +75,10 @@ class BenchStore(PeerCacheStore):
 
     def object_keys(self, keys, objs):
         of = self._keys_of
-        return [of[h] for h in keys] if self._one else [k for h in keys for k in of[h]]
+        try:
+            return [of[h] for h in keys] if self._one else [k for h in keys for k in of[h]]
+        except KeyError:   # pages not of serve's working set (the suite's set): the store's own keys
+            return super().object_keys(keys, objs)
 
 
 class _Config:
@@ -206,21 +209,27 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True)
     options.drive_parser(sub.add_parser("drive", help="GET serve's working set through batch_get_v1"))
+    from . import hicache_suite
+    hicache_suite.add_flags(sub.add_parser(
+        "suite", help="get/set/exists sweeps as SGLang's HiCache controller calls the store, with PEAK rows",
+        description=hicache_suite.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     return p
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    from . import hicache_suite
+    suite = args.mode == "suite"
     try:
-        rc, doc = run(args)
+        rc, doc = hicache_suite.run(args) if suite else run(args)
     except ConfigError as e:
         print(f"hicache_drive: invalid options: {e}", file=sys.stderr)
         return 2
     except PeerCacheError as e:
         print(f"hicache_drive: {e}", file=sys.stderr)
         return 1
-    print(drive.format_table(doc))
+    print(hicache_suite.format_table(doc) if suite else drive.format_table(doc))
     if doc["error"]:
         print(f"hicache_drive: FAILED: {doc['error']}", file=sys.stderr)
     if args.out:
