@@ -80,8 +80,8 @@ class SuiteOptions:
                           check=config.whole(1, MAX_TP, least="positive"), flag=Flag("--tp-size"))
     tp_rank: int = option(0, "the rank this suite runs as (MLA: only the storage writer, rank 0, writes)",
                           check=config.whole(0, MAX_TP - 1), flag=Flag("--tp-rank"))
-    max_calls: int = option(1_000_000, "batch calls per thread per point, warmup included (the count bound; "
-                            "--warmup + --duration is the time bound)", unit="calls",
+    max_calls: int = option(1_000_000, "batch calls per thread in a point's window, and again in its warmup (the "
+                            "count bound; --warmup + --duration is the time bound)", unit="calls",
                             check=config.whole(1, MAX_CALLS, least="positive"), flag=Flag("--max-calls"))
 
 
@@ -160,7 +160,7 @@ class Rank:
         pages = self.batch * self.slices
         node = replace(options.node_config(args), directory=options.directory(args),
                        auth_key=options.auth_secret(args), timeout=drive.IO_TIMEOUT_S,
-                       pool_bytes=pool_bytes(args) if "set" in ops and self.writer else 0)
+                       pool_bytes=pool_bytes(args) if "set" in ops else 0)   # every rank: one extra config
         self.store = BenchStore(_Config(self.mla, args.tp_rank, args.tp_size, node.extra_config()),
                                 args.layout, args.working_set)
         try:
@@ -295,7 +295,11 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
         rnd = random.Random(a.seed * 7919 + tid)
         seq = (tid * rank.batch * 977) % a.working_set
         try:
-            while not stop.is_set() and th.calls < a.max_calls and time.time() < win_end:
+            warm = 0
+            while not stop.is_set() and st.batches < a.max_calls and time.time() < win_end:
+                if warm >= a.max_calls and time.time() < win_start:   # the warmup's count bound: wait for the window
+                    stop.wait(max(0.0, win_start - time.time()))
+                    continue
                 if op == "set":
                     hashes = rank.new_hashes(rank.batch)
                 elif op == "get":
@@ -314,6 +318,8 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
                 lat = time.perf_counter() - t_s
                 now = time.time()
                 th.calls += 1
+                if now < win_start:
+                    warm += 1
                 if win_start <= now <= win_end:
                     st.batches += 1
                     st.keys += rank.batch
@@ -378,8 +384,8 @@ def point_row(rank: Rank, op: str, conc: int, threads: list, win_start: float, d
     failed = bool(abort) or total.errors > 0 or total.verify_failures > 0 or total.batches == 0
     reason = abort[0] if abort else total.first_error
     if reason is None and total.batches == 0:
-        reason = (f"no {CALL_OF[op]} call completed inside the {duration:g} s window "
-                  f"(--max-calls {a.max_calls} spent in the warmup?)")
+        reason = (f"no {CALL_OF[op]} call completed inside the {duration:g} s window; nothing was measured "
+                  "(is one call slower than --duration?)")
     pages = total.hits
     return {
         "op": op, "call": CALL_OF[op], "threads": conc, "batch_size": rank.batch, "page_tokens": rank.page_tokens,
