@@ -19,7 +19,7 @@ APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest soc
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
-.PHONY: run test test-rdma test-2host test-hicache bench lab setup apt clean
+.PHONY: run test test-rdma test-2host test-hicache bench lab setup apt clean engines
 
 setup: $(VENV)/.installed
 
@@ -77,6 +77,31 @@ $(SGLANG_VENV)/.installed: $(VENV)/.installed Makefile pyproject.toml
 test-hicache: setup $(SGLANG_VENV)/.installed
 	PYTHONPATH=tests $(SGLANG_PY) -m pytest tests/engine/hicache/test_hicache_sglang.py -p no:cacheprovider --noconftest
 
+# The other engines the `engines` scenario runs beside PeerCache, each in a venv of its own so
+# they stay out of the engine's dependencies (the lab kinds mooncake_te and peercache_pypi run
+# them from these paths; a point whose venv is missing is skipped, saying to run `make engines`):
+# Mooncake's transfer_engine_bench (non-CUDA wheel; the native binary is linked as
+# bin/transfer_engine_bench-native so the lab signals it, not the wheel's Python wrapper), and the
+# published PeerCache 0.8.4 (same import name as this checkout, hence its own venv).
+MOONCAKE_VENV   ?= .venv-mooncake
+PCPYPI_VENV     ?= .venv-peercache-pypi
+PCPYPI_VERSION  ?= 0.8.4
+engines: $(MOONCAKE_VENV)/.installed $(PCPYPI_VENV)/.installed
+
+$(MOONCAKE_VENV)/.installed: $(VENV)/.installed Makefile
+	@test -x $(MOONCAKE_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(MOONCAKE_VENV)
+	$(MOONCAKE_VENV)/bin/python -m pip install -q mooncake-transfer-engine-non-cuda
+	@ln -sfn "$$($(MOONCAKE_VENV)/bin/python -c 'import mooncake, os; print(os.path.join(os.path.dirname(mooncake.__file__), "transfer_engine_bench"))')" \
+	  $(MOONCAKE_VENV)/bin/transfer_engine_bench-native
+	@$(MOONCAKE_VENV)/bin/transfer_engine_bench-native --version >/dev/null
+	@touch $@
+
+$(PCPYPI_VENV)/.installed: $(VENV)/.installed Makefile
+	@test -x $(PCPYPI_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(PCPYPI_VENV)
+	$(PCPYPI_VENV)/bin/python -m pip install -q peercache==$(PCPYPI_VERSION)
+	@$(PCPYPI_VENV)/bin/peercache-bench --help >/dev/null
+	@touch $@
+
 # Every RDMA/verbs test inside a QEMU guest with Debian's kernel and real
 # rxe devices on both ends of two veth pairs; a missing device fails.
 GUEST_TIMEOUT ?= 1200
@@ -98,10 +123,10 @@ test-2host: setup
 # (TESTBED=experiments/testbeds/<yours>.yaml for another one; a testbed with a
 # `machines` block, softroce-2host.yaml, boots its two guests around the run).
 TESTBED ?= experiments/testbeds/local.yaml
-run: setup
+run: setup engines
 	$(PY) -m peercache.lab.pipeline.run --testbed $(TESTBED) --cores $(CORES)
 
-bench: setup
+bench: setup engines
 	$(PY) -m peercache.lab.ratios
 
 # JupyterLab on notebooks/ with the project's kernel ("PeerCache Lab", registered in the venv),

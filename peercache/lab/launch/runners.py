@@ -48,7 +48,10 @@ class SideSpec:
 class Readiness:
     """How to tell that a server accepts clients."""
 
-    pattern: str | None = None     #: regex in the server's output (e.g. perftest's "Waiting for client")
+    #: regex in the server's output (e.g. perftest's "Waiting for client"); its named groups fill the
+    #: client's ``{name}`` placeholders (a server that picks its own port and prints it: Mooncake's P2P
+    #: handshake)
+    pattern: str | None = None
     port: int | None = None        #: or: a listening TCP port on the server host
     addr: str | None = None        #: the port's address (None = any)
     timeout: float = 10.0          #: seconds before the server counts as never ready
@@ -183,12 +186,13 @@ def _stop_all(sides: Sequence[_Side], grace: float) -> None:
                 pass
 
 
-def _await_ready(side: _Side, ready: Readiness, deadline: float) -> None:
+def _await_ready(side: _Side, ready: Readiness, deadline: float) -> dict[str, str]:
+    """Wait until the server is ready; the named groups of its readiness pattern's match (none for a port)."""
     h = side.handle
     timeout = max(0.0, deadline - time.monotonic())
     if ready.pattern is not None:
-        h.wait_for(ready.pattern, timeout)
-        return
+        m = h.wait_for(ready.pattern, timeout)
+        return {k: v for k, v in m.groupdict().items() if v is not None}
     # Port readiness: poll the host's listening sockets, bounded by the
     # deadline and by a count, and notice a server that died meanwhile.
     for _ in range(int(ready.timeout / 0.1) + 2):
@@ -204,6 +208,16 @@ def _await_ready(side: _Side, ready: Readiness, deadline: float) -> None:
     raise HostError(f"{side.spec.host.spec}: server {shlex.join(side.command)} was not "
                     f"listening on {ready.addr or '*'}:{ready.port} within {ready.timeout:g}s; "
                     f"output so far: {(h.stdout + h.stderr).strip()[-500:]!r}")
+
+
+def fill_placeholders(argv: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """``argv`` with each ``{name}`` of ``values`` replaced (literally: other braces, as in JSON, stay)."""
+    out = []
+    for a in argv:
+        for k, v in values.items():
+            a = a.replace("{" + k + "}", v)
+        out.append(a)
+    return out
 
 
 def _failed_rc(side: _Side) -> str | None:
@@ -294,7 +308,9 @@ class PairRunner:
         error: str | None = None
         try:
             server.start()
-            _await_ready(server, self.ready, time.monotonic() + self.ready.timeout)
+            found = _await_ready(server, self.ready, time.monotonic() + self.ready.timeout)
+            if found:
+                client.command = fill_placeholders(client.command, found)
             client.start()
             error = _wait_clients([server], [client], self.client_timeout, self.server_exits)
             if error is None:

@@ -1,0 +1,46 @@
+"""What the kinds of other engines share (``mooncake_te``, ``peercache_pypi``): where each engine's venv is on a
+host, and the skip, with its reason, of a point whose venv is not there.
+
+Each engine lives in a venv of its own made by ``make engines`` (so none of them is a dependency of
+PeerCache): a relative path here is under this checkout on hosts of this machine, and the same path under
+the checkout on a remote host (a shared install, as for a host's ``python``).
+"""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from peercache.lab.pipeline import experiments
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+
+def engine_path(rel: str) -> str:
+    """The absolute path of ``rel`` (a file in an engine venv) under this checkout."""
+    return str(experiments.CHECKOUT_ROOT / rel)
+
+
+def missing_venv_reason(venv: str, binary: str, missing_on: list[str]) -> str:
+    """The skip reason of a point whose engine venv lacks ``binary`` on the hosts ``missing_on`` (pure)."""
+    return (f"engine venv {venv} missing: {binary} is not an executable on {', '.join(missing_on)}; "
+            f"run `make engines` (it makes {venv})")
+
+
+def venv_missing(pr: PointRun, th: TestbedHosts, venv: str, binary: str) -> str | None:
+    """Why the point cannot run (the engine's executable absent on either host), or None."""
+    path = engine_path(binary)
+    missing = []
+    for role in ("producer", "consumer"):
+        host = th.host(role)
+        r = host.run(["test", "-x", path], timeout=30 * pr.slow)
+        if r.rc != 0:
+            missing.append(f"{role} {host}")
+    return missing_venv_reason(venv, path, missing) if missing else None
+
+
+def skip_for(pr: PointRun, reason: str) -> None:
+    """Record the point as skipped with ``reason`` (its headline row) and say so on stderr."""
+    pr.point.skip_reason = reason
+    pr.skip()
+    print(f"{pr.run_id}: skipped: {reason}", file=sys.stderr, flush=True)

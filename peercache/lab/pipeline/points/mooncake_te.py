@@ -1,0 +1,104 @@
+"""The ``mooncake_te`` kind: Mooncake Transfer Engine's ``transfer_engine_bench``, target on the producer and
+initiator on the consumer, at a PeerCache point's page size, batch and threads.
+
+Declaration (:class:`MooncakeTeRun`), run (the target first, ready once it has logged the port its P2P
+handshake picked, which the pair runner puts in the initiator's ``--segment_id``; the initiator READs for
+the point's duration, rounded up to whole seconds as the tool takes them; the target is stopped after it),
+sanity and metric extraction (:func:`peercache.lab.tools.mooncake_te.parse_log`: one result line whose
+printed rate agrees with its own counts, or the failure it logged). Transport: tcp on a testbed without
+RDMA, rdma with the testbed's first device and its GID index (``MC_GID_INDEX``) on one with it. The tool
+has no warm-up and never checks the bytes it reads, so its rows say ``unverified``.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from peercache.lab.errors import ParseError, ToolError
+from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.declare import (NULLABLE_INT, POSITIVE_INT, Timed, one_of, parameter, sizes, timing,
+                                                   variable)
+from peercache.lab.pipeline.points.engines import engine_path, skip_for, venv_missing
+from peercache.lab.tools import mooncake_te as te
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+
+class MooncakeTeRun(Timed):
+    """transfer_engine_bench READs (target on the producer, initiator on the consumer), P2P handshake, no etcd."""
+
+    name = "mooncake_te"
+    metrics = {"get_throughput": "GB/s", "batches": "count"}
+    primary = "get_throughput"
+    tool_column = te.TOOL
+
+    #: transport (str): tcp, or rdma with the testbed's first device
+    protocol = variable(one_of(*te.PROTOCOLS), doc="transport (-protocol)")
+    #: bytes per READ (int, swept): the PeerCache point's page size
+    page_size = parameter(POSITIVE_INT, doc="bytes per request (-block_size)")
+    #: READs per batch (int, swept): the PeerCache point's batch
+    batch_size = parameter(POSITIVE_INT, doc="requests per batch (-batch_size)")
+    #: submitting threads of the one initiator process (int, swept): the PeerCache point's readers
+    threads = parameter(POSITIVE_INT, doc="initiator threads (-threads)")
+    #: bytes each side registers (int or null = the testbed's working_set_bytes); at least what the
+    #: initiator's threads touch (page x batch x threads)
+    buffer_bytes = variable(NULLABLE_INT, None, "bytes registered on each side (-buffer_size) "
+                                                "[testbed working_set_bytes]", tag="buf{}")
+
+    @classmethod
+    def point_name(cls, one):
+        return f"mc_{one['protocol']}_t{one['threads']}_s{sizes(one['page_size'])}_b{one['batch_size']}"
+
+    @classmethod
+    def params(cls, one, devices):
+        p = {"protocol": one["protocol"], "page_size": one["page_size"], "batch_size": one["batch_size"],
+             "threads": one["threads"], "processes": 1,
+             "devices": devices[:1] if one["protocol"] == "rdma" else []}
+        p.update(cls.changed(one, "buffer_bytes"))
+        return {**p, **timing(one)}
+
+    @classmethod
+    def port_devices(cls, params, testbed_devices):
+        return list(params.get("devices") or [])
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        p = pr.point.params
+        why = venv_missing(pr, th, te.VENV, te.BINARY)
+        if why:
+            skip_for(pr, why)
+            return
+        devs = list(p.get("devices") or [])
+        if p["protocol"] == "rdma" and not devs:
+            skip_for(pr, "protocol rdma and the testbed names no RDMA device")
+            return
+        pdev = (pr.tb.role_devices("producer", devs) or [None])[0]
+        cdev = (pr.tb.role_devices("consumer", devs) or [None])[0]
+        gid = pr.tb.get("gid_index")
+        block, batch, threads = p["page_size"], p["batch_size"], p["threads"]
+        buf = te.buffer_bytes(block, batch, threads, int(p.get("buffer_bytes") or pr.tb.get("working_set_bytes", 0)
+                                                         or 0))
+        secs = max(1, math.ceil(pr.duration))
+        binary = engine_path(te.BINARY)
+        target = te.target_command(binary, p["protocol"], th.producer_addr, block, batch, threads, buf, pdev, gid)
+        initiator = te.initiator_command(binary, p["protocol"], th.consumer_addr, f"{th.producer_addr}:{{te_port}}",
+                                         block, batch, threads, buf, secs, cdev, gid)
+        ctx = pr.ctx(tool=te.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
+                     protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
+                     extra={"engine": "mooncake_te", "buffer_bytes": buf, "warmup": "none (the tool has none)",
+                            "duration_asked_s": secs})
+        res, err = pr.pair(target, initiator, Readiness(pattern=te.TARGET_READY, timeout=30 * pr.slow), th, devs,
+                           server_exits=False)
+        pr.record(res)
+        log = "" if res is None or res.client is None else (res.client.stderr or "") + (res.client.stdout or "")
+        try:
+            result = te.parse_log(log, block, batch, threads, source=f"{pr.run_id}/client", host=str(th.consumer))
+        except (ParseError, ToolError) as e:
+            pr.fail("get_throughput", "GB/s", f"{err}: {e}" if err else str(e), tool=te.TOOL,
+                    protocol=p["protocol"], size_bytes=block, batch=batch, threads=threads, processes=1)
+            return
+        if err:
+            pr.notes.append(f"pair reported a failure after a complete initiator report: {err}")
+        pr.rows += te.to_rows(result, **ctx)
+        pr.attach_pair_cpu(*pr.pair_window(res))
