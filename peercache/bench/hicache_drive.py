@@ -13,6 +13,10 @@ The store's page keys are mapped onto serve's working-set keys (``pc/<page>``,
 ``pc/<page>/k|v``) so both tools read the very same published objects; nothing else of
 the store is changed. With verification on, the host pages of each hit are checked against
 the bench pattern after the batch (serve writes every object once: generation 1).
+
+``python -m peercache.bench.hicache_drive suite ...`` is the HiCache workload suite
+(:mod:`peercache.bench.hicache_suite`): get, set and exists sweeps with PEAK rows, as SGLang's
+cache controller calls the store.
 """
 from __future__ import annotations
 
