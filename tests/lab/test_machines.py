@@ -2,6 +2,8 @@
 the make-run launcher's Snakemake command. Real boots: tests/lab/test_twohost.py (make test-2host)."""
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,44 @@ def test_a_monitor_that_does_not_answer_is_said_so(tmp_path):
         srv.listen(1)
         assert "no answer within 1 s" in M.ask_monitor(path, "info status", timeout=1.0)
     assert "no answer" in M.ask_monitor(tmp_path / "absent.sock", "info status", timeout=1.0)
+
+
+def test_process_threads_names_each_thread_with_its_state():
+    import threading
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="pc-waiter")
+    t.start()
+    try:
+        lines = M.process_threads(os.getpid()).splitlines()
+    finally:
+        stop.set()
+        t.join()
+    assert len(lines) >= 2, lines
+    assert all(re.fullmatch(r"\d+ '.*' state [RSDZTtIWXP] wchan \S+ cpu \d+ ticks", ln) for ln in lines), lines
+    assert "unreadable" in M.process_threads(2 ** 22 + 12345)
+
+
+def test_a_machine_is_stalled_when_qemu_runs_and_its_health_file_went_quiet(tmp_path):
+    import subprocess
+    import time
+    pair = M.MachinePair()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        m = M._Machine("consumer", tmp_path, [], tmp_path / "console.log", proc=sleeper)
+        pair.machines["consumer"] = m
+        assert pair.silent_for("consumer") is None and not pair.stalled("consumer")   # not written yet
+        health = tmp_path / M.HEALTH_FILE
+        health.write_text("12:00:00 up 10 s\n")
+        assert pair.silent_for("consumer") < 5 and not pair.stalled("consumer")
+        old = time.time() - M.STALL_S - 5
+        os.utime(health, (old, old))
+        assert pair.stalled("consumer")
+        text = pair.describe("consumer")
+        assert f"qemu's threads (pid {sleeper.pid})" in text and "health file last changed" in text, text
+        sleeper.kill()
+        sleeper.wait()
+        assert not pair.stalled("consumer")        # qemu gone: exited, not stalled
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()

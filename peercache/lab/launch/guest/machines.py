@@ -62,6 +62,9 @@ STOP_FILE = "stop"
 #: What each machine writes into its control share: sshd's log, and its health every 2 s.
 SSHD_LOG = "sshd.log"
 HEALTH_FILE = "health"
+#: A machine whose health file has not changed for this long (seconds of this machine's clock; the
+#: guest writes it every 2 s of its own, and its clock keeps real time under emulation) has stopped.
+STALL_S = 60.0
 MAX_RAILS = 4
 
 
@@ -180,6 +183,27 @@ def ask_monitor(path: Path, command: str, timeout: float = 5.0) -> str:
     # The monitor echoes the command (with terminal escapes) before its answer.
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and command not in ln and "(qemu)" not in ln]
     return " ".join(lines) or "an empty answer"
+
+
+def process_threads(pid: int) -> str:
+    """One line per thread of process ``pid``: its name, scheduler state and where it sleeps (from
+    /proc; a stopped machine's qemu shows whether its vCPU threads spin, R, or all wait, S)."""
+    base = Path(f"/proc/{pid}/task")
+    try:
+        tids = sorted(base.iterdir(), key=lambda t: int(t.name))
+    except OSError as e:
+        return f"(threads of {pid} unreadable: {e})"
+    out = []
+    for t in tids:
+        try:
+            stat = (t / "stat").read_text()
+            wchan = (t / "wchan").read_text().strip() or "-"
+        except OSError:
+            continue            # the thread ended meanwhile
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        # utime + stime (fields 14 and 15 of stat): CPU time, to compare between two readings.
+        out.append(f"{t.name} {name!r} state {rest[0]} wchan {wchan} cpu {int(rest[11]) + int(rest[12])} ticks")
+    return "\n".join(out)
 
 
 def _nic_by_mac(mac: str, name: str) -> str:
@@ -478,6 +502,10 @@ class MachinePair:
         out = [f"{HOST_ALIAS[role]} ({state}; console {m.log}), its console's last lines:\n{m.tail(n)}"]
         if self.running(role):
             out.append(f"qemu's monitor, asked `info status`: {ask_monitor(monitor_path(m.ctl), 'info status')}")
+            out.append(f"qemu's threads (pid {m.proc.pid}):\n{process_threads(m.proc.pid)}")
+        silent = self.silent_for(role)
+        if silent is not None:
+            out.append(f"its health file last changed {silent:.0f} s ago")
         for name, what in ((HEALTH_FILE, "its health (written every 2 s: time, uptime, load, sshd's "
                                          "listening socket with its queue, established ssh connections)"),
                            (SSHD_LOG, "sshd's log")):
@@ -487,6 +515,26 @@ class MachinePair:
                 text = f"(unreadable: {e})"
             out.append(f"{what}:\n" + "".join(text.splitlines(keepends=True)[-10:]))
         return "\n".join(out)
+
+    def silent_for(self, role: str) -> float | None:
+        """Seconds since ``role`` last wrote its health file (None before its first)."""
+        m = self.machines.get(role)
+        try:
+            return time.time() - (m.ctl / HEALTH_FILE).stat().st_mtime if m is not None else None
+        except OSError:
+            return None
+
+    def stalled(self, role: str) -> bool:
+        """Whether ``role``'s qemu runs but the machine inside has written no health for STALL_S."""
+        silent = self.silent_for(role)
+        return self.running(role) and silent is not None and silent > STALL_S
+
+    def restart(self) -> "MachinePair":
+        """Power both machines off and boot a fresh pair: new keys, ports and ssh config (environment()
+        changes with it)."""
+        self.stop()
+        self.machines, self.dir, self.ports = {}, None, None
+        return self.start()
 
     # -- stop --------------------------------------------------------------------------------
     def running(self, role: str) -> bool:
