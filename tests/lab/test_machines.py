@@ -148,3 +148,22 @@ def test_a_machine_is_stalled_when_qemu_runs_and_its_health_file_went_quiet(tmp_
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+def test_make_run_stops_the_pipeline_when_a_machine_stalls():
+    import subprocess
+    import time
+    asked = []
+
+    def stalled():
+        asked.append(time.monotonic())
+        return "pc-consumer (running; ...)" if len(asked) >= 2 else None
+
+    t0 = time.monotonic()
+    with pytest.raises(R._Stalled, match="pc-consumer"):
+        R._run(["sleep", "60"], dict(os.environ), stalled)
+    assert len(asked) == 2 and time.monotonic() - t0 < 20
+    # the child got SIGINT and is gone: nothing named sleep 60 of ours is left
+    left = subprocess.run(["pgrep", "-f", "-P", str(os.getpid()), "sleep 60"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
+    assert R._run(["true"], dict(os.environ), stalled) == 0

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SSH_PROFILE = "profiles/ssh-testbed"
 
@@ -46,13 +46,25 @@ class _Stop(Exception):
     """SIGTERM, turned into an exception so every cleanup path runs."""
 
 
-def _run(argv: list[str], env: dict[str, str]) -> int:
-    """Run ``argv``; on Ctrl-C or SIGTERM pass the signal on and wait for it to clean up (bounded)."""
+class _Stalled(Exception):
+    """A machine of the testbed stopped (its description)."""
+
+
+def _run(argv: list[str], env: dict[str, str], stalled: Callable[[], str | None] = lambda: None) -> int:
+    """Run ``argv``; on Ctrl-C or SIGTERM pass the signal on and wait for it to clean up (bounded).
+    ``stalled`` is asked every 5 s; when it answers, the run is interrupted the same way and _Stalled
+    raised with its answer."""
     p = subprocess.Popen(argv, env=env)
     try:
-        return p.wait()
-    except (KeyboardInterrupt, _Stop) as e:
-        p.send_signal(signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM)
+        while True:
+            try:
+                return p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                why = stalled()
+                if why is not None:
+                    raise _Stalled(why)
+    except (KeyboardInterrupt, _Stop, _Stalled) as e:
+        p.send_signal(signal.SIGTERM if isinstance(e, _Stop) else signal.SIGINT)
         try:
             p.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -81,12 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         if spec is None:
             return _run(cmd, dict(os.environ))
         from peercache.lab.launch.guest.errors import GuestError
-        from peercache.lab.launch.guest.machines import MachinePair
+        from peercache.lab.launch.guest.machines import ROLES, STALL_S, MachinePair
         try:
             with MachinePair(spec) as pair:
                 env = {**os.environ, **pair.environment()}
                 print(f"testbed {doc['name']}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-                rc = _run(cmd, env)
+                try:
+                    rc = _run(cmd, env, lambda: next((pair.describe(r) for r in ROLES if pair.stalled(r)), None))
+                except _Stalled as e:
+                    print(f"testbed {doc['name']}: a machine stopped answering (its qemu runs, the machine inside "
+                          f"has written no health for {STALL_S:.0f} s), so the run was stopped:\n{e}\n"
+                          f"Run the same command again: it boots a fresh pair and Snakemake keeps the points "
+                          f"already done (a point that failed meanwhile keeps its failed result: delete its folder "
+                          f"under the testbed's results to measure it again).", file=sys.stderr, flush=True)
+                    rc = 4
             print(f"testbed {doc['name']}: both machines powered off", file=sys.stderr, flush=True)
             return rc
         except GuestError as e:
