@@ -261,6 +261,18 @@ class Rank:
         self.store.close()
 
 
+def store_base() -> str:
+    """Which HiCacheStorage the store derives from here: SGLang's own (with its version), or the stand-in."""
+    from .. import hicache
+    if hicache.SGLANG_MISSING is not None:
+        return "peercache stand-in (SGLang not importable here)"
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"sglang {version('sglang')} HiCacheStorage"
+    except PackageNotFoundError:
+        return "sglang HiCacheStorage"
+
+
 def drive_generation() -> int:
     """The generation serve writes its working set with (each object once)."""
     from .hicache_drive import SERVE_GENERATION
@@ -447,7 +459,7 @@ def run(args) -> tuple[int, dict]:
                     "working_set": args.working_set, "duration": args.duration, "warmup": args.warmup,
                     "max_calls": args.max_calls, "verify": args.verify, "dir_cache_ttl": args.dir_cache_ttl,
                     "integrity": args.integrity, "host_pool": "page_first",
-                    "calls": {op: CALL_OF[op] for op in ops},
+                    "calls": {op: CALL_OF[op] for op in ops}, "store_base": store_base(),
                     "versions": meta.versions(), "git_revision": meta.git_revision()},
            "ops": {}, "points": [], "status": "ok", "error": None}
     rank = None

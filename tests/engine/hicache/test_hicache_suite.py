@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import BENCH, scaled
+from peercache import hicache
 from peercache.bench import hicache_suite
 from peercache.bench.serve import READY_LINE
 
@@ -40,6 +41,7 @@ def test_get_set_exists_sweeps_with_peak_rows(procs, port, tmp_path, layout):
     doc, r = run_suite(procs, port, tmp_path, layout, "--concurrencies", "1,2")
     assert r.returncode == 0 and doc["status"] == "ok", r.stderr
     assert doc["mode"] == "hicache-suite" and doc["meta"]["is_storage_writer"]
+    assert doc["meta"]["store_base"].startswith("sglang") == (hicache.SGLANG_MISSING is None)
     objs = 1 if layout == "mla" else 2
     assert list(doc["ops"]) == ["get", "set", "exists"]
     for op, block in doc["ops"].items():
