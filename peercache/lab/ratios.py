@@ -21,6 +21,11 @@ figures run with verification off. What each figure measures:
   over a veth pair (198.18.x addresses; loopback when not root), one thread and one
   channel, vs ``iperf3 -R -l 131072 -P 1`` on the same path and direction (server sends,
   as a GET does), warm-up omitted (``-O``).
+- ``ours_vs_mooncake_tcp_128k``: ``peercache_tcp_128k`` (the unverified tcp drive above) over Mooncake
+  Transfer Engine's ``transfer_engine_bench`` on the same netns path at the same shape: target in
+  namespace A, initiator in B, ``-protocol=tcp -metadata_server=P2PHANDSHAKE``, READs of 128 KiB in
+  batches of 32, one thread (``.venv-mooncake``, ``make engines``; it checks no bytes either). Mooncake
+  runs first in each tcp round, before the iperf3 baseline and the PeerCache drive.
 - ``pages_per_s_64b``: ``Node.get_batch_into`` of 128 random 64-byte pages per call over
   shm, directory cached, one thread in one consumer process
   (``peercache.lab.tools.nodeloop``), against a ``serve`` process; the
@@ -111,6 +116,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_shm_verified_128k": ("get_throughput", "GB/s"),
     "peercache_shm_integrity_128k": ("get_throughput", "GB/s"),
     "iperf3_tcp_128k": ("bw", "GB/s"),
+    "mooncake_tcp_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_verified_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_integrity_128k": ("get_throughput", "GB/s"),
@@ -135,6 +141,7 @@ FIGURES: dict[str, tuple[str, str]] = {
 RATIOS: dict[str, tuple[str, str | None]] = {
     "shm_vs_memcpy_128k": ("peercache_shm_128k", "memcpy_128k"),
     "tcp_vs_iperf3_128k": ("peercache_tcp_128k", "iperf3_tcp_128k"),
+    "ours_vs_mooncake_tcp_128k": ("peercache_tcp_128k", "mooncake_tcp_128k"),
     "verify_vs_noverify_shm_128k": ("peercache_shm_verified_128k", "peercache_shm_128k"),
     "verify_vs_noverify_tcp_128k": ("peercache_tcp_verified_128k", "peercache_tcp_128k"),
     "integrity_vs_off_128k": ("peercache_tcp_integrity_128k", "peercache_tcp_128k"),
@@ -162,7 +169,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("memcpy_128k", "peercache_shm_128k", "peercache_shm_verified_128k",
                 "peercache_shm_integrity_128k")),
     ("once", ("tcp_128k_check",)),
-    ("rounds", ("iperf3_tcp_128k", "peercache_tcp_128k", "peercache_tcp_verified_128k",
+    ("rounds", ("mooncake_tcp_128k", "iperf3_tcp_128k", "peercache_tcp_128k", "peercache_tcp_verified_128k",
                 "peercache_tcp_integrity_128k", "peercache_tcp_metrics_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
