@@ -31,7 +31,7 @@ EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "raw_retransmit
             "raw_GBps_per_core", "raw_cores", "per_core_vs_raw", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
             "numa_remote", "memory_node", "nic_node", "summed_windows", "pcie_fraction", "pcie_GBps",
-            "pcie_gen", "pcie_width")
+            "pcie_gen", "pcie_width", "rails", "rail_low", "rail_low_share", "rail_fair_share", "rail_low_vs_fair")
 _OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq}
 
 
@@ -100,8 +100,9 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
              raw_busiest_thread: float | None = None, raw_retransmits: float | None = None,
              raw_cpu: dict[str, float] | None = None, line_rate_Bps: float | None = None, host_cores: int | None = None,
              shared_host: bool = False, numa: dict[str, Any] | None = None,
-             pcie: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The evidence of one throughput row (pure): what was recorded, nothing filled in."""
+             pcie: list[dict[str, Any]] | None = None, rail_shares: dict[str, float] | None = None) -> dict[str, Any]:
+    """The evidence of one throughput row (pure): what was recorded, nothing filled in. ``rail_shares``: each
+    rail's share of the bytes over the row's window (collect's ``rail_share`` rows), where it had two or more."""
     ex = row_extra(row)
     ev: dict[str, Any] = {}
     try:
@@ -138,6 +139,12 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
     if bps and raw_Bps and used > 0 and raw_used > 0 and "consumer_cores" in ev and "consumer" in (raw_cpu or {}):
         ev.update(GBps_per_core=bps / 1e9 / used, raw_GBps_per_core=raw_Bps / 1e9 / raw_used, raw_cores=raw_used,
                   per_core_vs_raw=(bps / used) / (raw_Bps / raw_used))
+    if rail_shares and len(rail_shares) >= 2:
+        # the rail that carried least, against an even split of the bytes over the rails
+        low = min(sorted(rail_shares), key=lambda k: rail_shares[k])
+        n = len(rail_shares)
+        ev.update(rails=n, rail_low=low, rail_low_share=float(rail_shares[low]), rail_fair_share=1.0 / n,
+                  rail_low_vs_fair=float(rail_shares[low]) * n)
     if numa and numa.get("memory_node") is not None and numa.get("nic_node") is not None:
         ev.update(memory_node=numa["memory_node"], nic_node=numa["nic_node"],
                   numa_remote=numa["memory_node"] != numa["nic_node"])
@@ -179,6 +186,20 @@ def host_of(runs: pd.DataFrame, run_id: str) -> tuple[int | None, bool, dict[str
     return (int(threads) if threads else None), shared, nics
 
 
+def rail_shares_of(rows: pd.DataFrame) -> dict[tuple[str, Any], dict[str, float]]:
+    """{(run id, threads): {rail: share}} of the ok ``rail_share`` rows (collect's, from the metrics scrapes)."""
+    out: dict[tuple[str, Any], dict[str, float]] = {}
+    sub = rows[(rows["metric"] == "rail_share") & (rows["status"] == "ok") & rows["value"].notna()]
+    for _, r in sub.iterrows():
+        out.setdefault((r["run_id"], _threads(r)), {})[str(r["devices"])] = float(r["value"])
+    return out
+
+
+def _threads(r) -> int | None:
+    t = r.get("threads")
+    return None if t is None or pd.isna(t) else int(t)
+
+
 def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] | None = None,
               line_rate_of=lambda row: None) -> pd.DataFrame:
     """``rows`` with ``limited_by`` (sentence) and ``limit`` (rule id) on every ok throughput row.
@@ -189,6 +210,7 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
     row's summed line rate in bit/s from the references, or None (the runner's port rates are used first).
     """
     rules = rules or load_rules()
+    shares = rail_shares_of(rows) if {"metric", "status", "value", "devices"} <= set(rows.columns) else {}
     out = rows.copy()
     out["limited_by"], out["limit"] = None, None
     for i, r in out.iterrows():
@@ -204,6 +226,8 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
                       raw_cpu=dict(raw.cores) if raw and raw.cores else None,
                       line_rate_Bps=bits / 8 if bits else None, host_cores=cores, shared_host=shared,
                       pcie=[(nics.get(d) or {}).get("pcie") for d in devs] if devs and nics else None,
-                      numa=_numa(r, devs, nics))
+                      numa=_numa(r, devs, nics),
+                      # a group's own row is one rail of the whole machine: its share says nothing of it alone
+                      rail_shares=None if r.get("side") == "per_device" else shares.get((r["run_id"], _threads(r))))
         out.at[i, "limit"], out.at[i, "limited_by"] = limited_by(ev, rules)
     return out

@@ -291,6 +291,22 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
     return rows
 
 
+def rail_shares_text(rows: pd.DataFrame, run_ids, threads: Any = None) -> str | None:
+    """Each rail's share of the bytes ("rxe_b0 52 %, rxe_b1 48 %": collect's ok ``rail_share`` rows of
+    ``run_ids``, at ``threads`` when given; the mean where several runs have it), or None where there are
+    none (no rails: tcp and shm; or no metrics scrapes), so a table says nothing of rails rather than 0 %."""
+    if "metric" not in rows:
+        return None
+    sub = rows[(rows["metric"] == "rail_share") & (rows["status"] == "ok") & rows["value"].notna()
+               & rows["run_id"].isin(list(run_ids))]
+    if threads is not None and not pd.isna(threads):
+        sub = sub[sub["threads"] == threads]
+    if sub.empty:
+        return None
+    means = sub.groupby("devices", sort=True)["value"].mean()
+    return ", ".join(f"{rail} {100 * v:.0f} %" for rail, v in means.items())
+
+
 def limit_text(g: pd.DataFrame) -> str:
     """The "limited by" of a group of rows (one sentence; the distinct ones joined if they differ)."""
     if "limited_by" not in g:
@@ -406,7 +422,10 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
                           "n": len(gg),
                           "statistic": ",".join(sorted(stat)) or "—",
                           "verdict": ",".join(sorted(set(gg["verdict"]))) if "verdict" in gg else "unchecked",
-                          "limited by": limit_text(gg), "run": ",".join(dict.fromkeys(gg["run_id"]))})
+                          "limited by": limit_text(gg),
+                          # rails only where rows have them (rdma with metrics scrapes)
+                          **_shares_column(rail_shares_text(rows, gg["run_id"], thr)),
+                          "run": ",".join(dict.fromkeys(gg["run_id"]))})
         peak_only = all(row_extra(v).get("statistic") == "peak" for _, v in g.iterrows())
         label = f"{fmt_size(size)}, batch {fmt_number(batch)}" + (" (peak only)" if peak_only else "")
         ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], color=colors[k], label=label)
@@ -420,7 +439,8 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
 
 
 def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
-    """Whole machine: per-NIC bars, the aggregate, and each NIC's line rate."""
+    """Whole machine: per-NIC bars, the aggregate, and each NIC's line rate (and each rail's share of the
+    bytes where the metrics scrapes give it)."""
     sub = rows[rows["metric"].isin(BW_METRICS)]
     ok = _ok(sub)
     per = ok[ok["side"] == "per_device"]
@@ -444,6 +464,9 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
             table.append({"NIC / figure": label_of(r), **dict(zip(("value", "unit"), display(r["value"], r["unit"]))),
                           "line rate (GB/s)": "unknown" if cap is None else fmt_number(cap / 8e9),
                           "verdict": r.get("verdict") or "unchecked", "limited by": r.get("limited_by") or "—",
+                          # the aggregate: every rail's share (its groups' NICs); a NIC's row: its own
+                          **_shares_column(rail_shares_text(rows, [r["run_id"]]),
+                                           None if r["side"] == "aggregate" else str(r["devices"])),
                           "run": r["run_id"]})
         ax.set_xticks(range(len(frame)), [label_of(r) for _, r in frame.iterrows()], fontsize=7,
                       rotation=30, ha="right")
@@ -474,6 +497,16 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
         notes.append("red bars exceed the physical line rate of their NICs (verdict above_line_rate)")
     return Chart("whole_machine", "Whole machine: per-NIC and aggregate GET throughput", fig, table,
                  meta_block(ok, runs), notes)
+
+
+def _shares_column(shares: str | None, device: str | None = None) -> dict[str, str]:
+    """A table's "rail shares of bytes" cell ({} without rails): every rail's, or ``device``'s own part
+    ("rxe_b0 52 %") of :func:`rail_shares_text`'s list."""
+    if not shares:
+        return {}
+    if device is not None:
+        shares = next((p for p in shares.split(", ") if p.rsplit(" ", 2)[0] == device), "—")
+    return {"rail shares of bytes": shares}
 
 
 def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:

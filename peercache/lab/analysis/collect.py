@@ -19,6 +19,8 @@ import pandas as pd
 
 from peercache.lab import tidy
 from peercache.lab.analysis.references import UNITS, TestbedRefs, convert, line_capacity_bps, is_bandwidth
+from peercache.lab.errors import ParseError
+from peercache.lab.tools import promscrape
 from peercache.redact import redact_doc
 
 ROWS_FILE = "rows.parquet"
@@ -249,7 +251,9 @@ def read_raw(raw_dir, testbed: str, plan: set[tuple[str, str, int | None]] | Non
             issues.append(_issue("error", "unreadable_result", f"{path}: {e}", scenario, point))
             continue
         metas.append(meta)
-        for r in rs:
+        more, found = rail_rows(path.parent, rs)
+        issues += [_issue(sev, check, msg, scenario, point, meta.run_id) for sev, check, msg in found]
+        for r in [*rs, *more]:
             if not r.testbed:
                 r.testbed = meta.testbed or testbed
             rows.append(r)
@@ -264,6 +268,65 @@ def read_raw(raw_dir, testbed: str, plan: set[tuple[str, str, int | None]] | Non
                                  "ran to completion nor was marked skipped/failed; re-run it",
                                  scenario, point))
     return rows, metas, issues
+
+
+#: The tidy metrics collect makes of a point's metrics scrapes (per rail, over the measured window).
+RAIL_METRICS = {"rail_bytes": "B", "rail_share": "ratio"}
+
+
+def _headline(rows: list[tidy.Row], threads: Any) -> tidy.Row | None:
+    """The GET throughput row of a point (its whole figure, not a group's) whose context rail rows take."""
+    heads = [r for r in rows if r.metric == "get_throughput" and r.side in ("client", "aggregate")]
+    same = [r for r in heads if r.threads == threads]
+    return (same or heads or [None])[0]
+
+
+def rail_rows(folder: Path, rows: list[tidy.Row]) -> tuple[list[tidy.Row], list[tuple[str, str, str]]]:
+    """Each rail's bytes (``rail_bytes``, B) and share of all rails' bytes (``rail_share``, ratio) over a
+    point's measured window, from the metrics scrapes in its raw ``folder`` (``metrics/``, and each group's
+    ``<group>/metrics/``: a whole-machine point's rails are its groups' rails), summed over driver
+    processes, in the context of the point's headline row; and what went wrong, as (severity, check,
+    message). No rows where the processes had no rails (tcp, shm) or the point failed."""
+    indexes = sorted(folder.glob(f"metrics/{promscrape.INDEX}")) + sorted(folder.glob(f"*/metrics/{promscrape.INDEX}"))
+    out: list[tidy.Row] = []
+    found: list[tuple[str, str, str]] = []
+    windows: dict[Any, list[promscrape.Window]] = {}
+    for index in indexes:
+        try:
+            for w in promscrape.consumer_window(index):
+                windows.setdefault(w.threads, []).append(w)
+        except ParseError as e:
+            found.append(("error", "unreadable_scrape", f"{e}; the point's per-rail rows are left out"))
+            return [], found
+    for threads, ws in windows.items():
+        missing = [m for w in ws for m in w.missing]
+        if missing:
+            found.append(("warning", "missing_scrape", "no per-rail rows: " + "; ".join(missing)))
+            continue
+        rails: dict[str, promscrape.RailCounters] = {}
+        for w in ws:
+            promscrape.add(rails, w.rails)
+        head = _headline(rows, threads)
+        if not rails or head is None or head.status != "ok":
+            continue
+        shares = promscrape.shares(rails)
+        starts, ends = [w.start for w in ws if w.start], [w.end for w in ws if w.end]
+        ctx = {k: getattr(head, k) for k in ("experiment", "scenario", "run_id", "repetition", "tool", "side", "host",
+                                             "peer", "protocol", "layout", "size_bytes", "batch", "qps", "threads",
+                                             "processes", "testbed")}
+        for name in sorted(rails):
+            r = rails[name]
+            extra = dict(r.as_dict(), source="metrics scrapes (drive --metrics-scrapes)",
+                         processes_scraped=sum(w.processes for w in ws), rails=len(rails),
+                         scrape_start=min(starts) if starts else None, scrape_end=max(ends) if ends else None)
+            out.append(tidy.Row(metric="rail_bytes", value=r.bytes, unit="B", devices=name, extra=extra, **ctx))
+            if shares is None:
+                out.append(tidy.Row(metric="rail_share", value=None, unit="ratio", status="not_measured",
+                                    reason="no rail carried a byte over the window", devices=name, extra=extra, **ctx))
+            else:
+                out.append(tidy.Row(metric="rail_share", value=shares[name], unit="ratio", devices=name,
+                                    extra=extra, **ctx))
+    return out, found
 
 
 def check_tidy(rows: pd.DataFrame, runs: pd.DataFrame, expected: Iterable[str] = (),

@@ -262,9 +262,12 @@ def _multi_rail_tables(sub):
     for (size, batch), g in ok.groupby(["size_bytes", "batch"], dropna=False, sort=True):
         vals = [(int(t), _gbs(r), r["run_id"]) for t, r in ((r["threads"], r) for _, r in g.iterrows())]
         best = max(vals, key=lambda v: v[1])
+        shares = charts.rail_shares_text(sub, [best[2]], best[0])
         recs.append({"page size": charts.fmt_size(size), "batch": charts.fmt_number(batch),
                      "peak": f"{charts.fmt_number(best[1])} GB/s",
                      "best threads": f"{best[0]} (of {', '.join(str(v[0]) for v in sorted(vals))})",
+                     # each rail's share of the peak's bytes (rdma with metrics scrapes; no column without rails)
+                     **({"rail shares of bytes": shares} if shares else {}),
                      "run": short_run(best[2])})
     return [("", recs)] if recs else []
 
@@ -284,6 +287,9 @@ def _whole_machine_tables(sub):
         if pd.notna(r.get("size_bytes")):
             conf.append(f"{charts.fmt_size(r['size_bytes'])} pages")
         recs.append({"metric": "configuration", "value": ", ".join(conf), "run": short_run(r["run_id"])})
+        shares = charts.rail_shares_text(sub, [r["run_id"]])
+        if shares:    # the metrics scrapes' rails (one per group); nothing where there are none (tcp)
+            recs.append({"metric": "rail shares of bytes", "value": shares, "run": short_run(r["run_id"])})
     if not per.empty:
         vals = [_gbs(r) for _, r in per.iterrows()]
         runs = ", ".join(dict.fromkeys(per["run_id"]))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
-from peercache.lab.pipeline.points.peercache import READY_LINE, PeerCacheKnobs, serve_drive
+from peercache.lab.pipeline.points.peercache import READY_LINE, PeerCacheKnobs, keep_scrapes, serve_drive
 from peercache.lab.system import cpusample
 from peercache.lab.tidy import Row
 
@@ -56,7 +56,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
         return [Point(scenario, f"group_{vals['protocol']}_n{len(groups)}_s{sizes(page)}_b{batch}", cls.name, {
             "protocol": vals["protocol"], "layout": vals["layout"], "page_size": page, "batch_size": batch,
             "groups": groups, "readers": vals["readers_per_nic"], "threads": vals["threads"],
-            "per_device": bool(devices), **timing(vals)}, loopback=part.get("place") == "loopback")
+            "per_device": bool(devices), **timing(vals),
+            **({"metrics_scrape": True} if vals["metrics_scrape"] else {})}, loopback=part.get("place") == "loopback")
             for page, batch in itertools.product(vals["page_size"], vals["batch_size"])]
 
     @classmethod
@@ -84,8 +85,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
         docs: dict[str, dict] = {}
 
         def measure(gr) -> WindowBytes:
-            doc = json.loads(pr.fetch(th.consumer, outs[gr.name]))
             (pr.raw_dir / gr.name).mkdir(exist_ok=True)
+            doc = keep_scrapes(pr, json.loads(pr.fetch(th.consumer, outs[gr.name])), pr.raw_dir / gr.name)
             (pr.raw_dir / gr.name / "drive.json").write_text(json.dumps(doc, indent=1))
             docs[gr.name] = doc
             return sanity(gr.name, doc["points"][0])

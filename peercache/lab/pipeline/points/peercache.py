@@ -16,6 +16,7 @@ from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_MICROSECONDS, NULLABLE_SECONDS,
                                                    POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable)
 from peercache.lab.tidy import Row
+from peercache.lab.tools import promscrape
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
@@ -40,6 +41,11 @@ class PeerCacheKnobs(Timed):
     page_size = parameter(POSITIVE_INT, doc="bytes per object (--page-size)")
     #: keys per GET batch (int, swept)
     batch_size = parameter(POSITIVE_INT, doc="keys per batch (--batch-size)")
+    #: read serve's and drive's metrics at the start and end of the measured window (bool): their endpoints
+    #: on (--metrics-addr 127.0.0.1:0) and drive --metrics-scrapes; the texts are kept under the raw folder's
+    #: metrics/ and collect makes per-rail rows of them. Evidence, like perf stat: no name tag
+    metrics_scrape = variable(BOOL, False, "keep serve's and drive's metrics at the window's start and end "
+                                           "(--metrics-addr 127.0.0.1:0 and drive --metrics-scrapes)")
 
 
 class PeerCacheRun(PeerCacheKnobs):
@@ -93,7 +99,7 @@ class PeerCacheRun(PeerCacheKnobs):
              "batch_size": one["batch_size"], "processes": procs, "threads": threads,
              "destination": one["destinations"], "devices": list(devices) if one["all_devices"] else devices[:1]}
         p.update(cls.changed(one, "working_set", "max_channels", "dir_cache_ttl", "verify", "integrity",
-                             "tcp_poll_us", "metrics_endpoint"))
+                             "tcp_poll_us", "metrics_endpoint", "metrics_scrape"))
         return {**p, **timing(one)}
 
     @classmethod
@@ -113,7 +119,7 @@ class PeerCacheRun(PeerCacheKnobs):
         res, err = pr.pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, p.get("devices") or [])
         pr.record(res)
         try:
-            doc = json.loads(pr.fetch(th.consumer, out))
+            doc = keep_scrapes(pr, json.loads(pr.fetch(th.consumer, out)), pr.raw_dir)
             (pr.raw_dir / "drive.json").write_text(json.dumps(doc, indent=1))
         except (ToolError, json.JSONDecodeError) as e:
             pr.fail("get_throughput", "GB/s", err or f"drive wrote no result document: {e}",
@@ -136,7 +142,7 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
     ws = pr.working_set(p.get("working_set"), p["page_size"], p["batch_size"])
     common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
               "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
-    if p.get("metrics_endpoint"):
+    if p.get("metrics_endpoint") or p.get("metrics_scrape"):
         common += ["--metrics-addr", "127.0.0.1:0"]
     serve_devs, drive_devs = [], []
     if p.get("devices"):
@@ -155,11 +161,27 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
              "--out", out_path]
     if pr.slow > 1:
         drive += ["--ready-timeout", f"{30 * pr.slow:.0f}"]
+    if p.get("metrics_scrape"):
+        drive.append("--metrics-scrapes")
     if start_at:
         drive += ["--start-at", start_at]
     if p.get("destination") == "gpu":
         drive.append("--gpu")
     return serve, drive
+
+
+def keep_scrapes(pr: PointRun, doc: dict[str, Any], folder) -> dict[str, Any]:
+    """drive's document with its metrics scrapes moved to ``folder``/metrics (files and their index); a point
+    that asked for them and has none gets a note saying so."""
+    out, index = promscrape.keep(doc, folder / "metrics")
+    if pr.point.params.get("metrics_scrape"):
+        failed = [f"{e['role']} {e['edge']}: {e['error']}" for e in (index or {}).get("scrapes", []) if e.get("error")]
+        if index is None and doc.get("points"):
+            pr.notes.append(f"metrics scrapes: drive's document ({folder.name}) holds none although asked for "
+                            "(drive --metrics-scrapes); is the consumer's peercache-bench older than the lab?")
+        elif failed:
+            pr.notes.append("metrics scrapes missing: " + "; ".join(failed))
+    return out
 
 
 def sanity(pt: dict[str, Any], duration: float) -> tuple[str, str | None]:
