@@ -98,7 +98,9 @@ def add_flags(p) -> None:
         config.add_flag(p, options.FLAGS[name])
     for o in SUITE_FLAGS.values():
         config.add_flag(p, o)
-    p.set_defaults(batch_size=SGLANG_BATCH)
+    # SGLang's batch, and the directory cache TTL the store has by default (drive's is 0)
+    from ..hicache import DEFAULT_DIR_CACHE_TTL
+    p.set_defaults(batch_size=SGLANG_BATCH, dir_cache_ttl=DEFAULT_DIR_CACHE_TTL)
 
 
 def is_storage_writer(mla: bool, tp_rank: int) -> bool:
@@ -504,7 +506,8 @@ def format_table(doc: dict) -> str:
              f"page={m['page_tokens']} tokens = {m['objects_per_page']} x {m['object_bytes']} B, "
              f"batch={m['batch_size']} pages/call, rank {m['tp_rank']} of {m['tp_size']}"
              f"{' (storage writer)' if m['is_storage_writer'] else ' (not the storage writer)'}, "
-             f"verify={'on' if m['verify'] else 'off'}, window {m['warmup']:g}+{m['duration']:g} s",
+             f"verify={'on' if m['verify'] else 'off'}, dir-cache-ttl={m['dir_cache_ttl']:g} s, "
+             f"window {m['warmup']:g}+{m['duration']:g} s",
              f"{'op':<7}{'call':<14}{'threads':>7} {'calls':>8} {'pages/s':>11} {'tokens/s':>12} {'GB/s':>8} "
              f"{'p50 us':>9} {'p99 us':>9} {'p999 us':>9} {'miss':>6} {'err':>5}  status"]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)
