@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import BENCH, scaled
@@ -127,3 +128,45 @@ def test_peak_is_the_max_of_the_ok_points():
     p = hicache_suite.peak([pt(1, 10.0), pt(2, 30.0), pt(4, 50.0, "failed"), pt(8, 20.0)])
     assert p["peak"] and p["threads"] == 2 and p["pages_per_s"] == 30.0
     assert hicache_suite.peak([pt(1, 5.0, "failed")]) is None
+
+
+class _EchoStore:
+    """batch_get_v1 that lands thread 0's host pages in the pages asked for, one of them altered or missing."""
+
+    def __init__(self, host, alter: int | None = None, miss: int | None = None):
+        self.host, self.alter, self.miss = host, alter, miss
+
+    def batch_get_v1(self, hashes, tokens):
+        rows = self.host.kv_buffer.reshape(self.host.pages, self.host.obj_bytes)
+        dst = tokens[:: self.host.page_size] // self.host.page_size
+        rows[dst] = rows[: len(hashes)]
+        if self.alter is not None:
+            rows[dst[self.alter], 7] ^= 0xFF
+        return [i != self.miss for i in range(len(hashes))]
+
+
+def _rank(store_args) -> hicache_suite.Rank:
+    from peercache.bench.hicache_drive import HostPagePool
+    rank = hicache_suite.Rank.__new__(hicache_suite.Rank)
+    rank.batch, rank.page_tokens, rank.objs, rank.slices = 4, 2, 1, 2
+    rank.host = HostPagePool(8, 64, True, 2)
+    rank.host.kv_buffer[:] = np.random.default_rng(5).integers(0, 256, rank.host.kv_buffer.size, dtype=np.uint8)
+    rank.store = _EchoStore(rank.host, **store_args)
+    return rank
+
+
+@pytest.mark.parametrize("store_args,arrived,mismatched", [({}, 4, 0), ({"alter": 2}, 4, 1), ({"miss": 3}, 3, 0)])
+def test_set_round_trip_compares_every_byte(store_args, arrived, mismatched):
+    rt = _rank(store_args).roundtrip([(0, ["a", "b", "c", "d"])])
+    assert rt == {"pages": 4, "arrived": arrived, "mismatched": mismatched}
+
+
+def test_a_non_writer_rank_whose_store_published_fails_its_row():
+    rank = _rank({})
+    rank.args = type("A", (), {"tp_rank": 1, "tp_size": 2})()
+    rank.obj = 64
+    probe = {"is_storage_writer": False, "probe_pages": 4, "store_returned_true": 4, "published": 4,
+             "pages_written": 4}
+    row = hicache_suite.skipped_row(rank, 1, probe)
+    assert row["status"] == "failed" and "stored 4 page(s) and published 4" in row["reason"]
+    assert hicache_suite.skipped_row(rank, 1, {**probe, "published": 0, "pages_written": 0})["status"] == "skipped"
