@@ -643,12 +643,50 @@ def chart_msgsize_counters(rows: pd.DataFrame, runs: pd.DataFrame, refs: Testbed
 
 #: scenario -> chart builders for that scenario's rows (a scenario without builders draws nothing;
 #: tests check every key is a scenario of the scenario file).
+def chart_engines(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Engines side by side: GB/s of PeerCache, the other engines and the cell's raw limit, per page size and
+    threads (the table: % of raw, p50/p99, limited by, verification; :mod:`peercache.lab.analysis.engines`)."""
+    from peercache.lab.analysis import engines
+    recs = engines.table(rows)
+    if not recs:
+        return NotDrawn("engines", _why_empty(rows[rows["metric"].isin(BW_METRICS)], "engine throughput"))
+    cells = list(dict.fromkeys((r["page"], r["threads"]) for r in recs))
+    names = [*engines.ENGINES.values(), "raw limit"]
+    names = [n for n in names if any(r["engine"] == n for r in recs)]
+    fig, axes = _new_fig(w=max(7.0, 1.2 * len(cells) * len(names) / 2))
+    ax = axes[0][0]
+    width = 0.8 / len(names)
+    engine_names = [n for n in names if n != "raw limit"]
+    colors = dict(zip(engine_names, series_colors(len(engine_names), raw=False)), **{"raw limit": RAW_COLOR})
+    for k, n in enumerate(names):
+        xs, ys = [], []
+        for i, cell in enumerate(cells):
+            got = [r for r in recs if (r["page"], r["threads"]) == cell and r["engine"] == n]
+            if got:
+                xs.append(i + (k - (len(names) - 1) / 2) * width)
+                ys.append(got[0]["GB/s"])
+        ax.bar(xs, ys, width, label=n, color=colors[n])
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.3g}", (x, y), ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(cells)), [f"{fmt_size(p)}\n{t} thr" for p, t in cells], fontsize=8)
+    ax.set_ylabel("read throughput (GB/s)")
+    ax.legend(fontsize=7, loc="upper left")
+    table = [{"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
+              "GB/s": fmt_number(r["GB/s"]), "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
+              "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
+              "raw limit": r["raw limit"], "run": r["run"]} for r in recs]
+    ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
+    return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, PeerCache 0.8.4 and the raw limit",
+                 fig, table, meta_block(ok, runs), engines.skipped(rows))
+
+
 BUILDERS: dict[str, tuple[Callable, ...]] = {
     "single_nic": (chart_single_nic,),
     "multi_rail": (chart_multi_rail,),
     "whole_machine": (chart_whole_machine,),
     "gpudirect": (chart_gpudirect,),
     "msgsize_sweep": (chart_msgsize_bw, chart_msgsize_counters),
+    "engines": (chart_engines,),
 }
 
 

@@ -134,9 +134,10 @@ def _samples(r) -> int:
     return len(row_extra(r).get("rounds_Bps") or ()) or 1
 
 
-def raw_limits(rows: pd.DataFrame) -> dict[Shape, RawLimit]:
-    """The run's raw single-NIC limits by shape: the best GB/s over repetitions (and their rounds), with their runs."""
-    raw = rows[(rows["scenario"] == "single_nic") & rows["tool"].isin(RAW_TOOLS)
+def raw_limits(rows: pd.DataFrame, scenario: str = "single_nic") -> dict[Shape, RawLimit]:
+    """The run's raw single-NIC limits by shape: the best GB/s over repetitions (and their rounds), with their runs
+    (the raw runs of ``scenario``: single_nic's, or a scenario that measures its own, as engines does)."""
+    raw = rows[(rows["scenario"] == scenario) & rows["tool"].isin(RAW_TOOLS)
                & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
     acc: dict[tuple, dict[str, Any]] = {}
     for _, r in raw.iterrows():

@@ -366,6 +366,18 @@ def _msgsize_tables(sub):
     return out
 
 
+def _engines_tables(sub):
+    """Engines side by side: per page size and threads, each engine's GB/s, % of the cell's raw limit,
+    p50/p99 where reported, what limited it and whether its bytes were checked."""
+    from peercache.lab.analysis import engines
+    recs = [{"page": charts.fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
+             "GB/s": charts.fmt_number(r["GB/s"]),
+             "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
+             "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
+             "run": short_run(r["run"].split(",")[0])} for r in engines.table(sub) if r["engine"] != "raw limit"]
+    return [("", recs)] if recs else []
+
+
 def compact_tables(scenario: str, sub: pd.DataFrame, limits) -> list[tuple[str, list[dict[str, Any]]]]:
     """A scenario's compact table(s), as the published document has them."""
     if scenario == "single_nic":
@@ -378,6 +390,8 @@ def compact_tables(scenario: str, sub: pd.DataFrame, limits) -> list[tuple[str, 
         return _gpudirect_tables(sub)
     if scenario == "msgsize_sweep":
         return _msgsize_tables(sub)
+    if scenario == "engines":
+        return _engines_tables(sub)
     recs = [{"metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} {r['unit']}",
              "run": short_run(r["run_id"])} for _, r in _ok_bw(sub).iterrows()]
     return [("", recs)] if recs else []
