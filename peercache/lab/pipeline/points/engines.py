@@ -8,17 +8,20 @@ the checkout on a remote host (a shared install, as for a host's ``python``).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
-
-from peercache.lab.pipeline import experiments
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
+#: The checkout this package runs from (a kind uses the harness, not the pipeline's definitions module,
+#: so it does not take experiments.CHECKOUT_ROOT; the same directory).
+CHECKOUT_ROOT = Path(__file__).resolve().parents[4]
+
 
 def engine_path(rel: str) -> str:
     """The absolute path of ``rel`` (a file in an engine venv) under this checkout."""
-    return str(experiments.CHECKOUT_ROOT / rel)
+    return str(CHECKOUT_ROOT / rel)
 
 
 def missing_venv_reason(venv: str, binary: str, missing_on: list[str]) -> str:
