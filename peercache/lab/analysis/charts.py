@@ -656,8 +656,8 @@ def chart_engines(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | No
     fig, axes = _new_fig(w=max(7.0, 1.2 * len(cells) * len(names) / 2))
     ax = axes[0][0]
     width = 0.8 / len(names)
-    engine_names = [n for n in names if n != "raw limit"]
-    colors = dict(zip(engine_names, series_colors(len(engine_names), raw=False)), **{"raw limit": RAW_COLOR})
+    # PeerCache in its colour everywhere, each other engine in one of its own, the limit grey
+    colors = dict(zip(engines.ENGINES.values(), (PEERCACHE_COLOR, "#ff7f0e", "#2ca02c")), **{"raw limit": RAW_COLOR})
     for k, n in enumerate(names):
         xs, ys = [], []
         for i, cell in enumerate(cells):

@@ -1,9 +1,9 @@
 """The ``engines`` scenario side by side: PeerCache, the other engines and the raw limit, cell by cell.
 
 A cell is one page size and one number of reader threads. Every engine in a cell is compared with the
-same raw limit: the iperf3 run of the engines scenario (or, where it has none of that shape, of the same
-run's single_nic scenario, which measures the 1 MiB-request shapes) whose shape is the PeerCache point's of
-that cell (:mod:`peercache.lab.analysis.rawlimit`: connections, request size and bytes in flight, from drive's
+same raw limit: the iperf3 run of the engines scenario (or, where it has none of that shape and the rows
+given hold the same run's single_nic scenario, of that one) whose shape is the PeerCache point's of that
+cell (:mod:`peercache.lab.analysis.rawlimit`: connections, request size and bytes in flight, from drive's
 ``tcp_wire``), i.e. what the path gives when it is driven the way PeerCache drives it. The other engines
 say nothing of how they move a batch, so the cell's limit is theirs too; where the cell has no PeerCache
 point or no raw run of its shape there is no percentage, and the table says why. Pure: rows in, records out.
