@@ -193,3 +193,17 @@ def test_a_bad_index_is_named(tmp_path):
         promscrape.read_index(p)
     with pytest.raises(ParseError, match="cannot read the scrape index"):
         promscrape.read_index(tmp_path / "none.json")
+
+
+def test_a_rail_set_down_in_the_window_shows_in_its_delta():
+    """Soft-RoCE, pcg1b (rxe_b1's netdev) set down at the window's end, in the batch then in flight: the
+    scrapes' delta says so, as drive's own rail figures do."""
+    folder = FIX / "softroce_multi_rail_down"
+    (w,) = promscrape.consumer_window(folder / "metrics" / promscrape.INDEX)
+    drive = {r["rail"]: r for r in json.loads((folder / "drive.json").read_text())["points"][0]["rails"]}
+    b1 = w.rails["rxe_b1"]
+    assert (b1.downs, b1.ups, b1.up, b1.completion_errors) == (1, 0, False, {"IBV_WC_WR_FLUSH_ERR": 3})
+    assert w.rails["rxe_b0"].up is True and w.rails["rxe_b0"].downs == 0
+    for name, r in w.rails.items():
+        assert (r.bytes, r.reads, r.downs) == (drive[name]["bytes_read"], drive[name]["reads"], drive[name]["downs"])
+    assert promscrape.shares(w.rails)["rxe_b1"] == pytest.approx(0.3753, abs=1e-4)

@@ -212,3 +212,17 @@ def test_a_tcp_point_has_no_rail_rows_and_no_scrape_issue(tcp_point):
     rows_j = judged(res)
     ((_, recs),) = report.compact_tables("multi_rail", rows_j[rows_j["scenario"] == "multi_rail"], raw_limits(rows_j))
     assert "rail shares of bytes" not in recs[0]
+
+
+def test_a_rail_that_went_down_late_in_the_window_is_no_imbalance(tmp_path):
+    """The real point whose rxe_b1 went down at the window's end: 38 % of the bytes is above half an even split."""
+    dest = tmp_path / "raw" / "softroce" / POINT
+    shutil.copytree(FIX / "softroce_multi_rail_down", dest)
+    res = collect.collect_testbed(tmp_path / "raw", tmp_path / "tidy", "softroce", write=False)
+    rows = judged(res)
+    share = rows[(rows["metric"] == "rail_share") & (rows["devices"] == "rxe_b1")].iloc[0]
+    assert share["value"] == pytest.approx(0.3753, abs=1e-4)
+    assert json.loads(share["extra"])["downs"] == 1 and json.loads(share["extra"])["up"] is False
+    assert rows[rows["metric"] == "get_throughput"].iloc[0]["limit"] != "rail_imbalance"
+    ((_, recs),) = report.compact_tables("multi_rail", rows, raw_limits(rows))
+    assert recs[0]["rail shares of bytes"] == "rxe_b0 62 %, rxe_b1 38 %"
