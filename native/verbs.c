@@ -1201,19 +1201,26 @@ static int verbs_read_batch(void *cp, const pc_op *ops, size_t n, const pc_local
 }
 
 /* Whether the connection should be replaced before its next batch: it is
- * dead, or a rail it lost to a transport error may have fresh QPs now (its
- * wait is over and its port is not down). The batch path asks this of every
- * handle (cheap: atomics, the clock only after a failure). */
+ * dead, or a rail it lost to a transport error (and whose port is not down)
+ * may have fresh QPs: its wait is over, or no other rail of the connection
+ * can carry reads (then waiting helps nobody: the peer may have restarted).
+ * The batch path asks this of every handle (cheap: atomics, the clock only
+ * after a failure). */
 static int verbs_stale(void *cp) {
     pv_conn *c = cp;
     if (atomic_load_explicit(&c->dead, memory_order_relaxed)) return 1;
     if (!atomic_load_explicit(&c->nfailed, memory_order_relaxed)) return 0;
     uint64_t now = (uint64_t)(pc_mono_s() * 1e6);
-    for (size_t r = 0; r < c->nrails; r++)
-        if (atomic_load(&c->failed[r]) && atomic_load(&c->rails[r]->state) != PV_RAIL_DOWN &&
-            now >= atomic_load(&c->retry_us[r]))
-            return 1;
-    return 0;
+    int carrying = 0, waiting = 0;
+    for (size_t r = 0; r < c->nrails; r++) {
+        int failed = atomic_load(&c->failed[r]), st = atomic_load(&c->rails[r]->state);
+        if (!failed && st == PV_RAIL_UP) carrying = 1;
+        if (failed && st != PV_RAIL_DOWN) {
+            if (now >= atomic_load(&c->retry_us[r])) return 1;
+            waiting = 1;
+        }
+    }
+    return waiting && !carrying;
 }
 
 static int verbs_alive(void *cp) {

@@ -153,6 +153,9 @@ class RdmaTransport(Transport):
         """Create QPs for a consumer's (rail, channel) pairs and bring them to RTS."""
         consumer, nrails, nchan = str(msg["consumer"]), int(msg["rails"]), int(msg["channels"])
         qps = msg["qps"]
+        if not self.rails:
+            raise TransportError(f"rdma_connect from {consumer}: this node's rdma transport is closed (the node "
+                                 "is leaving); connect to a node that is running")
         if not 1 <= nrails <= self._verbs.MAX_RAILS or not 1 <= nchan <= self._verbs.MAX_CHANNELS:
             raise TransportError(f"rdma_connect asks for {nrails} rails x {nchan} channels; the limits "
                                  f"are {self._verbs.MAX_RAILS} x {self._verbs.MAX_CHANNELS}")
