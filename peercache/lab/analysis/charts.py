@@ -215,8 +215,12 @@ def unverified_note(rows: pd.DataFrame) -> str | None:
     n = sum(1 for _, r in get.iterrows() if row_extra(r).get("verified") is False)
     if not n:
         return None
-    return (f"unverified: {n} of {len(get)} GET figure(s) ran without checking page contents "
-            "(drive --no-verify)")
+    # another engine's rows say why they are unverified ("verification"): the tool checks nothing
+    others = sum(1 for _, r in get.iterrows() if row_extra(r).get("verified") is False
+                 and row_extra(r).get("verification"))
+    why = "; ".join(w for w, k in (("drive --no-verify", n - others),
+                                  ("other engines, which never check the bytes they read", others)) if k)
+    return f"unverified: {n} of {len(get)} GET figure(s) ran without checking page contents ({why})"
 
 
 def _verdict(r: dict) -> str:
