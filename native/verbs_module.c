@@ -492,6 +492,18 @@ static int int_list(PyObject *o, int32_t *out, size_t n, const char *what) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* The ops array (OP_DTYPE, C-contiguous) as a buffer view and its op count; -1 with the error set. */
+static int ops_buffer(PyObject *ops_o, Py_buffer *ov, size_t *n) {
+    if (PyObject_GetBuffer(ops_o, ov, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (ov->len % (Py_ssize_t)sizeof(pc_op)) {
+        PyBuffer_Release(ov);
+        PyErr_Format(PyExc_ValueError, "ops must be an OP_DTYPE array");
+        return -1;
+    }
+    *n = (size_t)ov->len / sizeof(pc_op);
+    return 0;
+}
+
 static PyObject *py_plan(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *ops_o, *lnuma_o, *rnuma_o, *load_o, *up_o = Py_None;
@@ -501,12 +513,8 @@ static PyObject *py_plan(PyObject *mod, PyObject *args) {
                           &lim.max_rd_atom, &lim.max_sge, &lim.signal_every, &lim.max_chain, &channels, &up_o))
         return NULL;
     Py_buffer ov;
-    if (PyObject_GetBuffer(ops_o, &ov, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (ov.len % (Py_ssize_t)sizeof(pc_op)) {
-        PyBuffer_Release(&ov);
-        return PyErr_Format(PyExc_ValueError, "ops must be an OP_DTYPE array");
-    }
-    size_t n = (size_t)ov.len / sizeof(pc_op);
+    size_t n;
+    if (ops_buffer(ops_o, &ov, &n) < 0) return NULL;
     Py_ssize_t nl = PySequence_Size(lnuma_o), nr = PySequence_Size(rnuma_o);
     if (nl < 0 || nr < 1 || nr > PV_MAX_RAILS) {
         PyBuffer_Release(&ov);
@@ -556,12 +564,8 @@ static PyObject *py_plan(PyObject *mod, PyObject *args) {
 static PyObject *py_units(PyObject *mod, PyObject *ops_o) {
     (void)mod;
     Py_buffer ov;
-    if (PyObject_GetBuffer(ops_o, &ov, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (ov.len % (Py_ssize_t)sizeof(pc_op)) {
-        PyBuffer_Release(&ov);
-        return PyErr_Format(PyExc_ValueError, "ops must be an OP_DTYPE array");
-    }
-    size_t n = (size_t)ov.len / sizeof(pc_op);
+    size_t n;
+    if (ops_buffer(ops_o, &ov, &n) < 0) return NULL;
     uint32_t *u = PyMem_Malloc((n ? n : 1) * sizeof *u);
     if (!u) { PyBuffer_Release(&ov); return PyErr_NoMemory(); }
     pv_units(ov.buf, n, u);
