@@ -167,3 +167,22 @@ def test_make_run_stops_the_pipeline_when_a_machine_stalls():
     left = subprocess.run(["pgrep", "-f", "-P", str(os.getpid()), "sleep 60"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
     assert R._run(["true"], dict(os.environ), stalled) == 0
+
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "guest"
+
+
+def test_vcpu_addresses_are_read_from_info_registers_and_named_from_kallsyms():
+    regs = (FIX / "info-registers-a.txt").read_text()
+    rips = M.vcpu_addresses(regs)
+    assert rips == [0xffffffff81a592eb, 0xffffffff81a592eb]          # both vCPUs idle
+    kallsyms = (FIX / "kallsyms-excerpt.txt").read_text()
+    assert M.symbolize(rips, kallsyms) == ["0xffffffff81a592eb native_safe_halt+0xb"] * 2
+    requester = next(int(ln.split()[0], 16) for ln in kallsyms.splitlines() if ln.split()[2] == "rxe_requester")
+    assert M.symbolize([requester + 0x40], kallsyms) == [f"{requester + 0x40:#x} rxe_requester+0x40 [rdma_rxe]"]
+    assert M.symbolize([0x1000], kallsyms) == ["0x1000"]
+    assert M.vcpu_addresses("no answer within 10 s") == []
+
+
+def test_the_guest_leaves_its_kernel_symbols_in_the_control_share():
+    assert f"/proc/kallsyms > /mnt/pcguest/{M.KALLSYMS_FILE}" in M.WAIT_COMMAND

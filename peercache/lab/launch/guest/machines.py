@@ -31,7 +31,9 @@ pure; :class:`MachinePair` is the launcher.
 """
 from __future__ import annotations
 
+import bisect
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -62,6 +64,8 @@ STOP_FILE = "stop"
 #: What each machine writes into its control share: sshd's log, and its health every 2 s.
 SSHD_LOG = "sshd.log"
 HEALTH_FILE = "health"
+#: The guest's text symbols (/proc/kallsyms, written once at boot): where a stalled machine's vCPUs are.
+KALLSYMS_FILE = "kallsyms"
 #: A machine whose health file has not changed for this long (seconds of this machine's clock; the
 #: guest writes it every 2 s of its own, and its clock keeps real time under emulation) has stopped.
 STALL_S = 60.0
@@ -206,6 +210,24 @@ def process_threads(pid: int) -> str:
     return "\n".join(out)
 
 
+def vcpu_addresses(registers: str) -> list[int]:
+    """The instruction pointer of each vCPU in qemu's answer to ``info registers -a`` (pure)."""
+    return [int(x, 16) for x in re.findall(r"\bRIP=([0-9a-f]{16})\b", registers)]
+
+
+def symbolize(addresses: list[int], kallsyms: str) -> list[str]:
+    """Each address as ``0x... symbol+offset [module]`` from /proc/kallsyms text lines (pure; an address
+    below every symbol stays hex)."""
+    table = sorted((int(f[0], 16), f[2], " " + f[3] if len(f) > 3 else "")
+                   for f in (line.split() for line in kallsyms.splitlines()) if len(f) >= 3 and f[1] in "tTwW")
+    starts = [t[0] for t in table]
+    out = []
+    for a in addresses:
+        i = bisect.bisect_right(starts, a) - 1
+        out.append(f"{a:#x} {table[i][1]}+{a - table[i][0]:#x}{table[i][2]}" if i >= 0 else f"{a:#x}")
+    return out
+
+
 def _nic_by_mac(mac: str, name: str) -> str:
     return (f"for d in /sys/class/net/*; do [ \"$(cat $d/address)\" = {mac} ] && ip link set dev \"${{d##*/}}\" "
             f"name {name} && break; done; [ -e /sys/class/net/{name} ] || "
@@ -258,7 +280,8 @@ def setup_script(spec: MachinesSpec, role: str) -> str:
 #: The machine's command: wait (bounded by the launcher's kill) until asked to power off, and meanwhile
 #: write the machine's health every 2 s into the control share (uptime, load, sshd's listening socket
 #: and its queue), which this side can read when the machine stops answering ssh.
-WAIT_COMMAND = (f"while [ ! -e /mnt/pcguest/{STOP_FILE} ]; do "
+WAIT_COMMAND = (f"(grep ' [tTwW] ' /proc/kallsyms > /mnt/pcguest/{KALLSYMS_FILE} 2>/dev/null &); "
+                f"while [ ! -e /mnt/pcguest/{STOP_FILE} ]; do "
                 f"{{ echo \"$(date +%T) up $(cut -d' ' -f1 /proc/uptime) s, load $(cat /proc/loadavg)\"; "
                 f"ss -tlnH 'sport = :22'; ss -tnH state established '( sport = :22 )' | wc -l; }} "
                 f"> /mnt/pcguest/{HEALTH_FILE}.new 2>&1; mv /mnt/pcguest/{HEALTH_FILE}.new /mnt/pcguest/{HEALTH_FILE}; "
@@ -503,6 +526,7 @@ class MachinePair:
         if self.running(role):
             out.append(f"qemu's monitor, asked `info status`: {ask_monitor(monitor_path(m.ctl), 'info status')}")
             out.append(f"qemu's threads (pid {m.proc.pid}):\n{process_threads(m.proc.pid)}")
+            out.append(self._where_vcpus_are(m))
         silent = self.silent_for(role)
         if silent is not None:
             out.append(f"its health file last changed {silent:.0f} s ago")
@@ -515,6 +539,24 @@ class MachinePair:
                 text = f"(unreadable: {e})"
             out.append(f"{what}:\n" + "".join(text.splitlines(keepends=True)[-10:]))
         return "\n".join(out)
+
+    @staticmethod
+    def _where_vcpus_are(m: _Machine, samples: int = 3) -> str:
+        """Each vCPU's instruction pointer, ``samples`` times 1 s apart, named from the guest's kallsyms."""
+        try:
+            kallsyms = (m.ctl / KALLSYMS_FILE).read_text(errors="replace")
+        except OSError:
+            kallsyms = ""
+        lines = []
+        for k in range(samples):
+            if k:
+                time.sleep(1)
+            answer = ask_monitor(monitor_path(m.ctl), "info registers -a", timeout=10)
+            rips = vcpu_addresses(answer)
+            lines.append(f"  sample {k + 1}: " + ("; ".join(f"CPU{i} {s}" for i, s in enumerate(symbolize(rips, kallsyms)))
+                                                 if rips else answer[:200]))
+        return ("its vCPUs' instruction pointers, 1 s apart" + ("" if kallsyms else " (no kallsyms from the guest)")
+                + ":\n" + "\n".join(lines))
 
     def silent_for(self, role: str) -> float | None:
         """Seconds since ``role`` last wrote its health file (None before its first)."""
