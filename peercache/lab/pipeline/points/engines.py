@@ -47,3 +47,18 @@ def skip_for(pr: PointRun, reason: str) -> None:
     pr.point.skip_reason = reason
     pr.skip()
     print(f"{pr.run_id}: skipped: {reason}", file=sys.stderr, flush=True)
+
+
+def engine_sides(pr: PointRun, th: TestbedHosts, venv: str, binary: str) -> tuple[list[str], str | None, str | None] | None:
+    """An engine point's devices and each side's device (the first it has of them), or None when the point
+    cannot run and was recorded skipped with why (the engine's venv missing on a host, or rdma without a
+    device)."""
+    why = venv_missing(pr, th, venv, binary)
+    devs = list(pr.point.params.get("devices") or [])
+    if why is None and pr.point.params["protocol"] == "rdma" and not devs:
+        why = "protocol rdma and the testbed names no RDMA device"
+    if why:
+        skip_for(pr, why)
+        return None
+    return (devs, (pr.tb.role_devices("producer", devs) or [None])[0],
+            (pr.tb.role_devices("consumer", devs) or [None])[0])

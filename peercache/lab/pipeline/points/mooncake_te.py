@@ -18,7 +18,7 @@ from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (NULLABLE_INT, POSITIVE_INT, Timed, one_of, parameter, sizes, timing,
                                                    variable)
-from peercache.lab.pipeline.points.engines import engine_path, skip_for, venv_missing
+from peercache.lab.pipeline.points.engines import engine_path, engine_sides
 from peercache.lab.tools import mooncake_te as te
 
 if TYPE_CHECKING:
@@ -65,16 +65,10 @@ class MooncakeTeRun(Timed):
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:
         p = pr.point.params
-        why = venv_missing(pr, th, te.VENV, te.BINARY)
-        if why:
-            skip_for(pr, why)
+        sides = engine_sides(pr, th, te.VENV, te.BINARY)
+        if sides is None:
             return
-        devs = list(p.get("devices") or [])
-        if p["protocol"] == "rdma" and not devs:
-            skip_for(pr, "protocol rdma and the testbed names no RDMA device")
-            return
-        pdev = (pr.tb.role_devices("producer", devs) or [None])[0]
-        cdev = (pr.tb.role_devices("consumer", devs) or [None])[0]
+        devs, pdev, cdev = sides
         gid = pr.tb.get("gid_index")
         block, batch, threads = p["page_size"], p["batch_size"], p["threads"]
         buf = te.buffer_bytes(block, batch, threads, int(p.get("buffer_bytes") or pr.tb.get("working_set_bytes", 0)

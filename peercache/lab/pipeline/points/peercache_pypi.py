@@ -17,7 +17,7 @@ from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, Timed, one_of,
                                                    parameter, sizes, timing, variable)
-from peercache.lab.pipeline.points.engines import engine_path, skip_for, venv_missing
+from peercache.lab.pipeline.points.engines import engine_path, engine_sides
 from peercache.lab.tools import peercache_pypi as pypi
 
 if TYPE_CHECKING:
@@ -70,16 +70,10 @@ class PeerCachePypiRun(Timed):
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:
         p = pr.point.params
-        why = venv_missing(pr, th, pypi.VENV, pypi.BINARY)
-        if why:
-            skip_for(pr, why)
+        sides = engine_sides(pr, th, pypi.VENV, pypi.BINARY)
+        if sides is None:
             return
-        devs = list(p.get("devices") or [])
-        if p["protocol"] == "rdma" and not devs:
-            skip_for(pr, "protocol rdma and the testbed names no RDMA device")
-            return
-        pdev = (pr.tb.role_devices("producer", devs) or [None])[0]
-        cdev = (pr.tb.role_devices("consumer", devs) or [None])[0]
+        devs, pdev, cdev = sides
         gid = pr.tb.get("gid_index")
         ws = pr.working_set(p.get("working_set"), p["page_size"], p["batch_size"])
         ttl = p.get("dir_cache_ttl", pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))
