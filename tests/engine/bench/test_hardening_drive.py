@@ -123,7 +123,13 @@ def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
     w.pidx, w.objs, w.slice_bytes, w.gpu, w.recv, w.fused_verify = 0, 1, 128, None, None, True
     w.keys_arr = np.array([f"k{i}".encode() for i in range(8)], dtype=object)
 
+    class Rails:                      # a tcp node's transport: no rails
+        def rail_stats(self):
+            return []
+
     class Boom:
+        transport = Rails()
+
         def get_batch_into(self, *a, **k):
             raise OverflowError("Python integer -5 out of bounds for uint64")
 
