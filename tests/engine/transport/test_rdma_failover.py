@@ -167,6 +167,10 @@ def test_a_rail_set_down_mid_run_fails_over_with_no_error_and_comes_back(two_rai
         link.down()
         _wait(f"{victim} reported down", lambda: _rail(stats(), victim)["state"] == "down", scaled(10), reader)
         took_down = time.monotonic() - t_cmd
+        # The batch in flight when the port went down may still complete READs on it (posted before);
+        # from the next batch on (one reader thread: batches run one after the other), none is planned there.
+        t_seen = time.monotonic()
+        _wait("a batch planned after the down", lambda: len(reader.since(t_seen)) >= 1, scaled(10), reader)
         s1, t1 = stats(), time.monotonic()
         time.sleep(scaled(1))
         s2, t2 = stats(), time.monotonic()
