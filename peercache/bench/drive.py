@@ -28,6 +28,7 @@ from ..directory.client import connect_directory, is_redis
 from ..errors import PeerCacheError
 from ..node import Get, Node
 from ..directory.redis_url import parse_url
+from ..transport.base import Transport
 from ..transport.tcp import batch_wire
 from . import meta, options
 from .serve import METRICS_TEXT_OP
@@ -116,7 +117,7 @@ class _Worker:
         if node.metrics_addr:
             from .. import metrics
             try:
-                self.metrics = metrics.serve_node(metrics_address(node.metrics_addr, pidx, cfg["processes"]),
+                self.metrics = metrics.serve_node(metrics.for_process(node.metrics_addr, pidx, cfg["processes"]),
                                                   self.node, warn=False)   # drive warned once
             except BaseException:
                 self.node.close()
@@ -216,7 +217,7 @@ class _Worker:
 
     def _own_scrape(self, edge: str) -> dict:
         rec = {"source": "drive", "process": self.pidx, "edge": edge}
-        endpoint = getattr(self, "metrics", None)
+        endpoint = getattr(self, "metrics", None)     # HiCacheWorker's store serves its own
         if endpoint is None:
             return dict(rec, error=f"driver process {self.pidx} serves no metrics endpoint of its own")
         t = time.time()
@@ -399,12 +400,6 @@ def _die_with_parent(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def metrics_address(addr: str, pidx: int, processes: int) -> str:
-    """The metrics address of driver process ``pidx``: --metrics-addr's port plus ``pidx`` (0: any free port)."""
-    from ..metrics import for_process
-    return for_process(addr, pidx, processes)
-
-
 def _worker_class(cfg: dict) -> type:
     """The worker class a driver process runs: drive's own, or ``cfg["worker"]`` ("module:Class")."""
     spec = cfg.get("worker")
@@ -452,7 +447,7 @@ def rail_delta(before: list[dict], after: list[dict]) -> list[dict]:
         o = old.get(r["rail"], {})
         errs = {k: n - o.get("completion_errors", {}).get(k, 0) for k, n in r["completion_errors"].items()}
         out.append({"rail": r["rail"], "state": r["state"],
-                    **{k: r[k] - o.get(k, 0) for k in ("bytes_read", "reads", "qp_resets", "downs", "ups")},
+                    **{k: r[k] - o.get(k, 0) for k in Transport.RAIL_COUNTS},
                     "completion_errors": {k: n for k, n in errs.items() if n}})
     return out
 
@@ -463,10 +458,9 @@ def merge_rails(per_process: list[list[dict]]) -> list[dict]:
     merged: dict[str, dict] = {}
     for rails in per_process:
         for r in rails:
-            m = merged.setdefault(r["rail"], {"rail": r["rail"], "state": "up", "bytes_read": 0, "share": None,
-                                              "reads": 0, "qp_resets": 0, "downs": 0, "ups": 0,
-                                              "completion_errors": {}})
-            for k in ("bytes_read", "reads", "qp_resets", "downs", "ups"):
+            m = merged.setdefault(r["rail"], {"rail": r["rail"], "state": "up", "share": None,
+                                              **dict.fromkeys(Transport.RAIL_COUNTS, 0), "completion_errors": {}})
+            for k in Transport.RAIL_COUNTS:
                 m[k] += r[k]
             for k, n in r["completion_errors"].items():
                 m["completion_errors"][k] = m["completion_errors"].get(k, 0) + n

@@ -160,7 +160,8 @@ class HiCacheWorker(drive._Worker):
         # drive's node options, as SGLang would give them: the store's extra config (the metrics endpoint
         # of each driver process on its own port, as drive's)
         node = cfg["node"]
-        addr = node.metrics_addr and drive.metrics_address(node.metrics_addr, pidx, cfg["processes"])
+        from ..metrics import for_process
+        addr = node.metrics_addr and for_process(node.metrics_addr, pidx, cfg["processes"])
         extra = replace(node, pool_bytes=0, timeout=3.0, metrics_addr=addr or None).extra_config()
         #: serve's first object key of each page -> its page hash (the page number)
         self.hash_of = {k: str(i) for i, k in enumerate(self.keys[:: self.objs])}

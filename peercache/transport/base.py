@@ -194,6 +194,9 @@ class Transport(abc.ABC):
         """Drop any connection state for ``peer`` (it left or restarted)."""
 
     # -- counters (read by the metrics endpoint at scrape time, never per op) ----------
+    #: The counts of one rail in rail_stats() (each cumulative; besides them: rail, state, completion_errors).
+    RAIL_COUNTS = ("bytes_read", "reads", "qp_resets", "downs", "ups")
+
     def rail_stats(self) -> list[dict[str, Any]]:
         """One dict per rail, cumulative: ``rail`` (device name), ``state`` ("up"/"down"),
         ``bytes_read``, ``reads``, ``completion_errors`` (ibv_wc_status name -> count),

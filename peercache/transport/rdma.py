@@ -123,9 +123,8 @@ class RdmaTransport(Transport):
         for r in rails:
             s = r.stats()
             out.append({"rail": s["name"], "state": "up" if s["state"] == "up" else "down",
-                        "bytes_read": s["bytes_read"], "reads": s["reads"],
-                        "completion_errors": {wc_name(code): n for code, n in sorted(s["wc_errors"].items())},
-                        "qp_resets": s["qp_resets"], "downs": s["downs"], "ups": s["ups"]})
+                        **{k: s[k] for k in self.RAIL_COUNTS},
+                        "completion_errors": {wc_name(code): n for code, n in sorted(s["wc_errors"].items())}})
         return out
 
     # -- producer ------------------------------------------------------------------

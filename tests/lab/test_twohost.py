@@ -242,6 +242,16 @@ def _ended_with_an_error(pair, d, what: str) -> str:
     return out
 
 
+def _clean_up(pair, role: str, netdev: str, handles: list, hosts: tuple) -> None:
+    """After a test that took ``role``'s ``netdev`` down: the link up again, the processes it started
+    stopped (last first), the hosts' connections closed."""
+    pair.ssh(role, f"ip link set {netdev} up")
+    for h in reversed(handles):
+        h.stop()
+    for h in hosts:
+        h.close()
+
+
 @pytest.mark.timeout(3600)
 def test_wire_down_ends_drive_serve_stays_up_and_serves_again_then_serve_killed_ends_drive(pair):
     prod, cons = host("producer"), host("consumer")
@@ -266,11 +276,7 @@ def test_wire_down_ends_drive_serve_stays_up_and_serves_again_then_serve_killed_
         assert pair.ssh("producer", "pkill -KILL -f 'peercache.bench.cl[i] serve'").returncode == 0
         _ended_with_an_error(pair, d2, "serve killed")
     finally:
-        pair.ssh("producer", "ip link set rail0 up")
-        for h in reversed(handles):
-            h.stop()
-        prod.close()
-        cons.close()
+        _clean_up(pair, "producer", "rail0", handles, (prod, cons))
     assert leftovers(pair, "producer") == [] and leftovers(pair, "consumer") == []
 
 
@@ -302,11 +308,7 @@ def test_a_rail_down_under_drive_fails_over_to_the_other_and_comes_back(pair):
         assert rc == 0, (d.stdout + d.stderr)[-3000:]
         print("rail down under drive:\n" + "\n".join(ln for ln in d.stdout.splitlines() if ln.strip()))
     finally:
-        pair.ssh("consumer", "ip link set rail1 up")
-        for h in reversed(handles):
-            h.stop()
-        prod.close()
-        cons.close()
+        _clean_up(pair, "consumer", "rail1", handles, (prod, cons))
     doc = json.loads(pair.ssh("consumer", f"cat {out}").stdout)
     assert doc["status"] == "ok", doc.get("error")
     points = doc["points"]
