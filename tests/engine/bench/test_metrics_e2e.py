@@ -146,8 +146,12 @@ def test_drive_keeps_each_process_and_serves_metrics_at_its_window_edges(procs, 
         assert 0 <= by[("drive", proc, "end")]["time"] - pt["window_end"] < scaled(5.0)
         assert a[("peercache_node_info", (("node", f"drive-{proc}"), ("protocol", "tcp")))] == 1
         grown += b[("peercache_get_bytes_total", ())] - a[("peercache_get_bytes_total", ())]
-    # what the window counted, give or take the batch each thread had in flight at either edge
-    assert abs(grown - pt["bytes"]) <= 2 * 2 * BATCH * PAGE and pt["bytes"] > 0
+    # what the window counted, give or take the batch each thread had in flight at either edge, and what
+    # moved while each of the 4 scrapes rendered its text (a timer thread beside two busy readers; one run
+    # here was 2.75 MB over, about 2 ms at 1.5 GB/s): 20 ms each allowed, while the warm-up alone moves
+    # ~30 % of the window's bytes
+    rate = pt["bytes"] / (pt["window_end"] - pt["window_start"])
+    assert abs(grown - pt["bytes"]) <= 2 * 2 * BATCH * PAGE + 4 * scaled(0.02) * rate and pt["bytes"] > 0
     sa, sb = (samples_of(by[("serve", None, e)]["text"]) for e in ("start", "end"))
     assert sb[("peercache_data_requests_total", ())] > sa[("peercache_data_requests_total", ())]
     assert sa[("peercache_node_info", (("node", "serve"), ("protocol", "tcp")))] == 1
