@@ -26,10 +26,14 @@ wildcard_constraints:
     rep=r"\d+",
 
 
+# Every result is a target too: Snakemake does not remake a missing intermediate file while what
+# was built from it is up to date, so a point whose raw folder was deleted would otherwise not
+# run again; named here, it runs and the collect, charts and report after it follow.
 rule all:
     input:
         f"reports/{TB}/report.html",
         f"figures/{TB}/index.md",
+        PLAN.result_paths(),
     localrule: True
 
 

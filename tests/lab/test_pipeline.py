@@ -186,6 +186,27 @@ def test_benchmark_jobs_never_overlapped(tiny_run):
         assert e0 <= s1, f"runs overlapped: {(s0, e0)} and {(s1, e1)}"
 
 
+def test_a_deleted_point_runs_again_and_the_report_follows(tiny_run):
+    """Deleting one point's raw folder after a finished run makes Snakemake run that point (and only
+    it) again, then collect, charts and report: the finished report must not hide a missing result."""
+    work, r = tiny_run
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    config = ("--config", f"testbed={TINY}", f"scenarios={TINY_SCENARIOS}")
+    assert "Nothing to be done" in (n := snakemake("-n", "--cores", "2", *config, cwd=work)).stdout + n.stderr
+    point = sorted((work / "data/raw/tiny/single_nic").iterdir())[0]
+    aside = work / "aside"
+    point.rename(aside)
+    try:
+        n = snakemake("-n", "--cores", "2", *config, cwd=work)
+    finally:
+        aside.rename(point)
+    out = n.stdout + n.stderr
+    assert n.returncode == 0, out[-2000:]
+    stats = dict(re.findall(r"^(run_point|collect|charts|report)\s+(\d+)$", out, re.M))
+    assert stats == {"run_point": "1", "collect": "1", "charts": "1", "report": "1"}, out[-3000:]
+    assert f"point={point.name}, rep=0" in out
+
+
 def test_numa_node_lists_from_sysfs():
     from peercache.lab.pipeline.runpoint import parse_nodelist
     assert parse_nodelist("0\n") == [0] and parse_nodelist("0-1") == [0, 1]
