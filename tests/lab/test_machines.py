@@ -169,6 +169,42 @@ def test_make_run_stops_the_pipeline_when_a_machine_stalls():
     assert R._run(["true"], dict(os.environ), stalled) == 0
 
 
+class _StallingPair:
+    """A pair whose consumer stalls during the first ``stalls`` runs: what make run's retry sees."""
+
+    def __init__(self, stalls: int):
+        self.stalls, self.restarts, self.asked = stalls, 0, 0
+
+    def environment(self):
+        return {"PEERCACHE_SLOWNESS": "1.0"}
+
+    def stalled(self, role):
+        self.asked += 1
+        return role == "consumer" and self.restarts < self.stalls
+
+    def describe(self, role):
+        return f"pc-{role} (running; health silent)"
+
+    def restart(self):
+        self.restarts += 1
+        return self
+
+
+@pytest.mark.parametrize("stalls, retries, rc, restarts", [(1, 1, 0, 1), (2, 1, 4, 1), (1, 0, 4, 0)])
+def test_make_run_reboots_a_stalled_pair_and_goes_on_once(capfd, stalls, retries, rc, restarts):
+    """A stall stops the run and prints the machine's description; with a retry left, the pair is
+    rebooted and the same command runs again (Snakemake keeps finished points); else exit 4."""
+    import sys
+    pair = _StallingPair(stalls)
+    cmd = [sys.executable, "-c", "import time; time.sleep(7)"]
+    assert R._run_on_pair(pair, "pairtest", cmd, retries) == rc
+    assert pair.restarts == restarts
+    err = capfd.readouterr().err
+    assert err.count("a machine stopped answering") == min(stalls, retries + 1)
+    assert "pc-consumer (running; health silent)" in err
+    assert ("the machines stopped" in err) == (rc == 4)
+
+
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "guest"
 
 

@@ -73,10 +73,40 @@ def _run(argv: list[str], env: dict[str, str], stalled: Callable[[], str | None]
         raise
 
 
+def _run_on_pair(pair, name: str, cmd: list[str], retries: int) -> int:
+    """Snakemake against the booted ``pair``. When a machine stops answering, the run is stopped and what
+    the machine was doing printed; then, ``retries`` times, the pair is rebooted and the same command
+    goes on (Snakemake keeps the points already done; the stopped one runs again). Exit 4 when the
+    machines stop once more than that."""
+    from peercache.lab.launch.guest.machines import ROLES, STALL_S
+    for attempt in range(retries + 1):
+        env = {**os.environ, **pair.environment()}
+        print(f"testbed {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        try:
+            return _run(cmd, env, lambda: next((pair.describe(r) for r in ROLES if pair.stalled(r)), None))
+        except _Stalled as e:
+            print(f"testbed {name}: a machine stopped answering (its qemu runs, the machine inside has written "
+                  f"no health for {STALL_S:.0f} s), so the run was stopped:\n{e}\n", file=sys.stderr, flush=True)
+        if attempt < retries:
+            print(f"testbed {name}: rebooting both machines; the run goes on with the points already done kept "
+                  f"(retry {attempt + 1} of {retries})", file=sys.stderr, flush=True)
+            pair.restart()
+            # A Snakemake that had to be killed leaves its lock on the folder.
+            subprocess.run([*cmd, "--unlock"], env={**os.environ, **pair.environment()},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    print(f"testbed {name}: the machines stopped {retries + 1} time(s). Run the same command again: it boots a fresh "
+          f"pair and Snakemake keeps the points already done (a point that failed meanwhile keeps its failed result: "
+          f"delete its folder under the testbed's results to measure it again).", file=sys.stderr, flush=True)
+    return 4
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--testbed", required=True, help="testbed file (experiments/testbeds/*.yaml)")
     ap.add_argument("--cores", type=int, default=2, help="Snakemake --cores [2]")
+    ap.add_argument("--stall-retries", type=int, default=1, metavar="N",
+                    help="on a testbed with machines: times a stopped machine is rebooted and the run goes on "
+                         "(finished points kept) before giving up with exit 4 [1]")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="more Snakemake arguments, after --")
     a = ap.parse_args(argv)
     extra = a.extra[1:] if a.extra[:1] == ["--"] else a.extra
@@ -93,20 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         if spec is None:
             return _run(cmd, dict(os.environ))
         from peercache.lab.launch.guest.errors import GuestError
-        from peercache.lab.launch.guest.machines import ROLES, STALL_S, MachinePair
+        from peercache.lab.launch.guest.machines import MachinePair
         try:
             with MachinePair(spec) as pair:
-                env = {**os.environ, **pair.environment()}
-                print(f"testbed {doc['name']}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-                try:
-                    rc = _run(cmd, env, lambda: next((pair.describe(r) for r in ROLES if pair.stalled(r)), None))
-                except _Stalled as e:
-                    print(f"testbed {doc['name']}: a machine stopped answering (its qemu runs, the machine inside "
-                          f"has written no health for {STALL_S:.0f} s), so the run was stopped:\n{e}\n"
-                          f"Run the same command again: it boots a fresh pair and Snakemake keeps the points "
-                          f"already done (a point that failed meanwhile keeps its failed result: delete its folder "
-                          f"under the testbed's results to measure it again).", file=sys.stderr, flush=True)
-                    rc = 4
+                rc = _run_on_pair(pair, doc["name"], cmd, a.stall_retries)
             print(f"testbed {doc['name']}: both machines powered off", file=sys.stderr, flush=True)
             return rc
         except GuestError as e:
