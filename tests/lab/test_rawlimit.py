@@ -174,3 +174,31 @@ def test_rows_frame_keeps_the_round_figures():
     ex = json.loads(df[df["metric"] == "bw"].iloc[0]["extra"])
     assert ex["rounds_Bps"] == [1e9, 2e9]
     assert isinstance(df, pd.DataFrame)
+
+
+def _rdma(tool, metric, value, unit, run, **kw):
+    return Row(experiment="softroce", testbed="softroce", scenario="engines", repetition=0, side="client",
+               tool=tool, protocol="rdma", metric=metric, value=value, unit=unit,
+               run_id=f"softroce/engines/{run}/rep0", **kw)
+
+
+def test_a_one_nic_rdma_point_is_held_to_the_ib_read_bw_of_its_own_qps_and_size():
+    # The engines scenario measures ib_read_bw at each cell's QPs and page size: a 4 KiB point is held to the
+    # 4 KiB figure, not to the best of every size; a point over two NICs still gets two NICs' best.
+    raw = [_rdma("ib_read_bw", "bw", 5e7, "B/s", "ib_read_bw_q1_s4K", qps=1, size_bytes=4096, devices="rxe_b0"),
+           _rdma("ib_read_bw", "bw", 2e8, "B/s", "ib_read_bw_q1_s128K", qps=1, size_bytes=131072, devices="rxe_b0")]
+    pts = [_rdma("peercache-bench", "get_throughput", 0.04, "GB/s", f"pc_{s}", processes=1, threads=1,
+                 size_bytes=size, batch=32, devices=devs)
+           for s, size, devs in (("4K", 4096, "rxe_b0"), ("128K", 131072, "rxe_b0"), ("2nics", 131072, "rxe_b0,rxe_b1"),
+                                 ("1M", 1 << 20, "rxe_b0"))]
+    df = rows_frame(raw + pts)
+    limits = raw_limits(df, scenario="engines")
+    four, big, two, mib = (raw_for(df.iloc[i], limits) for i in (2, 3, 4, 5))
+    assert (four.gbs, four.runs, four.label) == (0.05, ("softroce/engines/ib_read_bw_q1_s4K/rep0",),
+                                                  "ib_read_bw, 1 QP(s), 4 KiB requests")
+    assert (big.gbs, big.label) == (0.2, "ib_read_bw, 1 QP(s), 128 KiB requests")
+    assert percent_of_raw(df.iloc[2], limits) == 80.0
+    # two NICs: the per-NIC convention (the best single-NIC figure, twice), not a one-NIC shape
+    assert (two.gbs, two.label) == (0.4, "2 x ib_read_bw")
+    # no ib_read_bw of its shape: the per-NIC figure, as on every rdma testbed
+    assert (mib.gbs, mib.label) == (0.2, "ib_read_bw, best of 2 runs")

@@ -3,7 +3,10 @@
 A raw limit is a limit only when it was measured the way the PeerCache point
 moves its bytes. On RDMA testbeds that is the published convention: the
 single-NIC ``ib_read_bw`` figure bounds each NIC, so a figure over n NICs is
-compared with n of them. Over tcp and shm the raw tools run with the point's
+compared with n of them; where the run also has an ``ib_read_bw`` of a one-NIC
+point's own shape (as many QPs as the point has reader threads, messages of its
+page size: the engines scenario measures one per cell), that one is its limit,
+so a 4 KiB point is not held to the 1 MiB figure. Over tcp and shm the raw tools run with the point's
 own shape. Over tcp that is what drive's document says its client did with each
 batch (``tcp_wire``, from peercache.transport.tcp.batch_wire): the same number
 of connections (iperf3 client processes x streams; a PeerCache reader holds one
@@ -92,6 +95,13 @@ def raw_shape(r) -> Shape:
     proto = next((p for p, tools in RAW_FOR_PROTOCOL.items() if tool in tools), "")
     if tool in PER_NIC_TOOLS:
         return proto, None, None, None
+    return _own_shape(r, tool, proto)
+
+
+def _own_shape(r, tool: str, proto: str) -> Shape:
+    """A raw row's own shape, for a per-NIC tool too: its QPs and message size."""
+    if tool in PER_NIC_TOOLS:
+        return proto, _int(r.get("qps")) or 1, _int(r.get("size_bytes")), None
     if tool == "iperf3":
         conns = (_int(r.get("processes")) or 1) * (_int(r.get("qps")) or 1)
         return proto, conns, _int(r.get("size_bytes")), _int(row_extra(r).get("window"))
@@ -141,16 +151,19 @@ def raw_limits(rows: pd.DataFrame, scenario: str = "single_nic") -> dict[Shape, 
                & rows["metric"].isin(BW_METRICS) & (rows["status"] == "ok") & rows["value"].notna()]
     acc: dict[tuple, dict[str, Any]] = {}
     for _, r in raw.iterrows():
-        key = raw_shape(r)
         # -R only where the row records it
         tool = r["tool"] + (" -R" if row_extra(r).get("reverse") else "")
         gbs = convert(float(r["value"]), str(r["unit"]), "GB/s")
-        a = acc.setdefault(key, {"tool": tool, "gbs": None, "busiest": None, "retrans": None, "cores": (), "n": 0,
-                                 "runs": []})
-        a["n"] += _samples(r)
-        a["runs"].append(r["run_id"])
-        if a["gbs"] is None or gbs > a["gbs"]:
-            a.update(tool=tool, gbs=gbs, busiest=_busiest(r), retrans=row_extra(r).get("retransmits"), cores=_cores(r))
+        # a per-NIC tool's row counts for the NIC and for its own shape (QPs, size)
+        keys = dict.fromkeys((raw_shape(r), _own_shape(r, r["tool"], raw_shape(r)[0])))
+        for key in keys:
+            a = acc.setdefault(key, {"tool": tool, "gbs": None, "busiest": None, "retrans": None, "cores": (), "n": 0,
+                                     "runs": []})
+            a["n"] += _samples(r)
+            a["runs"].append(r["run_id"])
+            if a["gbs"] is None or gbs > a["gbs"]:
+                a.update(tool=tool, gbs=gbs, busiest=_busiest(r), retrans=row_extra(r).get("retransmits"),
+                         cores=_cores(r))
     out = {}
     for key, a in acc.items():
         tool = a["tool"]
@@ -165,7 +178,7 @@ def raw_limits(rows: pd.DataFrame, scenario: str = "single_nic") -> dict[Shape, 
 def shape_text(shape: Shape) -> str:
     """A shape in words: "4 connection(s), 1 MiB requests, 256 KiB in flight" (threads for a copy)."""
     proto, conns, size, in_flight = shape
-    what = "connection(s)" if proto == "tcp" else "thread(s)"
+    what = {"tcp": "connection(s)", "rdma": "QP(s)"}.get(proto, "thread(s)")
     text = f"{conns} {what}, {_size_text(size)} requests"
     if proto == "tcp":
         text += f", {_size_text(in_flight)} in flight" if in_flight is not None else ", in flight unbounded (autotuned)"
@@ -182,14 +195,15 @@ def raw_for(r, limits: dict[Shape, RawLimit]) -> RawLimit | None:
     if r.get("tool") in RAW_TOOLS:
         return None
     shape = point_shape(r)
+    n = nics_of(r)
     if shape[1] is not None and shape[2] is not None:
         exact = limits.get(shape)
-        if exact is not None:
+        # a per-NIC tool's own shape is one NIC's: it bounds a one-NIC point only
+        if exact is not None and (exact.tool not in PER_NIC_TOOLS or n == 1):
             return exact
     per_nic = limits.get((shape[0], None, None, None))
     if per_nic is None:
         return None
-    n = nics_of(r)
     if n == 1:
         return per_nic
     return RawLimit(per_nic.gbs * n, per_nic.tool, f"{n} x {per_nic.tool}", per_nic.runs, per_nic.busiest_thread,
