@@ -78,15 +78,24 @@ test-hicache: setup $(SGLANG_VENV)/.installed
 	PYTHONPATH=tests $(SGLANG_PY) -m pytest tests/engine/hicache/test_hicache_sglang.py -p no:cacheprovider --noconftest
 
 # The other engines the `engines` scenario runs beside PeerCache, each in a venv of its own so
-# they stay out of the engine's dependencies (the lab kinds mooncake_te and peercache_pypi run
+# they stay out of the engine's dependencies (the lab kinds mooncake_te, peercache_pypi and nixl run
 # them from these paths; a point whose venv is missing is skipped, saying to run `make engines`):
 # Mooncake's transfer_engine_bench (non-CUDA wheel; the native binary is linked as
-# bin/transfer_engine_bench-native so the lab signals it, not the wheel's Python wrapper), and the
-# published PeerCache 0.8.4 (same import name as this checkout, hence its own venv).
+# bin/transfer_engine_bench-native so the lab signals it, not the wheel's Python wrapper), the
+# published PeerCache 0.8.4 (same import name as this checkout, hence its own venv), and NIXL for the
+# lab's nixl kind (peercache/lab/tools/nixl_driver.py runs with this venv's python). NIXL goes in with
+# --no-deps: nixl-cu12's declared dependencies are torch and numpy (~5.7 GB with torch's CUDA wheels),
+# but its Python side imports torch only for tensors a caller passes (sys.modules), so numpy is all the
+# driver needs; checked with 1.5.1 on a host without a GPU: nixl_agent starts with its UCX backend,
+# registers DRAM, and our driver READs and verifies pages over UCX tcp (340 MB instead of 5.7 GB).
+# The last line below is that check (an agent with UCX registering and releasing 1 MiB of DRAM; it leaves
+# by os._exit, as the driver does: 1.5.1 crashes at exit in its bundled libnl-route's destructor).
 MOONCAKE_VENV   ?= .venv-mooncake
 PCPYPI_VENV     ?= .venv-peercache-pypi
 PCPYPI_VERSION  ?= 0.8.4
-engines: $(MOONCAKE_VENV)/.installed $(PCPYPI_VENV)/.installed
+NIXL_VENV       ?= .venv-nixl
+NIXL_VERSION    ?= 1.5.1
+engines: $(MOONCAKE_VENV)/.installed $(PCPYPI_VENV)/.installed $(NIXL_VENV)/.installed
 
 $(MOONCAKE_VENV)/.installed: $(VENV)/.installed Makefile
 	@test -x $(MOONCAKE_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(MOONCAKE_VENV)
@@ -100,6 +109,15 @@ $(PCPYPI_VENV)/.installed: $(VENV)/.installed Makefile
 	@test -x $(PCPYPI_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(PCPYPI_VENV)
 	$(PCPYPI_VENV)/bin/python -m pip install -q peercache==$(PCPYPI_VERSION)
 	@$(PCPYPI_VENV)/bin/peercache-bench --help >/dev/null
+	@touch $@
+
+$(NIXL_VENV)/.installed: $(VENV)/.installed Makefile
+	@test -x $(NIXL_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(NIXL_VENV)
+	$(NIXL_VENV)/bin/python -m pip install -q --no-deps nixl-cu12==$(NIXL_VERSION) numpy
+	@$(NIXL_VENV)/bin/python -P -c 'import numpy as np; from nixl_cu12 import nixl_agent as A, nixl_agent_config as C; \
+	  a = A("make-engines", C(backends=["UCX"])); b = np.zeros(1 << 20, np.uint8); \
+	  a.deregister_memory(a.register_memory([(b.ctypes.data, b.nbytes, 0, "")], "DRAM", backends=["UCX"])); \
+	  import os; os._exit(0)' >/dev/null
 	@touch $@
 
 # Every RDMA/verbs test inside a QEMU guest with Debian's kernel and real

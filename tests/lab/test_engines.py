@@ -1,6 +1,7 @@
 """The other engines the lab runs beside PeerCache: Mooncake's transfer_engine_bench and the published
-PeerCache 0.8.4. Builders, strict parsers over real captures (tests/fixtures/lab/engines/README.md), the
-skip of a point whose engine venv is missing, and the ``engines`` scenario."""
+PeerCache 0.8.4 (NIXL's own tests: test_nixl.py). Builders, strict parsers over real captures
+(tests/fixtures/lab/engines/README.md), the skip of a point whose engine venv is missing, and the
+``engines`` scenario with every engine."""
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ from peercache.lab.launch.runners import fill_placeholders
 from peercache.lab.pipeline import experiments, runpoint
 from peercache.lab.pipeline.points import engines as engine_venv
 from peercache.lab.tools import mooncake_te as te
+from peercache.lab.tools import nixl as nx
 from peercache.lab.tools import peercache_pypi as pypi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +158,8 @@ def test_pypi_parse_refuses_what_is_not_one_consistent_get_point(change, match):
 # -- a missing engine venv -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("point, venv", [("mc_tcp_t1_s128K_b32", ".venv-mooncake"),
-                                         ("pcpypi_tcp_t1_s128K_b32_ws256", ".venv-peercache-pypi")])
+                                         ("pcpypi_tcp_t1_s128K_b32_ws256", ".venv-peercache-pypi"),
+                                         ("nixl_tcp_t1_s128K_b32_ws256", ".venv-nixl")])
 def test_a_point_whose_engine_venv_is_missing_is_skipped_saying_so(point, venv, tmp_path, monkeypatch, capsys):
     sc = experiments.load_scenarios()
     tb = experiments.load_testbed(ROOT / "experiments/testbeds/local.yaml", sc)
@@ -183,10 +186,10 @@ def test_engines_scenario_matches_every_engine_to_peercaches_shapes():
     pts = _engines("experiments/testbeds/local.yaml")
     cells = {}
     for p in pts:
-        if p.kind in ("peercache", "mooncake_te", "peercache_pypi"):
+        if p.kind in ("peercache", "mooncake_te", "peercache_pypi", "nixl"):
             cells.setdefault(p.kind, set()).add((p.params["page_size"], p.params["batch_size"], p.params["threads"]))
             assert p.params["protocol"] == "tcp"
-    assert cells["peercache"] == cells["mooncake_te"] == cells["peercache_pypi"] == \
+    assert cells["peercache"] == cells["mooncake_te"] == cells["peercache_pypi"] == cells["nixl"] == \
         {(s, 32, t) for s in (4096, 131072, 1048576) for t in (1, 2)}
     raw = [p for p in pts if p.kind == "iperf3"]
     assert {(p.params["processes"], p.params["length"], p.params["window"]) for p in raw} == \
@@ -195,6 +198,9 @@ def test_engines_scenario_matches_every_engine_to_peercaches_shapes():
     rdma = _engines("experiments/testbeds/softroce.yaml")
     mc = [p for p in rdma if p.kind == "mooncake_te"]
     assert mc and all(p.params["protocol"] == "rdma" and p.params["devices"] == ["rxe_b0"] for p in mc)
+    nixl = [p for p in rdma if p.kind == "nixl"]
+    assert nixl and all(p.params["protocol"] == "rdma" and p.params["working_set"] == 256 for p in nixl)
+    assert all(p.params["working_set"] == 256 for p in pts if p.kind == "nixl")
 
 
 def test_raw_4k_limit_is_the_shape_of_peercaches_4k_batch():
@@ -238,6 +244,10 @@ def _frame():
             batch=32, threads=1, processes=1, extra={"verified": False, "verification": "unverified: counts hits"}),
         row("engines", "peercache-bench==0.8.4", "latency_p99", 9000.0, "us", "pp1", size_bytes=131072,
             threads=1, processes=1),
+        row("engines", "nixl_driver", "get_throughput", 0.3, "GB/s", "nx1", size_bytes=131072, batch=32,
+            threads=1, processes=1, extra={"verified": True, "verification": "verified: 99 pages checked"}),
+        row("engines", "nixl_driver", "latency_p50", 13000.0, "us", "nx1", size_bytes=131072, threads=1,
+            processes=1),
         # a 4 KiB cell without a raw run of its shape
         row("engines", "peercache-bench", "get_throughput", 0.2, "GB/s", "pc4", size_bytes=4096, batch=32,
             threads=1, processes=1, extra={"tcp_wire": {"request_bytes": 133376, "in_flight_bytes": 133376},
@@ -257,6 +267,11 @@ def test_engines_table_compares_every_engine_of_a_cell_with_the_cells_raw_limit(
     assert by[(131072, "PeerCache")]["% of raw"] == pytest.approx(75.0)
     assert by[(131072, "Mooncake TE")]["% of raw"] == pytest.approx(25.0)
     assert by[(131072, "PeerCache 0.8.4 (PyPI)")]["% of raw"] == pytest.approx(50.0)
+    assert by[(131072, "NIXL (UCX)")]["% of raw"] == pytest.approx(15.0)
+    assert by[(131072, "NIXL (UCX)")]["p50"] == "1.3e+04 µs" and by[(131072, "NIXL (UCX)")]["p99"] == "not reported"
+    assert by[(131072, "NIXL (UCX)")]["verification"].startswith("verified")
+    assert [r["engine"] for r in recs if r["page"] == 131072] == ["PeerCache", "Mooncake TE", "NIXL (UCX)",
+                                                                 "PeerCache 0.8.4 (PyPI)", "raw limit"]
     assert by[(131072, "PeerCache")]["p50"] == "2000 µs" and by[(131072, "Mooncake TE")]["p50"] == "not reported"
     assert by[(131072, "PeerCache 0.8.4 (PyPI)")]["p99"] == "9000 µs"
     assert by[(131072, "PeerCache")]["verification"].startswith("verified")
@@ -274,11 +289,12 @@ def test_engines_chart_and_report_table_are_drawn_from_the_rows():
     rows = _frame()
     chart = charts.chart_engines(rows, pd.DataFrame(columns=["run_id"]), None)
     assert isinstance(chart, charts.Chart) and chart.name == "engines"
-    assert {t["engine"] for t in chart.table} == {"PeerCache", "Mooncake TE", "PeerCache 0.8.4 (PyPI)", "raw limit"}
+    assert {t["engine"] for t in chart.table} == {"PeerCache", "Mooncake TE", "NIXL (UCX)", "PeerCache 0.8.4 (PyPI)",
+                                                  "raw limit"}
     assert any("venv .venv-mooncake missing" in n for n in chart.notes)
     charts.plt.close(chart.fig)
     [(title, recs)] = report.compact_tables("engines", rows, {})
-    assert {r["engine"] for r in recs} == {"PeerCache", "Mooncake TE", "PeerCache 0.8.4 (PyPI)"}
+    assert {r["engine"] for r in recs} == {"PeerCache", "Mooncake TE", "NIXL (UCX)", "PeerCache 0.8.4 (PyPI)"}
     assert next(r for r in recs if r["engine"] == "Mooncake TE")["% of raw"] == "25%"
 
 
@@ -288,12 +304,15 @@ def test_make_engines_makes_the_venvs_the_kinds_run_from_and_make_run_needs_them
     assert re.search(rf"^PCPYPI_VENV\s*\?=\s*{re.escape(pypi.VENV)}$", mk, re.M)
     assert re.search(r"^PCPYPI_VERSION\s*\?=\s*" + re.escape(pypi.VERSION) + "$", mk, re.M)
     assert te.BINARY == f"{te.VENV}/bin/transfer_engine_bench-native" and "transfer_engine_bench-native" in mk
-    assert re.search(r"^engines: \$\(MOONCAKE_VENV\)/\.installed \$\(PCPYPI_VENV\)/\.installed$", mk, re.M)
+    assert re.search(rf"^NIXL_VENV\s*\?=\s*{re.escape(nx.VENV)}$", mk, re.M) and nx.BINARY == f"{nx.VENV}/bin/python"
+    assert re.search(r"pip install -q --no-deps nixl-cu12==\$\(NIXL_VERSION\) numpy$", mk, re.M)
+    assert re.search(r"^engines: \$\(MOONCAKE_VENV\)/\.installed \$\(PCPYPI_VENV\)/\.installed "
+                     r"\$\(NIXL_VENV\)/\.installed$", mk, re.M)
     # the engines scenario is in the local testbed's default plan, so make run (and make bench) make them first
     assert "engines" in experiments.load_testbed(ROOT / "experiments/testbeds/local.yaml")["scenarios"]
     assert re.search(r"^run: setup engines$", mk, re.M) and re.search(r"^bench: setup engines$", mk, re.M)
     ignored = (ROOT / ".gitignore").read_text().split()
-    assert f"{te.VENV}/" in ignored and f"{pypi.VENV}/" in ignored
+    assert f"{te.VENV}/" in ignored and f"{pypi.VENV}/" in ignored and f"{nx.VENV}/" in ignored
 
 
 def test_pair_runner_gives_the_client_what_the_servers_ready_line_named(tmp_path):
@@ -310,5 +329,6 @@ def test_pair_runner_gives_the_client_what_the_servers_ready_line_named(tmp_path
 def test_the_unverified_caption_says_the_other_engines_check_nothing():
     from peercache.lab.analysis import charts
     note = charts.unverified_note(_frame())
-    assert note == ("unverified: 2 of 4 GET figure(s) ran without checking page contents (other engines, which "
+    # NIXL's row is verified (our driver checks every page): not counted
+    assert note == ("unverified: 2 of 5 GET figure(s) ran without checking page contents (other engines, which "
                     "never check the bytes they read)")

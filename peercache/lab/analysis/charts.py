@@ -661,7 +661,8 @@ def chart_engines(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | No
     ax = axes[0][0]
     width = 0.8 / len(names)
     # PeerCache in its colour everywhere, each other engine in one of its own, the limit grey
-    colors = dict(zip(engines.ENGINES.values(), (PEERCACHE_COLOR, "#ff7f0e", "#2ca02c")), **{"raw limit": RAW_COLOR})
+    colors = dict(zip(engines.ENGINES.values(), (PEERCACHE_COLOR, "#ff7f0e", "#9467bd", "#2ca02c"), strict=True),
+                  **{"raw limit": RAW_COLOR})
     for k, n in enumerate(names):
         xs, ys = [], []
         for i, cell in enumerate(cells):
@@ -680,7 +681,7 @@ def chart_engines(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | No
               "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
               "raw limit": r["raw limit"], "run": r["run"]} for r in recs]
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, PeerCache 0.8.4 and the raw limit",
+    return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, NIXL, PeerCache 0.8.4 and the raw limit",
                  fig, table, meta_block(ok, runs), engines.skipped(rows))
 
 

@@ -19,7 +19,7 @@ from peercache.lab.analysis.references import convert, row_extra
 
 SCENARIO = "engines"
 #: The ``tool`` column of each engine's rows -> its name in the table, in table order.
-ENGINES = {"peercache-bench": "PeerCache", "transfer_engine_bench": "Mooncake TE",
+ENGINES = {"peercache-bench": "PeerCache", "transfer_engine_bench": "Mooncake TE", "nixl_driver": "NIXL (UCX)",
            "peercache-bench==0.8.4": "PeerCache 0.8.4 (PyPI)"}
 OURS = "peercache-bench"
 

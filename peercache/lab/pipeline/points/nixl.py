@@ -1,0 +1,112 @@
+"""The ``nixl`` kind: NIXL's ``nixl_agent`` (UCX, DRAM) through our driver, target on the producer and initiator on
+the consumer, at a PeerCache point's page size, batch, threads and working set.
+
+Declaration (:class:`NixlRun`), run (the target first, ready once it has registered and filled its pool and
+printed its agent name and pool address, which the pair runner puts in the initiator's ``{nixl_agent}`` /
+``{nixl_pool}``; the initiator fetches the target's metadata from its NIXL listener, READs for the point's
+warm-up and duration and prints its JSON result; the target is stopped after it), sanity and metric
+extraction (:func:`peercache.lab.tools.nixl.parse_output`: one result whose figures agree with each other and
+with the geometry asked, every page checked unless ``verify: false``; or the driver's own error).
+
+Transport: UCX over tcp on the interface of each side's address. Over rdma (UCX rc on the testbed's first
+device) the point is skipped with :data:`RDMA_UNSHOWN` unless the part sets ``run_unshown_rdma: true``:
+NIXL's UCX over Soft-RoCE has not been run in this lab, and a figure from a path never checked is not shown.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from peercache.lab.errors import ParseError, ToolError
+from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, POSITIVE_INT, Timed, one_of, parameter, sizes,
+                                                   timing, variable)
+from peercache.lab.pipeline.points.engines import engine_path, engine_sides, skip_for
+from peercache.lab.tools import nixl as nx
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+#: Why an rdma point is skipped (the exact state of things, not a guess about the device).
+RDMA_UNSHOWN = ("NIXL over rdma not shown in this lab: UCX rc through nixl-cu12's own libibverbs (which loads the "
+                "host's providers from /etc/libibverbs.d) has never been run on a Soft-RoCE (rxe) testbed here; "
+                "set run_unshown_rdma: true in the part to try it")
+
+
+class NixlRun(Timed):
+    """NIXL READs of page batches (our driver over nixl_agent, UCX backend, DRAM): target and initiator."""
+
+    name = "nixl"
+    metrics = {"get_throughput": "GB/s", "latency_p50": "us", "latency_p99": "us", "batches": "count"}
+    primary = "get_throughput"
+    tool_column = nx.TOOL
+
+    #: transport (str): UCX over tcp, or UCX rc over the testbed's first RDMA device
+    protocol = variable(one_of(*nx.PROTOCOLS), doc="transport (UCX_TLS tcp or rc)")
+    #: bytes per page (int, swept): the PeerCache point's page size
+    page_size = parameter(POSITIVE_INT, doc="bytes per READ (--page-size)")
+    #: pages per batch (int, swept): the PeerCache point's batch
+    batch_size = parameter(POSITIVE_INT, doc="READs per transfer request (--batch)")
+    #: reader threads of the one initiator process (int, swept): the PeerCache point's readers
+    threads = parameter(POSITIVE_INT, doc="initiator threads sharing one agent (--threads)")
+    #: pages in the target's pool (int or null = the testbed's working_set_bytes / page_size)
+    working_set = variable(NULLABLE_INT, None, "pages the target registers [testbed working_set_bytes / page_size]",
+                           tag="ws{}")
+    #: check every page read against the target's pattern (bool, default true)
+    verify = variable(BOOL, True, "check every page read (off: --no-verify)", tag="noverify")
+    #: run over rdma although it has not been shown here (bool, default false: skip with RDMA_UNSHOWN)
+    run_unshown_rdma = variable(BOOL, False, "run protocol rdma although NIXL over it is not shown in this lab")
+
+    @classmethod
+    def point_name(cls, one):
+        return f"nixl_{one['protocol']}_t{one['threads']}_s{sizes(one['page_size'])}_b{one['batch_size']}"
+
+    @classmethod
+    def params(cls, one, devices):
+        p = {"protocol": one["protocol"], "page_size": one["page_size"], "batch_size": one["batch_size"],
+             "threads": one["threads"], "processes": 1,
+             "devices": devices[:1] if one["protocol"] == "rdma" else []}
+        p.update(cls.changed(one, "working_set", "verify", "run_unshown_rdma"))
+        return {**p, **timing(one)}
+
+    @classmethod
+    def port_devices(cls, params, testbed_devices):
+        return list(params.get("devices") or [])
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        p = pr.point.params
+        sides = engine_sides(pr, th, nx.VENV, nx.BINARY)
+        if sides is None:
+            return
+        if p["protocol"] == "rdma" and not p.get("run_unshown_rdma", False):
+            skip_for(pr, RDMA_UNSHOWN)
+            return
+        devs, pdev, cdev = sides
+        gid = pr.tb.get("gid_index")
+        size, batch, threads = p["page_size"], p["batch_size"], p["threads"]
+        pages = pr.working_set(p.get("working_set"), size, batch)
+        verify = bool(p.get("verify", True))
+        python, driver = engine_path(nx.BINARY), engine_path(nx.DRIVER)
+        tport, iport = pr.ports.allocate(), pr.ports.allocate()
+        target = nx.target_command(python, driver, p["protocol"], th.producer_addr, tport, size, pages, pdev, gid)
+        initiator = nx.initiator_command(python, driver, p["protocol"], th.consumer_addr, iport,
+                                         f"{th.producer_addr}:{tport}", size, pages, batch, threads, pr.duration,
+                                         pr.warmup, verify=verify, connect_timeout=30 * pr.slow,
+                                         batch_timeout=10 * pr.slow, device=cdev, gid_index=gid)
+        ctx = pr.ctx(tool=nx.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
+                     protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
+                     extra={"engine": "nixl", "working_set": pages})
+        res, err = pr.pair(target, initiator, Readiness(pattern=nx.TARGET_READY, timeout=60 * pr.slow), th, devs,
+                           server_exits=False)
+        pr.record(res)
+        out = "" if res is None or res.client is None else res.client.stdout or ""
+        try:
+            result = nx.parse_output(out, size, batch, threads, source=f"{pr.run_id}/client", host=str(th.consumer))
+        except (ParseError, ToolError) as e:
+            pr.fail("get_throughput", "GB/s", f"{err}: {e}" if err else str(e), tool=nx.TOOL,
+                    protocol=p["protocol"], size_bytes=size, batch=batch, threads=threads, processes=1)
+            return
+        if err:
+            pr.notes.append(f"pair reported a failure after a complete initiator result: {err}")
+        pr.rows += nx.to_rows(result, **ctx)
+        pr.attach_pair_cpu(*pr.pair_window(res))
