@@ -5,6 +5,8 @@ with the extra config SGLang passes, must be a real ``HiCacheStorage``, and then
 round trip of tests/engine/hicache/test_hicache.py (imported below) through it with torch tensors. The host
 KV pool is a numpy-backed stand-in with SGLang's ``get_page_buffer_meta``: SGLang's own host
 pool classes need transformers and GPU kernels to build, which this CPU venv does not have.
+The tests of test_hicache_sglang_faults.py (SGLang's fault-injection switches, its cache controller
+driving the store) are imported too.
 In the main venv (no SGLang) the whole module skips, saying so.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hicache_fixtures import free_port, make_store
 from peercache import hicache
 from peercache.errors import ConfigError
 from test_hicache import *  # noqa: F401,F403 - the same round trips, now through SGLang
+from test_hicache_sglang_faults import *  # noqa: F401,F403 - SGLang's own fault injection, its controller driving
 
 
 def test_sglang_factory_builds_a_real_hicache_storage():
