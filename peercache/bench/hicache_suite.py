@@ -405,6 +405,8 @@ def point_row(rank: Rank, op: str, conc: int, threads: list, win_start: float, d
         "op": op, "call": CALL_OF[op], "threads": conc, "batch_size": rank.batch, "page_tokens": rank.page_tokens,
         "object_bytes": rank.obj, "objects_per_page": rank.objs, "calls": total.batches,
         "calls_total": calls, "seconds": round(span, 6), "pages": pages, "tokens": pages * rank.page_tokens,
+        # the measured span (epoch s): what a CPU sampler's readings are cut to for this point
+        "window_start": round(win_start, 6), "window_end": round(win_start + span, 6),
         "bytes": total.bytes,
         "pages_per_s": round(pages / span, 1), "tokens_per_s": round(pages * rank.page_tokens / span, 1),
         "gb_per_s": None if op == "exists" else round(total.bytes / span / 1e9, 4),
@@ -424,6 +426,7 @@ def skipped_row(rank: Rank, conc: int, probe: dict) -> dict:
     return {"op": "set", "call": CALL_OF["set"], "threads": conc, "batch_size": rank.batch,
             "page_tokens": rank.page_tokens, "object_bytes": rank.obj, "objects_per_page": rank.objs,
             "calls": 0, "calls_total": 0, "seconds": 0.0, "pages": 0, "tokens": 0, "bytes": 0,
+            "window_start": None, "window_end": None,
             "pages_per_s": 0.0, "tokens_per_s": 0.0, "gb_per_s": 0.0,
             "latency_us": {"p50": None, "p99": None, "p999": None}, "latency_samples": 0,
             "misses": 0, "errors": 0, "verify_failures": 0, "verified": False, "writer_probe": probe,

@@ -32,7 +32,7 @@ UNITS: dict[str, tuple[str, float]] = {
     "GB/s": ("bandwidth", 8e9), "TB/s": ("bandwidth", 8e12),
     "MiB/s": ("bandwidth", 8.0 * 2**20), "GiB/s": ("bandwidth", 8.0 * 2**30),
     "pps": ("rate", 1.0), "Kpps": ("rate", 1e3), "Mpps": ("rate", 1e6), "msg/s": ("rate", 1.0),
-    "pages/s": ("pages_rate", 1.0), "ops/s": ("ops_rate", 1.0),
+    "pages/s": ("pages_rate", 1.0), "tokens/s": ("tokens_rate", 1.0), "ops/s": ("ops_rate", 1.0),
     "ns": ("time", 1e-9), "us": ("time", 1e-6), "ms": ("time", 1e-3), "s": ("time", 1.0),
     "B": ("bytes", 1.0), "count": ("count", 1.0), "ratio": ("ratio", 1.0), "%": ("ratio", 0.01),
 }

@@ -39,7 +39,7 @@ def test_dry_run_every_scenario_on_the_rdma_testbed():
     plan = Plan("experiments/testbeds/roce-8x-cx7.yaml")
     assert len(plan.result_paths()) == len(plan.points) * 3          # repetitions: 3
     assert {p.kind for p in plan.points} == {"perftest", "peercache", "group", "mooncake_te", "peercache_pypi",
-                                             "nixl"}
+                                             "nixl", "hicache_suite"}
     assert not any(p.skipped for p in plan.points)
     assert any("ib_read_bw_q16_s128K" in p for p in plan.result_paths())
 

@@ -21,7 +21,9 @@ from typing import Any
 
 import pandas as pd
 
+from peercache.lab.analysis.rawlimit import BW_METRICS
 from peercache.lab.analysis.references import convert, row_devices, row_extra
+from peercache.lab.tools.hicache_suite import PRIMARY as SUITE_PRIMARY
 
 RULES_FILE = Path(__file__).resolve().parents[3] / "data" / "reference" / "attribution.yaml"
 SCHEMA_VERSION = 1
@@ -32,6 +34,9 @@ EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "raw_retransmit
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
             "numa_remote", "memory_node", "nic_node", "summed_windows", "pcie_fraction", "pcie_GBps",
             "pcie_gen", "pcie_width", "rails", "rail_low", "rail_low_share", "rail_fair_share", "rail_low_vs_fair")
+#: The rows attribution judges: every bandwidth figure, and the HiCache suite's pages/s (its headline: every
+#: op has one, exists moves no bytes; its CPU evidence is of that point's own window).
+ATTRIBUTED = (*BW_METRICS, SUITE_PRIMARY)
 _OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq}
 
 
@@ -214,7 +219,7 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
     out = rows.copy()
     out["limited_by"], out["limit"] = None, None
     for i, r in out.iterrows():
-        if r["metric"] not in ("bw", "get_throughput") or r["status"] != "ok" or pd.isna(r["value"]):
+        if r["metric"] not in ATTRIBUTED or r["status"] != "ok" or pd.isna(r["value"]):
             continue
         raw = raw_of(r)    # already scaled to the row's NICs (rawlimit.raw_for)
         cores, shared, nics = host_of(runs, r["run_id"])

@@ -685,6 +685,49 @@ def chart_engines(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | No
                  fig, table, meta_block(ok, runs), engines.skipped(rows))
 
 
+def chart_hicache_suite(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """The HiCache suite: pages/s against the threads calling the store, one panel per op (get, set, exists),
+    one line per run (layout), its PEAK starred (the table: tokens/s, GB/s, p50/p99/p999, limited by;
+    :mod:`peercache.lab.analysis.hicache_suite`)."""
+    from peercache.lab.analysis import hicache_suite as hs
+    sub = hs.suite_rows(rows)
+    head = _ok(sub[sub["metric"] == hs.PRIMARY])
+    if head.empty:
+        return NotDrawn("hicache_suite", _why_empty(sub[sub["metric"] == hs.PRIMARY], "HiCache suite pages/s"))
+    ops = [o for o in hs.OPS if (head["op"] == o).any()]
+    fig, axes = _new_fig(ncols=len(ops), w=3.2 * len(ops) + 0.6, h=3.6)
+    run_ids = list(dict.fromkeys(head["run_id"]))
+    colors = series_colors(len(run_ids), raw=False)
+    for ax, op in zip(axes[0], ops):
+        for k, rid in enumerate(run_ids):
+            g = head[(head["op"] == op) & (head["run_id"] == rid)].sort_values("threads")
+            if g.empty:
+                continue
+            ax.plot(g["threads"], g["value"], marker=MARKERS[k % len(MARKERS)], color=colors[k],
+                    label=f"{g['layout'].iloc[0]}")
+            # each line labelled at its last point (no legend to cover a point or a PEAK label)
+            ax.annotate(g["layout"].iloc[0], (g["threads"].iloc[-1], g["value"].iloc[-1]), textcoords="offset points",
+                        xytext=(6, -3), ha="left", fontsize=8, color=colors[k], fontweight="bold")
+            pk = g[g["peak"]]
+            ax.plot(pk["threads"], pk["value"], marker="*", markersize=13, color=colors[k], linestyle="none")
+            for t, v in zip(pk["threads"], pk["value"]):
+                ax.annotate(f"PEAK {hs.rate_text(v)}", (t, v), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=7, color=colors[k])
+        ax.set_title(f"{op} ({hs.CALLS[op]})", fontsize=9)
+        ax.set_xlabel("threads calling the store")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        lo, hi = head["threads"].min(), head["threads"].max()
+        ax.set_xlim(lo - 0.35 * max(1, hi - lo), hi + 0.35 * max(1, hi - lo))
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.18)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: hs.rate_text(v)))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("pages/s (one SGLang page each)")
+    layout = dict(zip(head["run_id"], head["layout"]))
+    table = [{"layout": layout.get(rid, "—"), **rec, "run": rid} for rid, _, recs in hs.sweeps(rows) for rec in recs]
+    return Chart("hicache_suite", "HiCache suite: PeerCacheStore as SGLang's cache controller calls it, pages/s by op "
+                 "and threads, per layout (★ = the op's PEAK)", fig, table, meta_block(_ok(sub), runs), hs.not_measured(rows))
+
+
 BUILDERS: dict[str, tuple[Callable, ...]] = {
     "single_nic": (chart_single_nic,),
     "multi_rail": (chart_multi_rail,),
@@ -692,6 +735,7 @@ BUILDERS: dict[str, tuple[Callable, ...]] = {
     "gpudirect": (chart_gpudirect,),
     "msgsize_sweep": (chart_msgsize_bw, chart_msgsize_counters),
     "engines": (chart_engines,),
+    "hicache": (chart_hicache_suite,),
 }
 
 

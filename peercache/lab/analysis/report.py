@@ -392,6 +392,9 @@ def compact_tables(scenario: str, sub: pd.DataFrame, limits) -> list[tuple[str, 
         return _msgsize_tables(sub)
     if scenario == "engines":
         return _engines_tables(sub)
+    if scenario == "hicache":
+        from peercache.lab.analysis import hicache_suite
+        return hicache_suite.tables(sub)
     recs = [{"metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} {r['unit']}",
              "run": short_run(r["run_id"])} for _, r in _ok_bw(sub).iterrows()]
     return [("", recs)] if recs else []

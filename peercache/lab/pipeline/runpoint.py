@@ -274,7 +274,7 @@ class PointRun:
         self.duration, self.warmup = dur, float(point.params.get("warmup", tb["warmup"]))
         #: Waits (never the measured window) stretch by the machine's slowness: a guest is slow, not hung.
         self.slow = slowness()
-        self.timeout = (60.0 + 4 * (dur + self.warmup)) * self.slow
+        self.timeout = (60.0 + 4 * point.spec.windows(point.params) * (dur + self.warmup)) * self.slow
 
     def ctx(self, **kw: Any) -> dict[str, Any]:
         """Row context common to every row of this point."""
@@ -297,7 +297,13 @@ class PointRun:
 
     def cpu_usage(self, roles: dict[str, str], start: float | None, end: float | None) -> dict[str, Any]:
         """{label: usage over [start, end]} for the wrapped ``roles`` ({label: role}); files kept in raw_dir."""
-        out: dict[str, Any] = {}
+        return self.cpu_usage_windows(roles, [(start, end)])[0]
+
+    def cpu_usage_windows(self, roles: dict[str, str],
+                          windows: list[tuple[float | None, float | None]]) -> list[dict[str, Any]]:
+        """:meth:`cpu_usage` over each of ``windows`` from the one set of samples per role (a tool that sweeps
+        inside one run: one window per sweep point)."""
+        out: list[dict[str, Any]] = [{} for _ in windows]
         for label, role in roles.items():
             if role not in self.cpu_files:
                 continue
@@ -305,11 +311,14 @@ class PointRun:
             try:
                 text = _fetch(host, path)
             except ToolError as e:
-                out[label] = {"reason": f"no CPU samples: {e}"}
+                for o in out:
+                    o[label] = {"reason": f"no CPU samples: {e}"}
                 continue
             (self.raw_dir / f"{role.replace('/', '_')}.cpu.jsonl").write_text(text)
-            use = cpusample.window_usage(cpusample.read_samples(text), start, end) if start and end else None
-            out[label] = use.as_dict() if use else {"reason": "fewer than two CPU samples inside the window"}
+            samples = cpusample.read_samples(text)
+            for o, (start, end) in zip(out, windows):
+                use = cpusample.window_usage(samples, start, end) if start and end else None
+                o[label] = use.as_dict() if use else {"reason": "fewer than two CPU samples inside the window"}
             self.numa_evidence(role, host, text)
         return out
 
@@ -381,6 +390,10 @@ class PointRun:
     def attach_pair_cpu(self, start: float | None, end: float | None) -> None:
         """The pair's CPU evidence (both sides, :data:`PAIR_SIDES`) over [start, end] in its throughput rows."""
         self.attach_cpu(self.cpu_usage(PAIR_SIDES, start, end))
+
+    def pair_cpu_windows(self, windows: list[tuple[float | None, float | None]]) -> list[dict[str, Any]]:
+        """The pair's CPU evidence (both sides) over each of ``windows`` (a tool that sweeps inside one run)."""
+        return self.cpu_usage_windows(PAIR_SIDES, windows)
 
     def pair_window(self, res) -> tuple[float | None, float | None]:
         """The middle of the client's run (tools that report no window of their own)."""

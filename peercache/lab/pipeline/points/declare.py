@@ -208,6 +208,11 @@ class Kind:
         """RDMA devices whose port counters bound this point's figures (none for non-RDMA kinds)."""
         return []
 
+    @classmethod
+    def windows(cls, params: dict[str, Any]) -> int:
+        """How many measured windows (warm-up + duration each) one point runs one after another: 1, unless
+        the kind sweeps inside its tool (the harness's waits scale with it)."""
+        return 1
 
     @classmethod
     def figure_window(cls, params: dict[str, Any], row: Any, bps: float, duration: float) -> float:

@@ -133,12 +133,10 @@ class PeerCacheRun(PeerCacheKnobs):
             pr.notes.append(f"pair reported a failure after a complete drive: {err}")
 
 
-def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
-                out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
-    """The serve (producer) and drive (consumer) argv of one pair of a serve/drive kind's point."""
+def serve_side(pr: PointRun, th: TestbedHosts, port: int, p: dict) -> tuple[list[str], list[str], list[str]]:
+    """(serve's argv on the producer, the flags both sides share, the consumer's --devices flags) of a point
+    of any kind that runs serve (the serve/drive kinds and hicache_suite)."""
     bench_p = pr.python_tool(th, "producer", "peercache.bench.cli")
-    # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
-    bench_c = pr.python_tool(th, "consumer", pr.point.spec.drive_module)
     ws = pr.working_set(p.get("working_set"), p["page_size"], p["batch_size"])
     common = ["--discovery-addr", f"{th.producer_addr}:{port}", "--protocol", p["protocol"],
               "--layout", p["layout"], "--page-size", str(p["page_size"]), "--working-set", str(ws)]
@@ -150,6 +148,15 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
         drive_devs = ["--devices", ",".join(pr.tb.role_devices("consumer", p["devices"]))]
     serve = [*bench_p, "serve", *common, *serve_devs, "--readers", "1", "--max-wait", str(int(pr.timeout)),
              "--quiet", *(["--integrity"] if p.get("integrity") else [])]
+    return serve, common, drive_devs
+
+
+def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
+                out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
+    """The serve (producer) and drive (consumer) argv of one pair of a serve/drive kind's point."""
+    serve, common, drive_devs = serve_side(pr, th, port, p)
+    # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
+    bench_c = pr.python_tool(th, "consumer", pr.point.spec.drive_module)
     drive = [*bench_c, "drive", *common, *drive_devs, "--batch-size", str(p["batch_size"]),
              "--concurrencies", str(threads), "--processes", str(processes),
              "--duration", str(pr.duration), "--warmup", str(pr.warmup),
