@@ -203,6 +203,24 @@ def test_engines_scenario_matches_every_engine_to_peercaches_shapes():
     assert all(p.params["working_set"] == 256 for p in pts if p.kind == "nixl")
 
 
+def test_softroce_runs_the_engines_at_the_cells_an_emulated_guest_can_run_with_the_raw_limit_of_each():
+    tb = experiments.load_testbed(ROOT / "experiments/testbeds/softroce.yaml", experiments.load_scenarios())
+    assert "engines" in tb["scenarios"]
+    pts = [p for p in experiments.expand(tb) if p.scenario == "engines"]
+    cells = {}
+    for p in pts:
+        if p.kind in ("peercache", "mooncake_te", "peercache_pypi", "nixl"):
+            cells.setdefault(p.kind, set()).add((p.params["page_size"], p.params["batch_size"],
+                                                 p.params["processes"] * p.params["threads"]))
+            assert p.params["protocol"] == "rdma" and p.params["devices"] == ["rxe_b0"] and not p.skip_reason
+    assert cells["peercache"] == cells["mooncake_te"] == cells["peercache_pypi"] == cells["nixl"] == \
+        {(4096, 32, 1), (131072, 32, 1)}
+    raw = [p for p in pts if p.kind == "perftest"]
+    # one QP (one reader thread) at each page size, the batch's 32 READs in flight
+    assert {(p.params["tool"], p.params["qps"], p.params["size"], p.params["tx_depth"]) for p in raw} == \
+        {("ib_read_bw", 1, s, 32) for s in (4096, 131072)}
+
+
 def test_raw_4k_limit_is_the_shape_of_peercaches_4k_batch():
     from peercache.transport.tcp import batch_wire
     w = batch_wire(4096, 32)
