@@ -232,6 +232,19 @@ def test_report_section_gives_each_layouts_sweep_and_peak_with_units_run_and_lim
     assert any(f.name == "hicache_suite.png" for f in sec.figures)
 
 
+def test_overview_gives_each_layouts_get_peak_as_a_get_with_the_other_peaks_beside(tmp_path):
+    from peercache.lab.analysis import report
+    rep = report.build_report(_collected(tmp_path, busiest=0.97), tmp_path / "figures", "t")
+    ov = rep.overview[rep.overview["scenario"].str.startswith("hicache")].to_dict("records")
+    assert [r["scenario"] for r in ov] == ["hicache: mla get PEAK (batch_get_v1, 1 thr)",
+                                           "hicache: mha get PEAK (batch_get_v1, 2 thr)"]
+    get1 = json.loads(_read(MLA))["points"][0]
+    assert ov[0]["GET throughput"].startswith(f"{get1['gb_per_s']:.4g}\u00a0GB/s")
+    assert ov[0]["limited by"] == "one core (consumer thread at 0.97 of a core)"
+    assert "set PEAK" in ov[0]["notes"] and "exists PEAK" in ov[0]["notes"] and "not_measured" not in ov[0]["notes"]
+    assert ov[0]["run"] == "t/hicache/hcs_tcp_mla_s128K_b128_c1-2/rep0"
+
+
 def test_without_evidence_above_a_rule_the_section_says_unknown(tmp_path):
     from peercache.lab.analysis import report
     rep = report.build_report(_collected(tmp_path, busiest=0.3), tmp_path / "figures", "t")

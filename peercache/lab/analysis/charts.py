@@ -707,7 +707,7 @@ def chart_hicache_suite(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
                     label=f"{g['layout'].iloc[0]}")
             # each line labelled at its last point (no legend to cover a point or a PEAK label)
             ax.annotate(g["layout"].iloc[0], (g["threads"].iloc[-1], g["value"].iloc[-1]), textcoords="offset points",
-                        xytext=(6, -3), ha="left", fontsize=8, color=colors[k], fontweight="bold")
+                        xytext=(10, -3), ha="left", fontsize=8, color=colors[k], fontweight="bold")
             pk = g[g["peak"]]
             ax.plot(pk["threads"], pk["value"], marker="*", markersize=13, color=colors[k], linestyle="none")
             for t, v in zip(pk["threads"], pk["value"]):

@@ -21,6 +21,9 @@ COLUMNS = {"store_pages_per_s": ("pages/s", "pages/s"), "store_tokens_per_s": ("
            "store_throughput": ("GB/s", "GB/s"), "latency_p50": ("p50 (ms)", "ms"),
            "latency_p99": ("p99 (ms)", "ms"), "latency_p999": ("p999 (ms)", "ms")}
 
+#: Runs in this order of their layout (mla, then mha), each layout's runs by run id.
+LAYOUT_ORDER = {"mla": 0, "mha": 1}
+
 
 def rate_text(v: float) -> str:
     """A figure as shown: rates of 1000 and more as whole numbers with thousands separators (pages/s, tokens/s),
@@ -109,9 +112,8 @@ def sweeps(rows: pd.DataFrame) -> list[tuple[str, str, list[dict[str, Any]]]]:
     """(run id, caption, records) per run of the suite, in run order (each run is one layout's suite)."""
     sub = suite_rows(rows)
     out = []
-    # mla then mha (the suite's layouts in the order SGLang's docs give them), each layout's runs in order
-    order = sorted(dict.fromkeys(zip(sub["run_id"], sub["layout"])), key=lambda rl: ({"mla": 0, "mha": 1}.get(rl[1], 2),
-                                                                                    rl[0]))
+    order = sorted(dict.fromkeys(zip(sub["run_id"], sub["layout"])),
+                   key=lambda rl: (LAYOUT_ORDER.get(rl[1], len(LAYOUT_ORDER)), rl[0]))
     for run_id, _ in order:
         g = sub[sub["run_id"] == run_id]
         recs = run_table(g)
@@ -123,6 +125,23 @@ def sweeps(rows: pd.DataFrame) -> list[tuple[str, str, list[dict[str, Any]]]]:
 def tables(rows: pd.DataFrame) -> list[tuple[str, list[dict[str, Any]]]]:
     """The report's tables: (caption, records) per run of the suite (:func:`sweeps`)."""
     return [(caption, recs) for _, caption, recs in sweeps(rows)]
+
+
+def peaks(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each run's PEAK per op (the point the suite named): run, layout, op, threads, pages/s, GB/s (None for
+    exists) and attribution's "limited by" of that point."""
+    sub = suite_rows(rows)
+    head = sub[(sub["metric"] == PRIMARY) & sub["peak"] & (sub["status"] == "ok")]
+    out = []
+    for _, h in head.iterrows():
+        gbs = sub[(sub["run_id"] == h["run_id"]) & (sub["op"] == h["op"]) & (sub["threads"] == h["threads"])
+                  & (sub["metric"] == "store_throughput") & (sub["status"] == "ok")]
+        lb = h.get("limited_by")
+        out.append({"run": h["run_id"], "layout": h["layout"], "op": h["op"], "threads": int(h["threads"]),
+                    "pages/s": float(h["value"]),
+                    "GB/s": None if gbs.empty else convert(float(gbs.iloc[0]["value"]), str(gbs.iloc[0]["unit"]), "GB/s"),
+                    "limited by": lb if isinstance(lb, str) and lb else "—"})
+    return sorted(out, key=lambda p: (LAYOUT_ORDER.get(p["layout"], len(LAYOUT_ORDER)), p["run"], OPS.index(p["op"])))
 
 
 def not_measured(rows: pd.DataFrame) -> list[str]:

@@ -153,9 +153,23 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
                     "notes": "; ".join(notes), "run": short_run(r["run_id"])})
 
     scenarios = list(dict.fromkeys(list(charts.SCENARIOS) + list(rows["scenario"])))
+    from peercache.lab.analysis import hicache_suite
     for sc in scenarios:
         s_all = rows[rows["scenario"] == sc]
         if s_all.empty:
+            continue
+        suite_peaks = hicache_suite.peaks(s_all)
+        if suite_peaks:
+            # the HiCache suite: each layout's get PEAK (a GET through batch_get_v1), its set and exists PEAKs beside
+            for pk in (p for p in suite_peaks if p["op"] == "get"):
+                others = [f"{p['op']} PEAK {hicache_suite.rate_text(p['pages/s'])} pages/s"
+                          + (f" ({charts.fmt_number(p['GB/s'])} GB/s)" if p["GB/s"] is not None else "")
+                          + f" at {p['threads']} thr" for p in suite_peaks if p["run"] == pk["run"] and p["op"] != "get"]
+                out.append({"scenario": f"{sc}: {pk['layout']} get PEAK (batch_get_v1, {pk['threads']} thr)",
+                            "GET throughput": throughput_text(pk["GB/s"]), "% of single-NIC raw limit": "—",
+                            "limited by": pk["limited by"],
+                            "notes": "; ".join([f"{hicache_suite.rate_text(pk['pages/s'])} pages/s", *others]),
+                            "run": short_run(pk["run"])})
             continue
         s = bw[bw["scenario"] == sc]
         if s.empty:
