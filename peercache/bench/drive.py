@@ -35,6 +35,9 @@ from .serve import METRICS_TEXT_OP
 
 log = logging.getLogger(__name__)
 
+#: What drive prints (after the process count) once every driver process is ready: a runner holding
+#: several drivers on one --start-file waits for it.
+READY_WORDS = "process(es) ready against"
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
 #: Every fault ends a drive within 5 s. Each wait of a driver is bounded by one of these: its
@@ -620,15 +623,21 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
             if msg[2]:
                 doc["meta"]["metrics"].append(msg[2])
                 print(f"drive: metrics of driver process {i} at {msg[2]}", file=sys.stderr, flush=True)
-        say(f"drive: {args.processes} process(es) ready against {_safe_directory(cfg['directory'])}")
+        if args.start_file is not None or not args.quiet:     # with --start-file a runner waits for it
+            print(f"drive: {args.processes} {READY_WORDS} {_safe_directory(cfg['directory'])}",
+                  file=sys.stderr, flush=True)
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3
-            if k == 0 and args.start_at is not None:
-                if args.start_at < time.time():
+            start = None if k else args.start_at if args.start_file is None else \
+                await_start_file(args.start_file, args.ready_timeout)
+            if start is not None:
+                if start < time.time():
+                    given = f"--start-at {start:.3f}" if args.start_file is None else \
+                        f"the start time {start:.3f} in {args.start_file}"
                     raise PeerCacheError(
-                        f"--start-at {args.start_at:.3f} passed {time.time() - args.start_at:.2f} s "
-                        "before the drivers were ready; give a later start time")
-                t0 = args.start_at
+                        f"{given} passed {time.time() - start:.2f} s before the drivers were ready; "
+                        "give a later start time")
+                t0 = start
             for lv in lives:
                 lv.value = 0.0
             for c in conns:
@@ -702,6 +711,28 @@ def check_prerequisites(args) -> None:
     if args.protocol == "rdma":
         from ..rdma import devices
         devices.discover(options.devices(args), args.ib_port, args.gid_index)
+
+
+def await_start_file(path: str, timeout: float) -> float:
+    """The epoch a runner writes into ``path`` once every driver it started is ready (polled every 20 ms,
+    up to ``timeout`` s; the runner writes it whole, by a rename)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = open(path).read().strip()
+        except FileNotFoundError:
+            text = ""
+        if text:
+            try:
+                return float(text)
+            except ValueError:
+                raise PeerCacheError(f"--start-file {path} holds {text[:40]!r}, not an epoch in seconds; "
+                                     "the runner must write the start time as one number") from None
+        if time.monotonic() >= deadline:
+            raise PeerCacheError(f"no start time appeared in --start-file {path} within {timeout:.0f} s of the "
+                                 "drivers being ready: the runner that started this drive never released it "
+                                 "(raise --ready-timeout, or check that runner's log)")
+        time.sleep(0.02)
 
 
 def _recv(conn, timeout: float, what: str):

@@ -114,6 +114,10 @@ class BenchOptions:
         None, "EPOCH[+SECONDS] at which the first point starts (several drivers measuring one shared window, "
               "as the lab's group runner does)", unit="s", check=lambda label, v: checks.epoch(label, v),
         flag=Flag("--start-at", type=start_time))
+    start_file: Optional[str] = option(
+        None, "FILE in which drive, once ready, waits (up to --ready-timeout) for the EPOCH its first point "
+              "starts at: a runner releases several drivers on one shared window once all are ready "
+              "(the lab's group runner)", flag=Flag("--start-file", metavar="FILE"))
     gpu: bool = option(
         False, "receive into GPU memory (PyTorch or CuPy): rdma registers it for GPUDirect (dma-buf, else "
                "nvidia-peermem); tcp and shm stage through pinned host memory", flag=Flag("--gpu"))
@@ -185,7 +189,7 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``drive``."""
     add_common(p)
     _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
-         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "gpu", "gpu_device", "metrics_scrapes",
+         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "start_file", "gpu", "gpu_device", "metrics_scrapes",
          "out")
 
 
@@ -253,6 +257,9 @@ def validate(args, mode: str) -> None:
     if getattr(args, "metrics_scrapes", False) and not getattr(args, "metrics_addr", None):
         raise ConfigError("--metrics-scrapes keeps what each process's metrics endpoint answers; give "
                           "--metrics-addr with it (e.g. --metrics-addr 127.0.0.1:0)")
+    if getattr(args, "start_at", None) is not None and getattr(args, "start_file", None):
+        raise ConfigError("give either --start-at (a start time known in advance) or --start-file (a start "
+                          "time written once every driver is ready), not both")
     if args.batch_size > args.working_set:
         raise ConfigError(f"--batch-size {args.batch_size} is larger than --working-set "
                           f"{args.working_set}; a batch would repeat keys")

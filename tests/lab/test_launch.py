@@ -350,6 +350,47 @@ def test_group_runner_passes_shared_start_time():
     assert printed == [pytest.approx(res.barrier, abs=1e-5)] * 2
 
 
+# A client that gets ready after a while of its own (sys.argv[2] s), says so, then waits for the start
+# time in its start file (sys.argv[3]) and prints it with the moment it read it.
+LATE_READY = ("import os, sys, time; time.sleep(float(sys.argv[2])); print('ready', flush=True)\n"
+              "for _ in range(500):\n"
+              "    if os.path.exists(sys.argv[3]): break\n"
+              "    time.sleep(0.01)\n"
+              "print(open(sys.argv[3]).read().strip(), time.time(), flush=True)")
+
+
+def test_group_runner_releases_clients_once_every_one_is_ready():
+    """client_ready: clients start at once with {start_file}; the shared start is written into it only
+    after the slowest client is ready (a spawn time far longer than the lead), and removed afterwards."""
+    m = marker()
+    h = LocalHost()
+    groups = [GroupSpec(name=f"g{i}", clients=[SideSpec(h, py(LATE_READY, m) + [str(d), "{start_file}"])])
+              for i, d in enumerate((0.1, 2.0))]
+    t0 = time.time()
+    res = GroupRunner(groups, client_timeout=10, barrier_lead=0.5,
+                      client_ready=Readiness(pattern="^ready$", timeout=10)).run()
+    assert res.ok, res.error
+    printed = [g.clients[0].stdout.split() for g in res.groups.values()]
+    assert [float(p[1]) for p in printed] == [pytest.approx(res.barrier, abs=1e-5)] * 2
+    assert res.barrier >= t0 + 2.0 + 0.5              # after the slow one was ready, plus the lead
+    assert all(float(p[2]) <= res.barrier for p in printed)    # read before the start: none missed it
+    path = next(a for a in res.groups["g0"].clients[0].command if a.startswith("/tmp/pclab-start-"))
+    assert not os.path.exists(path) and not os.path.exists(path + ".tmp")
+    assert_none_left(m)
+
+
+def test_group_runner_fails_when_a_client_never_gets_ready():
+    m = marker()
+    h = LocalHost()
+    groups = [GroupSpec(name="g0", clients=[SideSpec(h, py(LATE_READY, m) + ["0.1", "{start_file}"])]),
+              GroupSpec(name="g1", clients=[SideSpec(h, py("import time; time.sleep(30)", m))])]
+    t = time.monotonic()
+    with pytest.raises(GroupFailed, match="did not print"):
+        GroupRunner(groups, client_timeout=10, client_ready=Readiness(pattern="^ready$", timeout=2)).run()
+    assert time.monotonic() - t < 8
+    assert_none_left(m)
+
+
 # --- peercache-bench across two netns hosts (last: the bench tool is new) -----
 
 @pytest.mark.skipif(importlib.util.find_spec("peercache.bench.cli") is None,

@@ -20,6 +20,7 @@ import shlex
 import socket
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -208,6 +209,37 @@ def _await_ready(side: _Side, ready: Readiness, deadline: float) -> dict[str, st
     raise HostError(f"{side.spec.host.spec}: server {shlex.join(side.command)} was not "
                     f"listening on {ready.addr or '*'}:{ready.port} within {ready.timeout:g}s; "
                     f"output so far: {(h.stdout + h.stderr).strip()[-500:]!r}")
+
+
+def _release(hosts: Sequence[Host], path: str, start: float, lead: float) -> None:
+    """Write the shared ``start`` (epoch s) into ``path`` on each of ``hosts`` (whole, by a rename), the
+    hosts in parallel. A write that does not finish within ``lead`` fails the run: its clients would
+    have missed the start."""
+    script = 'printf "%s\\n" "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
+    errors: list[str] = []
+
+    def write(h: Host) -> None:
+        try:
+            h.run(["sh", "-c", script, "sh", f"{start:.6f}", path], timeout=lead)
+        except HostError as e:
+            errors.append(f"could not write the shared start time to {path} on {h.spec} within "
+                          f"{lead:.1f} s: {e}")
+
+    threads = [threading.Thread(target=write, args=(h,), daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(lead + 30)
+    if errors:
+        raise HostError("; ".join(errors))
+
+
+def _remove(host: Host, path: str) -> None:
+    """Best effort: the start file of a run, gone from ``host``."""
+    try:
+        host.run(["rm", "-f", path, f"{path}.tmp"], timeout=30)
+    except HostError:
+        pass
 
 
 def fill_placeholders(argv: Sequence[str], values: Mapping[str, str]) -> list[str]:
@@ -512,6 +544,7 @@ class GroupRunner:
     def __init__(self, groups: Sequence[GroupSpec], *, client_timeout: float = 60.0,
                  server_timeout: float = 10.0, server_exits: bool = True, grace: float = 2.0,
                  barrier_lead: float = 0.2,
+                 client_ready: Readiness | None = None,
                  measure: Callable[[GroupResult], WindowBytes] | None = None,
                  window_tolerance_s: float | None = None,
                  log_dir: str | os.PathLike | None = None):
@@ -529,6 +562,13 @@ class GroupRunner:
         self.server_exits = server_exits
         self.grace = grace
         self.barrier_lead = barrier_lead      #: seconds between "all ready" and the shared start
+        #: None: clients are launched at the shared start ({start_at}). Given (a pattern): clients are
+        #: launched once the servers are ready, with a file path as {start_file}; once every client printed
+        #: the pattern, the shared start (barrier_lead from then) is written into that file on each client
+        #: host, so a client's own spawn time (seconds on an emulated host) never eats into the lead.
+        self.client_ready = client_ready
+        if client_ready is not None and client_ready.pattern is None:
+            raise ValueError("client_ready needs a pattern the clients print once ready")
         self.measure = measure                #: group result -> WindowBytes (bytes and window)
         self.window_tolerance_s = window_tolerance_s
         self.log_dir = Path(log_dir) if log_dir else None
@@ -541,6 +581,7 @@ class GroupRunner:
         started: list[_Side] = []
         barrier: float | None = None
         error: str | None = None
+        start_file, start_hosts = "", []
         try:
             for g in self.groups:
                 gdir = self.log_dir / g.name if self.log_dir else None
@@ -556,21 +597,33 @@ class GroupRunner:
             for g in self.groups:
                 if g.name in servers:
                     _await_ready(servers[g.name], g.ready, deadline)
-            # Barrier: every server is ready. Clients get the shared start
-            # time as {start_at} (for tools that can wait for it) and are all
-            # launched back to back at that moment.
-            barrier = time.time() + self.barrier_lead
-            subst = {"start_at": f"{barrier:.6f}"}
+            if self.client_ready is None:
+                # Barrier: every server is ready. Clients get the shared start
+                # time as {start_at} (for tools that can wait for it) and are all
+                # launched back to back at that moment.
+                barrier = time.time() + self.barrier_lead
+                subst = {"start_at": f"{barrier:.6f}"}
+            else:
+                start_file = f"/tmp/pclab-start-{uuid.uuid4().hex[:12]}"
+                subst = {"start_file": start_file}
             for g in self.groups:
                 gdir = self.log_dir / g.name if self.log_dir else None
                 clients[g.name] = [_Side(f"client{i}" if len(g.clients) > 1 else "client", c,
                                          gdir, subst) for i, c in enumerate(g.clients)]
-            time.sleep(max(0.0, barrier - time.time()))
-            for g in self.groups:
-                for c in clients[g.name]:
-                    c.start()
-                    started.append(c)
             all_clients = [c for cs in clients.values() for c in cs]
+            if barrier is not None:
+                time.sleep(max(0.0, barrier - time.time()))
+            for c in all_clients:
+                c.start()
+                started.append(c)
+            if self.client_ready is not None:
+                # Barrier: every client is ready and waits on its start file.
+                deadline = time.monotonic() + self.client_ready.timeout
+                for c in all_clients:
+                    _await_ready(c, self.client_ready, deadline)
+                barrier = time.time() + self.barrier_lead
+                start_hosts = list({c.spec.host.spec: c.spec.host for c in all_clients}.values())
+                _release(start_hosts, start_file, barrier, self.barrier_lead)
             error = _wait_clients(list(servers.values()), all_clients, self.client_timeout,
                                   self.server_exits)
             if error is None:
@@ -580,6 +633,8 @@ class GroupRunner:
             error = str(e)
         finally:
             _stop_all(started, self.grace)
+            for h in start_hosts:
+                _remove(h, start_file)
         results = {g.name: GroupResult(
             name=g.name,
             server=servers[g.name].result() if g.name in servers else None,

@@ -64,6 +64,33 @@ def test_start_at_sets_the_shared_window_and_refuses_the_past(procs, port, tmp_p
     assert r.returncode == 1 and "give a later start time" in r.stderr
 
 
+def test_start_file_holds_drive_until_a_runner_writes_the_start_time(procs, port, tmp_path):
+    """--start-file: drive gets ready, says so, and waits for the epoch a runner writes into the file once
+    every driver is ready; its window starts there. A file that never comes, or holds no number, fails."""
+    addr = f"127.0.0.1:{port}"
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "3"])
+    procs.wait_line(serve, READY_LINE)
+    start_file, out = tmp_path / "start", tmp_path / "d.json"
+    d = subprocess.Popen(drive_argv(addr, out, "--start-file", str(start_file)), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    procs.procs.append(d)
+    procs.wait_line(d, "process(es) ready against", timeout=60)
+    time.sleep(1.0)
+    assert d.poll() is None and not out.exists()                  # held: nothing measured yet
+    start = time.time() + 2
+    (tmp_path / "start.tmp").write_text(f"{start:.6f}\n")
+    (tmp_path / "start.tmp").rename(start_file)
+    assert d.wait(timeout=60) == 0
+    assert abs(json.loads(out.read_text())["points"][0]["window_start"] - (start + 0.3)) < 1e-3
+    r = subprocess.run(drive_argv(addr, out, "--start-file", str(tmp_path / "never"), "--ready-timeout", "2"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "never released it" in r.stderr, r.stderr
+    start_file.write_text("soon")
+    r = subprocess.run(drive_argv(addr, out, "--start-file", str(start_file)), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "not an epoch in seconds" in r.stderr, r.stderr
+
+
 def test_exists_op_reports_rate_not_bandwidth(procs, port, tmp_path):
     addr = f"127.0.0.1:{port}"
     serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, *SMALL, "--readers", "1"])

@@ -303,6 +303,7 @@ BAD_DRIVE = [
     (["--ready-timeout", "nan"], "--ready-timeout"),
     (["--dir-cache-ttl", "nan"], "--dir-cache-ttl"),
     (["--start-at", "nan"], "--start-at"),
+    (["--start-at", "1700000000", "--start-file", "/tmp/x"], "--start-file"),
     (["--seed", "-1"], "--seed"),
     (["--processes", "100000"], "--processes"),
     (["--concurrencies", "1,100000", "--recv-buffer", str(1 << 60)], "--concurrencies"),

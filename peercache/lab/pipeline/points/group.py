@@ -1,17 +1,20 @@
 """The ``group`` kind: one serve/drive pair per NIC (or per group without NICs), all measuring one shared,
 barrier-aligned window (the whole machine's GET throughput).
 
-Declaration (:class:`PeerCacheGroupRun`), run (every group's drive starts a fixed lead after the group
-barrier), sanity (a group whose drive failed fails the point) and metric extraction
-(:func:`extract`: one row per group and the aggregate over the shared window).
+Declaration (:class:`PeerCacheGroupRun`), run (every group's drive starts once the servers are ready,
+and all are released on one shared start once every one is ready), sanity (a group whose drive failed
+fails the point) and metric extraction (:func:`extract`: one row per group and the aggregate over the
+shared window).
 """
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
+from peercache.bench.drive import READY_WORDS
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
 from peercache.lab.pipeline.points.peercache import READY_LINE, PeerCacheKnobs, keep_scrapes, serve_drive
@@ -21,15 +24,16 @@ from peercache.lab.tidy import Row
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
-#: Seconds from the group barrier to the shared measurement start (drivers need to spawn): at least
-#: GROUP_START_LEAD_S, and GROUP_START_LEAD_PER_SLOW_S per unit of the hosts' slowness. On the two
-#: emulated machines (slowness 16) a driver reached its wait about 19 s after the barrier, so 48 s.
-GROUP_START_LEAD_S = 6.0
-GROUP_START_LEAD_PER_SLOW_S = 3.0
+#: Seconds from the moment every group's drive is ready (each waits on its --start-file) to the
+#: shared measurement start: the time to write the start into each consumer host's file, at least
+#: GROUP_START_LEAD_S and GROUP_START_LEAD_PER_SLOW_S per unit of the hosts' slowness (an ssh
+#: command on the emulated machines, slowness 16, takes about a second; under load a few).
+GROUP_START_LEAD_S = 2.0
+GROUP_START_LEAD_PER_SLOW_S = 0.5
 
 
 def start_lead(slow: float) -> float:
-    """Seconds between the group barrier and the shared start on hosts ``slow`` times slower."""
+    """Seconds between "every drive is ready" and the shared start on hosts ``slow`` times slower."""
     return max(GROUP_START_LEAD_S, GROUP_START_LEAD_PER_SLOW_S * slow)
 
 
@@ -72,8 +76,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             port = pr.ports.allocate()
             outs[g] = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
             gp = dict(p, devices=[g] if p["per_device"] else [])
-            serve, drive = serve_drive(pr, th, port, gp, p["readers"], p["threads"], outs[g],
-                                       start_at=f"{{start_at}}+{start_lead(pr.slow)}")
+            serve, drive = serve_drive(pr, th, port, gp, p["readers"], p["threads"], outs[g])
+            drive += ["--start-file", "{start_file}"]
             pnode = pr.numa_side(f"{g}/server", gp["devices"], "producer")
             cnode = pr.numa_side(f"{g}/client", gp["devices"], "consumer")
             dev = g if p["per_device"] else None
@@ -92,6 +96,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             return sanity(gr.name, doc["points"][0])
 
         runner = GroupRunner(specs, client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
+                             barrier_lead=start_lead(pr.slow),
+                             client_ready=Readiness(pattern=re.escape(READY_WORDS), timeout=60 * pr.slow),
                              log_dir=pr.raw_dir, window_tolerance_s=0.05)
         ctx = pr.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
