@@ -31,12 +31,12 @@ def real(name: str) -> str:
 
 def test_server_and_client_share_symmetric_flags():
     p = pt.PerftestParams(tool="ib_read_bw", device="mlx5_bond_1", gid_index=3, qps=16,
-                          size=131072, duration=10, tx_depth=128, cpu_util=True, tcp_port=18600)
+                          size=131072, duration=10, tx_depth=128, qp_timeout=20, cpu_util=True, tcp_port=18600)
     srv = pt.server_command(p)
     cli = pt.client_command(p, "10.0.1.12")
     assert srv[0] == cli[0] == "ib_read_bw"
     assert cli[-1] == "10.0.1.12" and cli[:-1] == srv
-    for flag in (["-q", "16"], ["-s", "131072"], ["-D", "10"], ["-t", "128"], ["-p", "18600"],
+    for flag in (["-q", "16"], ["-s", "131072"], ["-D", "10"], ["-t", "128"], ["-u", "20"], ["-p", "18600"],
                  ["-d", "mlx5_bond_1"], ["-x", "3"]):
         i = srv.index(flag[0])
         assert srv[i:i + 2] == flag
@@ -58,6 +58,7 @@ def test_builder_all_sizes_bidir_cuda_json():
 
 @pytest.mark.parametrize("kwargs, msg", [
     (dict(tool="ib_atomic_bw"), "not one of"),
+    (dict(qp_timeout=32), "5-bit exponent"),
     (dict(size=4096, all_sizes=True), "not both"),
     (dict(duration=5, iterations=1000), "not both"),
     (dict(cpu_util=True), "duration"),

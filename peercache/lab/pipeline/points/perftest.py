@@ -91,7 +91,8 @@ class PerftestRun(Timed):
         devices = pr.tb.devices[:1]
         port = pr.ports.allocate()
         params = pt.PerftestParams(tool=p["tool"], device=devices[0] if devices else None,
-                                   gid_index=pr.tb.get("gid_index"), qps=p["qps"], size=p["size"],
+                                   gid_index=pr.tb.get("gid_index"), qp_timeout=pr.tb.get("qp_timeout"),
+                                   qps=p["qps"], size=p["size"],
                                    duration=None if p.get("iterations") else max(1, math.ceil(pr.duration)),
                                    iterations=p.get("iterations"), tx_depth=p.get("tx_depth"),
                                    report_gbits=True, tcp_port=port)

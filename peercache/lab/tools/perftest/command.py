@@ -31,6 +31,7 @@ class PerftestParams:
     duration: int | None = None       #: -D seconds; exclusive with iterations
     iterations: int | None = None     #: -n iterations; None and no duration: perftest's default
     tx_depth: int | None = None       #: -t, send queue depth
+    qp_timeout: int | None = None     #: -u, the QPs' ACK timeout exponent (4.096 us x 2^N); None: perftest's 14
     report_gbits: bool = True         #: --report_gbits, print Gb/sec instead of MiB/sec
     cpu_util: bool = False            #: --cpu_util, CPU_Util[%] column (duration mode only)
     bidirectional: bool = False       #: -b
@@ -64,6 +65,8 @@ class PerftestParams:
             raise ValueError(f"duration must be >= 1 s, got {self.duration}")
         if self.iterations is not None and self.iterations < 5:
             raise ValueError(f"perftest needs at least 5 iterations, got {self.iterations}")
+        if self.qp_timeout is not None and not 0 <= self.qp_timeout <= 31:
+            raise ValueError(f"qp_timeout is a 5-bit exponent (0..31), got {self.qp_timeout}")
         if self.qps < 1:
             raise ValueError(f"qps must be >= 1, got {self.qps}")
         if self.cpu_util and self.duration is None:
@@ -97,6 +100,8 @@ def symmetric_args(params: PerftestParams) -> list[str]:
         a += ["-n", str(params.iterations)]
     if params.tx_depth is not None:
         a += ["-t", str(params.tx_depth)]
+    if params.qp_timeout is not None:
+        a += ["-u", str(params.qp_timeout)]
     if params.connection is not None:
         a += ["-c", params.connection]
     if params.mtu is not None:
