@@ -85,7 +85,7 @@ def test_commands_match_the_peercache_point_and_take_the_targets_ready_line():
     # the target's real ready line fills both placeholders
     m = re.search(nx.TARGET_READY, _read("nixl_target_netns_tcp_s128K.log"))
     filled = fill_placeholders(i, m.groupdict())
-    assert "pclab-nixl-target-27513" in filled and "0x7fca87ae9010" in filled
+    assert "pclab-nixl-target-19159" in filled and "0x7ff60bce9010" in filled
     assert nx.initiator_command("/v/python", "/c/drv.py", "tcp", "h", 1, "t:2", 4096, 64, 32, 1, 1, 0,
                                 verify=False)[-1] == "--no-verify"
 
@@ -107,6 +107,7 @@ def test_the_driver_takes_every_flag_the_builders_give():
     a = drv.parser().parse_args(i[3:])
     assert (a.mode, a.page_size, a.batch, a.duration, a.device, a.gid_index, a.verify) == \
         ("initiator", 4096, 32, 1.5, "rxe0", 1, True)
+    assert (a.poll_spin_us, a.poll_sleep_us) == (50.0, 50.0)
     t = drv.parser().parse_args(nx.target_command("p", "d", "tcp", "h", 9, 4096, 64)[3:])
     assert (t.mode, t.listen_port, t.pages) == ("target", 9, 64)
 
@@ -120,7 +121,7 @@ def test_parse_netns_captures():
     assert r.p50_us <= r.p99_us <= r.max_us and r.nixl_version == "1.5.1"
     assert all("NIXL INFO" in ln for ln in r.log_lines)
     r2 = nx.parse_output(_read("nixl_initiator_netns_tcp_t2_s4K_b32.log"), 4096, 32, 2)
-    assert r2.threads == 2 and r2.batches == 1960
+    assert r2.threads == 2 and r2.batches == 3436
     rows = nx.to_rows(r, tool=nx.TOOL, experiment="local", scenario="engines", run_id="x")
     assert [(x.metric, x.unit) for x in rows] == [("get_throughput", "GB/s"), ("latency_p50", "us"),
                                                  ("latency_p99", "us"), ("batches", "count")]
@@ -134,7 +135,7 @@ def test_parse_an_unverified_run_says_so():
 
 
 def test_wrong_bytes_and_the_drivers_own_error_are_tool_errors():
-    with pytest.raises(ToolError, match="64 of 64 pages read differed") as e:
+    with pytest.raises(ToolError, match="576 of 576 pages read differed") as e:
         nx.parse_output(_read("nixl_initiator_loopback_shifted_pool.out"), 1 << 20, 32, 1)
     assert e.value.kind == "failed"
     with pytest.raises(ToolError, match="no metadata from NIXL agent") as e:
@@ -160,6 +161,7 @@ def _with(doc: dict) -> str:
     (lambda d: d.update(verified_pages=3), "pages checked for"),
     (lambda d: d.update(schema="other/1"), "not a peercache-lab.nixl_driver/1 document"),
     (lambda d: d.update(stopped_by="signal"), "stopped_by 'signal'"),
+    (lambda d: d.pop("poll_sleep_us"), "field 'poll_sleep_us' missing"),
 ])
 def test_parse_refuses_a_result_that_does_not_hold_together(change, match):
     doc = _doc_of(NETNS)

@@ -37,7 +37,9 @@ _LOG_LINE = re.compile(r"^\[\d+\.\d+\] \[[^\]]+\]|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\
 FIELDS = {"schema": str, "engine": str, "nixl_version": str, "backend": str, "memory": str, "protocol": str,
           "ucx_env": dict, "page_size": int, "batch": int, "threads": int, "pages": int,
           "warmup_s": (int, float), "duration_s": (int, float), "batches": int, "bytes": int,
-          "gb_per_s": (int, float), "latency_us": dict, "metadata_s": (int, float), "stopped_by": str,
+          "gb_per_s": (int, float), "latency_us": dict, "metadata_s": (int, float), "poll_spin_us": (int, float),
+          "poll_sleep_us": (int, float),
+          "stopped_by": str,
           "verify": bool, "verified_pages": int, "mismatched_pages": int}
 
 
@@ -74,20 +76,24 @@ def target_command(python: str, driver: str, protocol: str, host: str, listen_po
 def initiator_command(python: str, driver: str, protocol: str, host: str, listen_port: int, target: str,
                       page_size: int, pages: int, batch: int, threads: int, duration: float, warmup: float,
                       verify: bool = True, connect_timeout: float = 30.0, batch_timeout: float = 10.0,
-                      agent: str = "{nixl_agent}", pool: str = "{nixl_pool}", device: str | None = None,
+                      poll_spin_us: float = 50.0, poll_sleep_us: float = 50.0, agent: str = "{nixl_agent}",
+                      pool: str = "{nixl_pool}", device: str | None = None,
                       gid_index: int | None = None) -> list[str]:
     """argv of the initiator (consumer): READs from the target's listener ``target`` (HOST:PORT); ``agent`` and
     ``pool`` default to the placeholders the pair runner fills from the target's ready line."""
     _positive(batch=batch, threads=threads)
-    if duration <= 0 or warmup < 0 or connect_timeout <= 0 or batch_timeout <= 0:
+    if duration <= 0 or warmup < 0 or min(connect_timeout, batch_timeout) <= 0 or min(poll_spin_us, poll_sleep_us) < 0:
         raise ValueError(f"duration ({duration}), connect_timeout ({connect_timeout}) and batch_timeout "
-                         f"({batch_timeout}) must be > 0 and warmup ({warmup}) >= 0")
+                         f"({batch_timeout}) must be > 0, warmup ({warmup}), poll_spin_us ({poll_spin_us}) and "
+                         f"poll_sleep_us ({poll_sleep_us}) >= 0")
     if ":" not in target or target.startswith("-"):
         raise ValueError(f"target {target!r} is not HOST:PORT of the target's NIXL listener")
     return [*_side(python, driver, "initiator", protocol, host, listen_port, page_size, pages, device, gid_index),
             "--target", target, "--agent", agent, "--pool", pool, "--batch", str(batch), "--threads", str(threads),
             "--duration", f"{duration:g}", "--warmup", f"{warmup:g}", "--connect-timeout", f"{connect_timeout:g}",
-            "--batch-timeout", f"{batch_timeout:g}", "--verify" if verify else "--no-verify"]
+            "--batch-timeout", f"{batch_timeout:g}", "--poll-spin-us", f"{poll_spin_us:g}",
+            "--poll-sleep-us", f"{poll_sleep_us:g}",
+            "--verify" if verify else "--no-verify"]
 
 
 @dataclass
@@ -110,6 +116,8 @@ class NixlResult:
     nixl_version: str
     ucx_env: dict[str, str]
     metadata_s: float              #: fetch_remote_metadata until the metadata had arrived
+    poll_spin_us: float            #: the readers poll a batch's state without sleeping this long, then
+    poll_sleep_us: float           #: sleep this long between two polls
     stopped_by: str
     source: str = "<stdout>"
     log_lines: list[str] = field(default_factory=list)
@@ -188,7 +196,9 @@ def parse_output(text: str, page_size: int, batch: int, threads: int, source: st
                       gb_per_s=float(doc["gb_per_s"]), p50_us=float(lat["p50"]), p99_us=float(lat["p99"]),
                       max_us=float(lat["max"]), verify=doc["verify"], verified_pages=doc["verified_pages"],
                       nixl_version=doc["nixl_version"], ucx_env=dict(doc["ucx_env"]),
-                      metadata_s=float(doc["metadata_s"]), stopped_by=doc["stopped_by"], source=source,
+                      metadata_s=float(doc["metadata_s"]), poll_spin_us=float(doc["poll_spin_us"]),
+                      poll_sleep_us=float(doc["poll_sleep_us"]),
+                      stopped_by=doc["stopped_by"], source=source,
                       log_lines=[ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("{")])
 
 
@@ -204,7 +214,9 @@ def to_rows(res: NixlResult, **ctx: Any) -> list[Row]:
     """The run's rows: ``get_throughput`` (GB/s), ``latency_p50`` / ``latency_p99`` per batch (us), ``batches``."""
     extra = {**verification(res), "nixl_version": res.nixl_version, "backend": "UCX", "memory": "DRAM",
              "ucx_env": res.ucx_env, "duration_s": res.duration_s, "bytes": res.bytes, "pages": res.pages,
-             "metadata_s": res.metadata_s, "stopped_by": res.stopped_by, "latency_max_us": res.max_us}
+             "metadata_s": res.metadata_s, "poll_spin_us": res.poll_spin_us,
+             "poll_sleep_us": res.poll_sleep_us, "stopped_by": res.stopped_by,
+             "latency_max_us": res.max_us}
     extra.update(ctx.pop("extra", {}) or {})
     base = dict(size_bytes=res.page_size, batch=res.batch, threads=res.threads, processes=1, **ctx)
     return [Row(metric="get_throughput", value=res.gb_per_s, unit="GB/s", raw_value=res.gb_per_s, raw_unit="GB/s",
