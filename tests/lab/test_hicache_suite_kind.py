@@ -264,3 +264,29 @@ def test_the_figure_has_a_panel_per_op_and_stars_each_peak(tmp_path):
     assert {r["layout"] for r in chart.table} == {"mla", "mha"} and all(r["run"].startswith("t/hicache/")
                                                                          for r in chart.table)
     charts.plt.close(chart.fig)
+
+
+# -- one real point ----------------------------------------------------------------------------------
+
+def test_a_point_runs_serve_and_the_suite_and_each_sweep_point_gets_its_own_cpu_window(tmp_path):
+    """The kind end to end on this host over loopback: serve, the suite (get and exists at 1 and 2 threads),
+    the document parsed into rows, each pages/s row with both sides' CPU over its own window."""
+    sc = experiments.load_scenarios()
+    tb = experiments.load_testbed(ROOT / "experiments/testbeds/local.yaml", sc)
+    part = {"kind": "hicache_suite", "protocol": "tcp", "layout": ["mla"], "page_size": [16384], "batch_size": [32],
+            "concurrencies": [1, 2], "ops": ["get", "exists"], "working_set": 128, "duration": 0.5, "warmup": 0.2}
+    pt, = experiments.expand_part("hicache", "suite", part, [])
+    th = runpoint.TestbedHosts(LocalHost(), LocalHost(), "127.0.0.1", "127.0.0.1", None)
+    rows = runpoint.run_point(tb, pt, 0, tmp_path / "out" / "result.json", hosts=th, quiet=True)
+    assert not [r for r in rows if r.status == "failed"], [r.reason for r in rows if r.status == "failed"]
+    heads = [r for r in rows if r.metric == suite.PRIMARY]
+    assert sorted((r.extra["op"], r.threads) for r in heads) == [("exists", 1), ("exists", 2), ("get", 1), ("get", 2)]
+    assert sum(r.extra["peak"] for r in heads) == 2 and all(r.value > 0 and r.tool == suite.TOOL for r in heads)
+    windows = {(r.extra["window_start"], r.extra["window_end"]) for r in heads}
+    assert len(windows) == 4                                  # each point its own window ...
+    for r in heads:                                           # ... and its own CPU reading over it
+        cpu = r.extra["cpu"]
+        assert set(cpu) == {"consumer", "producer"}
+        assert all("cores" in cpu[s] or "fewer than two CPU samples" in cpu[s].get("reason", "") for s in cpu)
+    assert any("cores" in r.extra["cpu"]["consumer"] for r in heads)
+    assert (tmp_path / "out" / "suite.json").exists() and (tmp_path / "out" / "client.log").exists()
