@@ -26,6 +26,11 @@ figures run with verification off. What each figure measures:
   namespace A, initiator in B, ``-protocol=tcp -metadata_server=P2PHANDSHAKE``, READs of 128 KiB in
   batches of 32, one thread (``.venv-mooncake``, ``make engines``; it checks no bytes either). Mooncake
   runs first in each tcp round, before the iperf3 baseline and the PeerCache drive.
+- ``ours_vs_nixl_tcp_128k``: the same ``peercache_tcp_128k`` over NIXL (``nixl_agent``, UCX backend, DRAM)
+  through our driver (``peercache.lab.tools.nixl_driver``, ``.venv-nixl``) on the same path at the same
+  shape: target in namespace A with 256 pages registered, initiator in B, ``UCX_TLS=tcp`` on the veth,
+  batches of 32 random 128 KiB pages per ``make_prepped_xfer`` READ, one thread, verification off as
+  the drive's. NIXL runs right after Mooncake in each tcp round.
 - ``pages_per_s_64b``: ``Node.get_batch_into`` of 128 random 64-byte pages per call over
   shm, directory cached, one thread in one consumer process
   (``peercache.lab.tools.nodeloop``), against a ``serve`` process; the
@@ -117,6 +122,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_shm_integrity_128k": ("get_throughput", "GB/s"),
     "iperf3_tcp_128k": ("bw", "GB/s"),
     "mooncake_tcp_128k": ("get_throughput", "GB/s"),
+    "nixl_tcp_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_verified_128k": ("get_throughput", "GB/s"),
     "peercache_tcp_integrity_128k": ("get_throughput", "GB/s"),
@@ -142,6 +148,7 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "shm_vs_memcpy_128k": ("peercache_shm_128k", "memcpy_128k"),
     "tcp_vs_iperf3_128k": ("peercache_tcp_128k", "iperf3_tcp_128k"),
     "ours_vs_mooncake_tcp_128k": ("peercache_tcp_128k", "mooncake_tcp_128k"),
+    "ours_vs_nixl_tcp_128k": ("peercache_tcp_128k", "nixl_tcp_128k"),
     "verify_vs_noverify_shm_128k": ("peercache_shm_verified_128k", "peercache_shm_128k"),
     "verify_vs_noverify_tcp_128k": ("peercache_tcp_verified_128k", "peercache_tcp_128k"),
     "integrity_vs_off_128k": ("peercache_tcp_integrity_128k", "peercache_tcp_128k"),
@@ -169,8 +176,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("memcpy_128k", "peercache_shm_128k", "peercache_shm_verified_128k",
                 "peercache_shm_integrity_128k")),
     ("once", ("tcp_128k_check",)),
-    ("rounds", ("mooncake_tcp_128k", "iperf3_tcp_128k", "peercache_tcp_128k", "peercache_tcp_verified_128k",
-                "peercache_tcp_integrity_128k", "peercache_tcp_metrics_128k")),
+    ("rounds", ("mooncake_tcp_128k", "nixl_tcp_128k", "iperf3_tcp_128k", "peercache_tcp_128k",
+                "peercache_tcp_verified_128k", "peercache_tcp_integrity_128k", "peercache_tcp_metrics_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
     ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",

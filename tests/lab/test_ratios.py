@@ -35,9 +35,14 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
     # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 6 + 1 + 6 + 2 + 5)
-    # Mooncake first in each tcp round, at the tcp drive's shape
-    assert order[j - 2:j] == [("mooncake_tcp_128k", 0), ("iperf3_tcp_128k", 0)]
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 7 + 1 + 6 + 2 + 5)
+    # Mooncake, then NIXL first in each tcp round, at the tcp drive's shape
+    assert order[j - 3:j] == [("mooncake_tcp_128k", 0), ("nixl_tcp_128k", 0), ("iperf3_tcp_128k", 0)]
+    nx = bp.points["nixl_tcp_128k"]
+    assert nx.kind == "nixl" and not nx.loopback and nx.params["verify"] is False
+    assert (nx.params["page_size"], nx.params["batch_size"], nx.params["threads"], nx.params["protocol"],
+            nx.params["working_set"]) == (131072, 32, 1, "tcp", 256)
+    assert ratios.RATIOS["ours_vs_nixl_tcp_128k"] == ("peercache_tcp_128k", "nixl_tcp_128k")
     mc = bp.points["mooncake_tcp_128k"]
     assert mc.kind == "mooncake_te" and not mc.loopback
     assert (mc.params["page_size"], mc.params["batch_size"], mc.params["threads"], mc.params["protocol"]) == \
@@ -98,6 +103,7 @@ def test_every_ratio_has_a_target_in_the_references_data():
     from peercache.lab.analysis.references import load_bench_targets
     t = load_bench_targets()
     assert t == {"shm_vs_memcpy_128k": 0.9, "tcp_vs_iperf3_128k": 0.9, "pages_per_s_64b": 3e6, "ours_vs_mooncake_tcp_128k": 1.5,
+                 "ours_vs_nixl_tcp_128k": 1.2,
                  "verify_vs_noverify_tcp_128k": 0.9, "verify_vs_noverify_shm_128k": 0.85,
                  "integrity_vs_off_128k": 0.85, "hicache_v1_vs_drive_128k": 0.9, "metrics_on_vs_off_tcp_128k": 0.95,
                  "dir_lookups_embedded_128": 1e6, "dir_lookups_redis_vs_mget_128": 0.8}
