@@ -50,6 +50,10 @@ POINT_GRACE_S = 20.0
 IO_TIMEOUT_S = 3.0
 DATA_TIMEOUT_S = 2.0
 DIRECTORY_SILENCE_S = 3.0
+#: The rdma transport's bounds drive gives it: a batch's completions, and a connection's setup.
+RDMA_COMPLETION_S = 5.0
+RDMA_CONNECT_S = 5.0
+#: --time-scale multiplies every bound above (emulated hosts).
 STUCK_GRACE_S = 0.2
 END_GRACE_S = 1.0
 #: How long process 0 waits for serve's metrics text at a window edge (--metrics-scrapes).
@@ -112,9 +116,11 @@ class _Worker:
         self.keys_arr = np.empty(len(self.keys), dtype=object)
         self.keys_arr[:] = self.keys
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
-        node = replace(cfg["node"], timeout=IO_TIMEOUT_S)
-        data_timeout = {"io_timeout": DATA_TIMEOUT_S} if node.protocol == "tcp" else None
-        self.node = Node(**node.node_kwargs(name=f"drive-{pidx}", transport_options=data_timeout))
+        scale = cfg.get("time_scale", 1.0)
+        node = replace(cfg["node"], timeout=IO_TIMEOUT_S * scale)
+        bounds = {"tcp": {"io_timeout": DATA_TIMEOUT_S * scale},
+                  "rdma": {"timeout_s": RDMA_COMPLETION_S * scale, "connect_timeout": RDMA_CONNECT_S * scale}}
+        self.node = Node(**node.node_kwargs(name=f"drive-{pidx}", transport_options=bounds.get(node.protocol)))
         #: this process's metrics endpoint (--metrics-addr, the port plus the process's index), or None
         self.metrics = None
         if node.metrics_addr:
@@ -250,7 +256,7 @@ class _Worker:
                     break
                 continue
             silence = silence_of()
-            if silence > DIRECTORY_SILENCE_S:
+            if silence > DIRECTORY_SILENCE_S * self.cfg.get("time_scale", 1.0):
                 self.abandon = True      # leaving would be one more call to the silent directory
                 where = _safe_directory(self.cfg.get("directory") or self.cfg["discovery_addr"])
                 abort.append(f"the directory at {where} is unreachable: it has answered no heartbeat for "
@@ -574,7 +580,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
     cfg = {k: getattr(args, k) for k in (
         "discovery_addr", "protocol", "layout", "page_size", "working_set",
         "batch_size", "concurrencies", "processes", "duration", "warmup",
-        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device")}
+        "op", "verify", "access", "seed", "ready_timeout", "gpu", "gpu_device", "time_scale")}
     cfg["directory"] = options.directory(args)
     cfg["worker"] = worker
     cfg["metrics_scrapes"] = bool(getattr(args, "metrics_scrapes", False))

@@ -53,6 +53,17 @@ def start_time(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not EPOCH or EPOCH+SECONDS")
 
 
+#: The most --time-scale stretches the fault bounds (an emulated CPU is 10-40 times slower).
+MAX_TIME_SCALE = 1000.0
+
+
+def _time_scale(label: str, v) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1.0 <= v <= MAX_TIME_SCALE:
+        raise ConfigError(f"{label} must be a factor from 1 to {MAX_TIME_SCALE:g} (how many times slower "
+                          f"these hosts are than real ones), got {v!r}")
+    return float(v)
+
+
 def _concurrencies(label: str, v: list) -> list:
     if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         raise ConfigError(f"{label} must be a list of thread counts (e.g. 1,2,4), got {v!r}")
@@ -114,6 +125,11 @@ class BenchOptions:
         None, "EPOCH[+SECONDS] at which the first point starts (several drivers measuring one shared window, "
               "as the lab's group runner does)", unit="s", check=lambda label, v: checks.epoch(label, v),
         flag=Flag("--start-at", type=start_time))
+    time_scale: float = option(
+        1.0, "stretch drive's fault bounds (directory calls 3 s, tcp data 2 s, rdma completions and connects "
+             "5 s, directory silence 3 s) by this factor, for hosts slower than real ones: the lab passes an "
+             "emulated testbed's measured slowness; 1 on real hardware", unit="x", check=_time_scale,
+        flag=Flag("--time-scale", type=float))
     start_file: Optional[str] = option(
         None, "FILE in which drive, once ready, waits (up to --ready-timeout) for the EPOCH its first point "
               "starts at: a runner releases several drivers on one shared window once all are ready "
@@ -189,7 +205,7 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``drive``."""
     add_common(p)
     _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
-         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "start_file", "gpu", "gpu_device", "metrics_scrapes",
+         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "start_file", "time_scale", "gpu", "gpu_device", "metrics_scrapes",
          "out")
 
 

@@ -141,6 +141,45 @@ def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
     assert "OverflowError" in p["reason"]
 
 
+@pytest.mark.parametrize("scale, aborted", [(1.0, True), (2.0, False)])
+def test_time_scale_stretches_the_directory_silence_bound(scale, aborted):
+    """A directory silent for 4 s ends the point at --time-scale 1 (bound 3 s), not at 2 (bound 6 s)."""
+    w = drive._Worker.__new__(drive._Worker)
+    w.cfg = {"time_scale": scale, "discovery_addr": "127.0.0.1:1", "directory": None}
+    w.node = type("Silent", (), {"directory_silence": lambda self: 4.0})()
+    stop, abort = threading.Event(), []
+    t = threading.Thread(target=stop.wait, args=(1.0,))
+    t.start()
+    w._watch([t], time.time() + 60, stop, abort)
+    t.join()
+    assert bool(abort) == aborted, abort
+    assert not aborted or "answered no heartbeat for 4.0 s" in abort[0]
+
+
+@pytest.mark.parametrize("protocol, expected", [
+    ("tcp", {"io_timeout": drive.DATA_TIMEOUT_S * 4}),
+    ("rdma", {"timeout_s": drive.RDMA_COMPLETION_S * 4, "connect_timeout": drive.RDMA_CONNECT_S * 4})])
+def test_time_scale_stretches_the_nodes_bounds(monkeypatch, protocol, expected):
+    """--time-scale 4: the driver's node gets its directory timeout and its transport's bounds x 4."""
+    from peercache.bench.cli import build_parser
+    args = build_parser().parse_args(["drive", "--protocol", protocol, "--time-scale", "4", *SMALL])
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def node(**kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(drive, "Node", node)
+    cfg = {"layout": "mla", "working_set": 64, "time_scale": args.time_scale, "node": options.node_config(args)}
+    with pytest.raises(Stop):
+        drive._Worker(cfg, 0, None)
+    assert seen["transport_options"] == {**options.node_config(args).transport_options(), **expected}
+    assert seen["rpc_timeout"] == drive.IO_TIMEOUT_S * 4
+
+
 def test_drive_with_a_poisoned_entry_exits_1_with_the_reason(port, tmp_path):
     addr = f"127.0.0.1:{port}"
     keys = options.page_keys(64, "mla")
@@ -304,6 +343,8 @@ BAD_DRIVE = [
     (["--dir-cache-ttl", "nan"], "--dir-cache-ttl"),
     (["--start-at", "nan"], "--start-at"),
     (["--start-at", "1700000000", "--start-file", "/tmp/x"], "--start-file"),
+    (["--time-scale", "0.5"], "--time-scale"),
+    (["--time-scale", "nan"], "--time-scale"),
     (["--seed", "-1"], "--seed"),
     (["--processes", "100000"], "--processes"),
     (["--concurrencies", "1,100000", "--recv-buffer", str(1 << 60)], "--concurrencies"),

@@ -152,7 +152,7 @@ def serve_side(pr: PointRun, th: TestbedHosts, port: int, p: dict) -> tuple[list
 
 
 def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: int, threads: int,
-                out_path: str, start_at: str | None = None) -> tuple[list[str], list[str]]:
+                out_path: str) -> tuple[list[str], list[str]]:
     """The serve (producer) and drive (consumer) argv of one pair of a serve/drive kind's point."""
     serve, common, drive_devs = serve_side(pr, th, port, p)
     # A kind may read with its own drive tool (same flags and document): hicache's batch_get_v1 loop.
@@ -167,11 +167,10 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
              "--dir-cache-ttl", str(p.get("dir_cache_ttl", pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))),
              "--out", out_path]
     if pr.slow > 1:
-        drive += ["--ready-timeout", f"{30 * pr.slow:.0f}"]
+        # an emulated host: its waits and its fault bounds stretch with its measured slowness
+        drive += ["--ready-timeout", f"{30 * pr.slow:.0f}", "--time-scale", f"{pr.slow:.1f}"]
     if p.get("metrics_scrape"):
         drive.append("--metrics-scrapes")
-    if start_at:
-        drive += ["--start-at", start_at]
     if p.get("destination") == "gpu":
         drive.append("--gpu")
     return serve, drive
