@@ -77,6 +77,16 @@ def test_overview_and_sections(lab, tmp_path):
     assert list(secs["multi_rail"].tables[0][1][0]) == ["page size", "batch", "peak", "best threads", "run"]
 
 
+def test_a_failed_point_is_named_with_its_reason_once():
+    import pandas as pd
+    sub = pd.DataFrame({"run_id": ["mr/p1x1/rep0", "mr/p1x2/rep0", "mr/p1x2/rep0", "mr/p1x4/rep0"],
+                        "status": ["ok", "failed", "failed", "failed"],
+                        "reason": [None, "the directory is unreachable", "the directory is unreachable", None]})
+    assert report.failed_points(sub) == ["mr/p1x2/rep0: failed: the directory is unreachable",
+                                         "mr/p1x4/rep0: failed: no reason recorded"]
+    assert report.failed_points(sub[sub["status"] == "ok"]) == []
+
+
 def test_conclusions_cite_their_runs_and_are_left_out_when_unsupported(lab, tmp_path):
     collect.collect_testbed(lab / "raw", tmp_path / "tidy", TB)
     rep = report.build_report(tmp_path / "tidy", tmp_path / "fig", TB, FIX / "references.yaml")

@@ -232,6 +232,14 @@ def guest_caveats(runs: pd.DataFrame) -> list[str]:
     return out
 
 
+def failed_points(sub: pd.DataFrame) -> list[str]:
+    """One note per failed run of a section and its reason ("<run>: failed: <reason>"), in run order: a
+    point that failed is left out of the section's tables and figures, never silently."""
+    f = sub[sub["status"] == "failed"]
+    reasons = f["reason"].fillna("no reason recorded") if "reason" in f else ["no reason recorded"] * len(f)
+    return [f"{short_run(r)}: failed: {why}" for r, why in dict.fromkeys(zip(f["run_id"], reasons))]
+
+
 def numa_flags(runs: pd.DataFrame, run_ids) -> list[str]:
     """The NUMA flags of the runs ``run_ids`` (notes saying ``flagged numa_...``: a binding that did not
     take effect, or a process on another node than its NIC's), one line per flag."""
@@ -565,6 +573,8 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
                 if c.caption:
                     captions.append(c.caption)
                 charts.plt.close(c.fig)
+        if figs:      # some points drew: each failed one is named (all failed: the not-drawn note says why)
+            sec_notes += failed_points(sub)
         sec_notes += numa_flags(runs, dict.fromkeys(sub["run_id"]))
         missing = [f for f in figs if not f.exists()]
         if missing:
