@@ -8,8 +8,8 @@ what it measured as one JSON document on stdout.
 Metadata exchange: NIXL's own, peer to peer, no central server. Both agents run NIXL's listener
 thread (``nixl_agent_config(enable_listen_thread=True, listen_port=...)``). The initiator asks the
 target's listener for the target's agent metadata (``fetch_remote_metadata(name, host, port)``) and
-polls ``check_remote_metadata`` until it has arrived (NIXL answers on the initiator's own listener,
-which is why the initiator needs one too). What that metadata cannot say (where the pool is and how it
+polls ``check_remote_metadata`` until it has arrived, asking again each second (NIXL answers on the
+initiator's own listener, which is why the initiator needs one too, and does not retry a refused request). What that metadata cannot say (where the pool is and how it
 is cut into pages) the target prints in its ready line: agent name, pool address, page count and page
 size. The lab's pair runner reads that line and fills the initiator's ``{nixl_agent}`` /
 ``{nixl_pool}`` placeholders, as it fills Mooncake's handshake port.
@@ -259,12 +259,17 @@ def run_initiator(a: argparse.Namespace) -> int:
     # no progress thread: the readers' own polling (check_xfer_state) progresses UCX; a NIXL progress thread
     # beside them only competes for the CPU (on the lab's 2-core VM it cut 4 KiB READs from 0.13 to 0.007 GB/s)
     agent = _agent(f"pclab-nixl-initiator-{os.getpid()}", a.listen_port, progress_thread=False)
-    t0 = time.perf_counter()
+    t0 = asked = time.perf_counter()
     agent.fetch_remote_metadata(a.agent, thost, int(tport))
     while not agent.check_remote_metadata(a.agent):
-        if time.perf_counter() - t0 > a.connect_timeout:
+        now = time.perf_counter()
+        if now - t0 > a.connect_timeout:
             raise DriverError(f"no metadata from NIXL agent {a.agent} at {a.target} within {a.connect_timeout:g} s",
                               "is the target running, and its listener port reachable from this host?")
+        if now - asked > 1.0:
+            # NIXL sends one request and does not retry a refused connection; ask again each second
+            agent.fetch_remote_metadata(a.agent, thost, int(tport))
+            asked = now
         time.sleep(0.01)
     md_s = time.perf_counter() - t0
     dest = np.zeros((a.threads * a.batch, words), dtype=np.uint64)
