@@ -81,6 +81,24 @@ def test_te_parse_loopback_capture_in_the_tools_default_unit():
     assert r.gb_per_s == pytest.approx(1.8175, abs=1e-3)
 
 
+@pytest.mark.parametrize("size, name, want", [
+    (131072, "te_initiator_rxe_rdma_t1_s128K_b32.log", (5.64, 7, 5.202)),
+    (4096, "te_initiator_rxe_rdma_t1_s4K_b32.log", (5.05, 48, 1.245)),
+])
+def test_te_parse_rdma_captures_over_soft_roce(size, name, want):
+    # the softroce testbed's engines points: initiator on rxe_b0, target on rxe_a0, GID index 1
+    r = te.parse_log(_read(name), size, 32, 1, device="rxe_b0")
+    assert (r.duration_s, r.batches, r.printed_rate, r.printed_unit) == (*want, "MB")
+    assert r.gb_per_s == pytest.approx(want[1] * 32 * size / want[0] / 1e9)
+    # a figure is never one of another device than the one asked for
+    with pytest.raises(ParseError, match="never says it opened RDMA device rxe_b1 [(]it opened rxe_b0[)]"):
+        te.parse_log(_read(name), size, 32, 1, device="rxe_b1")
+    with pytest.raises(ParseError, match="opened none"):
+        te.parse_log(_read("te_initiator_netns_tcp_t1_s128K_b32.log"), 131072, 32, 1, device="rxe_b0")
+    m = re.search(te.TARGET_READY, _read(f"te_target_rxe_rdma_s{size // 1024}K.log"), re.M)
+    assert m and m["te_host"] == "198.18.0.1"
+
+
 def test_te_parse_refuses_a_geometry_the_tool_did_not_run():
     with pytest.raises(ParseError, match="disagrees"):
         te.parse_log(_read("te_initiator_netns_tcp_t1_s128K_b32.log"), 131072, 64, 1)

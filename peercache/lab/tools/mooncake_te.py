@@ -13,6 +13,8 @@ What it reports (glog, ``-logtostderr``): one line "Test completed: duration D, 
 throughput R UNIT/s". The bytes moved are N x batch x block (every request of a completed batch
 completed; a failed one ends the tool with an error). It reports no latency, and it never checks the
 bytes it read (the target's buffer is never filled with a pattern): its figures are unverified.
+Over rdma it logs the device it opened ("RDMA device: NAME, LID: ..., GID: (GID_Index N) ..."); the
+parser, given the device asked for, requires that line, so a figure is never one of another device.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ UNITS = {"GB": 1e9, "GiB": 2.0 ** 30, "Gb": 1e9 / 8, "MB": 1e6, "MiB": 2.0 ** 20
          "KB": 1e3, "KiB": 2.0 ** 10, "Kb": 1e3 / 8}
 PROTOCOLS = ("tcp", "rdma")
 
+#: The device an rdma run opened (Mooncake's rdma_context.cpp logs it with its LID and GID).
+_RDMA_DEVICE = re.compile(r"RDMA device: (?P<device>[^\s,]+), LID: \S+, GID: ")
 _COMPLETED = re.compile(r"Test completed: duration (?P<dur>\d+(?:\.\d+)?), batch count (?P<batches>\d+), "
                         r"throughput (?P<rate>\d+(?:\.\d+)?) (?P<unit>[A-Za-z]+)/s\s*$")
 #: Log lines that mean the run failed, with what to check.
@@ -137,9 +141,10 @@ class TeResult:
 
 
 def parse_log(text: str, block: int, batch: int, threads: int, source: str = "<log>",
-              host: str = "") -> TeResult:
+              host: str = "", device: str | None = None) -> TeResult:
     """The initiator's result from its log, or :class:`ToolError` (a failure it logged) / :class:`ParseError`
-    (no result line, two of them, or a printed rate that disagrees with its own counts)."""
+    (no result line, two of them, a printed rate that disagrees with its own counts, or, with ``device``
+    (an rdma run), a log that never says it opened that device)."""
     lines = text.splitlines()
     hits = [(i, _COMPLETED.search(ln)) for i, ln in enumerate(lines, 1)]
     hits = [(i, m) for i, m in hits if m]
@@ -172,6 +177,12 @@ def parse_log(text: str, block: int, batch: int, threads: int, source: str = "<l
                                f"{batch} x block {block} / duration = {mine / UNITS[unit]:.4g} {unit}/s (was the "
                                "tool run with these -batch_size / -block_size?)", source=source,
                          line_no=i, line=lines[i - 1])
+    if device is not None:
+        opened = [m["device"] for m in map(_RDMA_DEVICE.search, lines) if m]
+        if device not in opened:
+            raise ParseError(TOOL, f"the log never says it opened RDMA device {device} (it opened "
+                                   f"{', '.join(opened) or 'none'}): was it run with --protocol=rdma "
+                                   f"--device_name={device}?", source=source)
     res.warnings = [ln.strip() for ln in lines if ln.startswith("W")]
     return res
 

@@ -87,7 +87,8 @@ class MooncakeTeRun(Timed):
         pr.record(res)
         log = "" if res is None or res.client is None else (res.client.stderr or "") + (res.client.stdout or "")
         try:
-            result = te.parse_log(log, block, batch, threads, source=f"{pr.run_id}/client", host=str(th.consumer))
+            result = te.parse_log(log, block, batch, threads, source=f"{pr.run_id}/client", host=str(th.consumer),
+                                  device=cdev if p["protocol"] == "rdma" else None)
         except (ParseError, ToolError) as e:
             pr.fail("get_throughput", "GB/s", f"{err}: {e}" if err else str(e), tool=te.TOOL,
                     protocol=p["protocol"], size_bytes=block, batch=batch, threads=threads, processes=1)
