@@ -156,9 +156,25 @@ def test_time_scale_stretches_the_directory_silence_bound(scale, aborted):
     assert not aborted or "answered no heartbeat for 4.0 s" in abort[0]
 
 
+@pytest.mark.parametrize("scale, aborted", [(1.0, True), (2.0, False)])
+def test_time_scale_stretches_a_points_overrun_grace(monkeypatch, scale, aborted):
+    """A thread still reading 1.5 s past its window end: over the 1 s grace at --time-scale 1, not at 2."""
+    monkeypatch.setattr(drive, "POINT_GRACE_S", 1.0)
+    w = drive._Worker.__new__(drive._Worker)
+    w.cfg = {"time_scale": scale, "discovery_addr": "127.0.0.1:1", "directory": None}
+    w.node = type("Quiet", (), {"directory_silence": lambda self: 0.0})()
+    stop, abort = threading.Event(), []
+    t = threading.Thread(target=stop.wait, args=(1.5,))
+    t.start()
+    w._watch([t], time.time(), stop, abort)
+    t.join()
+    assert bool(abort) == aborted, abort
+    assert not aborted or "did not finish within the point's window + grace" in abort[0]
+
+
 @pytest.mark.parametrize("protocol, expected", [
     ("tcp", {"io_timeout": drive.DATA_TIMEOUT_S * 4}),
-    ("rdma", {"timeout_s": drive.RDMA_COMPLETION_S * 4, "connect_timeout": drive.RDMA_CONNECT_S * 4})])
+    ("rdma", {"connect_timeout": drive.RDMA_CONNECT_S * 4})])
 def test_time_scale_stretches_the_nodes_bounds(monkeypatch, protocol, expected):
     """--time-scale 4: the driver's node gets its directory timeout and its transport's bounds x 4."""
     from peercache.bench.cli import build_parser
