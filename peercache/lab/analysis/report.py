@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from peercache.lab.analysis import charts, collect, environment
+from peercache.lab.analysis import charts, collect, engines, environment
 from peercache.lab.analysis.rawlimit import RAW_TOOLS, raw_for, raw_limits, why_none
 from peercache.lab.analysis.references import convert, load_references, row_extra
 from peercache.lab.pipeline import experiments
@@ -199,11 +199,32 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         elif sc == "gpudirect":
             for _, r in s.iterrows():
                 add(sc, f"destination {row_extra(r).get('destination', '?')}", r)
+        elif sc == engines.SCENARIO:
+            out += engines_overview(rows)
         else:
             # Headline = the best point of the scenario; the section has them all.
             r = s.loc[s.apply(_gbs, axis=1).idxmax()]
             add(sc, "best point " + charts._label(r, ["size_bytes", "batch", "qps", "threads", "processes"]), r)
     return pd.DataFrame(out, columns=OVERVIEW_COLUMNS)
+
+
+def engines_overview(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """The engines scenario's overview rows, from all ``rows`` (a cell's raw limit may come from
+    single_nic): each engine's best cell, with its % of raw and whether its bytes were checked (the raw
+    runs themselves are in the section's table)."""
+    recs = [r for r in engines.table(rows) if r["engine"] != "raw limit"]
+    out = []
+    for name in dict.fromkeys(r["engine"] for r in recs):
+        best = max((r for r in recs if r["engine"] == name), key=lambda r: r["GB/s"])
+        pct = best["% of raw"]
+        out.append({"scenario": f"{engines.SCENARIO}: {name}, best cell {charts.fmt_size(best['page'])} "
+                                f"{best['threads']} thr",
+                    "GET throughput": throughput_text(best["GB/s"]),
+                    "% of single-NIC raw limit": "—" if pct is None else
+                    f"{pct:.0f}% of {best['raw limit']}" + (" (above raw)" if pct > 100 else ""),
+                    "limited by": best["limited by"], "notes": best["verification"],
+                    "run": short_run(best["run"])})
+    return out
 
 
 def charts_nics(r) -> int:
@@ -391,7 +412,6 @@ def _msgsize_tables(sub):
 def _engines_tables(sub):
     """Engines side by side: per page size and threads, each engine's GB/s, % of the cell's raw limit,
     p50/p99 where reported, what limited it and whether its bytes were checked."""
-    from peercache.lab.analysis import engines
     recs = [{"page": charts.fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
              "GB/s": charts.fmt_number(r["GB/s"]),
              "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
