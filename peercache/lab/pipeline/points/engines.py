@@ -1,5 +1,7 @@
-"""What the kinds of other engines share (``mooncake_te``, ``peercache_pypi``): where each engine's venv is on a
-host, and the skip, with its reason, of a point whose venv is not there.
+"""What the kinds of other engines share (``mooncake_te``, ``nixl``, ``peercache_pypi``): their declaration
+(:class:`EngineRun`: a PeerCache point's page size, batch and threads, the testbed's first device over
+rdma), where each engine's venv is on a host, and the skip, with its reason, of a point whose venv is
+not there.
 
 Each engine lives in a venv of its own made by ``make engines`` (so none of them is a dependency of
 PeerCache): a relative path here is under this checkout on hosts of this machine, and the same path under
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from peercache.lab.pipeline.points.declare import Timed, sizes, timing
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
@@ -17,6 +21,31 @@ if TYPE_CHECKING:
 #: The checkout this package runs from (a kind uses the harness, not the pipeline's definitions module,
 #: so it does not take experiments.CHECKOUT_ROOT; the same directory).
 CHECKOUT_ROOT = Path(__file__).resolve().parents[4]
+
+
+class EngineRun(Timed):
+    """An engine's pair at a PeerCache point's shape: its point name (``prefix``, protocol, threads, page size,
+    batch), its parameters (those of :attr:`shape`, one process, the first device over rdma, and the
+    variables of :attr:`passed_on` where a part changes them) and the device its ports count on."""
+
+    prefix = ""                                  #: point-name prefix ("mc", "nixl", "pcpypi")
+    shape: tuple[str, ...] = ("protocol", "page_size", "batch_size", "threads")
+    passed_on: tuple[str, ...] = ()              #: the kind's own variables, kept where a part sets them
+
+    @classmethod
+    def point_name(cls, one):
+        return f"{cls.prefix}_{one['protocol']}_t{one['threads']}_s{sizes(one['page_size'])}_b{one['batch_size']}"
+
+    @classmethod
+    def params(cls, one, devices) -> dict[str, Any]:
+        p = {**{k: one[k] for k in cls.shape}, "processes": 1,
+             "devices": devices[:1] if one["protocol"] == "rdma" else []}
+        p.update(cls.changed(one, *cls.passed_on))
+        return {**p, **timing(one)}
+
+    @classmethod
+    def port_devices(cls, params, testbed_devices):
+        return list(params.get("devices") or [])
 
 
 def engine_path(rel: str) -> str:

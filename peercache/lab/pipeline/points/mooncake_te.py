@@ -16,19 +16,20 @@ from typing import TYPE_CHECKING
 
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
-from peercache.lab.pipeline.points.declare import (NULLABLE_INT, POSITIVE_INT, Timed, one_of, parameter, sizes, timing,
-                                                   variable)
-from peercache.lab.pipeline.points.engines import engine_path, engine_sides
+from peercache.lab.pipeline.points.declare import NULLABLE_INT, POSITIVE_INT, one_of, parameter, variable
+from peercache.lab.pipeline.points.engines import EngineRun, engine_path, engine_sides
 from peercache.lab.tools import mooncake_te as te
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
 
-class MooncakeTeRun(Timed):
+class MooncakeTeRun(EngineRun):
     """transfer_engine_bench READs (target on the producer, initiator on the consumer), P2P handshake, no etcd."""
 
     name = "mooncake_te"
+    prefix = "mc"
+    passed_on = ("buffer_bytes",)
     metrics = {"get_throughput": "GB/s", "batches": "count"}
     primary = "get_throughput"
     tool_column = te.TOOL
@@ -45,22 +46,6 @@ class MooncakeTeRun(Timed):
     #: initiator's threads touch (page x batch x threads)
     buffer_bytes = variable(NULLABLE_INT, None, "bytes registered on each side (-buffer_size) "
                                                 "[testbed working_set_bytes]", tag="buf{}")
-
-    @classmethod
-    def point_name(cls, one):
-        return f"mc_{one['protocol']}_t{one['threads']}_s{sizes(one['page_size'])}_b{one['batch_size']}"
-
-    @classmethod
-    def params(cls, one, devices):
-        p = {"protocol": one["protocol"], "page_size": one["page_size"], "batch_size": one["batch_size"],
-             "threads": one["threads"], "processes": 1,
-             "devices": devices[:1] if one["protocol"] == "rdma" else []}
-        p.update(cls.changed(one, "buffer_bytes"))
-        return {**p, **timing(one)}
-
-    @classmethod
-    def port_devices(cls, params, testbed_devices):
-        return list(params.get("devices") or [])
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
-from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, POSITIVE_INT, Timed, one_of, parameter, sizes,
-                                                   timing, variable)
-from peercache.lab.pipeline.points.engines import engine_path, engine_sides, skip_for
+from peercache.lab.pipeline.points.declare import BOOL, NULLABLE_INT, POSITIVE_INT, one_of, parameter, variable
+from peercache.lab.pipeline.points.engines import EngineRun, engine_path, engine_sides, skip_for
 from peercache.lab.tools import nixl as nx
 
 if TYPE_CHECKING:
@@ -32,10 +31,12 @@ RDMA_UNSHOWN = ("NIXL over rdma not shown in this lab: UCX rc through nixl-cu12'
                 "set run_unshown_rdma: true in the part to try it")
 
 
-class NixlRun(Timed):
+class NixlRun(EngineRun):
     """NIXL READs of page batches (our driver over nixl_agent, UCX backend, DRAM): target and initiator."""
 
     name = "nixl"
+    prefix = "nixl"
+    passed_on = ("working_set", "verify", "run_unshown_rdma")
     metrics = {"get_throughput": "GB/s", "latency_p50": "us", "latency_p99": "us", "batches": "count"}
     primary = "get_throughput"
     tool_column = nx.TOOL
@@ -55,22 +56,6 @@ class NixlRun(Timed):
     verify = variable(BOOL, True, "check every page read (off: --no-verify)", tag="noverify")
     #: run over rdma although it has not been shown here (bool, default false: skip with RDMA_UNSHOWN)
     run_unshown_rdma = variable(BOOL, False, "run protocol rdma although NIXL over it is not shown in this lab")
-
-    @classmethod
-    def point_name(cls, one):
-        return f"nixl_{one['protocol']}_t{one['threads']}_s{sizes(one['page_size'])}_b{one['batch_size']}"
-
-    @classmethod
-    def params(cls, one, devices):
-        p = {"protocol": one["protocol"], "page_size": one["page_size"], "batch_size": one["batch_size"],
-             "threads": one["threads"], "processes": 1,
-             "devices": devices[:1] if one["protocol"] == "rdma" else []}
-        p.update(cls.changed(one, "working_set", "verify", "run_unshown_rdma"))
-        return {**p, **timing(one)}
-
-    @classmethod
-    def port_devices(cls, params, testbed_devices):
-        return list(params.get("devices") or [])
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:

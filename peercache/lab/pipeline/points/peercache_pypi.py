@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
-from peercache.lab.pipeline.points.declare import (NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, Timed, one_of,
-                                                   parameter, sizes, timing, variable)
-from peercache.lab.pipeline.points.engines import engine_path, engine_sides
+from peercache.lab.pipeline.points.declare import (NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, one_of, parameter,
+                                                   variable)
+from peercache.lab.pipeline.points.engines import EngineRun, engine_path, engine_sides
 from peercache.lab.tools import peercache_pypi as pypi
 
 if TYPE_CHECKING:
@@ -27,10 +27,13 @@ if TYPE_CHECKING:
 DIR_CACHE_TTL_S = 5.0
 
 
-class PeerCachePypiRun(Timed):
+class PeerCachePypiRun(EngineRun):
     """peercache 0.8.4 (PyPI) serve/drive: batch_get_v1 throughput of one pair."""
 
     name = "peercache_pypi"
+    prefix = "pcpypi"
+    passed_on = ("working_set", "dir_cache_ttl")
+    shape = ("protocol", "layout", "page_size", "batch_size", "threads")
     metrics = {"get_throughput": "GB/s", "pages_per_s": "pages/s", "latency_p50": "us", "latency_p99": "us",
                "latency_p999": "us", "hit_rate": "ratio"}
     primary = "get_throughput"
@@ -50,22 +53,6 @@ class PeerCachePypiRun(Timed):
     working_set = variable(NULLABLE_INT, None, "pages published [testbed working_set_bytes / page_size]", tag="ws{}")
     #: directory cache TTL in seconds (number or null = the testbed's dir_cache_ttl)
     dir_cache_ttl = variable(NULLABLE_SECONDS, None, "--dir-cache-ttl [testbed dir_cache_ttl]", tag="ttl{}")
-
-    @classmethod
-    def point_name(cls, one):
-        return f"pcpypi_{one['protocol']}_t{one['threads']}_s{sizes(one['page_size'])}_b{one['batch_size']}"
-
-    @classmethod
-    def params(cls, one, devices):
-        p = {"protocol": one["protocol"], "layout": one["layout"], "page_size": one["page_size"],
-             "batch_size": one["batch_size"], "threads": one["threads"], "processes": 1,
-             "devices": devices[:1] if one["protocol"] == "rdma" else []}
-        p.update(cls.changed(one, "working_set", "dir_cache_ttl"))
-        return {**p, **timing(one)}
-
-    @classmethod
-    def port_devices(cls, params, testbed_devices):
-        return list(params.get("devices") or [])
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:
