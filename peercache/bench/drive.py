@@ -35,9 +35,6 @@ from .serve import METRICS_TEXT_OP
 
 log = logging.getLogger(__name__)
 
-#: What drive prints (after the process count) once every driver process is ready: a runner holding
-#: several drivers on one --start-file waits for it.
-READY_WORDS = "process(es) ready against"
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
 #: Every fault ends a drive within 5 s. Each wait of a driver is bounded by one of these: its
@@ -632,7 +629,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                 doc["meta"]["metrics"].append(msg[2])
                 print(f"drive: metrics of driver process {i} at {msg[2]}", file=sys.stderr, flush=True)
         if args.start_file is not None or not args.quiet:     # with --start-file a runner waits for it
-            print(f"drive: {args.processes} {READY_WORDS} {_safe_directory(cfg['directory'])}",
+            print(f"drive: {args.processes} {options.DRIVE_READY_WORDS} {_safe_directory(cfg['directory'])}",
                   file=sys.stderr, flush=True)
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3

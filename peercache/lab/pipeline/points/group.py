@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
-from peercache.bench.drive import READY_WORDS
+from peercache.bench.options import DRIVE_READY_WORDS
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
 from peercache.lab.pipeline.points.peercache import READY_LINE, PeerCacheKnobs, keep_scrapes, serve_drive
@@ -97,7 +97,7 @@ class PeerCacheGroupRun(PeerCacheKnobs):
 
         runner = GroupRunner(specs, client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
                              barrier_lead=start_lead(pr.slow),
-                             client_ready=Readiness(pattern=re.escape(READY_WORDS), timeout=60 * pr.slow),
+                             client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS), timeout=60 * pr.slow),
                              log_dir=pr.raw_dir, window_tolerance_s=0.05)
         ctx = pr.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
