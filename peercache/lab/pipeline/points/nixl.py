@@ -26,9 +26,11 @@ if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
 #: Why an rdma point is skipped (the exact state of things, not a guess about the device).
-RDMA_UNSHOWN = ("NIXL over rdma not shown in this lab: UCX rc through nixl-cu12's own libibverbs (which loads the "
-                "host's providers from /etc/libibverbs.d) has never been run on a Soft-RoCE (rxe) testbed here; "
-                "set run_unshown_rdma: true in the part to try it")
+RDMA_UNSHOWN = ("NIXL over rdma does not run on this lab's Soft-RoCE: tried on 2026-12-02 in the softroce guest, "
+                "nixl-cu12 1.5.1's bundled libibverbs could not load the rxe provider (\"couldn't load driver "
+                "'librxe-rdmav34.so'\"), so UCX found no RDMA device (\"transport 'rc' is not available\") and "
+                "NIXL's UCX backend failed (NIXL_ERR_BACKEND; docs/engines.md); on another RDMA stack set "
+                "run_unshown_rdma: true in the part to try it")
 
 
 class NixlRun(EngineRun):
