@@ -39,12 +39,22 @@ def pair():
     if problems:
         pytest.skip("the two-machine testbed cannot run here: " + "; ".join(problems))
     p = M.MachinePair(M.MachinesSpec(rails=2, cpus=2, numa_nodes=2, memory_mib=2048))
-    p.start()
+    # SIGTERM (a CI job stopped) ends the stage as Ctrl-C does: the pipeline's Snakemake (its own
+    # session) is stopped and the pair powered off by the clean-ups below, not left running.
+    def interrupt(*_):
+        raise KeyboardInterrupt("SIGTERM")
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        p.start()
+    except BaseException:
+        signal.signal(signal.SIGTERM, previous)
+        raise
     saved = {k: os.environ.get(k) for k in p.environment()}
     os.environ.update(p.environment())
     try:
         yield p
     finally:
+        signal.signal(signal.SIGTERM, previous)
         p.stop()
         for k, v in saved.items():
             if v is None:
