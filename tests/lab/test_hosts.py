@@ -66,6 +66,20 @@ def test_parse_kinds():
         s.close()
 
 
+@pytest.mark.parametrize("slow, seconds", [(None, 10), ("1", 10), ("17.6", 176)])
+def test_ssh_connect_timeout_stretches_with_the_hosts_slowness(monkeypatch, slow, seconds):
+    """ConnectTimeout (which also bounds sshd's banner) is 10 s, times PEERCACHE_SLOWNESS on emulated hosts."""
+    if slow is None:
+        monkeypatch.delenv("PEERCACHE_SLOWNESS", raising=False)
+    else:
+        monkeypatch.setenv("PEERCACHE_SLOWNESS", slow)
+    s = parse_host("ssh:alice@node1")
+    try:
+        assert f"ConnectTimeout={seconds}" in s.wrap(["true"])
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("spec", ["", "  ", "remote", "netns:", "netns:a b", "ssh:",
                                   "ssh:user@", "ssh:u@h:99999", "ssh:u@h;rm", "docker:x"])
 def test_bad_specs_say_what_to_use(spec):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from peercache.lab.system.slowness import slowness  # noqa: F401 (re-exported: hosts' waits use it)
+from peercache.lab.system.slowness import slowness  # noqa: F401 (also re-exported: hosts' waits use it)
 
 #: Line the SSH wrapper prints on stderr to tell us the remote process group.
 _PGID_MARKER = "@@PCLAB-PGID"
@@ -511,6 +511,10 @@ SSH_CONTROL_DIR_ENV = "PEERCACHE_SSH_CONTROL_DIR"
 MAX_CONTROL_DIR = 107 - 1 - 40 - 17
 
 
+#: ssh's ConnectTimeout on a plain machine, seconds (times the hosts' slowness on emulated ones).
+SSH_CONNECT_TIMEOUT_S = 10
+
+
 class SshHost(Host):
     """A remote host over OpenSSH: batch mode, keys only, one reused master connection.
 
@@ -533,7 +537,7 @@ class SshHost(Host):
 
     def __init__(self, target: str, *, port: int | None = None, identity: str | None = None,
                  strict_host_key_checking: str = "accept-new", known_hosts: str | None = None,
-                 connect_timeout: int = 10, control_persist: int = 120,
+                 connect_timeout: int | None = None, control_persist: int = 120,
                  extra_options: list[str] | tuple[str, ...] = (), ssh: str = "ssh",
                  config: str | os.PathLike | None = None, control_dir: str | os.PathLike | None = None):
         shk = str(strict_host_key_checking)
@@ -549,7 +553,10 @@ class SshHost(Host):
         self.identity = identity
         self.strict_host_key_checking = shk
         self.known_hosts = known_hosts
-        self.connect_timeout = int(connect_timeout)
+        # ssh's ConnectTimeout also bounds the banner exchange: an emulated host's sshd under load took
+        # longer than 10 s to answer ("Connection timed out during banner exchange"), so it stretches
+        self.connect_timeout = int(connect_timeout if connect_timeout is not None
+                                   else round(SSH_CONNECT_TIMEOUT_S * slowness()))
         self.control_persist = int(control_persist)
         self.extra_options = list(extra_options)
         self.ssh = ssh

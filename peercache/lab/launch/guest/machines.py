@@ -52,6 +52,7 @@ from peercache.lab.launch.guest import kernel as K
 from peercache.lab.launch.guest import runner as R
 from peercache.lab.launch.guest.errors import GuestError, GuestTimeout, GuestUnavailable
 from peercache.lab.launch.redis import die_with_parent
+from peercache.lab.launch.hosts import SSH_CONNECT_TIMEOUT_S
 
 ROLES = ("producer", "consumer")
 #: The guest's address on QEMU's user network (its only other link is the sshd port forward).
@@ -387,7 +388,9 @@ class MachinePair:
     def ssh_argv(self, role: str, command: str) -> list[str]:
         """Plain ssh argv running ``command`` (a shell string) on ``role`` over this run's config."""
         # Over the run's shared master when one is up (ControlMaster=no: never become one), else directly.
-        return [*self._ssh_base(), "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", HOST_ALIAS[role], command]
+        connect = round(SSH_CONNECT_TIMEOUT_S * max(1.0, self.slowness))     # sshd's banner is slow under load
+        return [*self._ssh_base(), "-o", f"ConnectTimeout={connect}", "-o", "ControlMaster=no", HOST_ALIAS[role],
+                command]
 
     def ssh(self, role: str, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run ``command`` on ``role`` and return what it printed (never raises on its exit status)."""
