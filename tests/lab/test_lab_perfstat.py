@@ -125,3 +125,24 @@ def test_real_perf_stat_around_a_command(tmp_path):
         for e in hw:
             assert by[e].status in ("not_supported", "not_counted") and by[e].value is None
         assert ps.derived(cs)["ipc"]["value"] is None
+
+
+def test_a_testbed_without_perf_stat_runs_the_client_bare_and_says_why_each_counter_is_missing():
+    """softroce-2host's no_perf_stat: a point asking for perf stat runs its client without it, and every
+    counter (and the IPC) is a not_measured row carrying the testbed's reason; elsewhere perf stat wraps it."""
+    from peercache.lab.pipeline import experiments, runpoint
+    point = experiments.Point("msgsize_sweep", "ib_write_bw_q1_s4K", "perftest",
+                              {"tool": "ib_write_bw", "perf_stat": True})
+    tb = experiments.load_testbed("experiments/testbeds/softroce-2host.yaml")
+    pr = runpoint.PointRun(tb, point, 0, Path("/nonexistent"))
+    argv, path = pr.perf_wrap(["ib_write_bw", "-s", "4096"])
+    assert argv == ["ib_write_bw", "-s", "4096"] and path is None
+    pr.perf_rows(None, path, pr.ctx(tool="ib_write_bw"))
+    assert {r.metric for r in pr.rows} == {runpoint.canonical_metric(e) for e in ps.DEFAULT_EVENTS} | {"ipc"}
+    assert {r.status for r in pr.rows} == {"not_measured"}
+    assert all(r.reason.startswith("perf stat not run on this testbed: ") and "asm_exc_int3" in r.reason
+               for r in pr.rows)
+    local = runpoint.PointRun(experiments.load_testbed("experiments/testbeds/local.yaml"), point, 0,
+                              Path("/nonexistent"))
+    argv, path = local.perf_wrap(["ib_write_bw"])
+    assert argv[:2] == ["perf", "stat"] and path is not None

@@ -479,14 +479,23 @@ class PointRun:
         return None
 
     def perf_wrap(self, argv: list[str]) -> tuple[list[str], str | None]:
-        """``argv`` under perf stat when the point asks for it, and where its counters are written."""
-        if not self.point.params.get("perf_stat"):
+        """``argv`` under perf stat when the point asks for it and the testbed allows it (its ``no_perf_stat``
+        says why not), and where its counters are written."""
+        if not self.point.params.get("perf_stat") or self.tb.get("no_perf_stat"):
             return argv, None
         path = f"/tmp/pclab-perf-{uuid.uuid4().hex[:10]}.csv"
         return perfstat.wrap(argv, path), path
 
     def perf_rows(self, th: TestbedHosts, path: str | None, ctx: dict) -> None:
-        """The client's perf stat counters (written at ``path`` on the consumer) as rows."""
+        """The client's perf stat counters (written at ``path`` on the consumer) as rows; where the testbed
+        did not let perf stat run, each counter as not measured, with the testbed's reason."""
+        why = self.tb.get("no_perf_stat")
+        if path is None and self.point.params.get("perf_stat") and why:
+            self.rows += [Row(metric=m, value=None, unit=u, status="not_measured",
+                              reason=f"perf stat not run on this testbed: {why}", **{"tool": "perf", **ctx})
+                          for m, u in [*((canonical_metric(e), "count") for e in perfstat.DEFAULT_EVENTS),
+                                       ("ipc", "ratio")]]
+            return
         if path is None:
             return
         text = _fetch(th.consumer, path)
