@@ -132,10 +132,10 @@ test-rdma: setup
 # The lab on two real kernels: two QEMU guests as two machines over SSH, RDMA across two
 # wires, two NUMA nodes each (tests/lab/test_twohost.py boots them; skipped, saying why,
 # where this machine cannot run them): a reduced grid of every scenario, then the faults.
-# About 11 minutes here (guests 13-19 times slower than this machine). The consumer's kernel has
-# livelocked now and then under `ib_write_bw -q 1 -s 131072` (both vCPUs busy, nothing on its
-# console: docs/testing.md); the stage then stops the pipeline, prints where the vCPUs are,
-# reboots the pair and goes on with the points already done kept; a second stall fails it.
+# About 11 minutes here (guests 13-19 times slower than this machine). A guest's kernel livelocked
+# under perf stat (its text patching under TCG: docs/testing.md), so the pair's points run without
+# it; should a guest stop anyway, the stage stops the pipeline, prints where the vCPUs are, reboots
+# the pair and goes on with the points already done kept; a second stall fails it.
 test-2host: setup
 	$(PY) -m pytest -m twohost -p no:cacheprovider -s -rs tests/lab/test_twohost.py
 
