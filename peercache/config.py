@@ -270,7 +270,8 @@ def _metrics_addr(label: str, v: Any) -> str:
     return v
 
 
-def _path(label: str, v: Any) -> str:
+def path(label: str, v: Any) -> str:
+    """A check: a file path (a non-empty string)."""
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{label}: {v!r} is not a file path")
     return v
@@ -342,7 +343,7 @@ class NodeConfig:
         None, "the cluster secret (never shown)", check=_secret, key="auth_key", repr=False)
     auth_key_file: Optional[str] = option(
         None, "file holding the cluster secret: only processes with the same secret can use the control plane",
-        check=_path, key="auth_key_file",
+        check=path, key="auth_key_file",
         flag=Flag("--auth-key-file", metavar="PATH", shown="$PEERCACHE_AUTH_KEY if set, else no authentication"))
     metrics_addr: Optional[str] = option(
         None, "HOST:PORT of this process's Prometheus endpoint (GET /metrics; port 0: any free port); off when "

@@ -131,12 +131,12 @@ class BenchOptions:
     time_scale: float = option(
         1.0, "stretch drive's fault bounds (directory calls 3 s, tcp data 2 s, rdma connects 5 s, directory "
              "silence 3 s, a point's overrun 20 s) by this factor, for hosts slower than real ones: the lab "
-             "passes an emulated testbed's measured slowness; 1 on real hardware", unit="x", check=_time_scale,
+             "passes an emulated testbed's measured slowness; 1 on real hardware", check=_time_scale,
         flag=Flag("--time-scale", type=float))
     start_file: Optional[str] = option(
         None, "FILE in which drive, once ready, waits (up to --ready-timeout) for the EPOCH its first point "
               "starts at: a runner releases several drivers on one shared window once all are ready "
-              "(the lab's group runner)", flag=Flag("--start-file", metavar="FILE"))
+              "(the lab's group runner)", check=config.path, flag=Flag("--start-file", metavar="FILE"))
     gpu: bool = option(
         False, "receive into GPU memory (PyTorch or CuPy): rdma registers it for GPUDirect (dma-buf, else "
                "nvidia-peermem); tcp and shm stage through pinned host memory", flag=Flag("--gpu"))
