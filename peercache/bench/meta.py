@@ -11,6 +11,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+from .. import atomic
 from ..redact import redact, redact_doc
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,5 +82,4 @@ def command_line() -> str:
 def write_document(path: str, doc: dict, indent: int | None = 1) -> None:
     """Write a result document as JSON, every secret in it masked (:func:`peercache.redact.redact_doc`)."""
     text = json.dumps(redact_doc(doc), indent=indent)
-    with open(path, "w") as f:
-        f.write(text + ("\n" if indent is None else ""))
+    atomic.write_text(path, text + ("\n" if indent is None else ""))

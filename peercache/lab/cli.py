@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from peercache import atomic
 from peercache.lab.errors import ParseError, ToolError
 
 EXIT_OK, EXIT_IO, EXIT_PARSE, EXIT_TOOL = 0, 1, 2, 3
@@ -45,7 +46,7 @@ def _run_hostinfo(args: argparse.Namespace) -> int:
     text = json.dumps(doc, indent=1, sort_keys=False, default=str)
     if args.out:
         try:
-            Path(args.out).write_text(text + "\n")
+            atomic.write_text(args.out, text + "\n")
         except OSError as e:
             print(f"peercache-lab hostinfo: cannot write {args.out}: {e}", file=sys.stderr)
             return EXIT_IO
@@ -173,7 +174,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     text = compare.dumps(c) if args.format == "json" else compare.comparison_markdown(c)
     if args.out:
         try:
-            Path(args.out).write_text(text + "\n")
+            atomic.write_text(args.out, text + "\n")
         except OSError as e:
             print(f"peercache-lab compare: cannot write {args.out}: {e}; pick a writable path", file=sys.stderr)
             return EXIT_PARSE

@@ -103,6 +103,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from peercache import atomic
 from peercache.bench import meta
 from peercache.lab import tidy
 from peercache.lab.analysis import collect
@@ -348,8 +349,10 @@ def write_tidy(run_dir: Path, point_rows: dict, res: dict | None, targets: dict[
         rows = pd.concat([rows, collect.normalize_rows(rr).assign(verdict=rr["verdict"].values,
                                                                    verdict_reason=rr["verdict_reason"].values)],
                          ignore_index=True)
-    rows.to_parquet(run_dir / "rows.parquet", index=False)
-    collect.runs_frame(metas).to_parquet(run_dir / "runs.parquet", index=False)
+    with atomic.replacing(run_dir / "rows.parquet") as tmp:
+        rows.to_parquet(tmp, index=False)
+    with atomic.replacing(run_dir / "runs.parquet") as tmp:
+        collect.runs_frame(metas).to_parquet(tmp, index=False)
     return run_dir
 
 
@@ -450,9 +453,9 @@ def main(argv=None) -> int:
     print(f"# bench took {time.monotonic() - t0:.0f} s")
     doc = dict(res, meta={**host, "git_revision": meta.git_revision(), "end": meta.now_iso(),
                           "duration": args.duration, "warmup": args.warmup, "results": str(run_dir)})
-    (run_dir / "bench.json").write_text(json.dumps(doc, indent=1))
+    atomic.write_text(run_dir / "bench.json", json.dumps(doc, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1))
+        atomic.write_text(args.out, json.dumps(doc, indent=1))
     return 0
 
 

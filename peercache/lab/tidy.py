@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from peercache import atomic
 from peercache.redact import redact, redact_doc
 
 SCHEMA_VERSION = 1
@@ -148,17 +149,10 @@ RESULT_FILE = "result.json"
 
 
 def write_result(path, meta: RunMeta, rows: Iterable[Row]) -> None:
-    """Write one point's result document (atomically: temp file, then rename), its secrets masked."""
-    import os
-    from pathlib import Path
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write one point's result document (whole or not at all: :mod:`peercache.atomic`), its secrets masked."""
     doc = redact_doc({"schema_version": SCHEMA_VERSION, "meta": meta.to_dict(),
                       "rows": [dataclasses.asdict(r) for r in rows]})
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(doc, indent=1, sort_keys=True, default=str))
 
 
 def read_result(path) -> tuple[RunMeta, list[Row]]:
@@ -198,6 +192,6 @@ def redact_folder(folder) -> list:
             if doc is not None and redact_doc(doc) != doc:
                 new = json.dumps(redact_doc(doc), indent=1, sort_keys=True, default=str)
         if new != text:
-            path.write_text(new, encoding="utf-8")
+            atomic.write_text(path, new)
             changed.append(path)
     return changed

@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from peercache import atomic
 from peercache.lab.analysis import collect  # noqa: E402
 from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, raw_for,  # noqa: E402
                                              raw_limits, why_none)
@@ -853,16 +854,17 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
                 p = dest / f"{chart.name}.{fmt}"
                 # Fixed metadata keeps files byte-stable across runs (no timestamps).
                 md = {"Date": None} if fmt == "svg" else {"Software": None}
-                chart.fig.savefig(p, format=fmt, dpi=110, metadata=md)
+                with atomic.replacing(p) as tmp:
+                    chart.fig.savefig(tmp, format=fmt, dpi=110, metadata=md)
                 files.append(p)
             plt.close(chart.fig)
             md_path = dest / f"{chart.name}.md"
-            md_path.write_text(chart_markdown(name, chart, formats))
+            atomic.write_text(md_path, chart_markdown(name, chart, formats))
             files.append(md_path)
             log(f"  {chart.name}: wrote " + ", ".join(p.name for p in files if p.stem == chart.name))
         # The index is written even when nothing could be drawn: it says why.
         dest.mkdir(parents=True, exist_ok=True)
-        (dest / "index.md").write_text("\n".join(index) + "\n")
+        atomic.write_text(dest / "index.md", "\n".join(index) + "\n")
         files.append(dest / "index.md")
         written[name] = files
     return written

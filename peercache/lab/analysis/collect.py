@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from peercache import atomic
 from peercache.lab import tidy
 from peercache.lab.analysis.references import UNITS, TestbedRefs, convert, line_capacity_bps, is_bandwidth
 from peercache.lab.errors import ParseError
@@ -97,8 +98,10 @@ def write_tidy(tidy_dir, testbed: str, rows: pd.DataFrame, runs: pd.DataFrame) -
     """Write data/tidy/<testbed>/rows.parquet and runs.parquet; returns the folder."""
     out = Path(tidy_dir) / testbed
     out.mkdir(parents=True, exist_ok=True)
-    normalize_rows(rows).to_parquet(out / ROWS_FILE, index=False)
-    runs.to_parquet(out / RUNS_FILE, index=False)
+    with atomic.replacing(out / ROWS_FILE) as tmp:
+        normalize_rows(rows).to_parquet(tmp, index=False)
+    with atomic.replacing(out / RUNS_FILE) as tmp:
+        runs.to_parquet(tmp, index=False)
     return out
 
 

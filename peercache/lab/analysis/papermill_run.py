@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from peercache import atomic
+
 DEFAULT_KERNEL = "python3"
 
 
@@ -29,7 +31,7 @@ def to_html(ipynb: Path, html: Path) -> Path:
     exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove-from-report"}, enabled=True),
                                    enabled=True)
     body, _ = exporter.from_notebook_node(nb)
-    html.write_text(body, encoding="utf-8")
+    atomic.write_text(html, body)
     return html
 
 

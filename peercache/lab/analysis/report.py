@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from peercache import atomic
 from peercache.lab.analysis import charts, collect, engines, environment
 from peercache.lab.analysis.rawlimit import RAW_TOOLS, raw_for, raw_limits, why_none
 from peercache.lab.analysis.references import convert, load_references, row_extra
@@ -766,10 +767,11 @@ def write_report(rep: Report, out_dir, baseline: Report | None = None, links: li
     out.mkdir(parents=True, exist_ok=True)
     md_text = report_markdown(rep, out, baseline, links)
     paths = {"md": out / REPORT_MD, "html": out / REPORT_HTML, "csv": out / ROWS_CSV}
-    paths["md"].write_text(md_text, encoding="utf-8")
-    paths["html"].write_text(render_html(md_text, out, rep.title or rep.testbed), encoding="utf-8")
+    atomic.write_text(paths["md"], md_text)
+    atomic.write_text(paths["html"], render_html(md_text, out, rep.title or rep.testbed))
     rows = rep.rows if rep.rows is not None else pd.DataFrame()
-    rows.to_csv(paths["csv"], index=False)
+    with atomic.replacing(paths["csv"]) as tmp:
+        rows.to_csv(tmp, index=False)
     return paths
 
 

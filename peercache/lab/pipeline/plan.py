@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from peercache import atomic
 from peercache.lab.pipeline import experiments
 from peercache.lab.system import hostinfo
 from peercache.lab.system.slowness import slowness
@@ -95,7 +96,7 @@ def capture(testbed_path: str, role: str, out: str) -> int:
         block = {"role": role, "host_spec": str(host), "address": th.producer_addr if role == "producer"
                  else th.consumer_addr, "note": th.note, "summary": hostinfo.summary(doc), "capture": doc}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(block, indent=1, default=str))
+    atomic.write_text(out, json.dumps(block, indent=1, default=str))
     print(f"captured {role}: {block['summary'].get('host')} ({block['summary'].get('cpu_model')}), "
           f"{len(block['summary'].get('nics') or [])} RDMA device(s)")
     return 0

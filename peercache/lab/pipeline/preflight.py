@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peercache import atomic
 from peercache import sysfs
 from peercache.bench import meta as bench_meta
 from peercache.lab.launch import netns
@@ -635,7 +636,7 @@ def run(testbed_path: str, scenarios_path: str | None = None, out: str | None = 
     rep = check(plan.testbed, plan.points, sysfs_root=sysfs_root)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(rep.as_dict(), indent=1, default=str))
+        atomic.write_text(out, json.dumps(rep.as_dict(), indent=1, default=str))
     so = stream or sys.stdout
     se = stream or sys.stderr
     for n in rep.notes:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from peercache import atomic
 from peercache.lab.system import cpusample, crosscheck
 from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline.points.memcpy import parse_nodelist  # noqa: F401 (its home was here)
@@ -314,7 +315,7 @@ class PointRun:
                 for o in out:
                     o[label] = {"reason": f"no CPU samples: {e}"}
                 continue
-            (self.raw_dir / f"{role.replace('/', '_')}.cpu.jsonl").write_text(text)
+            atomic.write_text(self.raw_dir / f"{role.replace('/', '_')}.cpu.jsonl", text)
             samples = cpusample.read_samples(text)
             for o, (start, end) in zip(out, windows):
                 use = cpusample.window_usage(samples, start, end) if start and end else None
@@ -499,7 +500,7 @@ class PointRun:
         if path is None:
             return
         text = _fetch(th.consumer, path)
-        (self.raw_dir / "client.perf.csv").write_text(text)
+        atomic.write_text(self.raw_dir / "client.perf.csv", text)
         for r in perfstat.to_rows(perfstat.parse_csv(text, source=str(self.raw_dir / "client.perf.csv")),
                                   **ctx):
             r.metric = canonical_metric(r.metric)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peercache import atomic
 from peercache.lab.errors import ParseError
 
 TOOL = "prometheus scrape"
@@ -307,8 +308,8 @@ def keep(doc: dict[str, Any], folder: Path) -> tuple[dict[str, Any], dict[str, A
         return out, None
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        (folder / name).write_text(text)
-    (folder / INDEX).write_text(json.dumps(index, indent=1))
+        atomic.write_text(folder / name, text)
+    atomic.write_text(folder / INDEX, json.dumps(index, indent=1))
     return out, index
 
 

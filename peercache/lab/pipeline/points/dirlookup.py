@@ -10,6 +10,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
+from peercache import atomic
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Timed, one_of, parameter, timing, variable
 from peercache.lab.tidy import Row
@@ -89,14 +90,14 @@ class DirLookupRun(Timed):
             t0 = time.time()
             r = th.producer.run(wrapped, timeout=pr.timeout)
             t1 = time.time()
-        (pr.raw_dir / "dirbench.log").write_text(r.stdout + r.stderr)
+        atomic.write_text(pr.raw_dir / "dirbench.log", r.stdout + r.stderr)
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
         if not lines:
             pr.fail("keys_per_s", "ops/s", f"dirbench --directory {shown} exited {r.rc} without a result: "
                     f"{r.stderr.strip()[-300:]}", **where)
             return
         doc = json.loads(lines[-1])
-        (pr.raw_dir / "dirbench.json").write_text(json.dumps(doc, indent=1))
+        atomic.write_text(pr.raw_dir / "dirbench.json", json.dumps(doc, indent=1))
         why = sanity(doc)
         if why:
             pr.fail("keys_per_s", "ops/s", why, **where)

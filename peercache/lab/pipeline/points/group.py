@@ -14,6 +14,7 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
+from peercache import atomic
 from peercache.bench.options import DRIVE_READY_WORDS
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
@@ -91,7 +92,7 @@ class PeerCacheGroupRun(PeerCacheKnobs):
         def measure(gr) -> WindowBytes:
             (pr.raw_dir / gr.name).mkdir(exist_ok=True)
             doc = keep_scrapes(pr, json.loads(pr.fetch(th.consumer, outs[gr.name])), pr.raw_dir / gr.name)
-            (pr.raw_dir / gr.name / "drive.json").write_text(json.dumps(doc, indent=1))
+            atomic.write_text(pr.raw_dir / gr.name / "drive.json", json.dumps(doc, indent=1))
             docs[gr.name] = doc
             return sanity(gr.name, doc["points"][0])
 

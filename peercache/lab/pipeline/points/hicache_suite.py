@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from peercache import atomic
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, Timed,
@@ -121,7 +122,7 @@ class HiCacheSuiteRun(Timed):
         pr.record(res)
         try:
             text = pr.fetch(th.consumer, out)
-            (pr.raw_dir / "suite.json").write_text(text)
+            atomic.write_text(pr.raw_dir / "suite.json", text)
             result = suite.parse_document(text, source=str(pr.raw_dir / "suite.json"))
         except (ParseError, ToolError) as e:
             pr.fail(suite.PRIMARY, suite.METRICS[suite.PRIMARY], f"{err}: {e}" if err else str(e), tool=suite.TOOL,

@@ -10,6 +10,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from peercache import atomic
 from peercache.lab.pipeline.points.declare import NULLABLE_INT, POSITIVE_INT, Timed, parameter, sizes, timing, variable
 from peercache.lab.system import numa
 from peercache.lab.tidy import Row
@@ -69,7 +70,7 @@ class MemcpyRun(Timed):
             t0 = time.time()
             r = th.producer.run(wrapped, timeout=pr.timeout)
             t1 = time.time()
-            (pr.raw_dir / f"memcpy{'' if node is None else f'.node{node}'}.log").write_text(r.stdout + r.stderr)
+            atomic.write_text(pr.raw_dir / f"memcpy{'' if node is None else f'.node{node}'}.log", r.stdout + r.stderr)
             if r.rc != 0:
                 pr.fail("bw", "B/s", f"memcpy measurement on node {node} exited {r.rc}: {r.stderr.strip()[-300:]}",
                         tool="memcpy", protocol="shm", size_bytes=p["size"], numa_node=node)

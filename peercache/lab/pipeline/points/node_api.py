@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from peercache import atomic
 from peercache.lab.errors import ParseError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable
@@ -73,7 +74,7 @@ class NodeApiRun(Timed):
             raise ParseError("nodeloop", "no JSON result line; read its log beside the result",
                              source=f"{pr.run_id}/client")
         doc = json.loads(lines[-1])
-        (pr.raw_dir / "nodeloop.json").write_text(json.dumps(doc, indent=1))
+        atomic.write_text(pr.raw_dir / "nodeloop.json", json.dumps(doc, indent=1))
         why = sanity(doc)
         if why:
             pr.fail("pages_per_s", "pages/s", why, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})

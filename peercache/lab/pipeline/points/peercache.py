@@ -11,6 +11,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
+from peercache import atomic
 from peercache.lab.errors import ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_MICROSECONDS, NULLABLE_SECONDS,
@@ -120,7 +121,7 @@ class PeerCacheRun(PeerCacheKnobs):
         pr.record(res)
         try:
             doc = keep_scrapes(pr, json.loads(pr.fetch(th.consumer, out)), pr.raw_dir)
-            (pr.raw_dir / "drive.json").write_text(json.dumps(doc, indent=1))
+            atomic.write_text(pr.raw_dir / "drive.json", json.dumps(doc, indent=1))
         except (ToolError, json.JSONDecodeError) as e:
             pr.fail("get_throughput", "GB/s", err or f"drive wrote no result document: {e}",
                     **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],

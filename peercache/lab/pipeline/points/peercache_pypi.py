@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from peercache import atomic
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, one_of, parameter,
@@ -90,7 +91,7 @@ class PeerCachePypiRun(EngineRun):
                     pypi.TOOL, "drive printed no 'wrote PATH.json' line and no failure it knows; read its log",
                     source=f"{pr.run_id}/client") from None
             text = pr.fetch(th.consumer, path)
-            (pr.raw_dir / "drive.json").write_text(text)
+            atomic.write_text(pr.raw_dir / "drive.json", text)
             result = pypi.parse_report(text, source=str(pr.raw_dir / "drive.json"))
         except (ParseError, ToolError) as e:
             pr.fail("get_throughput", "GB/s", f"{err}: {e}" if err else str(e), tool=pypi.TOOL,

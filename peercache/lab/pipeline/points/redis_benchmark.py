@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from peercache import atomic
 from peercache.lab.errors import ToolError
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.launch.hosts import CommandTimeout
@@ -123,8 +124,8 @@ def run_once(pr: PointRun, th: TestbedHosts, argv: list[str], label: str, batch:
         out, err, rc = r.stdout, r.stderr, r.rc
     except CommandTimeout as e:
         out, err, rc = e.completed.stdout, e.completed.stderr, None
-    (pr.raw_dir / f"redis-benchmark.{label}.csv").write_text(out)
-    (pr.raw_dir / f"redis-benchmark.{label}.stderr").write_text(err)
+    atomic.write_text(pr.raw_dir / f"redis-benchmark.{label}.csv", out)
+    atomic.write_text(pr.raw_dir / f"redis-benchmark.{label}.stderr", err)
     te = redis_tool.classify_failure(out, err, rc, host=str(th.producer))
     if te is not None:
         raise te
