@@ -116,11 +116,19 @@ if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then return redis.call('INCR', KEYS
 return 0
 """
 
+#: KEYS: one key of the slot whose server's clock is meant (a cluster routes the script there).
+#: Redis's own clock in milliseconds: the one clock that every sender and the serving node of an
+#: extra op share, so a request's expiry never compares two hosts' wall clocks.
+NOW_MS_LUA = """
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
 
 #: Every script by the name :meth:`RedisConnection._evalsha` runs it under.
 SCRIPTS = {"publish": PUBLISH_LUA, "takeover": TAKEOVER_LUA, "unpublish": UNPUBLISH_LUA,
            "register": REGISTER_LUA, "heartbeat": HEARTBEAT_LUA, "join": JOIN_LUA, "drop": DROP_LUA,
-           "forget": FORGET_LUA}
+           "forget": FORGET_LUA, "now_ms": NOW_MS_LUA}
 
 
 def load_script(r, src: str, cluster: bool) -> str:
