@@ -296,7 +296,7 @@ class MetaService:
         if len(self.directory) + len(keys) > self.limits.max_directory_entries:
             raise self.limits.refuse("max_directory_entries", f"publish of {len(keys)} keys into a "
                                      f"directory of {len(self.directory)} entries", " entries")
-        n, refused = self.directory.publish_checked(node_id, keys, rows, takeover=False)
+        n, refused = self.directory.publish_checked(node_id, keys, rows, takeover=False, members_only=True)
         removed = self.directory.unpublish(node_id, unpub)
         reply: dict[str, Any] = {"published": n, "unpublished": removed}
         if refused:

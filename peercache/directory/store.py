@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections import deque
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from .location import RECORD, Location
+from .validate import Refused, not_registered
 from .table import DirTable
 from ..transport.base import LOC_DTYPE
 
@@ -36,13 +38,19 @@ class Directory:
         self.table: DirTable | None = DirTable(table_entries) if table_entries > 0 else None
         self._map: dict[bytes, bytes | Location] = {}
         self._by_node: dict[str, set[bytes]] = {}
-        #: node id -> the number its records carry, and back (numbers are never reused)
+        #: node id -> the number its records carry, and back (None: a free number). Only live
+        #: members have one: a number is freed when its node is dropped, so the map is as big as
+        #: the membership, not as every registration ever made (see :meth:`drop_node`).
         self._num: dict[str, int] = {}
-        self._ids: list[str] = []
+        #: Replaced, never changed in place, when a number is given or freed: a reader that took
+        #: it under the lock keeps a consistent snapshot after letting go of the lock.
+        self._ids: tuple[str | None, ...] = ()
+        #: freed numbers, oldest first: the one given next is the one free the longest
+        self._free: deque[int] = deque()
         self._lock = threading.Lock()
 
     def number(self, node_id: str) -> int:
-        """The member number of ``node_id`` (assigned at first sight, never reused)."""
+        """The member number of ``node_id`` (assigned at first sight; freed by :meth:`drop_node`)."""
         with self._lock:
             return self._number(node_id)
 
@@ -54,9 +62,30 @@ class Directory:
     def _number(self, node_id: str) -> int:
         num = self._num.get(node_id)
         if num is None:
-            num = self._num[node_id] = len(self._ids)
-            self._ids.append(node_id)
+            ids = list(self._ids)
+            if self._free:
+                num = self._free.popleft()
+                ids[num] = node_id
+            else:
+                num = len(ids)
+                ids.append(node_id)
+            self._num[node_id] = num
+            self._ids = tuple(ids)
         return num
+
+    def _release(self, node_id: str) -> None:
+        """Free ``node_id``'s number. Only once no entry carries it (the caller deleted them under
+        this lock), so a member given it later owns nothing of the old one's here or in the table.
+        A consumer that still maps the number to the old node reads a slot whose tag is not the
+        key's, which it treats as a stale location and asks the directory again; and the epoch
+        bump of the leave makes it map the numbers anew."""
+        num = self._num.pop(node_id, None)
+        if num is None:
+            return
+        ids = list(self._ids)
+        ids[num] = None
+        self._ids = tuple(ids)
+        self._free.append(num)
 
     def publish(self, node_id: str, keys: Sequence[bytes], locs: Sequence[Sequence],
                 takeover: bool = True) -> int:
@@ -64,12 +93,15 @@ class Directory:
         return self.publish_checked(node_id, keys, locs, takeover)[0]
 
     def publish_checked(self, node_id: str, keys: Sequence[bytes], locs: Sequence[Sequence],
-                        takeover: bool = False) -> tuple[int, list[int]]:
+                        takeover: bool = False, members_only: bool = False) -> tuple[int, list[int]]:
         """Like :meth:`publish`; returns (published, indices of keys refused as another node's).
 
         Without ``takeover`` (what discovery uses) only the owner of an entry
         may overwrite it: the key stays with its owner until that node
         unpublishes it, leaves or is dropped.
+
+        With ``members_only`` (discovery) a node without a number -- one dropped after its request
+        was authorized -- is Refused rather than numbered again: its entries would outlive it.
         """
         if len(keys) != len(locs):
             raise ValueError(f"publish: {len(keys)} keys but {len(locs)} locations")
@@ -78,6 +110,8 @@ class Directory:
         table = self.table
         written: list[bytes] = []
         with self._lock:
+            if members_only and node_id not in self._num:
+                raise Refused(not_registered(node_id))
             num = self._number(node_id)
             owned = self._by_node.setdefault(node_id, set())
             for i, (k, loc) in enumerate(zip(keys, locs)):
@@ -105,23 +139,28 @@ class Directory:
     def _owner(self, entry: bytes | Location) -> int:
         return int.from_bytes(entry[:4], "little") if type(entry) is bytes else self._num[entry.node_id]
 
-    def _location(self, rec: bytes | Location | None) -> Location | None:
+    @staticmethod
+    def _location(rec: bytes | Location | None, ids: tuple) -> Location | None:
         if rec is None or type(rec) is Location:
             return rec
         num, *fields = RECORD.unpack(rec)
-        return Location(self._ids[num], *fields)
+        return Location(ids[num], *fields)
 
+    # Each lookup takes the records and the numbers' ids under one lock: a number freed and
+    # given again meanwhile must not name the new member as the owner of the old one's record.
     def lookup(self, keys: Iterable[bytes]) -> list[Location | None]:
         """Locations of ``keys`` in order; None for an unknown key (a miss, not an error)."""
         with self._lock:
             recs = [self._map.get(k) for k in keys]
-        return [self._location(r) for r in recs]
+            ids = self._ids
+        return [self._location(r, ids) for r in recs]
 
     def lookup_lists(self, keys: Iterable[bytes]) -> list[list | None]:
         """Like :meth:`lookup`, as the 8-field lists of the original lookup reply (None for an unknown key)."""
-        unpack, ids = RECORD.unpack, self._ids
+        unpack = RECORD.unpack
         with self._lock:
             recs = [self._map.get(k) for k in keys]
+            ids = self._ids
         out: list[list | None] = []
         for r in recs:
             if r is None:
@@ -180,7 +219,8 @@ class Directory:
         return n
 
     def drop_node(self, node_id: str) -> int:
-        """Forget every key of a node that left or stopped heartbeating."""
+        """Forget every key of a node that left or stopped heartbeating, then its number (free
+        for a later member once none of its entries is left)."""
         with self._lock:
             keys = self._by_node.pop(node_id, set())
             num = self._num.get(node_id)
@@ -193,6 +233,7 @@ class Directory:
                     gone.append(k)
             if self.table is not None and gone:
                 self.table.remove_many(gone)
+            self._release(node_id)
         return len(keys)
 
     def set_table_epoch(self, epoch: int) -> None:
