@@ -3,6 +3,10 @@
 # devices, ports and GIDs, reachability); a failing host stops the pipeline here
 # with one line per problem. Stage 1: each host's testbed block (NICs, GID table,
 # NUMA, CPU, versions).
+#
+# Every value in a shell command below is quoted (`:q`): the paths come from the
+# testbed file and the folder the checkout lives in, and a space, `;` or `$(...)`
+# there must stay part of the path, never become shell syntax.
 
 
 rule preflight:
@@ -11,14 +15,15 @@ rule preflight:
     params:
         py=PY,
         testbed=PLAN.testbed_path,
-        scenarios=f"--scenarios {PLAN.scenarios_path}" if PLAN.scenarios_path else "",
+        # a list: `:q` quotes each word (an empty list adds nothing)
+        scenarios=["--scenarios", PLAN.scenarios_path] if PLAN.scenarios_path else [],
     conda:
         "../envs/lab.yaml"
     log:
         f"{RAW}/testbed/preflight.log",
     shell:
-        "{params.py} -m peercache.lab.pipeline preflight --testbed {params.testbed} {params.scenarios} "
-        "--out {output} 2>&1 | tee {log}"
+        "{params.py:q} -m peercache.lab.pipeline preflight --testbed {params.testbed:q} {params.scenarios:q} "
+        "--out {output:q} 2>&1 | tee {log:q}"
 
 
 rule capture_host:
@@ -40,5 +45,5 @@ rule capture_host:
     log:
         f"{RAW}/testbed/{{role}}.log",
     shell:
-        "{params.py} -m peercache.lab.pipeline capture --testbed {params.testbed} "
-        "--role {wildcards.role} --out {output} > {log} 2>&1"
+        "{params.py:q} -m peercache.lab.pipeline capture --testbed {params.testbed:q} "
+        "--role {wildcards.role:q} --out {output:q} > {log:q} 2>&1"

@@ -22,6 +22,6 @@ rule collect:
     log:
         f"reports/{TB}/collect.log",
     shell:
-        "{params.py} -m peercache.lab.analysis.papermill_run notebooks/collect.ipynb reports/{params.tb} "
-        "-p raw_dir {params.raw_root} -p tidy_dir {params.tidy_root} -p testbed {params.tb} "
-        "-p expected {params.expected:q} > {log} 2>&1"
+        "{params.py:q} -m peercache.lab.analysis.papermill_run notebooks/collect.ipynb reports/{params.tb:q} "
+        "-p raw_dir {params.raw_root:q} -p tidy_dir {params.tidy_root:q} -p testbed {params.tb:q} "
+        "-p expected {params.expected:q} > {log:q} 2>&1"

@@ -9,10 +9,11 @@ rule guest_measure:
         PLAN.capture_paths(),
         PLAN.result_paths(),
     params:
+        # already a shell command, each word quoted by Plan.guest_command (shlex.join): left unquoted here
         cmd=PLAN.guest_command(),
     resources:
         testbed=1,
     log:
         f"{RAW}/guest.log",
     shell:
-        "{params.cmd} 2>&1 | tee {log}"
+        "{params.cmd} 2>&1 | tee {log:q}"

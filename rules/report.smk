@@ -15,7 +15,7 @@ rule charts:
     log:
         f"reports/{TB}/charts.log",
     shell:
-        "{params.py} make_charts.py --testbed {params.tb} --out figures > {log} 2>&1"
+        "{params.py:q} make_charts.py --testbed {params.tb:q} --out figures > {log:q} 2>&1"
 
 
 rule report:
@@ -40,6 +40,6 @@ rule report:
     log:
         f"reports/{TB}/report.log",
     shell:
-        "{params.py} -m peercache.lab.analysis.papermill_run notebooks/report.ipynb reports/{params.tb} --no-html "
-        "-p tidy_dir {params.tidy_root} -p figures_dir {params.figures_root} -p testbed {params.tb} "
-        "-p baseline {params.baseline} -p captures_dir {params.captures} -p out_dir {params.out} > {log} 2>&1"
+        "{params.py:q} -m peercache.lab.analysis.papermill_run notebooks/report.ipynb reports/{params.tb:q} --no-html "
+        "-p tidy_dir {params.tidy_root:q} -p figures_dir {params.figures_root:q} -p testbed {params.tb:q} "
+        "-p baseline {params.baseline:q} -p captures_dir {params.captures:q} -p out_dir {params.out:q} > {log:q} 2>&1"

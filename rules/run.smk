@@ -10,7 +10,8 @@ rule run_point:
     params:
         py=PY,
         testbed=PLAN.testbed_path,
-        scenarios=f"--scenarios {PLAN.scenarios_path}" if PLAN.scenarios_path else "",
+        # a list: `:q` quotes each word (an empty list adds nothing)
+        scenarios=["--scenarios", PLAN.scenarios_path] if PLAN.scenarios_path else [],
     resources:
         testbed=1,
     conda:
@@ -18,6 +19,6 @@ rule run_point:
     log:
         f"{RAW}/{{scenario}}/{{point}}/rep{{rep}}/runpoint.log",
     shell:
-        "{params.py} -m peercache.lab.pipeline.runpoint --testbed {params.testbed} "
-        "--scenario {wildcards.scenario} --point {wildcards.point} --rep {wildcards.rep} "
-        "--out {output} {params.scenarios} 2>&1 | tee {log}"
+        "{params.py:q} -m peercache.lab.pipeline.runpoint --testbed {params.testbed:q} "
+        "--scenario {wildcards.scenario:q} --point {wildcards.point:q} --rep {wildcards.rep:q} "
+        "--out {output:q} {params.scenarios:q} 2>&1 | tee {log:q}"

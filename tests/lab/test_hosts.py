@@ -1,6 +1,7 @@
 """hosts: spec parsing, local/netns run and background handles, process-group cleanup."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -86,6 +87,38 @@ def test_bad_specs_say_what_to_use(spec):
     with pytest.raises(HostError) as e:
         parse_host(spec)
     assert "ssh" in str(e.value) or "port" in str(e.value) or "namespace" in str(e.value)
+
+
+@pytest.mark.parametrize("spec", ["ssh:-oProxyCommand", "ssh:-Evil", "ssh:-E:22", "ssh:root@-oProxyCommand"])
+def test_an_ssh_host_ssh_would_read_as_an_option_is_refused(spec):
+    with pytest.raises(HostError) as e:
+        parse_host(spec)
+    msg = str(e.value)
+    assert "starts with '-'" in msg and "not starting with '-'" in msg and "ssh:user@host" in msg, msg
+    with pytest.raises(HostError, match="starts with '-'"):
+        SshHost(spec.removeprefix("ssh:").removesuffix(":22"))     # built directly: the same rule
+
+
+def test_every_ssh_argv_ends_its_options_before_the_destination(tmp_path):
+    """`--` precedes the destination in every ssh the host runs (master, check, command, stop,
+    exit) and in the argvs it hands out: a destination is never read as an option."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "ssh"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    fake.chmod(0o755)
+    h = SshHost("alice@box", port=2222, identity="/k", extra_options=["ServerAliveInterval=5"], ssh=str(fake))
+    try:
+        assert h.run(["echo", "a b"], timeout=20).rc == 0
+        h._master_alive()
+    finally:
+        h.close()
+    argvs = [json.loads(line) for line in calls.read_text().splitlines()]
+    argvs += [h.ssh_argv(["true"])[1:], h.wrap(["true"])[1:]]
+    kinds = {"-M" in a or "-O" in a for a in argvs}
+    assert len(argvs) >= 5 and kinds == {True, False}, argvs          # master/control and commands
+    for a in argvs:
+        assert "--" in a and a[a.index("--") + 1] == "alice@box" and a.count("alice@box") == 1, a
 
 
 def test_ssh_refuses_prompting_host_key_mode():

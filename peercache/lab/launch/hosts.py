@@ -546,6 +546,8 @@ class SshHost(Host):
         if shk == "ask":
             raise HostError("StrictHostKeyChecking=ask would prompt; batch runs need "
                             "yes, accept-new or no")
+        if not isinstance(target, str) or not _TARGET_RE.fullmatch(target):
+            raise HostError(f"ssh host: {_ssh_target_problem(str(target))}")
         spec = f"ssh:{target}" + (f":{port}" if port else "")
         super().__init__(spec)
         self.target = target
@@ -596,21 +598,27 @@ class SshHost(Host):
             opts += ["-o", o]
         return opts
 
+    def _destination(self) -> list[str]:
+        # `--` ends ssh's options: whatever the target is, ssh never reads it (or what follows) as one
+        return ["--", self.target]
+
     def ssh_argv(self, remote_argv: list[str]) -> list[str]:
         """Plain ssh argv over the master connection (no process-group wrapper)."""
         # ControlMaster=no: use the master if it is up, else connect directly;
         # never let a command become a master that would hold our pipes open.
-        return [self.ssh, *self._options(), "-o", "ControlMaster=no", self.target,
+        # The remote command is one shell string (ssh joins its words with spaces and the remote
+        # shell splits them again): shlex.join keeps each word whole.
+        return [self.ssh, *self._options(), "-o", "ControlMaster=no", *self._destination(),
                 shlex.join(remote_argv)]
 
     def wrap(self, argv: list[str]) -> list[str]:
         remote = shlex.join(["sh", "-c", _REMOTE_WRAPPER, "pclab", *argv])
-        return [self.ssh, *self._options(), "-o", "ControlMaster=no", self.target,
+        return [self.ssh, *self._options(), "-o", "ControlMaster=no", *self._destination(),
                 "exec " + remote]
 
     def _master_alive(self) -> bool:
         try:
-            r = subprocess.run([self.ssh, *self._options(), "-O", "check", self.target], stdin=subprocess.DEVNULL,
+            r = subprocess.run([self.ssh, *self._options(), "-O", "check", *self._destination()], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15)
         except (FileNotFoundError, subprocess.TimeoutExpired):
             return False      # then starting one says why
@@ -640,7 +648,7 @@ class SshHost(Host):
             try:
                 r = subprocess.run(
                     [self.ssh, *self._options(), "-M", "-N", "-f",
-                     "-o", f"ControlPersist={self.control_persist}", self.target],
+                     "-o", f"ControlPersist={self.control_persist}", *self._destination()],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     timeout=self.connect_timeout + 10)
             except FileNotFoundError as e:
@@ -681,19 +689,65 @@ class SshHost(Host):
                 self._master_up = False
                 return
             if self._master_up:
-                subprocess.run([self.ssh, *self._options(), "-O", "exit", self.target], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                subprocess.run([self.ssh, *self._options(), "-O", "exit", *self._destination()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=15)
                 self._master_up = False
             shutil.rmtree(self._control_dir, ignore_errors=True)
 
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_SSH_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_.-]+)@)?(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])"
-                     r"(?::(?P<port>\d{1,5}))?$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: A user or host name of an ssh destination. A leading '-' is refused: ssh reads such a destination
+#: as an option (ssh:-oProxyCommand=... would run a command on this machine).
+_SSH_WORD = r"[A-Za-z0-9_.][A-Za-z0-9_.-]*"
+_SSH_IPV6 = r"[0-9A-Fa-f:.]+"
+#: What an ssh destination may be, in words (the error messages' text).
+SSH_NAMES = "[user@]host, the user and host each of letters, digits, '_', '.' and '-', not starting with '-'"
+_TARGET_RE = re.compile(rf"(?:(?P<user>{_SSH_WORD})@)?(?P<host>{_SSH_WORD}|{_SSH_IPV6})")
+_SSH_RE = re.compile(rf"(?:(?P<user>{_SSH_WORD})@)?(?P<host>{_SSH_WORD}|\[{_SSH_IPV6}\])(?::(?P<port>\d{{1,5}}))?")
+
+
+def _ssh_target_problem(target: str) -> str:
+    """Why ``target`` is no ssh destination, in words, with what to use instead."""
+    if any(part.startswith("-") for part in target.split("@")):
+        return f"{target!r} starts with '-', which ssh would take as an option, not a host; use {SSH_NAMES}"
+    return f"{target!r} is not a host ssh is given here; use {SSH_NAMES}"
 
 
 #: Environment variable naming the OpenSSH client config file SSH hosts use by default.
 SSH_CONFIG_ENV = "PEERCACHE_SSH_CONFIG"
+
+
+def _parse_spec(spec: str) -> tuple[str, str | None, int | None]:
+    """``spec`` as (kind, name or ssh destination, port); HostError saying what to use when it is none."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise HostError(f"host spec {spec!r} is empty; use local, netns:<name> or ssh:<user@host>")
+    spec = spec.strip()
+    kind, sep, rest = spec.partition(":")
+    if spec == "local":
+        return "local", None, None
+    if kind == "netns" and sep:
+        if not _NAME_RE.fullmatch(rest):
+            raise HostError(f"host spec {spec!r}: namespace name {rest!r} must be 1-64 of "
+                            "letters, digits, '_', '.', '-'")
+        return "netns", rest, None
+    if kind == "ssh" and sep:
+        m = _SSH_RE.fullmatch(rest)
+        if not m:
+            raise HostError(f"host spec {spec!r}: {_ssh_target_problem(rest)}, e.g. ssh:user@host or "
+                            "ssh:user@host:port (an IPv6 address in brackets)")
+        target = (m["user"] + "@" if m["user"] else "") + m["host"].strip("[]")
+        port = int(m["port"]) if m["port"] else None
+        if port is not None and not 0 < port < 65536:
+            raise HostError(f"host spec {spec!r}: port {port} outside 1..65535")
+        return "ssh", target, port
+    raise HostError(f"host spec {spec!r} not understood; use local, netns:<name> "
+                    "or ssh:<user@host>[:port]")
+
+
+def check_spec(spec: str) -> None:
+    """Raise HostError when ``spec`` is no host spec :func:`parse_host` takes; opens nothing (a
+    definition check can call it before any run)."""
+    _parse_spec(spec)
 
 
 def parse_host(spec: str, **ssh_options) -> Host:
@@ -703,29 +757,17 @@ def parse_host(spec: str, **ssh_options) -> Host:
     set and not empty: a launcher that boots test machines writes a per-run ssh config and exports it
     to the pipeline it runs, whose testbed can then name the machines by that file's Host aliases.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise HostError(f"host spec {spec!r} is empty; use local, netns:<name> or ssh:<user@host>")
-    spec = spec.strip()
-    kind, sep, rest = spec.partition(":")
-    if spec == "local":
+    kind, name, port = _parse_spec(spec)
+    if kind == "local":
         return LocalHost()
-    if kind == "netns" and sep:
-        if not _NAME_RE.match(rest):
-            raise HostError(f"host spec {spec!r}: namespace name {rest!r} must be 1-64 of "
-                            "letters, digits, '_', '.', '-'")
-        return NetnsHost(rest)
-    if kind == "ssh" and sep:
-        m = _SSH_RE.match(rest)
-        if not m:
-            raise HostError(f"host spec {spec!r}: expected ssh:user@host or ssh:user@host:port")
-        target = (m["user"] + "@" if m["user"] else "") + m["host"].strip("[]")
-        port = int(m["port"]) if m["port"] else ssh_options.pop("port", None)
-        if port is not None and not 0 < int(port) < 65536:
-            raise HostError(f"host spec {spec!r}: port {port} outside 1..65535")
-        if ssh_options.get("config") is None and os.environ.get(SSH_CONFIG_ENV):
-            ssh_options["config"] = os.environ[SSH_CONFIG_ENV]
-        if ssh_options.get("control_dir") is None and os.environ.get(SSH_CONTROL_DIR_ENV):
-            ssh_options["control_dir"] = os.environ[SSH_CONTROL_DIR_ENV]
-        return SshHost(target, port=port, **ssh_options)
-    raise HostError(f"host spec {spec!r} not understood; use local, netns:<name> "
-                    "or ssh:<user@host>[:port]")
+    if kind == "netns":
+        return NetnsHost(name)
+    option_port = ssh_options.pop("port", None)
+    port = port if port is not None else option_port
+    if port is not None and not 0 < int(port) < 65536:
+        raise HostError(f"host spec {spec!r}: port {port} outside 1..65535")
+    if ssh_options.get("config") is None and os.environ.get(SSH_CONFIG_ENV):
+        ssh_options["config"] = os.environ[SSH_CONFIG_ENV]
+    if ssh_options.get("control_dir") is None and os.environ.get(SSH_CONTROL_DIR_ENV):
+        ssh_options["control_dir"] = os.environ[SSH_CONTROL_DIR_ENV]
+    return SshHost(name, port=port, **ssh_options)

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from peercache.lab.launch import hosts
 from peercache.lab.pipeline import kinds
 from peercache.lab.pipeline.kinds import Point  # noqa: F401 (the point type, re-exported)
 
@@ -111,6 +112,14 @@ def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None) -> T
     if doc["form"] == "rdma" and not doc["capabilities"]["rdma"]:
         raise DefinitionError(f"{path}: field 'form': rdma form on a testbed whose "
                               "capabilities.rdma is false; use form: local")
+    # The host specs by the rule the runs open them with, so a bad one (ssh:-oProxyCommand=...) stops
+    # the plan before any rule runs, naming its field.
+    for block in ("hosts", "fallback_hosts"):
+        for role, h in (doc.get(block) or {}).items():
+            try:
+                hosts.check_spec(h["host"])
+            except hosts.HostError as e:
+                raise DefinitionError(f"{path}: field '{block}.{role}.host': {e}") from None
     for role in ("producer", "consumer"):
         own = doc["hosts"][role].get("devices")
         if own is not None and len(own) != len(doc.get("devices") or []):
@@ -128,6 +137,10 @@ def _schema_errors(schema: dict[str, Any], doc: Any) -> list[str]:
             for extra in sorted(set(e.instance) - known):
                 where = ".".join(map(str, [*e.absolute_path, extra]))
                 lines.append(f"  field '{where}': not a known field here; known: {', '.join(sorted(known))}")
+            continue
+        if e.validator == "pattern" and e.schema.get("allowed"):
+            # the schema's own words for what the pattern admits: a raw regex tells a reader little
+            lines.append(f"  field '{_field(e)}': {e.instance!r} is not allowed here; use {e.schema['allowed']}")
             continue
         lines.append(f"  field '{_field(e)}': {e.message}")
     return lines

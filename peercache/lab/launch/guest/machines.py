@@ -389,8 +389,9 @@ class MachinePair:
         """Plain ssh argv running ``command`` (a shell string) on ``role`` over this run's config."""
         # Over the run's shared master when one is up (ControlMaster=no: never become one), else directly.
         connect = round(SSH_CONNECT_TIMEOUT_S * max(1.0, self.slowness))     # sshd's banner is slow under load
-        return [*self._ssh_base(), "-o", f"ConnectTimeout={connect}", "-o", "ControlMaster=no", HOST_ALIAS[role],
-                command]
+        # `--`: ssh takes nothing after it as an option, as every ssh argv of the lab (hosts.SshHost)
+        return [*self._ssh_base(), "-o", f"ConnectTimeout={connect}", "-o", "ControlMaster=no", "--",
+                HOST_ALIAS[role], command]
 
     def ssh(self, role: str, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run ``command`` on ``role`` and return what it printed (never raises on its exit status)."""
