@@ -3,7 +3,8 @@
 
 - :mod:`.collector`: the metric families, read at scrape time from the counters the engine keeps;
 - :mod:`.batches`: the one thing recorded per call, each GET batch's latency, keys, hits and bytes;
-- :mod:`.endpoint`: ``/metrics`` on the given address (prometheus-client's HTTP server), loopback by default.
+- :mod:`.endpoint`: ``/metrics`` on the given address (prometheus-client's exposition behind the bounded
+  server of :mod:`.server`: one thread, capped connections, header size and time limits), loopback by default.
 
 The names, their labels and the dashboard over them: docs/metrics.md and docs/grafana/peercache.json.
 """

@@ -1,8 +1,16 @@
 """A process's metrics endpoint: ``GET /metrics`` (Prometheus text) on the address ``--metrics-addr`` names.
 
-prometheus-client's own HTTP server (a thread per scrape, daemon threads) on a registry of this process's
-collectors alone, never the library's global one. Loopback is the default; an address others can reach
-works but logs who can then read the metrics (:func:`open_warning`): the endpoint has no authentication.
+prometheus-client's own exposition (``make_wsgi_app``: the text or OpenMetrics format the scraper asks for,
+gzip) on a registry of this process's collectors alone, never the library's global one,
+served by :class:`~.server.BoundedWSGIServer`: one thread, at most :data:`MAX_CONNECTIONS` connections, each
+closed :data:`TIMEOUT` seconds after it opened and past :data:`MAX_HEADER_BYTES` of request headers.
+prometheus-client's own server took a thread and a descriptor per connection and kept whatever headers a
+client sent, so idle or slowloris clients could take a process's descriptors (the data server's) and memory.
+Bounded, the endpoint holds at most :data:`FDS` descriptors, inside the 256 that ``transport.tcp.fds_needed``
+keeps beside the data server's connections, and a few hundred KiB.
+
+Loopback is the default; an address others can reach works but logs who can then read the metrics
+(:func:`open_warning`): the endpoint has no authentication.
 """
 from __future__ import annotations
 
@@ -10,17 +18,27 @@ import logging
 import threading
 from typing import Iterable
 
-from prometheus_client import generate_latest, start_http_server
+from prometheus_client import generate_latest, make_wsgi_app
 from prometheus_client.registry import Collector
 
 from ..auth import is_loopback, who_can_reach
 from ..errors import ConfigError
 from .collector import registry
+from .server import OVERHEAD_FDS, BoundedWSGIServer
 
 log = logging.getLogger(__name__)
 
 #: The address examples give (9464: the port OpenTelemetry's Prometheus exporter uses by default).
 EXAMPLE = "127.0.0.1:9464"
+#: connections open at once: a scraper or two, a person with curl; past it the oldest still sending its
+#: request is closed
+MAX_CONNECTIONS = 16
+#: seconds a connection may take to send its request and take the answer (a scrape takes milliseconds)
+TIMEOUT = 5.0
+#: bytes of request line and headers (a scraper's are a few hundred)
+MAX_HEADER_BYTES = 8192
+#: the most descriptors the endpoint holds
+FDS = MAX_CONNECTIONS + OVERHEAD_FDS
 
 
 def split(addr: str) -> tuple[str, int]:
@@ -54,11 +72,14 @@ class Endpoint:
     warning name the address: a flag or an extra-config key)."""
 
     def __init__(self, addr: str, collectors: Iterable[Collector], *, label: str = "--metrics-addr",
-                 warn: bool = True):
+                 warn: bool = True, max_connections: int = MAX_CONNECTIONS, timeout: float = TIMEOUT,
+                 max_header_bytes: int = MAX_HEADER_BYTES):
         host, port = split(addr)
         self.registry = registry(*collectors)
         try:
-            self._server, self._thread = start_http_server(port, host, self.registry)
+            self._server = BoundedWSGIServer(host, port, make_wsgi_app(self.registry),
+                                             max_connections=max_connections, timeout=timeout,
+                                             max_header_bytes=max_header_bytes)
         except OSError as e:
             raise ConfigError(f"{label} {addr}: cannot listen there ({e.strerror or e}); give a free port of an "
                               f"address of this machine (e.g. {EXAMPLE}, or port 0 for any free port)") from e
@@ -82,9 +103,7 @@ class Endpoint:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.close()
 
     def __enter__(self) -> "Endpoint":
         return self
