@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 
 from peercache import atomic
 from peercache.lab.analysis import collect  # noqa: E402
+from peercache.lab.analysis import markup  # noqa: E402
 from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, raw_for,  # noqa: E402
                                              raw_limits, why_none)
 from peercache.lab.pipeline import experiments  # noqa: E402
@@ -106,12 +107,13 @@ def fmt_size(n: Any) -> str:
 
 
 def markdown_table(records: list[dict[str, Any]]) -> str:
-    """A GitHub Markdown table from a list of same-keyed dicts."""
+    """A GitHub Markdown table from a list of same-keyed dicts; every cell is text (markup.md_text): a
+    host's CPU model or a tool's stderr shows as written, never as Markdown or HTML."""
     if not records:
         return "_no rows_\n"
     cols = list(records[0])
-    esc = lambda v: (fmt_number(v) if not isinstance(v, str) else v).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    esc = lambda v: markup.md_text(v if isinstance(v, str) else fmt_number(v))  # noqa: E731
+    lines = ["| " + " | ".join(esc(c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(esc(r.get(c)) for c in cols) + " |" for r in records]
     return "\n".join(lines) + "\n"
 
@@ -251,14 +253,18 @@ def _new_fig(ncols: int = 1, nrows: int = 1, w: float = 7.0, h: float = 4.2):
 def _stamp(fig, title: str, meta: list[str]) -> None:
     """Title on top, the caption and host + meta block under the plot, wrapped to the image's width."""
     w, h = fig.get_size_inches()
-    fig.suptitle("\n".join(textwrap.wrap(_drawable(title), int(w * 72 / (11 * 0.6)))), fontsize=11)
+    # parse_math off: the title and the meta block carry hosts' text (CPU model, NIC firmware), shown as
+    # written; with it on, matplotlib would typeset a "$1$" in one as math
+    fig.suptitle("\n".join(textwrap.wrap(_drawable(title), int(w * 72 / (11 * 0.6)))), fontsize=11,
+                 parse_math=False)
     # monospace 6.5 pt: a character is 0.6 of the size wide; keep 4 % of the width as margin
     width = int(0.96 * w * 72 / (6.5 * 0.6))
     lines = [part for l in meta for part in textwrap.wrap(_drawable(l), width, subsequent_indent="  ")]
     extra = 0.115 * len(lines) + 0.25
     fig.set_size_inches(w, h + extra)
     fig.tight_layout(rect=(0, extra / (h + extra), 1, 0.95))
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6.5, family="monospace", va="bottom", ha="left")
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6.5, family="monospace", va="bottom", ha="left",
+             parse_math=False)
 
 
 def series_colors(n: int, raw: bool) -> list:
@@ -794,11 +800,13 @@ def finish(chart: Chart, testbed: str) -> Any:
 def chart_markdown(testbed: str, chart: Chart, formats: Iterable[str]) -> str:
     """The Markdown file written beside a chart: image, table, notes, meta block."""
     img = "png" if "png" in formats else next(iter(formats))
-    parts = [f"# {testbed} · {chart.title}\n", f"![{chart.name}]({chart.name}.{img})\n",
-             *([f"*{chart.caption}*\n"] if chart.caption else []), markdown_table(chart.table)]
+    # the names, caption, notes and meta lines carry hosts' and tools' text (NIC firmware, reasons): escaped
+    parts = [markup.md("# {} · {}\n", testbed, chart.title),
+             markup.md("![{}](", chart.name) + f"{chart.name}.{img})\n",
+             *([markup.md("*{}*\n", chart.caption)] if chart.caption else []), markdown_table(chart.table)]
     if chart.notes:
-        parts.append("\n".join(f"- note: {n}" for n in chart.notes) + "\n")
-    parts.append("\nHost + meta block:\n\n" + "\n".join(f"- {l}" for l in chart.meta) + "\n")
+        parts.append("\n".join(markup.md("- note: {}", n) for n in chart.notes) + "\n")
+    parts.append("\nHost + meta block:\n\n" + "\n".join(markup.md("- {}", l) for l in chart.meta) + "\n")
     return "\n".join(parts)
 
 
@@ -841,13 +849,14 @@ def make_charts(testbeds: dict[str, Path], out_dir, formats: Iterable[str] = FOR
         dest = Path(out_dir) / name
         _clean(dest)
         files: list[Path] = []
-        index = [f"# {name}: charts\n", f"Regenerated from `{_shown_path(path)}` by make_charts.py.\n"]
+        index = [markup.md("# {}: charts\n", name),
+                 markup.md("Regenerated from {} by make_charts.py.\n", markup.md_code(_shown_path(path)))]
         for chart in build_charts(rows, runs, tb_refs):
             if isinstance(chart, NotDrawn):
                 log(f"  {chart.name}: not drawn: {chart.reason}")
-                index.append(f"- {chart.name}: not drawn: {chart.reason}")
+                index.append(markup.md("- {}: not drawn: {}", chart.name, chart.reason))    # a reason may be a tool's
                 continue
-            index.append(f"- [{chart.title}]({chart.name}.md)")
+            index.append(markup.md("- [{}](", chart.title) + f"{chart.name}.md)")
             dest.mkdir(parents=True, exist_ok=True)
             finish(chart, name)
             for fmt in formats:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from peercache.lab.analysis import charts
 from peercache.lab.analysis.explore import Run
+from peercache.lab.analysis.markup import md
 from peercache.lab.analysis.references import UNITS, convert, row_extra
 
 POINT_KEY = ("scenario", "point", "metric", "tool", "side", "devices", "protocol", "layout", "size_bytes", "batch",
@@ -259,7 +260,8 @@ def headline(c: Comparison) -> list[str]:
 
 def comparison_markdown(c: Comparison) -> str:
     """The comparison as Markdown: headline, regressions, verdict changes, then every common key."""
-    parts = ["# Run comparison\n"] + [f"- {l}" for l in headline(c)] + [f"- note: {n}" for n in c.notes]
+    # run names, keys and notes are text (markup.md): a tool's reason never becomes markup
+    parts = ["# Run comparison\n"] + [md("- {}", l) for l in headline(c)] + [md("- note: {}", n) for n in c.notes]
     parts.append("\n## Regressed beyond the tolerance\n")
     parts.append(charts.markdown_table(_table(c, c.regressions)) if len(c.regressions) else "_none_\n")
     parts.append("\n## Verdict changes\n")
@@ -270,7 +272,7 @@ def comparison_markdown(c: Comparison) -> str:
     for label, only in (("only in A", c.only_a), ("only in B", c.only_b)):
         if only:
             shown = "; ".join(f"{_key_text(k, c.key)} {k['metric']}" for k in only[:20])
-            parts.append(f"\n{len(only)} key(s) {label}: {shown}" + (" ..." if len(only) > 20 else "") + "\n")
+            parts.append(md("\n{} key(s) {}: {}", len(only), label, shown) + (" ..." if len(only) > 20 else "") + "\n")
     return "\n".join(parts)
 
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import matplotlib
 
@@ -27,6 +28,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache.lab.analysis import charts, collect, report  # noqa: E402
+from peercache.lab.analysis.markup import Markdown, md, md_code  # noqa: E402
 from peercache.lab.analysis.references import load_references  # noqa: E402
 
 #: Where runs are looked for, relative to the repository root (absolute paths work too).
@@ -226,11 +228,12 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 def overview_markdown(ov: Overview) -> str:
     """The overview as Markdown: run label, notes, headline table, verdict counts, throughput points."""
-    parts = [f"## Run {ov.run.name}\n", "\n".join(f"- {l}" for l in ov.run.meta_lines()) + "\n"]
-    parts += [f"- note: {n}" for n in ov.run.notes]
+    # the run's name, hosts and notes are text (markup.md): a host's CPU model never becomes markup
+    parts = [md("## Run {}\n", ov.run.name), "\n".join(md("- {}", l) for l in ov.run.meta_lines()) + "\n"]
+    parts += [md("- note: {}", n) for n in ov.run.notes]
     parts.append("\n### Overview\n")
     parts.append(charts.markdown_table(records(ov.headline)))
-    parts.append("Verdicts: " + (", ".join(f"{k} {v}" for k, v in sorted(ov.verdict_counts.items())) or "none")
+    parts.append("Verdicts: " + (", ".join(md("{} {}", k, v) for k, v in sorted(ov.verdict_counts.items())) or "none")
                  + "\n")
     parts.append("\n### Throughput points: verdict and what limited each\n")
     parts.append(charts.markdown_table(records(ov.points)))
@@ -487,13 +490,17 @@ def reads_markdown(reads: Reads) -> str:
 
 # --- the report's link -----------------------------------------------------------
 
-def explore_link(run: str, tidy_dir: str | Path = "data/tidy", notebook: str = "notebooks/explore.ipynb") -> str:
-    """Markdown pointing a report at the exploration notebook for its run (path, parameter, command)."""
+def explore_link(run: str, tidy_dir: str | Path = "data/tidy", notebook: str = "notebooks/explore.ipynb") -> Markdown:
+    """Markdown pointing a report at the exploration notebook for its run (path, parameter, command).
+
+    The run's name and path are the testbed's: they go in as text and code spans (markup), never as markup.
+    """
     path = _shown(Path(str(tidy_dir)) / str(run))     # repository-relative when it lies inside the checkout
     nb = report.resolve(notebook)
-    return (f"### Explore this run\n\n"
-            f"Open [{notebook}]({nb.as_uri() if nb else notebook}) (`make lab`) and set its parameter "
-            f"`run = {json.dumps(str(path))}`, or run it headless:\n\n"
-            f"`python -m peercache.lab.analysis.papermill_run {notebook} reports/{run} --name explore "
-            f"-p run {path}`\n\n"
-            f"Compare with another run from the shell: `peercache-lab compare {path} OTHER_RUN`.")
+    target = quote(nb.as_uri(), safe=":/%") if nb else quote(notebook, safe="/")
+    return md("### Explore this run\n\nOpen [{}](" + target + ") ({}) and set its parameter {}, or run it "
+              "headless:\n\n{}\n\nCompare with another run from the shell: {}.",
+              notebook, md_code("make lab"), md_code(f"run = {json.dumps(str(path))}"),
+              md_code(f"python -m peercache.lab.analysis.papermill_run {notebook} reports/{run} --name explore "
+                      f"-p run {path}"),
+              md_code(f"peercache-lab compare {path} OTHER_RUN"))

@@ -19,14 +19,40 @@ from peercache import atomic
 DEFAULT_KERNEL = "python3"
 
 
+def _exporter(**kw):
+    """nbconvert's HTMLExporter, rendering Markdown (cells and ``display(Markdown(...))`` outputs) with raw
+    HTML escaped, ``javascript:`` links dropped and no local image embedded.
+
+    The notebooks put hosts' and tools' text in their Markdown outputs (collect's findings carry each
+    failed point's stderr); markup.md_text escapes it there, and this is the defence behind it, as
+    markup.markdown_html is for report.html. nbconvert's own ``sanitize_html`` is no use here: its
+    allowlist lacks th, thead, p and h1-h6, so it shows the tables and headings as tags.
+    """
+    from jinja2 import pass_context
+    from nbconvert import HTMLExporter
+    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+
+    class Exporter(HTMLExporter):
+        @pass_context                                  # as HTMLExporter's: the template hands it the cell
+        def markdown2html(self, context, source):    # HTMLExporter's, with escape on (it passes False)
+            cell = context.get("cell", {})
+            renderer = IPythonRenderer(escape=True, allow_harmful_protocols=False,
+                                       attachments=cell.get("attachments", {}), embed_images=False,
+                                       path=context.get("resources", {}).get("metadata", {}).get("path", ""),
+                                       anchor_link_text=self.anchor_link_text,
+                                       exclude_anchor_links=self.exclude_anchor_links, **self.lexer_options)
+            return MarkdownWithMath(renderer=renderer).render(source)
+
+    return Exporter(**kw)
+
+
 def to_html(ipynb: Path, html: Path) -> Path:
     """Render an executed notebook as HTML with every code cell's input hidden."""
     import nbformat
-    from nbconvert import HTMLExporter
     from nbconvert.preprocessors import TagRemovePreprocessor
 
     nb = nbformat.read(str(ipynb), as_version=4)
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    exporter = _exporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     # cells tagged for the notebook reader only (what the notebook does) stay out of the HTML
     exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove-from-report"}, enabled=True),
                                    enabled=True)

@@ -19,11 +19,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import pandas as pd
 
 from peercache import atomic
 from peercache.lab.analysis import charts, collect, engines, environment
+from peercache.lab.analysis.markup import markdown_html, md, md_code, md_code_block, md_text
 from peercache.lab.analysis.rawlimit import RAW_TOOLS, raw_for, raw_limits, why_none
 from peercache.lab.analysis.references import convert, load_references, row_extra
 from peercache.lab.pipeline import experiments
@@ -250,7 +252,7 @@ def guest_caveats(runs: pd.DataFrame) -> list[str]:
         slow = sorted(d["slowness"])
         how = (f", {slow[0]:.0f}-{slow[-1]:.0f} x slower than the host" if len(slow) > 1 and
                round(slow[0]) != round(slow[-1]) else (f", {slow[0]:.0f} x slower than the host" if slow else ""))
-        out.append(f"**{caveat}** (guest kernel {', '.join(sorted(d['kernel']))}{how})")
+        out.append(md("**{}** (guest kernel {}{})", caveat, ", ".join(sorted(d["kernel"])), how))
     return out
 
 
@@ -599,8 +601,8 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
         sec_notes += numa_flags(runs, dict.fromkeys(sub["run_id"]))
         missing = [f for f in figs if not f.exists()]
         if missing:
-            sec_notes.append("figure(s) not found: " + ", ".join(str(m) for m in missing)
-                             + "; run `python make_charts.py --testbed " + testbed + "`")
+            sec_notes.append(md("figure(s) not found: {}; run {}", ", ".join(str(m) for m in missing),
+                                md_code(f"python make_charts.py --testbed {testbed}")))
         table = sub[SECTION_COLUMNS].reset_index(drop=True)
         # One unit per dimension, 4 significant figures (fmt_number); the tidy data keeps the exact value.
         shown = [charts.display(v, u) for v, u in zip(table["value"], table["unit"])]
@@ -657,61 +659,66 @@ def appendix_rows(rep: Report) -> tuple[pd.DataFrame, dict[str, int], pd.DataFra
 
 
 def report_markdown(rep: Report, out_dir=None, baseline: Report | None = None, links: list[str] = ()) -> str:
-    """The report as Markdown; image links relative to ``out_dir`` (where report.md is written)."""
-    md = charts.markdown_table
-    parts = [f"# {rep.title or rep.testbed}\n"]
-    parts += [f"> **Note:** {n}\n" for n in rep.notes]
+    """The report as Markdown; image links relative to ``out_dir`` (where report.md is written).
+
+    Every value is text (markup.md_text): hosts' captures, tools' reasons and run names show as written,
+    never as Markdown or HTML. ``links`` are lines of :class:`markup.Markdown` (explore.explore_link); a
+    plain str among them is shown as text.
+    """
+    table = charts.markdown_table
+    parts = [md("# {}\n", rep.title or rep.testbed)]
+    parts += [md("> **Note:** {}\n", n) for n in rep.notes]
     parts.append("## Overview\n")
-    parts.append(md(_table_records(rep.overview)))
+    parts.append(table(_table_records(rep.overview)))
     parts.append("## Test environment\n")
-    parts.append(md([{"item": f.name, "value": f.value if f.value is not None else f"null: {f.reason}"}
-                     for f in rep.environment]))
+    parts.append(table([{"item": f.name, "value": f.value if f.value is not None else f"null: {f.reason}"}
+                        for f in rep.environment]))
     if rep.env_commands:
-        parts.append("Commands and files that captured it (each host):\n\n```\n" + "\n".join(rep.env_commands)
-                     + "\n```\n")
+        parts.append("Commands and files that captured it (each host):\n\n" + md_code_block(rep.env_commands))
     else:
-        parts.append(f"_No commands listed: {rep.env_commands_why or 'the capture recorded none'}._\n")
+        parts.append(md("_No commands listed: {}._\n", rep.env_commands_why or "the capture recorded none"))
     for i, sec in enumerate(rep.sections, start=1):
-        parts.append(f"## {i} · {sec.scenario.replace('_', ' ')}\n")
+        parts.append(md("## {} · {}\n", i, sec.scenario.replace("_", " ")))
         if sec.description:
-            parts.append(f"_{sec.description}_\n")
+            parts.append(md("_{}_\n", sec.description))
         for caption, recs in sec.tables:
             if caption:
-                parts.append(f"**{caption}**\n")
-            parts.append(md(recs))
+                parts.append(md("**{}**\n", caption))
+            parts.append(table(recs))
         for f in sec.figures:
-            parts.append(f"![{sec.scenario}: {f.stem}]({_rel(f, out_dir)})\n")
+            # the link is percent-encoded: a folder with a space or a ")" still links (and embeds)
+            parts.append(md("![{}: {}](", sec.scenario, f.stem) + quote(_rel(f, out_dir), safe="/") + ")\n")
         for c in sec.captions:
-            parts.append(f"*{c}*\n")
+            parts.append(md("*{}*\n", c))
         if sec.notes:
-            parts.append("\n".join(f"- {n}" for n in sec.notes) + "\n")
-        parts.append("Host + meta: " + " · ".join(sec.compact_meta) + "\n")
+            parts.append("\n".join(md("- {}", n) for n in sec.notes) + "\n")
+        parts.append("Host + meta: " + " · ".join(md_text(l) for l in sec.compact_meta) + "\n")
         parts.append("<details><summary>every run of this section</summary>\n\n"
-                     + "\n".join(f"- {l}" for l in sec.meta) + "\n\n</details>\n")
+                     + "\n".join(md("- {}", l) for l in sec.meta) + "\n\n</details>\n")
     parts.append("## Key conclusions\n")
     if rep.conclusions:
-        parts.append("\n".join(f"- {c.text} (runs: {', '.join(dict.fromkeys(c.runs))})" for c in rep.conclusions)
-                     + "\n")
+        parts.append("\n".join(md("- {} (runs: {})", c.text, ", ".join(dict.fromkeys(c.runs)))
+                               for c in rep.conclusions) + "\n")
     else:
         parts.append("_The data supports no conclusion here (see each section's notes)._\n")
     if baseline is not None:
-        parts.append(f"## Beside the published baseline: {baseline.testbed}\n")
-        parts.append(md(_table_records(baseline.overview)))
+        parts.append(md("## Beside the published baseline: {}\n", baseline.testbed))
+        parts.append(table(_table_records(baseline.overview)))
     full, by_reason, judged = appendix_rows(rep)
     parts.append("## Appendix: the tidy table\n")
     parts.append(f"Every row of this run is in [{ROWS_CSV}]({ROWS_CSV}) (CSV, every column). Verdicts: "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(rep.verdict_counts.items())) + ".\n")
+                 + ", ".join(md("{} {}", k, v) for k, v in sorted(rep.verdict_counts.items())) + ".\n")
     if by_reason:
         parts.append("Unchecked rows (not listed one by one), by reason: "
-                     + "; ".join(f"{n} × {why}" for why, n in by_reason.items()) + ".\n")
+                     + "; ".join(md("{} × {}", n, why) for why, n in by_reason.items()) + ".\n")
     if not judged.empty:
         parts.append("Rows with a verdict:\n")
-        parts.append(md([{"run": r["run_id"], "metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} "
-                          f"{r['unit']}", "verdict": r["verdict"], "why": r.get("verdict_reason") or ""}
-                         for _, r in judged.iterrows()]))
-    parts.append(f"<details><summary>all {len(full)} rows</summary>\n\n" + md(_table_records(full))
+        parts.append(table([{"run": r["run_id"], "metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} "
+                             f"{r['unit']}", "verdict": r["verdict"], "why": r.get("verdict_reason") or ""}
+                            for _, r in judged.iterrows()]))
+    parts.append(f"<details><summary>all {len(full)} rows</summary>\n\n" + table(_table_records(full))
                  + "\n</details>\n")
-    parts += [f"{l}\n" for l in links]
+    parts += [md_text(l) + "\n" for l in links]
     return "\n".join(parts)
 
 
@@ -733,18 +740,26 @@ p,li{overflow-wrap:anywhere}
 """
 
 
-def render_html(markdown_text: str, out_dir, title: str) -> str:
-    """The Markdown document as one self-contained HTML page (figures embedded, tables wrapped)."""
-    import mistune
+def report_figures(rep: Report) -> list[Path]:
+    """The figure files the report links (its sections'): the only files its HTML may embed."""
+    return [f for sec in rep.sections for f in sec.figures]
 
-    body = mistune.create_markdown(escape=False, plugins=["table"])(markdown_text)
+
+def render_html(markdown_text: str, out_dir, title: str, figures=()) -> str:
+    """The Markdown document as one self-contained HTML page (tables wrapped), raw HTML in it escaped.
+
+    Only ``figures`` (:func:`report_figures`) are embedded: an image link to any other file stays a link,
+    so a document can never pull in a local file it was not meant to show.
+    """
+    body = markdown_html(markdown_text)
+    own = {Path(f).resolve() for f in figures}
 
     def embed(m):
-        src = html_lib.unescape(m.group(2))
+        src = unquote(html_lib.unescape(m.group(2)))
         p = (Path(out_dir) / src) if out_dir is not None and not Path(src).is_absolute() else Path(src)
-        if p.suffix.lower() == ".png" and p.exists():
-            src = "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode()
-        return f'{m.group(1)}"{src}"'
+        if p.resolve() not in own or not p.exists():
+            return m.group(0)
+        return f'{m.group(1)}"data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"'
 
     # run ids (a/b/c/rep0) in table cells may break after their / and _ , and nowhere else: numbers keep
     # their units
@@ -768,7 +783,7 @@ def write_report(rep: Report, out_dir, baseline: Report | None = None, links: li
     md_text = report_markdown(rep, out, baseline, links)
     paths = {"md": out / REPORT_MD, "html": out / REPORT_HTML, "csv": out / ROWS_CSV}
     atomic.write_text(paths["md"], md_text)
-    atomic.write_text(paths["html"], render_html(md_text, out, rep.title or rep.testbed))
+    atomic.write_text(paths["html"], render_html(md_text, out, rep.title or rep.testbed, report_figures(rep)))
     rows = rep.rows if rep.rows is not None else pd.DataFrame()
     with atomic.replacing(paths["csv"]) as tmp:
         rows.to_csv(tmp, index=False)
@@ -780,7 +795,7 @@ def display_report(rep: Report, out_dir=None, baseline: Report | None = None, li
     from IPython.display import HTML, display
 
     md_text = report_markdown(rep, out_dir, baseline, links)
-    page = render_html(md_text, out_dir, rep.title)
+    page = render_html(md_text, out_dir, rep.title, report_figures(rep))
     display(HTML(page[page.index("<main>"):page.index("</main>") + len("</main>")]
                  .replace("<main>", f"<div class=\"pc-report\"><style>{_CSS.replace('main{', '.pc-report{')}</style>")
                  .replace("</main>", "</div>")))
