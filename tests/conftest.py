@@ -145,3 +145,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(base * SLOWNESS))
+
+
+def pytest_configure(config):
+    """Ctrl-C behaves the same however the suite was started. A shell that starts ``make test`` as a
+    background job sets SIGINT to 'ignore', and an ignored signal stays ignored across fork and exec:
+    every process a test starts (serve, drive, a pair's sides) would shrug off the SIGINT the lab's
+    runners send to stop them, and ``_thread.interrupt_main`` would do nothing. A handler, unlike
+    'ignore', is reset to the default at exec, so children start as from an interactive shell."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
