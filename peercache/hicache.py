@@ -19,7 +19,9 @@ the ``batch_get_v1`` of the same prefetch needs no second lookup.
 
 Layouts: MLA pages are one object, written only by the storage-writer rank and
 read by every rank; MHA pages are two objects (K and V) per rank, their keys
-carry the rank. Keys are ``<tenant>/<model>/<page hash><suffix>``.
+carry the rank. Keys are ``<tenant>/<model>/<page hash><suffix>``, the generic
+path's ``<tenant>/<model>/g/<key>[<rank>]``: apart, whatever the names
+(:func:`page_part`).
 
 The module imports without torch or SGLang: then :class:`PeerCacheStore`
 derives from a local stand-in with the same methods as SGLang's ``HiCacheStorage``.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -104,14 +107,35 @@ DEFAULT_POOL_BYTES = 1 << 30
 DEFAULT_DIR_CACHE_TTL = 5.0
 #: Slot size of the generic path when neither a host pool nor 'page_bytes' gave one.
 DEFAULT_PAGE_BYTES = 128 << 10
+#: What the generic path's keys begin with after the tenant and model: its own key space, apart from v1 pages'.
+GENERIC_MARK = "g/"
+
+
+def _escaped(text: str, keep: "re.Pattern") -> str:
+    """``text`` with each character ``keep`` does not match percent-encoded (its UTF-8 bytes). ``keep`` never
+    matches '%', so that two texts never give the same result."""
+    return "".join(c if keep.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+                   for c in text)
 
 
 def model_part(model_name: Any) -> str:
     """The key part of a model name SGLang gives (e.g. 'org/Model-7B'): characters a name may not hold
     ('/' first of all) percent-encoded, so that two models never share a key part."""
-    text = str(model_name)
-    return "".join(c if checks.NAME_RE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode())
-                   for c in text) or "model"
+    return _escaped(str(model_name), checks.NAME_RE) or "model"
+
+
+#: what a page name (SGLang's page hash, or a generic key) keeps as it is in a key: a name's characters
+#: without '_', which begins the object suffix, and without '/', which ends the generic space's mark
+_PAGE_CHARS = re.compile(r"[A-Za-z0-9.:@+-]*")
+_plain_page = _PAGE_CHARS.fullmatch
+
+
+def page_part(name: Any) -> str:
+    """The key part of a page name: unchanged when it holds only ``_PAGE_CHARS`` (SGLang's hex page hashes),
+    else those characters kept and the rest percent-encoded. No result holds '_' or '/', so where a page
+    name ends in a key is known, and no two names give the same part."""
+    text = name if type(name) is str else str(name)
+    return text if _plain_page(text) else _escaped(text, _PAGE_CHARS)
 
 
 @dataclass(frozen=True)
@@ -218,6 +242,8 @@ class PeerCacheStore(HiCacheStorage):
         self.tp_size = int(getattr(sc, "tp_size", 1) or 1)
         self.pp_rank = int(getattr(sc, "pp_rank", 0) or 0)
         self.pp_size = int(getattr(sc, "pp_size", 1) or 1)
+        #: this store's place among the model's tp_size x pp_size ranks (what its metrics port adds)
+        self.rank = self.pp_rank * self.tp_size + self.tp_rank
         self.is_mla = bool(getattr(sc, "is_mla_model", False))
         writer = getattr(sc, "is_storage_writer", None)
         self.is_writer = bool(writer) if writer is not None else (not self.is_mla or self.tp_rank == 0)
@@ -240,8 +266,11 @@ class PeerCacheStore(HiCacheStorage):
         self._metrics = None
         if self.config.metrics_addr:
             from . import metrics
-            self._metrics = metrics.serve_node(self.config.metrics_addr, lambda: self._node,
-                                               label=extra_label("metrics_addr"))
+            # SGLang gives every rank the same extra config: each rank listens on the port plus its rank
+            label = extra_label("metrics_addr")
+            addr = metrics.for_process(self.config.metrics_addr, self.rank, self.tp_size * self.pp_size,
+                                       label=label, what="ranks (tp_size x pp_size)")
+            self._metrics = metrics.serve_node(addr, lambda: self._node, label=label)
         if self.config.page_bytes is not None:
             try:
                 self._ensure_node(self.config.page_bytes)
@@ -258,12 +287,16 @@ class PeerCacheStore(HiCacheStorage):
         return [f"{self.rank_suffix}_{j}" for j in range(objs)]
 
     def object_keys(self, keys: Sequence[str], objs: int) -> list[bytes]:
-        """The PeerCache keys of SGLang page hashes ``keys`` with ``objs`` objects per page."""
-        suf = self._suffixes(objs)
-        return [f"{self.prefix}{k}{s}".encode() for k in keys for s in suf]
+        """The PeerCache keys of SGLang page hashes ``keys`` with ``objs`` objects per page:
+        ``<prefix><page>_<object>`` (the page part holds no '_', see :func:`page_part`)."""
+        suf, prefix = self._suffixes(objs), self.prefix
+        return [f"{prefix}{p}{s}".encode() for p in map(page_part, keys) for s in suf]
 
-    def _generic_key(self, key: str) -> bytes:
-        return f"{self.prefix}{key}{self.rank_suffix}".encode()
+    def generic_key(self, key: str) -> bytes:
+        """The PeerCache key of ``key`` on the generic path (get/set/batch_get/batch_set):
+        ``<prefix>g/<page>[<rank>]``. A page part holds no '/', so no object key of a v1 page
+        (``<prefix><page>_...``) is ever one of these, whatever the names."""
+        return f"{self.prefix}{GENERIC_MARK}{page_part(key)}{self.rank_suffix}".encode()
 
     def _ensure_node(self, page_bytes: int) -> Node:
         with self._node_lock:
@@ -493,7 +526,7 @@ class PeerCacheStore(HiCacheStorage):
             raise ConfigError("this store has no pool to write into (extra config 'pool_bytes' is 0)")
         t0 = time.perf_counter()
         try:
-            node.put_batch([self._generic_key(k) for k in keys], data)
+            node.put_batch([self.generic_key(k) for k in keys], data)
         except PeerCacheError as e:
             log.warning("PeerCacheStore.batch_set of %d values failed: %s", len(keys), e)
             self._count(write_errors=len(keys))
@@ -511,7 +544,7 @@ class PeerCacheStore(HiCacheStorage):
         if not keys:
             return []
         node = self.node
-        bkeys = [self._generic_key(k) for k in keys]
+        bkeys = [self.generic_key(k) for k in keys]
         n = len(keys)
         cap = self._node_page_bytes
         t0 = time.perf_counter()
@@ -551,7 +584,7 @@ class PeerCacheStore(HiCacheStorage):
     def exists(self, key: str) -> bool:
         """Whether ``key`` is stored: its generic value, or every object of its v1 page."""
         node = self.node
-        okeys = [self._generic_key(key)] + self.object_keys([key], self._objects_per_page())
+        okeys = [self.generic_key(key)] + self.object_keys([key], self._objects_per_page())
         present = node.exists_batch(okeys)
         return bool(present[0] or all(present[1:]))
 

@@ -56,14 +56,16 @@ def open_warning(addr: str, label: str = "--metrics-addr") -> str:
             "(ssh -L PORT:127.0.0.1:PORT HOST), or keep the port behind a firewall")
 
 
-def for_process(addr: str, index: int, count: int, label: str = "--metrics-addr") -> str:
-    """The address of driver process ``index`` of ``count``: HOST:PORT+index (port 0: any free port, each)."""
+def for_process(addr: str, index: int, count: int, label: str = "--metrics-addr",
+                what: str = "driver processes") -> str:
+    """The address of process ``index`` of ``count`` (drive's driver processes, a HiCache model's ranks) given
+    one address for all: HOST:PORT+index (port 0: any free port, each)."""
     host, port = addr.rpartition(":")[0], split(addr)[1]
     if port == 0:
         return addr
     if port + count - 1 > 65535:
-        raise ConfigError(f"{label} {addr} with {count} driver processes needs ports {port}..{port + count - 1} "
-                          "(one per process), beyond 65535; give a lower port, or port 0 for any free ones")
+        raise ConfigError(f"{label} {addr} with {count} {what} needs ports {port}..{port + count - 1} "
+                          "(one each), beyond 65535; give a lower port, or port 0 for any free ones")
     return f"{host}:{port + index}"
 
 
