@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "handshake.h"
 #include "pc.h"
 #include "server_type.h"
 
@@ -227,15 +228,43 @@ static PyObject *py_tcp_connect(PyObject *mod, PyObject *args) {
     const char *host;
     int port, maxch, poll_us = 0;
     double timeout;
-    PyObject *token = Py_None;
-    if (!PyArg_ParseTuple(args, "siid|Oi", &host, &port, &maxch, &timeout, &token, &poll_us)) return NULL;
+    PyObject *key = Py_None;
+    if (!PyArg_ParseTuple(args, "siid|Oi", &host, &port, &maxch, &timeout, &key, &poll_us)) return NULL;
     if (poll_us < 0 || poll_us > 1000000)
         return PyErr_Format(PyExc_ValueError, "poll_us must be 0..1000000 microseconds, got %d", poll_us);
-    if (token != Py_None && (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) != 32))
-        return PyErr_Format(PyExc_ValueError, "the data token must be None or 32 bytes");
+    if (key != Py_None && (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != PC_HS_KEY_BYTES))
+        return PyErr_Format(PyExc_ValueError, "the data key must be None or %d bytes", PC_HS_KEY_BYTES);
     pc_tcp_params p = {host, port, maxch, timeout, poll_us,
-                       token == Py_None ? NULL : (const uint8_t *)PyBytes_AS_STRING(token)};
+                       key == Py_None ? NULL : (const uint8_t *)PyBytes_AS_STRING(key)};
     return new_peer(&pc_tcp_backend, &p);
+}
+
+/* handshake_macs(key, transcript, seq, request): what handshake.c computes, for the test that
+ * the Python side (peercache.auth.DataKey) computes the same. */
+static PyObject *py_handshake_macs(PyObject *mod, PyObject *args) {
+    (void)mod;
+    Py_buffer key, t, req;
+    unsigned long long seq;
+    if (!PyArg_ParseTuple(args, "y*y*Ky*", &key, &t, &seq, &req)) return NULL;
+    PyObject *r = NULL;
+    if (key.len != PC_HS_KEY_BYTES || t.len != PC_HS_TRANSCRIPT_BYTES || req.len < PC_HS_HEAD_BYTES) {
+        PyErr_Format(PyExc_ValueError, "handshake_macs takes a %d-byte key, a %d-byte transcript and a "
+                     "request of at least its %d-byte header", PC_HS_KEY_BYTES, PC_HS_TRANSCRIPT_BYTES,
+                     PC_HS_HEAD_BYTES);
+    } else {
+        uint8_t out[4][PC_HS_MAC_BYTES];
+        pc_hs_mac(out[0], key.buf, PC_HS_SERVER, t.buf);
+        pc_hs_mac(out[1], key.buf, PC_HS_CLIENT, t.buf);
+        pc_hs_mac(out[2], key.buf, PC_HS_SESSION, t.buf);
+        pc_hs_request_tag(out[3], out[2], seq, req.buf, (const uint8_t *)req.buf + PC_HS_HEAD_BYTES,
+                          (size_t)req.len - PC_HS_HEAD_BYTES);
+        r = Py_BuildValue("(y#y#y#y#)", out[0], (Py_ssize_t)PC_HS_MAC_BYTES, out[1], (Py_ssize_t)PC_HS_MAC_BYTES,
+                          out[2], (Py_ssize_t)PC_HS_MAC_BYTES, out[3], (Py_ssize_t)PC_HS_MAC_BYTES);
+    }
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&t);
+    PyBuffer_Release(&req);
+    return r;
 }
 
 /* A Peer around a connection another extension made (the verbs backend). */
@@ -726,9 +755,13 @@ static PyMethodDef module_methods[] = {
     {"shm_connect", py_shm_connect, METH_VARARGS,
      "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
     {"tcp_connect", py_tcp_connect, METH_VARARGS,
-     "tcp_connect(host, port, max_channels, timeout_s, token=None, poll_us=0) -> Peer; poll_us: poll a "
-     "reply this long before sleeping; with a 32-byte token "
-     "every connection opens with a hello carrying it."},
+     "tcp_connect(host, port, max_channels, timeout_s, key=None, poll_us=0) -> Peer; poll_us: poll a "
+     "reply this long before sleeping; with a 32-byte data key (peercache.auth.data_key) every "
+     "connection opens with the handshake of native/handshake.h and tags its requests."},
+    {"handshake_macs", py_handshake_macs, METH_VARARGS,
+     "handshake_macs(key, transcript, seq, request) -> (server proof, client proof, session key, tag "
+     "of request number seq): the MACs of native/handshake.c (transcript: cn || sn || address), for "
+     "tests."},
     {"adopt", py_adopt, METH_O,
      "adopt(capsule) -> Peer around a connection made by another backend module (peercache._verbs)."},
     {"read_slots", py_read_slots, METH_VARARGS,

@@ -198,7 +198,7 @@ typedef struct pc_tcp_params {
     int max_channels;
     double timeout_s;      /* bound on every blocking socket call */
     int poll_us;           /* poll a reply this long before sleeping (0: sleep at once) */
-    const uint8_t *token;  /* NULL, or the 32-byte data token each connection's hello carries */
+    const uint8_t *key;    /* NULL, or the 32-byte data key each connection's handshake proves (handshake.h) */
 } pc_tcp_params;
 
 /* Ordered copy used by shm: first word with acquire semantics, then the rest. */

@@ -17,13 +17,14 @@
  * and no thread, and a reply larger than the socket buffer is sent in
  * pieces between the other connections' work. Limits, all counted in the
  * table's stats():
- *   - a new connection waits for its hello (or, without a token, its first
- *     request) in a budget of its own: at most max_greeting of them per
- *     worker, max_greeting_per_source of them from one address, each for at
- *     most hello_timeout. Past a cap the oldest waiting one (of that address,
- *     or of all) is closed, so clients that never say hello can neither fill
- *     the server nor keep out a client that greets at once: its hello is
- *     read the moment it is accepted;
+ *   - a new connection finishes its handshake (or, without a key, sends its
+ *     first request) in a budget of its own: at most max_greeting of them
+ *     per worker, max_greeting_per_source of them from one address, each
+ *     for at most hello_timeout from its accept (hello, challenge and proof
+ *     all count). Past a cap the oldest waiting one (of that address, or of
+ *     all) is closed, so clients that never say hello can neither fill the
+ *     server nor keep out a client that greets at once: its hello is read,
+ *     and the challenge sent, the moment it is accepted;
  *   - at most max_connections greeted ones at once (over all workers): one
  *     more is told "the data server is at its connection limit" and closed;
  *   - a connection with no request under way is closed after idle_timeout;
@@ -46,13 +47,21 @@
  * summaries, so a flood of bad requests costs a counter increment each.
  *
  * A connection starts in the greeting stage: its first message goes
- * through greet(). A hello ("PCHI" u32 version 1, u32 32, u64 0, then the
- * 32-byte token) is read and its token compared in constant time with the
- * table's; it has no reply, so the client's first request follows at once.
- * A table made with a token serves nothing before a hello that carries it:
- * a request first, or a wrong token, gets a refusal with req_id 0 and the
- * connection is closed. A table without a token admits every connection
- * and ignores a hello.
+ * through greet(). A table made with a key (from the cluster secret) serves
+ * nothing before the handshake of handshake.h: the client's hello brings its
+ * nonce; on_nonce() answers with ours, the address the connection reached
+ * and our proof over them, so the client learns we hold the secret (and are
+ * the server it dialed, not something forwarding to us) before it proves
+ * anything; on_proof() checks the client's proof in constant time and
+ * admits the connection. From then on each request carries a tag under the
+ * handshake's session key, checked (on_body) before anything the request
+ * asks for is looked at: nothing on the path can add, replay or change a
+ * request. The whole handshake
+ * runs within the greeting's budget (hello_timeout, the caps on waiting
+ * connections). A request first, a hello of another version, or a wrong
+ * proof or tag gets a refusal with req_id 0 (or the request's) and the
+ * connection is closed. A table without a key admits a connection whose
+ * first message is a request, and refuses a hello: it cannot prove a secret.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -73,12 +82,11 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "handshake.h"
 #include "pc.h"
 #include "server.h"
 
 #define HEAD_BYTES 20
-#define TOKEN_BYTES PC_SRV_TOKEN_BYTES
-#define HELLO_VERSION 1
 #define WIRE_OP_BYTES 32
 #define MAX_OPS (1u << 16)
 #define MAX_REPLY_BYTES (1ull << 31)
@@ -101,7 +109,7 @@ const char *const pc_srv_stat_names[PC_SRV_N_STATS] = {
     "accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
     "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
     "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
-    "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy",
+    "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy", "req_bad_tag",
 };
 
 void pc_srv_table_init(pc_srv_table *t) {
@@ -162,12 +170,12 @@ static void count_bad(pc_srv_table *t, const uint64_t bad[3]) {
 }
 
 /* What to do with a request header: 0 = read n ops; else the refusal (reason
- * in why) and whether the framing is lost (*fatal). */
+ * in why), which loses the framing. A request without ops is refused once
+ * its tag is checked (on_body). */
 static int check_head(pc_srv_table *t, const uint8_t *head, uint32_t *n, uint64_t *req_id,
-                      char *why, size_t whylen, int *fatal) {
+                      char *why, size_t whylen) {
     memcpy(n, head + 8, 4);
     memcpy(req_id, head + 12, 8);
-    *fatal = 0;
     if (memcmp(head, "PCRQ", 4) != 0) {
         char m[4 * 4 + 1];
         size_t o = 0;
@@ -180,18 +188,11 @@ static int check_head(pc_srv_table *t, const uint8_t *head, uint32_t *n, uint64_
         m[o] = 0;
         snprintf(why, whylen, "bad request magic '%s'; not a PeerCache client?", m);
         count(t, PC_ST_REQ_BAD_MAGIC, 1);
-        *fatal = 1;
         return -1;
     }
     if (*n > MAX_OPS) {
         snprintf(why, whylen, "%u ops in one request exceeds %u; split the batch", *n, MAX_OPS);
         count(t, PC_ST_REQ_TOO_MANY_OPS, 1);
-        *fatal = 1;
-        return -1;
-    }
-    if (*n == 0) {
-        snprintf(why, whylen, "request carries no ops");
-        count(t, PC_ST_REQ_NO_OPS, 1);
         return -1;
     }
     return 0;
@@ -260,20 +261,22 @@ static int opbuf_reserve(opbuf *b, size_t n) {
 
 /* ------------------------------------------------------------- the event loop */
 
-enum { C_HEAD, C_BODY, C_SEND, C_HELLO };
+enum { C_HEAD, C_BODY, C_SEND, C_NONCE, C_PROOF };
 enum { STAGE_GREETING, STAGE_SERVING };
 
 typedef struct conn {
     struct conn *prev, *next;     /* the worker's connections */
     struct conn *gprev, *gnext;   /* the worker's connections waiting for their hello, oldest first */
     int fd;
-    int state;           /* C_HEAD, C_BODY, C_SEND or C_HELLO (the hello's token) */
+    int state;           /* C_HEAD, C_BODY, C_SEND, or C_NONCE / C_PROOF (the hello's nonce, the client's proof) */
     int stage;           /* STAGE_GREETING until greet() accepted the first message */
     int greeting;        /* in the worker's greeting list */
     int serving;         /* counted in the table's nserving */
     int close_after;     /* framing lost: close once the refusal is out */
     int refusal;         /* the reply under way is a refusal */
     int waiting;         /* its request waits for reply memory (no events polled meanwhile) */
+    int tagged;          /* passed the handshake: each request carries a tag after its ops */
+    uint64_t seq;        /* requests received so far: the number the next one's tag is under */
     uint32_t events;     /* the epoll events registered */
     size_t got;          /* bytes of the current header or body received */
     uint32_t n;
@@ -290,7 +293,9 @@ typedef struct conn {
     uint8_t src[16];     /* source address (4 or 16 bytes) */
     opbuf b;
     uint8_t head[HEAD_BYTES];
-    uint8_t tok[TOKEN_BYTES];
+    uint8_t hs[PC_HS_TRANSCRIPT_BYTES];  /* the client's nonce, ours, the address it reached */
+    uint8_t proof[PC_HS_MAC_BYTES];      /* the client's proof */
+    uint8_t session[PC_HS_KEY_BYTES];    /* the key of this connection's request tags */
     uint8_t rhead[HEAD_BYTES + 4];
     struct iovec riov[2];
     char why[200];
@@ -382,6 +387,7 @@ static void conn_close(worker *w, conn *c) {
     if (c->serving) atomic_fetch_sub(&w->t->nserving, 1);
     give_buffers(w, c);
     if (c->hq) mem_give(w, c->qcap);
+    explicit_bzero(c->session, sizeof c->session);   /* not left in freed memory */
     free(c);
     atomic_fetch_sub(&w->t->nconns, 1);
 }
@@ -406,7 +412,7 @@ static void start_refusal(conn *c, const char *why, int fatal) {
 
 /* Close c, counted under stat, without a word: a connection that did not greet in time or
  * was pushed out by newer ones may be a client's pooled channel that sat idle (without a
- * token it says nothing until its first request), which redials when it finds it closed. */
+ * key it says nothing until its first request), which redials when it finds it closed. */
 static void drop(worker *w, conn *c, int stat) {
     count(w->t, stat, 1);
     if (stat != PC_ST_CONN_IDLE) {
@@ -437,59 +443,101 @@ static int admit(worker *w, conn *c, double now) {
     return 0;
 }
 
-/* The first message of a connection (its header is in c->head). 0: it is a
- * request and this table admits connections without a hello; -1: handled
- * here (a hello whose token is read next, or a refusal). */
-static int greet(worker *w, conn *c, double now) {
+/* Refuse the greeting of c (counted under stat) with why, then close it. Always -1. */
+static int refuse_greeting(worker *w, conn *c, int stat, const char *why) {
+    count(w->t, stat, 1);
+    atomic_fetch_add(&w->t->refused, 1);
+    c->req_id = 0;
+    start_refusal(c, why, 1);
+    return -1;
+}
+
+/* A hello's header is in c->head: read its nonce next, or refuse it. Always -1. */
+static int greet_hello(worker *w, conn *c) {
     uint32_t version, len;
     memcpy(&version, c->head + 4, 4);
     memcpy(&len, c->head + 8, 4);
-    if (memcmp(c->head, "PCHI", 4) == 0) {
-        if (version != HELLO_VERSION || len != TOKEN_BYTES) {
-            count(w->t, PC_ST_CONN_BAD_TOKEN, 1);
-            atomic_fetch_add(&w->t->refused, 1);
-            snprintf(c->why, sizeof c->why, "unsupported hello (version %u, %u-byte token); this data "
-                     "server speaks version %d with a %d-byte token", version, len, HELLO_VERSION,
-                     TOKEN_BYTES);
-            c->req_id = 0;
-            start_refusal(c, c->why, 1);
-            return -1;
-        }
-        c->state = C_HELLO;
-        c->got = 0;
-        return -1;
+    if (version == 1)
+        return refuse_greeting(w, c, PC_ST_CONN_BAD_TOKEN, "hello version 1 (a token sent in the clear) is "
+                               "refused: this data server speaks hello version 2, a challenge-response that "
+                               "sends no secret; run the producer's PeerCache version on the consumer");
+    if (version != PC_HS_VERSION || len != PC_HS_NONCE_BYTES) {
+        snprintf(c->why, sizeof c->why, "unsupported hello (version %u, %u bytes); this data server "
+                 "speaks version %d (a %d-byte nonce)", version, len, PC_HS_VERSION, PC_HS_NONCE_BYTES);
+        return refuse_greeting(w, c, PC_ST_CONN_BAD_TOKEN, c->why);
     }
-    if (w->t->has_token && memcmp(c->head, "PCRQ", 4) == 0) {
-        count(w->t, PC_ST_CONN_NO_TOKEN, 1);
-        atomic_fetch_add(&w->t->refused, 1);
-        c->req_id = 0;
-        start_refusal(c, "this data server needs the cluster token: give the consumer the producer's "
-                         "secret (--auth-key-file or $PEERCACHE_AUTH_KEY)", 1);
-        return -1;
-    }
+    if (!w->t->has_key)
+        return refuse_greeting(w, c, PC_ST_CONN_BAD_TOKEN, "this data server holds no cluster secret, so it "
+                               "cannot prove one: start the producer with the consumer's secret "
+                               "(--auth-key-file or $PEERCACHE_AUTH_KEY), or the consumer without one");
+    c->state = C_NONCE;
+    c->got = 0;
+    return -1;
+}
+
+/* The first message of a connection (its header is in c->head). 0: it is a
+ * request and this table admits connections without a handshake; -1:
+ * handled here (a hello whose nonce is read next, or a refusal). */
+static int greet(worker *w, conn *c, double now) {
+    if (memcmp(c->head, "PCHI", 4) == 0) return greet_hello(w, c);
+    if (w->t->has_key && memcmp(c->head, "PCRQ", 4) == 0)
+        return refuse_greeting(w, c, PC_ST_CONN_NO_TOKEN, "this data server needs the cluster secret: give "
+                               "the consumer the producer's secret (--auth-key-file or $PEERCACHE_AUTH_KEY)");
     if (admit(w, c, now) < 0) return -1;
     c->deadline = now + w->request_s;   /* the rest of this first request */
     return 0;
 }
 
-/* The hello's token is in: admit the connection or refuse it. */
-static void on_hello(worker *w, conn *c, double now) {
-    if (w->t->has_token) {
-        unsigned diff = 0;   /* constant time: no early exit on the first wrong byte */
-        for (int i = 0; i < TOKEN_BYTES; i++) diff |= (unsigned)(c->tok[i] ^ w->t->token[i]);
-        if (diff) {
-            count(w->t, PC_ST_CONN_BAD_TOKEN, 1);
-            atomic_fetch_add(&w->t->refused, 1);
-            c->req_id = 0;
-            start_refusal(c, "wrong data token: the consumer's cluster secret is not the producer's "
-                             "(check --auth-key-file / $PEERCACHE_AUTH_KEY)", 1);
-            return;
-        }
+/* The hello's nonce is in: send the challenge (our nonce, the address the connection reached and
+ * our proof over them), then read the client's proof. -1: close c at once. The address binds the
+ * handshake to this socket: a client that dialed another one (a relay) sees it differ. */
+static int on_nonce(worker *w, conn *c) {
+    uint8_t *sn = c->hs + PC_HS_NONCE_BYTES, *addr = sn + PC_HS_NONCE_BYTES;
+    uint8_t msg[PC_HS_CHALLENGE_BYTES];
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(c->fd, (struct sockaddr *)&ss, &sl) < 0 || pc_hs_addr((struct sockaddr *)&ss, addr) < 0)
+        return -1;
+    if (pc_hs_nonce(sn) < 0) {
+        count(w->t, PC_ST_NOMEM, 1);
+        return -1;
     }
+    pc_hs_head(msg, PC_HS_CHALLENGE_BODY);
+    memcpy(msg + PC_HS_HEAD_BYTES, sn, PC_HS_NONCE_BYTES + PC_HS_ADDR_BYTES);
+    pc_hs_mac(msg + PC_HS_HEAD_BYTES + PC_HS_NONCE_BYTES + PC_HS_ADDR_BYTES, w->t->key, PC_HS_SERVER, c->hs);
+    /* The first bytes this connection sends: its empty send buffer takes them whole, so the
+     * challenge needs no queue of its own. */
+    if (send(c->fd, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof msg) return -1;
+    c->state = C_PROOF;
+    c->got = 0;
+    return 0;
+}
+
+/* The client's proof is in: admit the connection, its requests tagged under the session key, or
+ * refuse it. */
+static void on_proof(worker *w, conn *c, double now) {
+    uint8_t want[PC_HS_MAC_BYTES];
+    pc_hs_mac(want, w->t->key, PC_HS_CLIENT, c->hs);
+    if (!pc_hs_equal(want, c->proof, PC_HS_MAC_BYTES)) {
+        refuse_greeting(w, c, PC_ST_CONN_BAD_TOKEN, "wrong handshake proof: the consumer's cluster secret is "
+                        "not the producer's (check --auth-key-file / $PEERCACHE_AUTH_KEY on both)");
+        return;
+    }
+    pc_hs_mac(c->session, w->t->key, PC_HS_SESSION, c->hs);
+    c->tagged = 1;
+    c->seq = 0;
     if (admit(w, c, now) < 0) return;
     c->state = C_HEAD;
     c->got = 0;
     c->deadline = now + w->idle_s;
+}
+
+/* Whether the tag after c's ops is the one its session gives this request (which counts it). */
+static int tag_ok(conn *c) {
+    uint8_t want[PC_HS_MAC_BYTES];
+    size_t opbytes = (size_t)c->n * WIRE_OP_BYTES;
+    pc_hs_request_tag(want, c->session, c->seq++, c->head, c->b.wire, opbytes);
+    return pc_hs_equal(want, c->b.wire + opbytes, PC_HS_MAC_BYTES);
 }
 
 /* Body complete: check the ops and set up the reply. */
@@ -516,10 +564,35 @@ static void start_reply(worker *w, conn *c, double now) {
     c->state = C_SEND;
 }
 
+/* A request is in whole (header, ops and, on a tagged connection, its tag): its tag first, then
+ * what it asks for. */
+static void on_body(worker *w, conn *c, double now) {
+    if (c->tagged && !tag_ok(c)) {
+        count(w->t, PC_ST_REQ_BAD_TAG, 1);
+        atomic_fetch_add(&w->t->refused, 1);
+        start_refusal(c, "a request's tag does not match its connection's handshake: the bytes were "
+                         "changed or added on the way; reconnect", 1);
+        return;
+    }
+    if (c->n == 0) {
+        count(w->t, PC_ST_REQ_NO_OPS, 1);
+        atomic_fetch_add(&w->t->refused, 1);
+        start_refusal(c, "request carries no ops", 0);
+        return;
+    }
+    start_reply(w, c, now);
+}
+
+/* The op slots of c's request body: its ops, and its tag (one op's size) on a tagged connection. */
+static size_t body_ops(const conn *c) {
+    return (size_t)c->n + (c->tagged ? 1 : 0);
+}
+
 /* The request's header is checked: take its reply memory and read its body, or wait for
  * memory (0: go on, 1: waiting, -1: refused). */
-static int begin_body(worker *w, conn *c) {
-    long long buf = c->n > SMALL_OPS && c->n > c->b.cap ? (long long)opbuf_bytes(c->n) : 0;
+static int begin_body(worker *w, conn *c, double now) {
+    size_t m = body_ops(c);
+    long long buf = m > SMALL_OPS && m > c->b.cap ? (long long)opbuf_bytes(m) : 0;
     long long need = buf + (c->hq ? 0 : c->qcap);
     if (need && !mem_take(w, need)) {
         if (!c->waiting) {
@@ -534,7 +607,7 @@ static int begin_body(worker *w, conn *c) {
         c->waiting = 0;
         w->nwaiting--;
     }
-    if (opbuf_reserve(&c->b, c->n) < 0) {
+    if (opbuf_reserve(&c->b, m ? m : 1) < 0) {
         mem_give(w, need);
         count(w->t, PC_ST_NOMEM, 1);
         start_refusal(c, "the data server is out of memory", 1);
@@ -544,19 +617,19 @@ static int begin_body(worker *w, conn *c) {
     c->hbuf += buf;
     c->state = C_BODY;
     c->got = 0;
+    if (m == 0) on_body(w, c, now);   /* no ops and no tag: nothing to read */
     return 0;
 }
 
 /* Header complete. */
 static void on_head(worker *w, conn *c, double now) {
-    int fatal;
     if (c->stage == STAGE_GREETING && greet(w, c, now) < 0) return;
-    if (check_head(w->t, c->head, &c->n, &c->req_id, c->why, sizeof c->why, &fatal) < 0) {
+    if (check_head(w->t, c->head, &c->n, &c->req_id, c->why, sizeof c->why) < 0) {
         atomic_fetch_add(&w->t->refused, 1);
-        start_refusal(c, c->why, fatal);
+        start_refusal(c, c->why, 1);
         return;
     }
-    begin_body(w, c);
+    begin_body(w, c, now);
 }
 
 /* Send what the socket takes: 1 reply out, 0 wait for room, -1 close. */
@@ -588,6 +661,51 @@ static int conn_send(worker *w, conn *c, double now) {
     return 1;
 }
 
+/* Where the next bytes of c go, and how many its current message still needs (never 0). */
+static uint8_t *recv_target(conn *c, size_t *need) {
+    switch (c->state) {
+    case C_HEAD:
+        *need = HEAD_BYTES - c->got;
+        return c->head + c->got;
+    case C_NONCE:
+        *need = PC_HS_NONCE_BYTES - c->got;
+        return c->hs + c->got;
+    case C_PROOF:
+        *need = PC_HS_MAC_BYTES - c->got;
+        return c->proof + c->got;
+    default:   /* C_BODY */
+        *need = body_ops(c) * WIRE_OP_BYTES - c->got;
+        return c->b.wire + c->got;
+    }
+}
+
+/* The message c was reading is in whole: act on it. -1: close c. */
+static int on_received(worker *w, conn *c, double now) {
+    switch (c->state) {
+    case C_HEAD:
+        on_head(w, c, now);
+        return 0;
+    case C_NONCE:
+        return on_nonce(w, c);
+    case C_PROOF:
+        on_proof(w, c, now);
+        return 0;
+    default:
+        on_body(w, c, now);
+        return 0;
+    }
+}
+
+/* The peer closed c, or its socket failed: -1 (close it). A client that leaves after our
+ * challenge found our proof wrong, its secret not ours: counted with the failed handshakes. */
+static int peer_left(worker *w, conn *c) {
+    if (c->state == C_PROOF) {
+        count(w->t, PC_ST_CONN_BAD_TOKEN, 1);
+        atomic_fetch_add(&w->t->refused, 1);
+    }
+    return -1;
+}
+
 /* Work on c until it would block: 0 keep it, -1 close it. */
 static int conn_run(worker *w, conn *c, double now) {
     for (int done = 0; done < REQ_BURST && !c->waiting;) {
@@ -606,36 +724,17 @@ static int conn_run(worker *w, conn *c, double now) {
             if (want(w, c, 0) < 0) return -1;
             continue;
         }
-        uint8_t *dst;
         size_t need;
-        if (c->state == C_HEAD) {
-            dst = c->head + c->got;
-            need = HEAD_BYTES - c->got;
-        } else if (c->state == C_HELLO) {
-            dst = c->tok + c->got;
-            need = TOKEN_BYTES - c->got;
-        } else {
-            dst = c->b.wire + c->got;
-            need = (size_t)c->n * WIRE_OP_BYTES - c->got;
-        }
+        uint8_t *dst = recv_target(c, &need);
         ssize_t k = recv(c->fd, dst, need, MSG_DONTWAIT);
-        if (k == 0) return -1;
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-            return -1;
-        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (k <= 0) return peer_left(w, c);
         /* a request began (a greeting keeps its hello deadline) */
         if (c->state == C_HEAD && c->got == 0 && c->stage == STAGE_SERVING) c->deadline = now + w->request_s;
         c->got += (size_t)k;
         if ((size_t)k < need) continue;
-        if (c->state == C_HEAD) {
-            on_head(w, c, now);
-        } else if (c->state == C_HELLO) {
-            on_hello(w, c, now);
-        } else {
-            start_reply(w, c, now);
-        }
+        if (on_received(w, c, now) < 0) return -1;
     }
     return 0;  /* more may be queued: level-triggered epoll calls again */
 }
@@ -644,21 +743,28 @@ static int same_source(const conn *a, const conn *b) {
     return a->src_len == b->src_len && memcmp(a->src, b->src, a->src_len) == 0;
 }
 
-/* c, just accepted, still waits for its hello: keep this worker's waiting connections within
- * their caps by closing the oldest one of c's address, or the oldest of all. */
+/* Which waiting connection to close now that c passed a cap: the oldest (of c's address when
+ * same), preferring one that has sent nothing over one mid-handshake, where a client of ours
+ * waits for a round trip. NULL: none but c. */
+static conn *greet_victim(worker *w, conn *c, int same) {
+    conn *oldest = NULL;
+    for (conn *g = w->ghead; g; g = g->gnext) {
+        if (g == c || (same && !same_source(g, c))) continue;
+        if (g->state == C_HEAD && g->got == 0) return g;
+        if (!oldest) oldest = g;
+    }
+    return oldest;
+}
+
+/* c, just accepted, still waits for its handshake: keep this worker's waiting connections within
+ * their caps by closing one of c's address, or one of all (greet_victim). */
 static void greet_caps(worker *w, conn *c) {
     long same = 0;
-    conn *oldest_same = NULL;
-    for (conn *g = w->ghead; g; g = g->gnext) {
-        if (!same_source(g, c)) continue;
-        if (!oldest_same) oldest_same = g;
-        same++;
-    }
-    if (same > w->max_greet_src && oldest_same && oldest_same != c) {
-        drop(w, oldest_same, PC_ST_CONN_EVICTED);
-    } else if (w->ngreet > w->max_greet && w->ghead && w->ghead != c) {
-        drop(w, w->ghead, PC_ST_CONN_EVICTED);
-    }
+    for (conn *g = w->ghead; g; g = g->gnext) same += same_source(g, c);
+    conn *v = NULL;
+    if (same > w->max_greet_src) v = greet_victim(w, c, 1);
+    else if (w->ngreet > w->max_greet) v = greet_victim(w, c, 0);
+    if (v) drop(w, v, PC_ST_CONN_EVICTED);
 }
 
 static void set_source(conn *c, const struct sockaddr_storage *ss) {
@@ -784,7 +890,7 @@ static void tick(worker *w, double now) {
     }
     for (conn *c = w->conns, *next; c && w->nwaiting; c = next) {
         next = c->next;
-        if (!c->waiting || begin_body(w, c) == 1) continue;
+        if (!c->waiting || begin_body(w, c, now) == 1) continue;
         /* its body (or the refusal begin_body started) goes on as events come */
         if (set_events(w, c, EPOLLIN) < 0 || conn_run(w, c, now) < 0) conn_close(w, c);
     }

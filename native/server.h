@@ -9,7 +9,7 @@
 
 #include "pc.h"
 
-#define PC_SRV_TOKEN_BYTES 32
+#define PC_SRV_KEY_BYTES 32
 
 /* Counters of RegionTable.stats(), in this order (pc_srv_stat_names). */
 enum {
@@ -17,11 +17,11 @@ enum {
     PC_ST_REQ_BAD_MAGIC, PC_ST_REQ_TOO_MANY_OPS, PC_ST_REQ_NO_OPS, PC_ST_REQ_TOO_LARGE, PC_ST_CONN_OVER_LIMIT,
     PC_ST_CONN_IDLE, PC_ST_CONN_SLOW, PC_ST_ACCEPT_ERRORS, PC_ST_NOMEM, PC_ST_CONN_NO_TOKEN,
     PC_ST_CONN_BAD_TOKEN, PC_ST_CONN_HELLO_TIMEOUT, PC_ST_CONN_EVICTED, PC_ST_REPLY_WAITS, PC_ST_REQ_BUSY,
-    PC_SRV_N_STATS
+    PC_ST_REQ_BAD_TAG, PC_SRV_N_STATS
 };
 extern const char *const pc_srv_stat_names[PC_SRV_N_STATS];
 
-/* What a server may serve (the regions, the token a hello must carry) and the
+/* What a server may serve (the regions, the key its handshake proves) and the
  * state its workers share: counters, connections, reply memory taken. */
 typedef struct pc_srv_table {
     size_t n;                  /* regions, at most PC_SHM_MAX_REGIONS */
@@ -37,11 +37,11 @@ typedef struct pc_srv_table {
     atomic_llong reserved;     /* bytes of the reply memory taken (buffers + send queues) */
     atomic_int accept_errno;   /* last accept error */
     atomic_int accept_failing; /* 1 from an accept error until the next accepted connection */
-    int has_token;             /* connections must open with a hello carrying token */
-    uint8_t token[PC_SRV_TOKEN_BYTES];
+    int has_key;               /* connections must pass the handshake of handshake.h with key */
+    uint8_t key[PC_SRV_KEY_BYTES];
 } pc_srv_table;
 
-/* Zeroes the shared state of t (its regions and token are the caller's to fill). */
+/* Zeroes the shared state of t (its regions and key are the caller's to fill). */
 void pc_srv_table_init(pc_srv_table *t);
 
 /* One worker's arguments (RegionTable.serve's, checked by the caller: limits positive,

@@ -25,11 +25,11 @@ static void RegionTable_dealloc(RegionTableObject *self) {
 }
 
 static PyObject *RegionTable_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    PyObject *regions, *token = Py_None;
+    PyObject *regions, *key = Py_None;
     (void)kw;
-    if (!PyArg_ParseTuple(args, "O|O", &regions, &token)) return NULL;
-    if (token != Py_None && (!PyBytes_Check(token) || PyBytes_GET_SIZE(token) != PC_SRV_TOKEN_BYTES))
-        return PyErr_Format(PyExc_ValueError, "the data token must be None or %d bytes", PC_SRV_TOKEN_BYTES);
+    if (!PyArg_ParseTuple(args, "O|O", &regions, &key)) return NULL;
+    if (key != Py_None && (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != PC_SRV_KEY_BYTES))
+        return PyErr_Format(PyExc_ValueError, "the data key must be None or %d bytes", PC_SRV_KEY_BYTES);
     PyObject *seq = PySequence_Fast(regions, "regions must be a sequence of (id, rkey, buffer)");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -42,9 +42,9 @@ static PyObject *RegionTable_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (!self) { Py_DECREF(seq); return NULL; }
     pc_srv_table *t = &self->t;
     pc_srv_table_init(t);
-    if (token != Py_None) {
-        t->has_token = 1;
-        memcpy(t->token, PyBytes_AS_STRING(token), PC_SRV_TOKEN_BYTES);
+    if (key != Py_None) {
+        t->has_key = 1;
+        memcpy(t->key, PyBytes_AS_STRING(key), PC_SRV_KEY_BYTES);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned int id;
@@ -153,8 +153,8 @@ PyTypeObject pc_RegionTableType = {
     .tp_basicsize = sizeof(RegionTableObject),
     .tp_dealloc = (destructor)RegionTable_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RegionTable([(id, rkey, buffer), ...], token=None): what a native data server may serve, "
-              "and the 32-byte token a connection's hello must carry (None: no hello needed).",
+    .tp_doc = "RegionTable([(id, rkey, buffer), ...], key=None): what a native data server may serve, "
+              "and the 32-byte data key its connections' handshake proves (None: no handshake).",
     .tp_new = RegionTable_new,
     .tp_methods = RegionTable_methods,
     .tp_getset = RegionTable_getset,

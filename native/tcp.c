@@ -6,9 +6,13 @@
  *            u64 rkey, u64 offset, u64 length)
  *   reply:   "PCRS" u32 code, u32 n, u64 req_id, n x i32 status, then the
  *            payloads of the ok ops in order (code != 0: u32 len + reason).
- *   hello:   "PCHI" u32 1, u32 32, u64 0, then the 32-byte data token: sent
- *            first on every connection when the node holds a cluster secret;
- *            no reply (a refusal with req_id 0 if the server rejects it).
+ *   with a cluster secret, every connection opens with the handshake of
+ *   handshake.h (hello with our nonce; the server's challenge, whose proof
+ *   and address are checked before we prove anything; our proof), and each
+ *   request carries a 32-byte tag after its ops, under the connection's
+ *   session key. A server that does not prove the secret, or proves it from
+ *   an address other than the one we reached (a relay), is told nothing:
+ *   the error says which server, and what to check.
  * A batch is cut into requests of at most REQ_OPS ops / REQ_BYTES bytes and
  * up to WINDOW of them are in flight on one channel, so the server always
  * has the next request queued while the client drains the current reply.
@@ -46,6 +50,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "handshake.h"
 #include "pc.h"
 
 #define HEAD_BYTES 20
@@ -59,10 +64,17 @@
 #define WINDOW 8
 #define MAX_IOV 1024
 #define MAX_CHANNELS 256
-#define TOKEN_BYTES 32
-#define HELLO_BYTES (HEAD_BYTES + TOKEN_BYTES)
+#define TAG_BYTES PC_HS_MAC_BYTES
 #define POLL_MISSES 8
 #define POLL_SKIP 256
+
+/* One data connection: its socket, and with a secret its session key and the number of the next
+ * request (the tag's). */
+typedef struct chan {
+    int fd;
+    uint64_t seq;
+    uint8_t session[PC_HS_KEY_BYTES];
+} chan;
 
 typedef struct tcp_conn {
     char host[256];
@@ -73,10 +85,10 @@ typedef struct tcp_conn {
     pthread_cond_t cv;
     int nopen;
     int nidle;
-    int idle[MAX_CHANNELS];
+    chan idle[MAX_CHANNELS];
     atomic_uint_fast64_t next_req;
-    int has_hello;
-    uint8_t hello[HELLO_BYTES];
+    int has_key;              /* the cluster secret's data key: every connection shakes hands */
+    uint8_t key[PC_HS_KEY_BYTES];
     double poll_s;            /* 0: sleep at once */
     atomic_int poll_missed;   /* waits in a row the poll did not cover */
     atomic_int poll_skip;     /* waits left that sleep at once (backing off) */
@@ -86,7 +98,9 @@ typedef struct tcp_conn {
 } tcp_conn;
 
 static int send_all(int fd, const uint8_t *buf, size_t len);
+static int recv_all(int fd, uint8_t *buf, size_t len);
 static int pending_refusal(const tcp_conn *c, int fd, char *err, size_t errlen);
+static int refusal_reason(const tcp_conn *c, int fd, const uint8_t *head, char *err, size_t errlen);
 
 static void set_timeouts(int fd, double t) {
     struct timeval tv = {.tv_sec = (time_t)t, .tv_usec = (suseconds_t)((t - (time_t)t) * 1e6)};
@@ -94,7 +108,8 @@ static void set_timeouts(int fd, double t) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-static int dial(tcp_conn *c, char *err, size_t errlen) {
+/* A connected socket to the peer (blocking, with the timeouts), or -1 with err set. */
+static int dial_socket(tcp_conn *c, char *err, size_t errlen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(c->host, c->port, &hints, &res);
     if (rc != 0) {
@@ -129,19 +144,108 @@ static int dial(tcp_conn *c, char *err, size_t errlen) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     set_timeouts(fd, c->timeout_s);
-    if (c->has_hello && send_all(fd, c->hello, HELLO_BYTES) < 0) {
-        int e = errno;
-        if (!pending_refusal(c, fd, err, errlen))
-            snprintf(err, errlen, "sending the hello to %s:%s failed: %s", c->host, c->port, strerror(e));
-        close(fd);
-        return -1;
-    }
     return fd;
 }
 
-/* A channel: a pooled one (*pooled = 1; the server may have closed it while
- * it sat idle) or a new one. */
-static int acquire(tcp_conn *c, int *pooled, char *err, size_t errlen) {
+/* The handshake failed because the server did not prove the secret (what: how): -1, err set. */
+static int not_proved(const tcp_conn *c, const char *what, char *err, size_t errlen) {
+    snprintf(err, errlen, "the data server at %s:%s did not prove it holds the cluster secret (%s), so "
+             "nothing was sent to it; check that the producer runs with this consumer's secret "
+             "(--auth-key-file / $PEERCACHE_AUTH_KEY) and that the directory's record of this node is a "
+             "member's (whoever can write to the directory can point it elsewhere)", c->host, c->port, what);
+    return -1;
+}
+
+/* The server's answer to our hello: the challenge (its nonce, its address, its proof) into body,
+ * or -1 with err set (its refusal, or why it is not a challenge). */
+static int recv_challenge(tcp_conn *c, int fd, uint8_t body[PC_HS_CHALLENGE_BODY], char *err, size_t errlen) {
+    uint8_t head[HEAD_BYTES], want[HEAD_BYTES];
+    if (recv_all(fd, head, HEAD_BYTES) < 0) {
+        char what[96];
+        snprintf(what, sizeof what, errno == EAGAIN || errno == EWOULDBLOCK ? "no answer to our hello "
+                 "within %g s" : "it closed the connection after our hello", c->timeout_s);
+        return not_proved(c, what, err, errlen);
+    }
+    if (memcmp(head, "PCRS", 4) == 0 && refusal_reason(c, fd, head, err, errlen)) return -1;
+    pc_hs_head(want, PC_HS_CHALLENGE_BODY);
+    if (memcmp(head, want, HEAD_BYTES) != 0) return not_proved(c, "its answer is not a challenge", err, errlen);
+    if (recv_all(fd, body, PC_HS_CHALLENGE_BODY) < 0)
+        return not_proved(c, "its challenge was cut short", err, errlen);
+    return 0;
+}
+
+/* The server proved the secret from the address its side of the connection has (addr): 0 when
+ * that is the address we reached, else -1 with err set (something forwards our connections). */
+static int same_address(const tcp_conn *c, int fd, const uint8_t *addr, char *err, size_t errlen) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    uint8_t ours[PC_HS_ADDR_BYTES] = {0};
+    char at[64], reached[64];
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && pc_hs_addr((struct sockaddr *)&ss, ours) == 0 &&
+        memcmp(ours, addr, PC_HS_ADDR_BYTES) == 0)
+        return 0;
+    pc_hs_addr_text(addr, at, sizeof at);
+    pc_hs_addr_text(ours, reached, sizeof reached);
+    snprintf(err, errlen, "the data server at %s:%s proved the cluster secret from %s, but we reached %s: "
+             "something forwards our connections to it (NAT, a port mapping, a proxy, or a relay of whoever "
+             "rewrote the directory's record of this node), so nothing was sent to it; the handshake binds "
+             "the address: let consumers reach the producer directly", c->host, c->port, at, reached);
+    return -1;
+}
+
+/* Hello, the server's challenge and our proof on the new connection ch->fd: 0, its session key
+ * set, or -1 with err set. We prove nothing before the server proved itself, from the address
+ * we reached. */
+static int handshake(tcp_conn *c, chan *ch, char *err, size_t errlen) {
+    uint8_t hello[PC_HS_HELLO_BYTES], body[PC_HS_CHALLENGE_BODY], want[PC_HS_MAC_BYTES], proof[PC_HS_MAC_BYTES];
+    uint8_t t[PC_HS_TRANSCRIPT_BYTES];   /* cn || sn || the server's address */
+    uint8_t *cn = hello + HEAD_BYTES;
+    const uint8_t *addr = body + PC_HS_NONCE_BYTES, *theirs = addr + PC_HS_ADDR_BYTES;
+    if (pc_hs_nonce(cn) < 0) {
+        snprintf(err, errlen, "cannot draw a nonce for the data connection to %s:%s: %s", c->host, c->port,
+                 strerror(errno));
+        return -1;
+    }
+    pc_hs_head(hello, PC_HS_NONCE_BYTES);
+    if (send_all(ch->fd, hello, sizeof hello) < 0) {
+        int e = errno;
+        if (!pending_refusal(c, ch->fd, err, errlen))
+            snprintf(err, errlen, "sending the hello to %s:%s failed: %s", c->host, c->port, strerror(e));
+        return -1;
+    }
+    if (recv_challenge(c, ch->fd, body, err, errlen) < 0) return -1;
+    memcpy(t, cn, PC_HS_NONCE_BYTES);
+    memcpy(t + PC_HS_NONCE_BYTES, body, PC_HS_NONCE_BYTES + PC_HS_ADDR_BYTES);
+    pc_hs_mac(want, c->key, PC_HS_SERVER, t);
+    if (!pc_hs_equal(want, theirs, PC_HS_MAC_BYTES))
+        return not_proved(c, "its proof is wrong", err, errlen);
+    if (same_address(c, ch->fd, addr, err, errlen) < 0) return -1;
+    pc_hs_mac(proof, c->key, PC_HS_CLIENT, t);
+    if (send_all(ch->fd, proof, sizeof proof) < 0) {
+        snprintf(err, errlen, "sending the handshake proof to %s:%s failed: %s", c->host, c->port, strerror(errno));
+        return -1;
+    }
+    pc_hs_mac(ch->session, c->key, PC_HS_SESSION, t);
+    ch->seq = 0;
+    return 0;
+}
+
+/* A new channel: connected, and with a secret past the handshake. 0, or -1 with err set. */
+static int dial(tcp_conn *c, chan *ch, char *err, size_t errlen) {
+    ch->fd = dial_socket(c, err, errlen);
+    if (ch->fd < 0) return -1;
+    ch->seq = 0;
+    if (c->has_key && handshake(c, ch, err, errlen) < 0) {
+        close(ch->fd);
+        ch->fd = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* A channel into ch: a pooled one (*pooled = 1; the server may have closed it
+ * while it sat idle) or a new one. 0, or -1 (dial failed) / -2 (none free) with err set. */
+static int acquire(tcp_conn *c, chan *ch, int *pooled, char *err, size_t errlen) {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     double wait = c->timeout_s * 4;
@@ -151,23 +255,23 @@ static int acquire(tcp_conn *c, int *pooled, char *err, size_t errlen) {
     pthread_mutex_lock(&c->mu);
     for (;;) {
         if (c->nidle > 0) {
-            int fd = c->idle[--c->nidle];
+            *ch = c->idle[--c->nidle];
             pthread_mutex_unlock(&c->mu);
             *pooled = 1;
-            return fd;
+            return 0;
         }
         if (c->nopen < c->max_channels) {
             c->nopen++;
             *pooled = 0;
             pthread_mutex_unlock(&c->mu);
-            int fd = dial(c, err, errlen);
-            if (fd < 0) {
+            if (dial(c, ch, err, errlen) < 0) {
                 pthread_mutex_lock(&c->mu);
                 c->nopen--;
                 pthread_cond_signal(&c->cv);
                 pthread_mutex_unlock(&c->mu);
+                return -1;
             }
-            return fd;
+            return 0;
         }
         if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT) {
             pthread_mutex_unlock(&c->mu);
@@ -178,12 +282,12 @@ static int acquire(tcp_conn *c, int *pooled, char *err, size_t errlen) {
     }
 }
 
-static void release(tcp_conn *c, int fd, int healthy) {
+static void release(tcp_conn *c, const chan *ch, int healthy) {
     pthread_mutex_lock(&c->mu);
     if (healthy && c->nidle < MAX_CHANNELS) {
-        c->idle[c->nidle++] = fd;
+        c->idle[c->nidle++] = *ch;
     } else {
-        close(fd);
+        close(ch->fd);
         c->nopen--;
     }
     pthread_cond_signal(&c->cv);
@@ -206,35 +310,31 @@ static void *tcp_connect(const void *params, char *err, size_t errlen) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     atomic_init(&c->next_req, 1);
-    if (p->token) {
-        uint32_t version = 1, len = TOKEN_BYTES;
-        uint64_t zero = 0;
-        memcpy(c->hello, "PCHI", 4);
-        memcpy(c->hello + 4, &version, 4);
-        memcpy(c->hello + 8, &len, 4);
-        memcpy(c->hello + 12, &zero, 8);
-        memcpy(c->hello + HEAD_BYTES, p->token, TOKEN_BYTES);
-        c->has_hello = 1;
+    if (p->key) {
+        memcpy(c->key, p->key, PC_HS_KEY_BYTES);
+        c->has_key = 1;
     }
-    /* One channel now, so an unreachable peer is reported at connect time. */
-    int fd = dial(c, err, errlen);
-    if (fd < 0) {
+    /* One channel now, so an unreachable peer, or one that does not prove the secret, is
+     * reported at connect time. */
+    chan ch;
+    if (dial(c, &ch, err, errlen) < 0) {
         pthread_mutex_destroy(&c->mu);
         pthread_cond_destroy(&c->cv);
         free(c);
         return NULL;
     }
     c->nopen = 1;
-    c->idle[c->nidle++] = fd;
+    c->idle[c->nidle++] = ch;
     return c;
 }
 
 static void tcp_close(void *p) {
     tcp_conn *c = p;
     if (!c) return;
-    for (int i = 0; i < c->nidle; i++) close(c->idle[i]);
+    for (int i = 0; i < c->nidle; i++) close(c->idle[i].fd);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    explicit_bzero(c, sizeof *c);   /* the data key and the session keys: not left in freed memory */
     free(c);
 }
 
@@ -252,19 +352,24 @@ static int send_all(int fd, const uint8_t *buf, size_t len) {
 }
 
 /* A send failed because the server closed the connection: the refusal it sent before closing
- * (the connection's, req_id 0: at its connection limit, a wrong token...), if one waits in the
+ * (the connection's, req_id 0: at its connection limit, a wrong proof...), if one waits in the
  * socket. 1 with err set to it, else 0. */
 static int pending_refusal(const tcp_conn *c, int fd, char *err, size_t errlen) {
-    uint8_t head[HEAD_BYTES + 4];
-    char reason[256];
+    uint8_t head[HEAD_BYTES];
     ssize_t k = recv(fd, head, sizeof head, MSG_DONTWAIT);
-    uint32_t code, ln;
     if (k != (ssize_t)sizeof head || memcmp(head, "PCRS", 4) != 0) return 0;
+    return refusal_reason(c, fd, head, err, errlen);
+}
+
+/* head (a reply header already read) is a refusal of the connection: 1 with err set to its
+ * reason (the length and text after head, read now), else 0. */
+static int refusal_reason(const tcp_conn *c, int fd, const uint8_t *head, char *err, size_t errlen) {
+    char reason[256];
+    uint32_t code, ln;
     memcpy(&code, head + 4, 4);
-    memcpy(&ln, head + HEAD_BYTES, 4);
-    if (code == 0) return 0;
+    if (code == 0 || recv(fd, &ln, 4, MSG_WAITALL) != 4) return 0;
     if (ln > sizeof reason - 1) ln = sizeof reason - 1;
-    k = recv(fd, reason, ln, MSG_DONTWAIT);
+    ssize_t k = recv(fd, reason, ln, MSG_WAITALL);
     reason[k > 0 ? k : 0] = 0;
     snprintf(err, errlen, "%s:%s refused the connection: %s", c->host, c->port, reason);
     return 1;
@@ -369,8 +474,9 @@ static size_t chunk_end(const pc_op *ops, size_t start, size_t n) {
     return end;
 }
 
-static int send_chunk(int fd, const pc_op *ops, const chunk *ch) {
-    uint8_t buf[HEAD_BYTES + REQ_OPS * WIRE_OP_BYTES];
+/* The request of ops [ch->start, ch->end) on channel k, tagged when the connection shook hands. */
+static int send_chunk(const tcp_conn *c, chan *k, const pc_op *ops, const chunk *ch) {
+    uint8_t buf[HEAD_BYTES + REQ_OPS * WIRE_OP_BYTES + TAG_BYTES];
     uint32_t flags = 0, m = (uint32_t)(ch->end - ch->start);
     memcpy(buf, "PCRQ", 4);
     memcpy(buf + 4, &flags, 4);
@@ -385,7 +491,11 @@ static int send_chunk(int fd, const pc_op *ops, const chunk *ch) {
         memcpy(w + 16, &ops[i].remote_offset, 8);
         memcpy(w + 24, &ops[i].length, 8);
     }
-    return send_all(fd, buf, (size_t)(w - buf));
+    if (c->has_key) {
+        pc_hs_request_tag(w, k->session, k->seq++, buf, buf + HEAD_BYTES, (size_t)(w - buf) - HEAD_BYTES);
+        w += TAG_BYTES;
+    }
+    return send_all(k->fd, buf, (size_t)(w - buf));
 }
 
 /* 0 ok; -1 socket failure (errno); -2 protocol error (err set); -3 refused (err set);
@@ -446,9 +556,10 @@ static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *l
     tcp_conn *c = p;
     (void)nlocals;
     int pooled = 0;
-    int fd = acquire(c, &pooled, err, errlen);
-    if (fd < 0) {
-        for (size_t i = 0; i < n; i++) status[i] = fd == -1 ? PC_PEER_GONE : PC_CONNECTION;
+    chan k;
+    int got = acquire(c, &k, &pooled, err, errlen);
+    if (got < 0) {
+        for (size_t i = 0; i < n; i++) status[i] = got == -1 ? PC_PEER_GONE : PC_CONNECTION;
         return -1;
     }
     chunk win[WINDOW];
@@ -463,10 +574,10 @@ again:
             ch->start = next;
             ch->end = chunk_end(ops, next, n);
             ch->req_id = atomic_fetch_add(&c->next_req, 1);
-            if (send_chunk(fd, ops, ch) < 0) {
+            if (send_chunk(c, &k, ops, ch) < 0) {
                 if (pooled && tail == 0 && (errno == EPIPE || errno == ECONNRESET)) goto redial;
                 int e = errno;
-                if (pending_refusal(c, fd, err, errlen)) {   /* why the server closed it */
+                if (pending_refusal(c, k.fd, err, errlen)) {   /* why the server closed it */
                     rc = -3;
                     goto fail;
                 }
@@ -479,7 +590,7 @@ again:
             head++;
         }
         chunk *ch = &win[tail % WINDOW];
-        int r = recv_chunk(c, fd, ops, ch, locals, status, err, errlen, notify);
+        int r = recv_chunk(c, k.fd, ops, ch, locals, status, err, errlen, notify);
         if (r == -4 && pooled && tail == 0) goto redial;
         if (r == -1 || r == -4) {
             snprintf(err, errlen, "reading a reply from %s:%s failed: %s", c->host, c->port,
@@ -492,16 +603,15 @@ again:
         done = ch->end;
         tail++;
     }
-    release(c, fd, 1);
+    release(c, &k, 1);
     return 0;
 redial:
     /* A pooled channel the server closed while it sat idle (nothing of this
      * batch was received): the same batch once more, on a new connection in
      * the same slot. */
-    close(fd);
+    close(k.fd);
     pooled = 0;
-    fd = dial(c, err, errlen);
-    if (fd < 0) {
+    if (dial(c, &k, err, errlen) < 0) {
         pthread_mutex_lock(&c->mu);
         c->nopen--;
         pthread_cond_signal(&c->cv);
@@ -513,7 +623,7 @@ redial:
 fail:
     /* Framing is lost for this channel: every op without a confirmed payload fails. */
     for (size_t i = done; i < n; i++) status[i] = rc == -3 ? PC_REFUSED : PC_CONNECTION;
-    release(c, fd, 0);
+    release(c, &k, 0);
     return -1;
 }
 

@@ -5,7 +5,9 @@ CURVE keypairs from it: the control plane's servers (discovery + directory)
 use the *server* pair and accept only connections that prove the *client*
 pair, so a process without the secret cannot send a single control request
 (ZeroMQ CURVE: the requests are also encrypted and integrity-checked). The
-data server's connection handshake checks :func:`data_token`.
+tcp data server's connections open with a challenge-response over
+:func:`data_key` (:class:`DataKey`), in which each side proves the secret and
+neither sends it.
 
 Without a secret nothing is authenticated; the defaults then keep every
 endpoint on loopback, and binding another address prints
@@ -187,28 +189,87 @@ def curve_keys(secret: bytes | None) -> CurveKeys | None:
     return CurveKeys(zmq.curve_public(ss), ss, zmq.curve_public(cs), cs)
 
 
-def data_token(secret: bytes) -> bytes:
-    """32-byte token the data server's connection handshake checks (HMAC-SHA256 of the secret)."""
-    return hmac.new(_hkdf(secret, b"data token key"), b"peercache data-plane handshake v1",
-                    hashlib.sha256).digest()
+#: Bytes of the data key, of each handshake nonce and of each MAC.
+DATA_KEY_BYTES = NONCE_BYTES = MAC_BYTES = 32
+#: Bytes of an address as the handshake binds it: IPv6 (IPv4 mapped), then the port, network order.
+ADDR_BYTES = 18
+#: Bytes of the transcript the handshake's MACs are over: cn || sn || the address.
+TRANSCRIPT_BYTES = 2 * NONCE_BYTES + ADDR_BYTES
+#: What each MAC over the transcript is for (native/handshake.c's LABELS): distinct labels, so that
+#: no proof is another (a server's proof is never a client's) and neither is the session key.
+_DATA_LABELS = {"server": b"peercache data v2 server", "client": b"peercache data v2 client",
+                "session": b"peercache data v2 session"}
+_REQUEST_LABEL = b"peercache data v2 request"
+
+
+def data_key(secret: bytes) -> bytes:
+    """The 32-byte key of the data plane's handshake (:class:`DataKey`), derived from the secret. It is
+    never sent: each side proves it holds it."""
+    return _hkdf(secret, b"data plane key v2")
+
+
+def _mac(key: bytes, message: bytes) -> bytes:
+    return hashlib.blake2b(message, key=key, digest_size=MAC_BYTES).digest()
+
+
+@dataclass(frozen=True)
+class DataKey:
+    """The MACs of the tcp data plane's handshake and of its requests' tags; native/handshake.c is the
+    same construction in C (tests/engine/transport/test_data_handshake.py checks both on one vector).
+
+    Every MAC is keyed BLAKE2b-256 (RFC 7693's keyed mode, a MAC as it stands; libb2 in C)::
+
+        t                 = cn || sn || address
+        proof(side, t)    = MAC(key, "peercache data v2 " + side || t)      side: server, client
+        session(t)        = MAC(key, "peercache data v2 session" || t)
+        tag(seq, request) = MAC(session, "peercache data v2 request" || seq (u64 LE) || request)
+
+    ``key`` is :func:`data_key`; ``cn`` and ``sn`` the client's and the server's fresh 32-byte nonces;
+    ``address`` the server's side of the connection as the server sees it (ADDR_BYTES); ``request`` a
+    request's header and ops; ``seq`` counts the requests before it on its connection. The server
+    proves itself first, over the client's nonce and its address: a client tells nothing to a server
+    that has not proved the secret, nor to one that proves it from another address than the one the
+    client reached (whatever forwards the connection: a relay). The client's proof is over the
+    server's nonce, so a recorded one is worth nothing on another connection; the labels keep a proof
+    from serving as the other side's; and the tags, keyed by the session and numbered, keep whoever
+    sits on the path from adding, replaying or changing a request.
+    """
+
+    key: bytes
+
+    def __repr__(self) -> str:  # never print the key
+        return "DataKey(...)"
+
+    def proof(self, side: str, transcript: bytes) -> bytes:
+        """The proof of ``side`` ("server" or "client") over ``transcript`` (cn || sn || address)."""
+        return _mac(self.key, _DATA_LABELS[side] + transcript)
+
+    def session(self, transcript: bytes) -> bytes:
+        """The key of the tags of the connection whose handshake had this ``transcript``."""
+        return _mac(self.key, _DATA_LABELS["session"] + transcript)
+
+    @staticmethod
+    def tag(session: bytes, seq: int, request: bytes) -> bytes:
+        """The tag of request number ``seq`` (its header and ops) of a connection with this ``session``."""
+        return _mac(session, _REQUEST_LABEL + seq.to_bytes(8, "little") + request)
 
 
 @dataclass(frozen=True)
 class Credentials:
-    """What one process holds of the cluster secret: its CURVE keys and the data token."""
+    """What one process holds of the cluster secret: its CURVE keys and the data key."""
 
     curve: CurveKeys | None = None
-    data_token: bytes | None = None
+    data: DataKey | None = None
 
-    def __repr__(self) -> str:  # never print the token
-        return f"Credentials(curve={self.curve!r}, data_token={'set' if self.data_token else None})"
+    def __repr__(self) -> str:  # never print the key
+        return f"Credentials(curve={self.curve!r}, data={'set' if self.data else None})"
 
     @classmethod
     def of(cls, secret: bytes | None) -> "Credentials":
         """The credentials of ``secret`` (empty ones without a secret)."""
         if secret is None:
             return cls()
-        return cls(curve_keys(secret), data_token(secret))
+        return cls(curve_keys(secret), DataKey(data_key(secret)))
 
 
 #: No secret: nothing is authenticated.

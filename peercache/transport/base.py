@@ -149,7 +149,7 @@ class Transport(abc.ABC):
     credentials: Credentials = NO_CREDENTIALS
 
     def use_credentials(self, credentials: Credentials) -> None:
-        """Authenticate with ``credentials`` from now on: the data server's token check (tcp),
+        """Authenticate with ``credentials`` from now on: the data connections' handshake (tcp),
         the control endpoint's CURVE keys (rdma). Called before :meth:`start`."""
         self.credentials = credentials
 

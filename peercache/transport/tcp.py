@@ -31,21 +31,38 @@ report the reason of a refusal the server sent before closing. Refusals are
 counted and logged as one summary line per ``log_interval``.
 
 Every connection starts in a greeting stage (``greet()`` in
-native/server.c). A client that holds the cluster secret opens with a
-hello and goes on with its requests at once (the hello has no reply)::
+native/server.c). With the cluster secret, a connection opens with a
+challenge-response (hello version 2) in which each side proves it holds the
+data key (peercache.auth.data_key of the secret; the MACs are
+peercache.auth.DataKey's) and neither sends it::
 
-    hello   : "PCHI" u32 version (1), u32 length (32), u64 0, then the token
-              (peercache.auth.data_token of the secret)
+    hello     : client -> "PCHI" u32 version (2), u32 32, u64 0, cn (its fresh nonce)
+    challenge : server -> "PCHI" u32 2, u32 82, u64 0, sn (its fresh nonce), the
+                          address the connection reached (18 bytes: IPv6, IPv4
+                          mapped, and port), the server's proof over cn || sn || address
+    proof     : client -> the client's proof over the same
 
-A server started with a token serves nothing before a hello carrying it: a
-first message without one, or with a wrong token, gets a refusal with
-req_id 0 (the connection's, not a request's) and the connection is closed.
-A server without a token accepts a hello and ignores it. The token travels
-in the clear, as the pages do: it keeps out processes that lack the secret,
-not an observer on the path (see the README's security model).
+The client checks the server's proof, and that the address in it is the one
+it reached, before it sends its own: a server that does not hold the secret
+(a listener someone registered in the directory) is told nothing more, and
+the error names it ("did not prove it holds the cluster secret"); a real
+one reached through something that forwards connections (a relay set up
+that way, or NAT) is told nothing either, and the error names both
+addresses. From then on each request is followed by its tag (32 bytes,
+under the session key of the handshake, numbered per connection); the
+server checks it before anything the request asks for, so nothing on the
+path can add, replay or change requests. A server with a secret serves
+nothing before the handshake: a request first, a hello of another version
+(version 1 sent a token in the clear), a wrong proof or a wrong tag gets a
+refusal (req_id 0 for the connection's) and the connection is closed. A
+server without a secret serves connections that open with a request and
+refuses a hello (it cannot prove a secret). Pages travel in the clear:
+docs/security.md says what that leaves to an observer on the path.
 """
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import os
 import queue
@@ -57,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from ..auth import ADDR_BYTES, DATA_KEY_BYTES, MAC_BYTES, NONCE_BYTES, DataKey
 from ..errors import TransportError, TransportUnavailable
 from .base import OP_DTYPE, Status, Transport, native_module, slot_ops
 from .handles import PeerHandles
@@ -66,8 +84,12 @@ log = logging.getLogger(__name__)
 REQ_MAGIC = b"PCRQ"
 REP_MAGIC = b"PCRS"
 HELLO_MAGIC = b"PCHI"
-HELLO_VERSION = 1
-TOKEN_BYTES = 32
+#: The hello's version: 2, the challenge-response (version 1 sent a token in the clear: refused).
+HELLO_VERSION = 2
+#: Bytes of the challenge after its header: the server's nonce, its address and its proof.
+CHALLENGE_BYTES = NONCE_BYTES + ADDR_BYTES + MAC_BYTES
+#: Bytes of the tag after each request's ops on a connection that shook hands.
+TAG_BYTES = MAC_BYTES
 HEAD = struct.Struct("<4sIIQ")
 WIRE_OP = np.dtype([("region", "<u4"), ("pad", "<u4"), ("rkey", "<u8"),
                     ("offset", "<u8"), ("length", "<u8")])
@@ -119,7 +141,7 @@ def send_iov(sock: socket.socket, bufs: list) -> None:
 DEFAULT_MAX_CONNECTIONS = 1024   #: greeted connections open at once
 DEFAULT_IDLE_TIMEOUT = 60.0      #: s without a request before a connection is closed
 DEFAULT_REQUEST_TIMEOUT = 10.0   #: s for a request to arrive whole, and per PROGRESS_BYTES of a reply
-DEFAULT_HELLO_TIMEOUT = 2.0      #: s for a new connection's hello (or, without a token, first request)
+DEFAULT_HELLO_TIMEOUT = 2.0      #: s for a new connection's handshake (or, without a secret, first request)
 #: Connections waiting for their hello, in all (split between the serving threads) and from one
 #: source address; past either cap the oldest waiting one (of that address, or of all) is closed.
 DEFAULT_MAX_GREETING = 128
@@ -153,15 +175,16 @@ _BACKOFF_MIN, _BACKOFF_MAX = 0.010, 0.100
 STAT_NAMES = ("accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
               "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
               "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
-              "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy")
+              "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy", "req_bad_tag")
 #: Counters of refused ops and requests: the ``refused`` total.
 _REFUSALS = ("ops_bad_region", "ops_out_of_range", "ops_zero_length", "req_bad_magic",
-             "req_too_many_ops", "req_no_ops", "req_too_large", "conn_no_token", "conn_bad_token", "req_busy")
+             "req_too_many_ops", "req_no_ops", "req_too_large", "conn_no_token", "conn_bad_token", "req_busy",
+             "req_bad_tag")
 
 
 def _pending_refusal(sock: socket.socket) -> str | None:
     """After a send failed because the server closed the connection: the reason of the refusal it
-    sent first (at its connection limit, a wrong token...), if one waits in the socket."""
+    sent first (at its connection limit, a wrong proof...), if one waits in the socket."""
     try:
         head = sock.recv(HEAD.size + 4, socket.MSG_DONTWAIT)
         if len(head) != HEAD.size + 4:
@@ -175,13 +198,117 @@ def _pending_refusal(sock: socket.socket) -> str | None:
         return None
 
 
-def hello(token: bytes | None) -> bytes:
-    """The hello a client sends first on each data connection (b"" without a token)."""
-    if not token:
-        return b""
-    if len(token) != TOKEN_BYTES:
-        raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
-    return HEAD.pack(HELLO_MAGIC, HELLO_VERSION, TOKEN_BYTES, 0) + bytes(token)
+def hello(cn: bytes) -> bytes:
+    """The hello a client holding the secret sends first on each data connection: its nonce ``cn``."""
+    if len(cn) != NONCE_BYTES:
+        raise TransportError(f"a hello's nonce is {NONCE_BYTES} bytes, not {len(cn)}")
+    return HEAD.pack(HELLO_MAGIC, HELLO_VERSION, NONCE_BYTES, 0) + bytes(cn)
+
+
+def not_proved(where: str, what: str) -> TransportError:
+    """The error of a client whose data server at ``where`` did not prove the secret (``what``: how)."""
+    return TransportError(
+        f"the data server at {where} did not prove it holds the cluster secret ({what}), so nothing was sent "
+        "to it; check that the producer runs with this consumer's secret (--auth-key-file / "
+        "$PEERCACHE_AUTH_KEY) and that the directory's record of this node is a member's (whoever can write "
+        "to the directory can point it elsewhere)")
+
+
+def wire_address(sockaddr: tuple) -> bytes:
+    """A socket address (getsockname / getpeername) as the handshake binds it (auth.ADDR_BYTES)."""
+    ip = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+    if ip.version == 4:
+        ip = ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
+    return ip.packed + int(sockaddr[1]).to_bytes(2, "big")
+
+
+def address_text(addr: bytes) -> str:
+    """A handshake address as text, as native/handshake.c writes it."""
+    ip, port = ipaddress.IPv6Address(addr[:16]), int.from_bytes(addr[16:], "big")
+    return f"{ip.ipv4_mapped}:{port}" if ip.ipv4_mapped else f"[{ip}]:{port}"
+
+
+def relayed(where: str, at: bytes, reached: bytes) -> TransportError:
+    """The error of a client whose data server at ``where`` proved the secret from the address ``at``
+    while the client reached ``reached``."""
+    return TransportError(
+        f"the data server at {where} proved the cluster secret from {address_text(at)}, but we reached "
+        f"{address_text(reached)}: something forwards our connections to it (NAT, a port mapping, a proxy, or "
+        "a relay of whoever rewrote the directory's record of this node), so nothing was sent to it; the "
+        "handshake binds the address: let consumers reach the producer directly")
+
+
+def _recv_refusal_or(sock: socket.socket, head: bytes, where: str) -> None:
+    """Raise the server's refusal of the connection if ``head`` starts one."""
+    magic, code, _, _ = HEAD.unpack(head)
+    if magic == REP_MAGIC and code:
+        (ln,) = struct.unpack("<I", recv_exact(sock, 4))
+        raise TransportError(f"{where} refused the connection: "
+                             f"{recv_exact(sock, min(ln, 4096)).decode(errors='replace')}")
+
+
+def client_handshake(sock: socket.socket, key: DataKey, where: str) -> bytes:
+    """Hello, the server's challenge and our proof on the new connection ``sock`` to ``where``
+    (HOST:PORT): the session key of its request tags. TransportError when the server refused us, did
+    not prove the secret (:func:`not_proved`) or proved it from another address than the one we
+    reached (:func:`relayed`), before we proved anything."""
+    cn = os.urandom(NONCE_BYTES)
+    sock.sendall(hello(cn))
+    try:
+        head = recv_exact(sock, HEAD.size)
+    except TimeoutError:
+        raise not_proved(where, f"no answer to our hello within {sock.gettimeout():g} s") from None
+    except OSError:   # ConnectionError included: closed or reset
+        raise not_proved(where, "it closed the connection after our hello") from None
+    _recv_refusal_or(sock, head, where)
+    if head != HEAD.pack(HELLO_MAGIC, HELLO_VERSION, CHALLENGE_BYTES, 0):
+        raise not_proved(where, "its answer is not a challenge")
+    try:
+        body = recv_exact(sock, CHALLENGE_BYTES)
+    except OSError:
+        raise not_proved(where, "its challenge was cut short") from None
+    transcript, proof = cn + body[:NONCE_BYTES + ADDR_BYTES], body[NONCE_BYTES + ADDR_BYTES:]
+    if not hmac.compare_digest(proof, key.proof("server", transcript)):
+        raise not_proved(where, "its proof is wrong")
+    at, reached = body[NONCE_BYTES:NONCE_BYTES + ADDR_BYTES], wire_address(sock.getpeername())
+    if at != reached:
+        raise relayed(where, at, reached)
+    sock.sendall(key.proof("client", transcript))
+    return key.session(transcript)
+
+
+class Channel:
+    """One data connection: its socket, and after the handshake the session that tags its requests."""
+
+    def __init__(self, sock: socket.socket, session: bytes | None = None):
+        self.sock = sock
+        self.session = session
+        self.seq = 0   #: requests tagged so far: the next one's number
+
+    @classmethod
+    def open(cls, host: str, port: int, key: DataKey | None, timeout: float) -> "Channel":
+        """A connection to ``host:port``, past the handshake when ``key`` is given (TransportError when
+        the server did not prove the secret or refused us, OSError when it is unreachable)."""
+        s = socket.create_connection((host, port), timeout=timeout)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(timeout)
+            return cls(s, client_handshake(s, key, f"{host}:{port}") if key is not None else None)
+        except BaseException:
+            s.close()
+            raise
+
+    def tag(self, *request) -> bytes:
+        """The tag that follows the request made of the buffers ``request`` (its header and ops), and
+        counts it; b"" on a connection without a handshake."""
+        if self.session is None:
+            return b""
+        tag = DataKey.tag(self.session, self.seq, b"".join(bytes(memoryview(b).cast("B")) for b in request))
+        self.seq += 1
+        return tag
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def _native_or_raise():
@@ -313,16 +440,20 @@ class _Reporter:
                  ("conn_over_limit", f"connections over the {self._limits['max_connections']}-connection "
                                      "limit refused and closed"),
                  ("nomem", "connections closed out of memory"),
-                 ("conn_no_token", "connections without the cluster token (closed)"),
-                 ("conn_bad_token", "connections with a wrong data token or hello (closed)"),
+                 ("conn_no_token", "connections that did not open with the handshake (closed)"),
+                 ("conn_bad_token", "connections refused at the handshake: a wrong proof, a client that left "
+                                    "after our challenge (its secret is not ours), or a hello of another "
+                                    "version (closed)"),
+                 ("req_bad_tag", "requests whose tag did not match their connection's handshake "
+                                 "(connection closed)"),
                  ("reply_memory_waits", f"requests that waited for reply memory (all replies may hold "
                                         f"{self._limits['reply_memory'] >> 20} MiB)"),
                  ("req_busy", f"requests refused after waiting {self._limits['request_timeout']:g} s for "
                               "reply memory (connection closed)")]
-        if self._limits.get("token"):
+        if self._limits.get("key"):
             # With a secret, a client that never greets is not one of ours (without one, a pooled
             # channel that sat idle says nothing either: those are closed quietly, as idle ones).
-            kinds += [("conn_hello_timeout", f"connections without a hello within "
+            kinds += [("conn_hello_timeout", f"connections that did not finish their handshake within "
                                              f"{self._limits['hello_timeout']:g} s (closed)"),
                       ("conn_evicted", "connections waiting for their hello closed to make room for newer "
                                        f"ones (at most {self._limits['max_greeting']} wait, "
@@ -382,11 +513,11 @@ class _Server:
                  max_greeting_per_source: int = DEFAULT_MAX_GREETING_PER_SOURCE,
                  reply_memory: int = DEFAULT_REPLY_MEMORY, send_buffer: int = DEFAULT_SEND_BUFFER,
                  workers: int | None = None, log_interval: float = DEFAULT_LOG_INTERVAL,
-                 token: bytes | None = None):
-        if token is not None and len(token) != TOKEN_BYTES:
-            raise TransportError(f"a data token is {TOKEN_BYTES} bytes, not {len(token)}")
-        #: what a connection's hello must carry (None: every connection is admitted)
-        self.token = bytes(token) if token else None
+                 key: bytes | None = None):
+        if key is not None and len(key) != DATA_KEY_BYTES:
+            raise TransportError(f"a data key is {DATA_KEY_BYTES} bytes, not {len(key)}")
+        #: what a connection's handshake proves (None: connections are admitted without one)
+        self.key = bytes(key) if key else None
         if max_connections < 1 or not idle_timeout > 0 or not request_timeout > 0 or not hello_timeout > 0 \
                 or max_greeting < 1 or max_greeting_per_source < 1 or reply_memory < 1 or send_buffer < 0 \
                 or not log_interval > 0:
@@ -406,7 +537,7 @@ class _Server:
         self.reply_memory = int(reply_memory)
         self.send_buffer = int(send_buffer)
         self._table = _native_or_raise().RegionTable(
-            [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()], self.token)
+            [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()], self.key)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self.lsock = socket.socket(family, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -427,7 +558,7 @@ class _Server:
             "max_connections": self.max_connections, "request_timeout": self.request_timeout,
             "hello_timeout": self.hello_timeout, "max_greeting": self.max_greeting,
             "max_greeting_per_source": self.max_greeting_per_source, "reply_memory": self.reply_memory,
-            "token": self.token is not None})
+            "key": self.key is not None})
         for t in self._threads:
             t.start()
         self._reporter.start()
@@ -478,15 +609,17 @@ class _Server:
 class _Channels:
     """Up to ``max_channels`` connections to one peer, each used by one thread at a time."""
 
-    def __init__(self, host: str, port: int, max_channels: int, timeout: float, hello: bytes = b""):
+    def __init__(self, host: str, port: int, max_channels: int, timeout: float, key: DataKey | None = None):
         self.addr = (host, port)
         self.timeout = timeout
-        self.hello = hello
-        self.idle: queue.LifoQueue[socket.socket] = queue.LifoQueue()
+        self.key = key
+        self.idle: queue.LifoQueue[Channel] = queue.LifoQueue()
         self.slots = threading.Semaphore(max_channels)
 
-    def acquire(self, fresh: bool = False) -> tuple[socket.socket, bool]:
-        """A channel and whether it was pooled (the server may have closed it while idle)."""
+    def acquire(self, fresh: bool = False) -> tuple[Channel, bool]:
+        """A channel and whether it was pooled (the server may have closed it while idle); a new one
+        has shaken hands when there is a key (TransportError when that failed, OSError when the
+        peer is unreachable)."""
         if not self.slots.acquire(timeout=self.timeout * 4):
             raise TransportError(f"no free data channel to {self.addr} within "
                                  f"{self.timeout * 4:.0f} s; raise --max-channels")
@@ -496,26 +629,16 @@ class _Channels:
             except queue.Empty:
                 pass
         try:
-            s = socket.create_connection(self.addr, timeout=self.timeout)
-        except OSError:
+            return Channel.open(*self.addr, self.key, self.timeout), False
+        except BaseException:
             self.slots.release()
             raise
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(self.timeout)
-            if self.hello:
-                s.sendall(self.hello)   # no reply: the first request follows at once
-        except OSError:
-            s.close()
-            self.slots.release()
-            raise
-        return s, False
 
-    def release(self, s: socket.socket, healthy: bool) -> None:
+    def release(self, ch: Channel, healthy: bool) -> None:
         if healthy:
-            self.idle.put(s)
+            self.idle.put(ch)
         else:
-            s.close()
+            ch.close()
         self.slots.release()
 
     def close(self) -> None:
@@ -579,7 +702,8 @@ class TcpTransport(Transport):
         self._regions[region_id] = (memoryview(buffer).cast("B"), rkey)
 
     def start(self, bind_host: str) -> dict[str, Any]:
-        self._server = _Server(self._regions, bind_host, self.port, token=self.credentials.data_token,
+        data = self.credentials.data
+        self._server = _Server(self._regions, bind_host, self.port, key=data.key if data else None,
                                **self.server_limits)
         return {"host": bind_host, "port": self._server.port}
 
@@ -598,7 +722,7 @@ class TcpTransport(Transport):
             if ch is None:
                 ch = self._peers[peer] = _Channels(info["host"], int(info["port"]),
                                                    self.max_channels, self.io_timeout,
-                                                   hello(self.credentials.data_token))
+                                                   self.credentials.data)
             return ch
 
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
@@ -625,16 +749,22 @@ class TcpTransport(Transport):
         ch = self._channels(peer, info)
         for attempt in range(2):
             try:
-                sock, pooled = ch.acquire(fresh=attempt > 0)
+                chan, pooled = ch.acquire(fresh=attempt > 0)
+            except TransportError as e:          # its handshake failed: the native client's connect error
+                log.warning("%s", e)
+                status[send_idx] = Status.PEER_GONE
+                return status
             except OSError:
                 status[send_idx] = Status.PEER_GONE
                 return status
+            sock = chan.sock
             healthy, replied = False, False
             try:
                 with self._lock:
                     self._req += 1
                     req_id = self._req
-                send_iov(sock, [HEAD.pack(REQ_MAGIC, 0, len(wire), req_id), wire])
+                req_head = HEAD.pack(REQ_MAGIC, 0, len(wire), req_id)
+                send_iov(sock, [req_head, wire, chan.tag(req_head, wire)])
                 first = sock.recv(HEAD.size)
                 if not first:
                     raise ConnectionError("peer closed the data connection")
@@ -673,7 +803,7 @@ class TcpTransport(Transport):
                 status[send_idx] = Status.CONNECTION
                 return status
             finally:
-                ch.release(sock, healthy)
+                ch.release(chan, healthy)
         return status
 
     def forget(self, peer: str) -> None:
@@ -712,13 +842,14 @@ class NativeTcpTransport(TcpTransport):
 
     def _connect_native(self, peer: str, info: dict[str, Any]):
         try:
+            data = self.credentials.data
             return self._mod.tcp_connect(str(info["host"]), int(info["port"]), self.max_channels,
-                                         float(self.io_timeout), self.credentials.data_token, self.poll_us)
+                                         float(self.io_timeout), data.key if data else None, self.poll_us)
         except (KeyError, TypeError, ValueError) as e:
             raise TransportError(f"tcp endpoint info of {peer} is incomplete ({e}); is the producer "
                                  "serving --protocol tcp?") from e
         except ConnectionError as e:
-            raise TransportError(f"data endpoint of {peer} unreachable: {e}") from e
+            raise TransportError(f"cannot open a data connection to {peer}: {e}") from e
 
     def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
         return self.handles.read(peer, info, ops, local)

@@ -61,17 +61,19 @@ def cluster(request, port):
 
 
 # ---------------------------------------------------------------- the secret and what is derived from it
-def test_keys_and_token_are_derived_deterministically():
-    from peercache.auth import curve_keys, data_token
+def test_keys_are_derived_deterministically():
+    from peercache.auth import Credentials, curve_keys, data_key
     a, b, o = curve_keys(SECRET), curve_keys(SECRET), curve_keys(OTHER)
     assert a == b and a.server_public != a.client_public and o.server_public != a.server_public
     assert zmq.curve_public(a.server_secret) == a.server_public
     assert zmq.curve_public(a.client_secret) == a.client_public
     assert SECRET.decode() not in repr(a) and a.server_secret.decode() not in repr(a)
-    t = data_token(SECRET)
-    assert len(t) == 32 and t == data_token(SECRET) and t != data_token(OTHER)
+    t = data_key(SECRET)
+    assert len(t) == 32 and t == data_key(SECRET) and t != data_key(OTHER)
     assert t not in (SECRET, a.server_secret, a.client_secret)
     assert curve_keys(None) is None
+    creds = Credentials.of(SECRET)
+    assert creds.data.key == t and t.hex() not in repr(creds) and t.hex() not in repr(creds.data)
 
 
 def test_secret_loading_file_env_and_refusals(tmp_path, caplog):
@@ -325,7 +327,7 @@ def test_a_transports_control_endpoint_takes_the_nodes_secret(port, monkeypatch)
 
     class WithControl(TcpTransport):
         def control_handlers(self):
-            return {"exchange": lambda msg: {"echo": msg.get("x"), "token": self.credentials.data_token is not None}}
+            return {"exchange": lambda msg: {"echo": msg.get("x"), "data_key": self.credentials.data is not None}}
 
     monkeypatch.setattr(node_mod, "make_transport", lambda protocol, **kw: seen.append(kw) or WithControl(**kw))
     addr = f"127.0.0.1:{port}"
@@ -338,7 +340,7 @@ def test_a_transports_control_endpoint_takes_the_nodes_secret(port, monkeypatch)
                 c.call("exchange", x=1)
             c.close()
         good = RpcClient(control, timeout=scaled(3), what="control endpoint", auth=curve_keys(SECRET))
-        assert good.call("exchange", x=7) == {"ok": True, "echo": 7, "token": True}
+        assert good.call("exchange", x=7) == {"ok": True, "echo": 7, "data_key": True}
         good.close()
     assert seen, "the node did not build its transport through make_transport"
 

@@ -15,13 +15,13 @@ import time
 
 import pytest
 
-from peercache.auth import data_token
+from peercache.auth import DataKey, data_key
 from peercache.transport.base import Status, native_module
-from peercache.transport.tcp import HEAD, HELLO_MAGIC, MAX_OPS, MAX_REPLY_BYTES, REQ_MAGIC, hello
+from peercache.transport.tcp import HEAD, HELLO_MAGIC, MAX_OPS, MAX_REPLY_BYTES, REQ_MAGIC, Channel, hello
 
 from conftest import scaled
-from test_hardening_dataserver import (OTHER, REGION, RKEY, SECRET, SIZE, DataServer, Reader,
-                                       pattern, read_reply, wire_req)
+from test_hardening_dataserver import (OTHER, REGION, RKEY, SECRET, SIZE, DataServer, Reader, greet, pattern,
+                                       read_reply, wire_req)
 
 _mod, _why = native_module()
 pytestmark = pytest.mark.skipif(_mod is None, reason=str(_why))
@@ -82,21 +82,28 @@ def rand_op(rng: random.Random) -> tuple[int, int, int, int]:
     return region, rkey, off, ln
 
 
-def junk(rng: random.Random, opening: bytes = b"") -> bytes:
-    """A message that is anything but a well-formed request (or a well-formed one, mutated), after
-    ``opening`` (the right hello, when the server checks one) or a hello gone wrong."""
+def junk(rng: random.Random, s: socket.socket, secret: bytes | None) -> bytes:
+    """A message for the new connection ``s``: a hello gone wrong (sent first), or anything but a
+    well-formed request (or a well-formed one, mutated) after the handshake when the server checks
+    one, then with its tag half the time (the junk's own tag, or a wrong one)."""
     kind = rng.randrange(12)
     good = wire_req(rng.getrandbits(64), [rand_op(rng) for _ in range(rng.randint(1, 8))])
-    if kind == 9:                                    # a hello with a wrong or random token
-        return hello(rng.choice([data_token(OTHER), rng.randbytes(32)])) + good
+    if kind == 9:                                    # a hello, then a proof not of the nonces or not of the secret
+        key = DataKey(data_key(rng.choice([SECRET, OTHER])))
+        return hello(rng.randbytes(32)) + rng.choice([key.proof("client", bytes(82)),
+                                                      rng.randbytes(32)]) + good
     if kind == 10:                                   # a hello header with random fields
         return HEAD.pack(HELLO_MAGIC, rng.getrandbits(32), rng.getrandbits(32), rng.getrandbits(64)) + \
             rng.randbytes(rng.randint(0, 64))
     if kind == 11:                                   # a truncated or mutated hello
-        h = bytearray(hello(data_token(SECRET)))
+        h = bytearray(hello(rng.randbytes(32)))
         h[rng.randrange(len(h))] ^= 1 << rng.randrange(8)
         return bytes(h[:rng.randint(1, len(h))]) + (good if rng.random() < 0.5 else b"")
-    return opening + _junk_request(rng, kind, good)
+    msg = _junk_request(rng, kind, good)
+    if secret:
+        ch = greet(s, secret)
+        msg += ch.tag(msg) if rng.random() < 0.5 else b""
+    return msg
 
 
 def _junk_request(rng: random.Random, kind: int, good: bytes) -> bytes:
@@ -137,13 +144,12 @@ def drain_to_eof(s: socket.socket, limit_s: float) -> None:
     raise AssertionError("the server neither answered nor closed a junk connection")
 
 
-@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "token"])
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "secret"])
 def test_fuzz_data_server(secret):
     rng = random.Random(SEED)
     srv = DataServer({"request_timeout": 2.0, "idle_timeout": 30.0}, max_s=120, secret=secret)
     reader = Reader(srv.port, channels=2, secret=secret)
-    opening = hello(data_token(secret)) if secret else b""
-    # the token runs fuzz half as long: the open runs already cover the request paths
+    # the secret's runs fuzz half as long: the open runs already cover the request paths
     share = 0.5 if secret else 1.0
     held: list[socket.socket] = []
     try:
@@ -166,10 +172,9 @@ def test_fuzz_data_server(secret):
 
         # 1. junk, one connection each, half-sent ones held open
         while n_junk < JUNK_CASES and time.monotonic() - t0 < budget / 2:
-            msg = junk(rng, opening)
             s = socket.create_connection(addr, timeout=scaled(3))
             try:
-                s.sendall(msg)
+                s.sendall(junk(rng, s, secret))
             except (BrokenPipeError, ConnectionResetError):
                 pass                              # refused and closed before we finished
             if len(held) < HELD_OPEN and rng.random() < 0.05:
@@ -188,7 +193,7 @@ def test_fuzz_data_server(secret):
 
         # 2. well-formed requests with random fields, pipelined, checked against the model
         with socket.create_connection(addr, timeout=scaled(5)) as s:
-            s.sendall(opening)
+            ch = greet(s, secret) if secret else Channel(s)   # Channel(s).tag(): b"", no handshake
             for rnd in range(GOOD_ROUNDS):
                 if time.monotonic() - t0 >= budget:
                     break
@@ -199,7 +204,7 @@ def test_fuzz_data_server(secret):
                     else:
                         ops = [rand_op(rng) for _ in range(rng.randint(1, 12))]
                     reqs.append((rnd * GOOD_PER_ROUND + i, ops))
-                s.sendall(b"".join(wire_req(rid, ops) for rid, ops in reqs))
+                s.sendall(b"".join(m + ch.tag(m) for m in (wire_req(rid, ops) for rid, ops in reqs)))
                 for rid, ops in reqs:
                     want, total = expected(ops)
                     if total > MAX_REPLY_BYTES:
@@ -215,7 +220,8 @@ def test_fuzz_data_server(secret):
                 if rnd % 10 == 0:
                     check_legit()
             # the connection is still in sync after all that
-            s.sendall(wire_req(1, [(REGION, RKEY, 7, 9)]))
+            m = wire_req(1, [(REGION, RKEY, 7, 9)])
+            s.sendall(m + ch.tag(m))
             assert read_reply(s, [9])[3] == [pattern(7, 9)]
         elapsed = time.monotonic() - t0
 
@@ -230,7 +236,7 @@ def test_fuzz_data_server(secret):
         while srv.fds() > fds0 + 2 and time.monotonic() < end:
             time.sleep(0.05)
         fds1, rss1 = srv.fds(), srv.rss_kib()
-        print(f"fuzz{' with a token' if secret else ''}: {n_junk} junk connections, {n_good} random "
+        print(f"fuzz{' with a secret' if secret else ''}: {n_junk} junk connections, {n_good} random "
               f"well-formed requests, {n_checks} legitimate reads checked in {elapsed:.1f} s; "
               f"fds {fds0} -> {fds1}, VmRSS {rss0} -> {rss1} KiB")
         assert fds1 <= fds0 + 2, (fds0, fds1)

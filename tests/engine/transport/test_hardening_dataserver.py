@@ -23,10 +23,10 @@ import time
 import numpy as np
 import pytest
 
-from peercache.auth import Credentials, data_token
+from peercache.auth import Credentials, DataKey, data_key
 from peercache.transport.base import Status, make_ops, native_module
-from peercache.transport.tcp import (HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, NativeTcpTransport,
-                                     TcpTransport, hello)
+from peercache.transport.tcp import (CHALLENGE_BYTES, HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, Channel,
+                                     NativeTcpTransport, TcpTransport, client_handshake, hello)
 
 from conftest import scaled
 
@@ -151,6 +151,16 @@ def wire_req(req_id: int, ops=(), n: int | None = None, magic: bytes = REQ_MAGIC
     for i, (r, k, o, ln) in enumerate(ops):
         w[i] = (r, 0, k, o, ln)
     return HEAD.pack(magic, 0, len(ops) if n is None else n, req_id) + w.tobytes()
+
+
+def greet(s: socket.socket, secret: bytes) -> Channel:
+    """``s`` past the handshake with ``secret``: a Channel whose tag() follows each request."""
+    return Channel(s, client_handshake(s, DataKey(data_key(secret)), "the test's data server"))
+
+
+def send_tagged(ch: Channel, msg: bytes) -> None:
+    """One request (header and ops) on ``ch``, with its tag."""
+    ch.sock.sendall(msg + ch.tag(msg))
 
 
 def recv_n(s: socket.socket, n: int) -> bytes:
@@ -480,68 +490,94 @@ def test_with_a_secret_only_a_client_holding_it_reads(servers, client):
         assert ok.read() and ok.read(0, 100)
     finally:
         ok.close()
-    for secret in (None, OTHER):
+    # no secret: its first request is refused; another secret: the server's proof fails, so the
+    # client sends nothing and reads nothing (its connect fails: PEER_GONE)
+    for secret, want in ((None, Status.REFUSED), (OTHER, Status.PEER_GONE)):
         bad = Reader(srv.port, client, secret=secret)
         try:
             ops = make_ops(1)
             ops[0] = (REGION, 0, RKEY, 0, 4096, 0)
             dest = np.zeros(4096, np.uint8)
             st = bad.t.read_batch("srv", bad.info, ops, [dest])
-            assert st.tolist() == [Status.REFUSED], (secret, st)
-            assert not dest.any(), "bytes were disclosed to a client without the token"
+            assert st.tolist() == [want], (secret, st)
+            assert not dest.any(), "bytes were disclosed to a client without the secret"
         finally:
             bad.close()
-    assert srv.alive() and read_ok(srv.port, client) is False   # no secret: still refused
+    assert srv.alive() and read_ok(srv.port) is False   # no secret: still refused
     log = srv.stop()
-    assert "without the cluster token" in log and "wrong data token" in log, log
-    assert "connections with a wrong data token" in log
+    assert "did not open with the handshake" in log and "left after our challenge" in log, log
 
 
 def test_a_request_or_a_wrong_hello_first_is_refused_and_closed(servers):
     srv = servers(secret=SECRET)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         s.sendall(wire_req(7, [(REGION, RKEY, 0, 64)]))
-        assert "needs the cluster token" in refused_connection(s)
+        assert "needs the cluster secret" in refused_connection(s)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
-        s.sendall(hello(data_token(OTHER)) + wire_req(8, [(REGION, RKEY, 0, 64)]))
-        assert "wrong data token" in refused_connection(s)
+        s.sendall(HEAD.pack(HELLO_MAGIC, 1, 32, 0) + bytes(32))   # version 1: the token in the clear
+        assert "hello version 1 (a token sent in the clear) is refused" in refused_connection(s)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
-        s.sendall(HEAD.pack(HELLO_MAGIC, 2, 32, 0) + bytes(32))
+        s.sendall(HEAD.pack(HELLO_MAGIC, 3, 32, 0) + bytes(32))
+        assert "unsupported hello (version 3, 32 bytes)" in refused_connection(s)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
+        s.sendall(HEAD.pack(HELLO_MAGIC, 2, 1 << 30, 0))          # a huge "nonce" is never awaited
         assert "unsupported hello" in refused_connection(s)
+    # a proof that is not the one of the secret (nor of the nonces): refused before any request
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
-        s.sendall(HEAD.pack(HELLO_MAGIC, 1, 1 << 30, 0))          # a huge "token" is never awaited
-        assert "unsupported hello" in refused_connection(s)
-    # the right token: the hello has no reply, the request right behind it is served
+        s.sendall(hello(os.urandom(32)))
+        recv_n(s, HEAD.size + CHALLENGE_BYTES)                      # the challenge
+        s.sendall(DataKey(data_key(OTHER)).proof("client", bytes(82)) + wire_req(8, [(REGION, RKEY, 0, 64)]))
+        assert "wrong handshake proof" in refused_connection(s)
+    # the right secret: the requests after the handshake, each with its tag, are served
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
-        s.sendall(hello(data_token(SECRET)) + wire_req(9, [(REGION, RKEY, 10, 64)]))
-        code, rid, st, data = read_reply(s, [64])
-        assert (code, rid, st, data) == (0, 9, [Status.OK], [pattern(10, 64)])
+        ch = greet(s, SECRET)
+        send_tagged(ch, wire_req(9, [(REGION, RKEY, 10, 64)]))
+        assert read_reply(s, [64]) == (0, 9, [Status.OK], [pattern(10, 64)])
+        send_tagged(ch, wire_req(10, n=0))                         # refused, the connection goes on
+        assert read_reply(s)[2] == "request carries no ops"
+        send_tagged(ch, wire_req(11, [(REGION, RKEY, 0, 8)]))
+        assert read_reply(s, [8]) == (0, 11, [Status.OK], [pattern(0, 8)])
     assert srv.alive()
 
 
 def test_a_hello_split_byte_by_byte_is_admitted(servers):
     srv = servers(secret=SECRET)
-    msg = hello(data_token(SECRET)) + wire_req(5, [(REGION, RKEY, 0, 16)])
+    key = DataKey(data_key(SECRET))
+    cn = os.urandom(32)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i in range(len(msg)):
-            s.sendall(msg[i:i + 1])
-            time.sleep(0.001)
+
+        def dribble(msg):
+            for i in range(len(msg)):
+                s.sendall(msg[i:i + 1])
+                time.sleep(0.001)
+
+        dribble(hello(cn))
+        challenge = recv_n(s, HEAD.size + CHALLENGE_BYTES)[HEAD.size:]
+        transcript = cn + challenge[:-32]                            # cn || sn || address
+        assert challenge[-32:] == key.proof("server", transcript)
+        ch = Channel(s, key.session(transcript))
+        msg = wire_req(5, [(REGION, RKEY, 0, 16)])
+        dribble(key.proof("client", transcript) + msg + ch.tag(msg))
         assert read_reply(s, [16])[2:] == ([Status.OK], [pattern(0, 16)])
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_server_without_a_secret_admits_a_hello(servers, client):
+def test_a_server_without_a_secret_refuses_a_hello_and_the_client_says_why(servers, client, caplog):
+    """A server without the secret cannot prove it: a client holding one reads nothing from it, and
+    its log says why (it was the server that refused)."""
     srv = servers()
     r = Reader(srv.port, client, secret=SECRET)
     try:
-        assert r.read()
+        with caplog.at_level(logging.WARNING):
+            assert not r.read()
     finally:
         r.close()
+    assert f"127.0.0.1:{srv.port} refused the connection: this data server holds no cluster secret" in caplog.text
 
 
-def test_a_node_with_a_secret_serves_its_pool_only_to_token_holders(port):
-    """End to end: the producer's data server checks the token the node derived from its secret."""
+def test_a_node_with_a_secret_serves_its_pool_only_to_secret_holders(port):
+    """End to end: the producer's data server shakes hands with the key the node derived from its secret."""
     import peercache
     addr = f"127.0.0.1:{port}"
     with peercache.Client(addr, host_discovery=True, pool_bytes=8 * 4160, page_size=4096,
@@ -554,7 +590,7 @@ def test_a_node_with_a_secret_serves_its_pool_only_to_token_holders(port):
         info = node.info["data"]
         with socket.create_connection((info["host"], info["port"]), timeout=scaled(3)) as s:
             s.sendall(wire_req(1, [(node.pool.region_id, node.pool.rkey, 0, 4096)]))
-            assert "needs the cluster token" in refused_connection(s)
+            assert "needs the cluster secret" in refused_connection(s)
 
 
 # ------------------------------------------------------------------------------ a flood without the secret
@@ -590,7 +626,7 @@ def _still_open(socks: list[socket.socket]) -> int:
     return n
 
 
-def test_a_flood_without_the_secret_does_not_keep_a_token_holder_out(servers):
+def test_a_flood_without_the_secret_does_not_keep_a_secret_holder_out(servers):
     """1,100 connections that never say hello, held open, from the same address as the real client:
     they wait in a small budget of their own (the oldest closed first, each for 2 s at most), so a
     client holding the secret is served all through, and the server's fds stay few."""
@@ -610,7 +646,7 @@ def test_a_flood_without_the_secret_does_not_keep_a_token_holder_out(servers):
         took = time.monotonic() - t0
         peak = srv.fds() - fds0
         open_now = _still_open(flood)
-        print(f"{len(flood)} silent connections in {took:.1f} s; the token holder's reads: {served}; "
+        print(f"{len(flood)} silent connections in {took:.1f} s; the secret holder's reads: {served}; "
               f"server fds above idle: {peak}; flood connections still open: {open_now}")
         assert len(flood) >= 1000
         assert all(served), served
@@ -619,7 +655,8 @@ def test_a_flood_without_the_secret_does_not_keep_a_token_holder_out(servers):
         assert closed_within_all(flood, scaled(2.0) + 2.0), "connections without a hello were kept"
         assert srv.alive() and read_ok(srv.port) is False  # still: no secret, no bytes
         stats_log = srv.stop()
-        assert "to make room for newer ones" in stats_log or "without a hello within" in stats_log, stats_log
+        assert "to make room for newer ones" in stats_log or "did not finish their handshake within" in stats_log, \
+            stats_log
     finally:
         for s in flood:
             s.close()
@@ -648,9 +685,9 @@ def test_one_address_flooding_cannot_push_out_another_addresss_waiting_connectio
         print(f"127.0.0.2 opened {len(loud)}, {kept_loud} wait; 127.0.0.3 opened {len(quiet)}, {kept_quiet} wait")
         assert len(loud) >= 150 and kept_loud <= 8, kept_loud
         assert kept_quiet == len(quiet) == 6
-        # those that wait are real: one of them that says hello now is served
+        # those that wait are real: one of them that shakes hands now is served
         s = next(s for s in quiet if _still_open([s]))
-        s.sendall(hello(data_token(SECRET)) + wire_req(4, [(REGION, RKEY, 7, 9)]))
+        send_tagged(greet(s, SECRET), wire_req(4, [(REGION, RKEY, 7, 9)]))
         assert read_reply(s, [9])[2:] == ([Status.OK], [pattern(7, 9)])
     finally:
         for s in quiet + loud:
@@ -661,13 +698,13 @@ def test_a_connection_without_a_hello_is_closed_after_the_hello_timeout(servers)
     srv = servers(secret=SECRET)           # the default: 2 s
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as s:
         t = time.monotonic()
-        s.sendall(hello(data_token(SECRET))[:10])  # part of a hello, then nothing
+        s.sendall(hello(bytes(32))[:10])   # part of a hello, then nothing
         assert closed_within(s, scaled(2.0) + 2.0)
         took = time.monotonic() - t
     print(f"closed {took:.2f} s after connecting")
     assert 1.5 <= took <= scaled(2.0) + 2.0, took
     assert srv.alive() and Reader(srv.port, secret=SECRET).read()
-    assert "1 connections without a hello within 2 s" in srv.stop()
+    assert "1 connections that did not finish their handshake within 2 s" in srv.stop()
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -675,7 +712,7 @@ def test_a_client_over_the_connection_limit_is_told_so(servers, client, caplog):
     """Not 'Broken pipe', nor an auth hint: the reason the server gave."""
     srv = servers({"max_connections": 1}, secret=SECRET)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(3)) as held:
-        held.sendall(hello(data_token(SECRET)) + wire_req(1, [(REGION, RKEY, 0, 4)]))
+        send_tagged(greet(held, SECRET), wire_req(1, [(REGION, RKEY, 0, 4)]))
         assert read_reply(held, [4])[2] == [Status.OK]
         r = Reader(srv.port, client, secret=SECRET)
         try:
