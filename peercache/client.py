@@ -16,8 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from . import tags
-from .errors import ConfigError, InvalidLocation, TransportError
+from .errors import ConfigError, DeadlineExceeded, InvalidLocation, TransportError
 from .node import Get, Node
+from .node.deadline import Deadline
 
 DEFAULT_DISCOVERY = "127.0.0.1:31998"
 
@@ -85,6 +86,10 @@ class Client:
         Without ``outs`` each result is ``bytes`` or None (miss). With
         ``outs`` (one writable buffer per key) each object lands directly in
         its buffer and the result is its length or None.
+
+        The call has the client's ``timeout`` in all; a key it could not locate or read in that
+        time raises :class:`~peercache.errors.DeadlineExceeded` naming the step that used it
+        (a stopped producer or directory), never a miss.
         """
         bkeys = [tags.key_bytes(k) for k in keys]
         n = len(bkeys)
@@ -92,11 +97,12 @@ class Client:
             if len(outs) != n:
                 raise ConfigError(f"get_batch: {n} keys but {len(outs)} output buffers")
             results: list = []
+            deadline = Deadline(self.node.reader.timeout)     # one bound for the whole call
             for k, out in zip(bkeys, outs):  # one region per caller buffer
                 view = memoryview(out).cast("B")
                 if view.readonly:
                     raise ConfigError("output buffer is read-only; pass a bytearray or writable array")
-                r = self.node.get_batch_into([k], view, [0], capacities=[len(view)])
+                r = self.node.get_batch_into([k], view, [0], capacities=[len(view)], deadline=deadline)
                 results.append(self._outcome(r, 0, k, len(view)))
             return results
         dest = np.empty(n * self.page_size, dtype=np.uint8)
@@ -114,6 +120,8 @@ class Client:
             return int(r.lengths[i])
         if r.status[i] == Get.MISS:
             return None
+        if len(r.timed_out) and i in r.timed_out:
+            raise DeadlineExceeded(f"reading {key!r} {r.error}")
         if i in r.invalid:
             raise InvalidLocation(f"reading {key!r} failed: {r.error}")
         if r.error:

@@ -326,7 +326,8 @@ class NodeConfig:
         4, "data channels per peer", check=whole(1, checks.MAX_CHANNELS, least="positive"),
         flag=Flag("--max-channels", default=8), key="max_channels")
     timeout: float = option(
-        5.0, "seconds a directory request may take", unit="s", check=seconds(positive=True), key="timeout")
+        5.0, "seconds a directory request, or a whole read, may take", unit="s", check=seconds(positive=True),
+        key="timeout")
     heartbeat_interval: float = option(
         1.0, "seconds between heartbeats to the directory", unit="s", check=seconds(positive=True))
     heartbeat_timeout: float = option(

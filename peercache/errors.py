@@ -27,3 +27,8 @@ class TransportUnavailable(TransportError):
 
 class InvalidLocation(PeerCacheError):
     """The directory returned a location that cannot be a slot (a corrupt or hostile publish)."""
+
+
+class DeadlineExceeded(PeerCacheError, TimeoutError):
+    """A read ran out of its time (the client's ``timeout``: one bound for the whole call, not one per
+    step); the message names the step that did not answer and what to check."""

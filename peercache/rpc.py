@@ -583,40 +583,23 @@ class RpcClient:
                    "it is running and that the address and port are right")
 
     def call(self, op: str, timeout: float | None = None, **fields) -> dict:
-        """Send ``op`` with ``fields``; return the reply map or raise."""
+        """Send ``op`` with ``fields``; return the reply map or raise. ``timeout`` (else the client's)
+        bounds the whole call, the wait for a connection another thread's call holds included."""
         fields["op"] = op
         body = pack(fields)
-        wait = self.timeout if timeout is None else timeout
-        with self._lock:
-            now = time.monotonic()
-            if now - self._drained > MONITOR_DRAIN_S:
-                # The handshake events only explain a timeout: read them now and then (and at a
-                # timeout), not on every call, so a call costs one send and one blocking receive.
-                self._drained = now
-                self._drain_monitor()
-            rid = next(self._ids).to_bytes(8, "little")
-            sock = self._sock
-            sock.send_multipart([b"", rid, body])
-            deadline = now + wait
-            ms = int(wait * 1000) + 1
-            while True:
-                if ms != self._rcvtimeo:
-                    sock.setsockopt(zmq.RCVTIMEO, ms)
-                    self._rcvtimeo = ms
-                try:
-                    # A receive that blocks in ZeroMQ with the GIL released (no poll, then recv).
-                    frames = sock.recv_multipart() if ms > 0 else None
-                except zmq.Again:
-                    frames = None
-                if frames is None:
-                    err = self._timeout_error(op, wait)
-                    # Drop the socket so a late reply cannot be taken for the next call.
-                    self._close()
-                    self._sock, self._mon = self._connect()
-                    raise err
-                if len(frames) >= 3 and frames[1] == rid:
-                    break
-                ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)   # a late reply of an old call
+        wait = self.timeout if timeout is None else max(0.0, timeout)
+        start = time.monotonic()
+        # The wait behind another call counts against this call's bound: a call queued behind one
+        # that waits out its own timeout (a stopped server) must not wait twice.
+        if not self._lock.acquire(timeout=wait):
+            cls = DiscoveryUnreachable if self.what == "discovery" else RpcError
+            raise cls(f"no reply from {self.what} at {self.addr} to {op!r} within {wait:.1f} s: another "
+                      "call on this connection waited all that time for its own reply; check that "
+                      f"{self.what} is running and not stopped or overloaded")
+        try:
+            frames = self._exchange(op, body, wait, start)
+        finally:
+            self._lock.release()
         try:
             reply = unpack(frames[-1])
         except Exception as e:
@@ -626,6 +609,38 @@ class RpcClient:
         if not reply.get("ok"):
             raise RpcError(f"{self.what} at {self.addr} refused {op!r}: {reply.get('error')}")
         return reply
+
+    def _exchange(self, op: str, body: bytes, wait: float, start: float) -> list:
+        """Send one request and receive its reply's frames by ``start + wait`` (the lock held)."""
+        now = time.monotonic()
+        if now - self._drained > MONITOR_DRAIN_S:
+            # The handshake events only explain a timeout: read them now and then (and at a
+            # timeout), not on every call, so a call costs one send and one blocking receive.
+            self._drained = now
+            self._drain_monitor()
+        rid = next(self._ids).to_bytes(8, "little")
+        sock = self._sock
+        sock.send_multipart([b"", rid, body])
+        deadline = start + wait
+        ms = max(0, int((deadline - now) * 1000) + 1)
+        while True:
+            if ms != self._rcvtimeo:
+                sock.setsockopt(zmq.RCVTIMEO, ms)
+                self._rcvtimeo = ms
+            try:
+                # A receive that blocks in ZeroMQ with the GIL released (no poll, then recv).
+                frames = sock.recv_multipart() if ms > 0 else None
+            except zmq.Again:
+                frames = None
+            if frames is None:
+                err = self._timeout_error(op, wait)
+                # Drop the socket so a late reply cannot be taken for the next call.
+                self._close()
+                self._sock, self._mon = self._connect()
+                raise err
+            if len(frames) >= 3 and frames[1] == rid:
+                return frames
+            ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)   # a late reply of an old call
 
     def close(self) -> None:
         """Close the socket."""

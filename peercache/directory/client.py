@@ -123,8 +123,9 @@ class DirectoryOps:
     def leave(self, node_id: str, token: str | None, timeout: float | None = None) -> None:
         self.call("leave", node_id=node_id, token=token, timeout=timeout)
 
-    def members(self) -> Members:
-        reply = self.call("members")
+    def members(self, timeout: float | None = None) -> Members:
+        """The nodes present; ``timeout``: the wait (else the client's), e.g. what a read has left."""
+        reply = self.call("members", timeout=timeout)
         return Members(reply.get("nodes"), reply.get("epoch"), reply.get("table"), reply.get("nums"))
 
     def publish(self, node_id: str, token: str | None, keys: list, locs: list,
@@ -139,11 +140,13 @@ class DirectoryOps:
         """Unpublish ``keys``; how many were this node's."""
         return self.call("unpublish", node_id=node_id, token=token, keys=keys)["unpublished"]
 
-    def lookup(self, keys: Sequence[bytes], *, recs: bool = True, epoch: int | None = None) -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], *, recs: bool = True, epoch: int | None = None,
+               timeout: float | None = None) -> LookupResult:
         """The locations of ``keys``: records (``recs``), with the nodes' infos when ``epoch`` (that
-        of the infos the caller holds) is not the directory's."""
+        of the infos the caller holds) is not the directory's. ``timeout``: the wait (else the
+        client's), e.g. what a read has left; Redis bounds it by its socket timeout instead."""
         return LookupResult.of(self.call("lookup", keys=keys if isinstance(keys, list) else list(keys),
-                                         recs=recs, epoch=epoch))
+                                         recs=recs, epoch=epoch, timeout=timeout))
 
 
 class DirectoryClient(Protocol):
@@ -162,14 +165,15 @@ class DirectoryClient(Protocol):
 
     def leave(self, node_id: str, token: str | None, timeout: float | None = None) -> None: ...
 
-    def members(self) -> Members: ...
+    def members(self, timeout: float | None = None) -> Members: ...
 
     def publish(self, node_id: str, token: str | None, keys: list, locs: list,
                 unpublish: list | None = None) -> Published: ...
 
     def unpublish(self, node_id: str, token: str | None, keys: list) -> int: ...
 
-    def lookup(self, keys: Sequence[bytes], *, recs: bool = True, epoch: int | None = None) -> LookupResult: ...
+    def lookup(self, keys: Sequence[bytes], *, recs: bool = True, epoch: int | None = None,
+               timeout: float | None = None) -> LookupResult: ...
 
     def clone(self) -> "DirectoryClient": ...
 

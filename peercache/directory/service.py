@@ -17,6 +17,7 @@ region sizes the node registered.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -28,6 +29,8 @@ from .location import Location
 from .store import Directory
 from .validate import (Refused, check_keys, check_location, check_regions, check_token, not_registered,
                        regions_of, requester)
+
+log = logging.getLogger("peercache.directory")
 
 #: A node that has not heartbeated for this long is dropped.
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
@@ -113,6 +116,15 @@ class Membership:
             self.epoch += 1
             return True
 
+    def restart_countdowns(self) -> int:
+        """Count every member's heartbeat timeout from now (after this process did not run, no one's
+        heartbeat could arrive); returns how many members."""
+        now = self.clock()
+        with self._lock:
+            for n in self._seen:
+                self._seen[n] = now
+            return len(self._seen)
+
     def expire(self) -> list[str]:
         """Drop nodes whose heartbeat is overdue; returns their ids."""
         now = self.clock()
@@ -157,9 +169,21 @@ class MetaService:
         self._reaper.start()
 
     def _reap(self) -> None:
-        period = max(0.05, min(1.0, self.membership.heartbeat_timeout / 4))
+        timeout = self.membership.heartbeat_timeout
+        period = max(0.05, min(1.0, timeout / 4))
+        clock = self.membership.clock
+        last = clock()
         while not self._stop.wait(period):
+            now = clock()
+            if now - last > period + timeout / 2:
+                # This process did not run (SIGSTOP, a suspended VM, starvation): heartbeats sent
+                # meanwhile were not received, so silence says nothing about the members. Dropping
+                # them all would delete every entry and read as misses until each republished.
+                n = self.membership.restart_countdowns()
+                log.warning("discovery did not run for %.1f s (stopped or starved?); the heartbeat timeout "
+                            "of its %d member(s) counts from now instead of dropping them", now - last, n)
             self.reap_once()
+            last = clock()
 
     def reap_once(self) -> list[str]:
         """Expire overdue nodes and drop their directory entries."""

@@ -33,11 +33,12 @@ from ..directory.location import Location
 from ..directory.service import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from ..directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
 from ..directory.table import TABLE_REGION
-from ..errors import ConfigError, PeerCacheError
+from ..errors import ConfigError, DeadlineExceeded, PeerCacheError
 from ..pool import Pool, SlotRef
 from ..rpc import RpcServer
 from ..transport import make_transport
 from ..transport.base import native_module
+from .deadline import Deadline
 from .lookup_replies import LookupReplies
 from .membership import Membership
 from .peers import WILDCARDS, PeerInfos
@@ -50,6 +51,23 @@ from .table_reader import TableReader
 __all__ = ["BatchResult", "Get", "Node", "POOL_REGION", "WILDCARDS"]
 
 log = logging.getLogger(__name__)
+
+
+#: The option that bounds one blocking data read of a transport, set to the read's timeout. Not
+#: rdma's completion timeout (timeout_s): a READ without a completion for it is a path fault that
+#: fails over to another rail, a bound of its own (see bench/drive.py); shm reads memory.
+_READ_TIMEOUT_OPTION = {"tcp": "io_timeout"}
+
+
+def _read_bound(protocol: str, timeout: float, options: dict | None) -> dict:
+    """``options`` with the transport's read bound set to ``timeout`` unless they set it: a batch
+    read has ``timeout`` in all, and the native read takes no per-call deadline, so no single read
+    may wait longer than the whole call may."""
+    out = dict(options or {})
+    key = _READ_TIMEOUT_OPTION.get(protocol)
+    if key is not None:
+        out.setdefault(key, timeout)
+    return out
 
 
 def _held(part: str, name: str, doc: str) -> property:
@@ -118,7 +136,8 @@ class Node:
         self.credentials = _auth.Credentials.of(_auth.resolve(auth_key))
         self.auth = self.credentials.curve
         try:
-            self.transport = make_transport(protocol, max_channels=max_channels, **(transport_options or {}))
+            self.transport = make_transport(protocol, max_channels=max_channels,
+                                            **_read_bound(protocol, rpc_timeout, transport_options))
             self.transport.use_credentials(self.credentials)
             native, _ = native_module()        # built (the cache above needs it)
             if host_discovery:
@@ -144,7 +163,7 @@ class Node:
                                      self.peer_infos, LookupReplies(self.cache, self.peer_infos, discovery_addr),
                                      tier="redis" if is_redis(self.directory_addr) else "rpc")
             self.reader = Reader(native if self.transport.native else None, self.transport, self.cache,
-                                 self.resolver, self.peer_infos, self.integrity)
+                                 self.resolver, self.peer_infos, self.integrity, timeout=rpc_timeout)
             self.membership.register()
             if table is not None:
                 # after registering: the table is served by this node, under its id
@@ -275,7 +294,7 @@ class Node:
 
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
                        capacities: Sequence[int] | np.ndarray | None = None, *,
-                       check_pattern: bool = False) -> BatchResult:
+                       check_pattern: bool = False, deadline: Deadline | None = None) -> BatchResult:
         """Read ``keys`` into ``dest`` at ``offsets``; per-key HIT / MISS / ERROR.
 
         Each slot's tag is checked against the hash of the key asked for, which
@@ -290,19 +309,32 @@ class Node:
         unspecified.
         With integrity on, a hit's payload must match the checksum its producer
         wrote (else it is a miss, counted in :attr:`integrity_failures`).
+        The call has ``rpc_timeout`` seconds in all, every step included (the
+        table read, the lookup RPC, the data read): keys it could not locate or
+        read in that time are ERROR and listed in :attr:`BatchResult.timed_out`,
+        and :attr:`BatchResult.error` names the step that used the time.
+        ``deadline`` (a :class:`~.deadline.Deadline`): a bound shared with other
+        calls instead (one read split over several calls).
         ``check_pattern`` (the bench): each hit is compared with the bench content
         of its (key, generation) in the same native pass; the ones that differ
         are listed in :attr:`BatchResult.content_mismatch`.
         """
-        return self.reader.get_batch_into(keys, dest, offsets, capacities, check_pattern=check_pattern)
+        return self.reader.get_batch_into(keys, dest, offsets, capacities, check_pattern=check_pattern,
+                                          deadline=deadline)
 
     def exists_batch(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether the directory knows each key (no data is read).
 
-        A key whose entry is invalid is known (a read of it is an error, not a miss).
+        A key whose entry is invalid is known (a read of it is an error, not a miss). The call has
+        ``rpc_timeout`` in all, as a read has: DeadlineExceeded when a key was not answered in time.
         """
         bad: list = []
-        present = [l is not None for l in self.lookup(keys, bad=bad)]
+        deadline = Deadline(self.reader.timeout)
+        present = [l is not None for l in self.resolver.lookup(keys, bad=bad, deadline=deadline)]
+        late = deadline.take_late()
+        if late:
+            n = len(np.unique(np.concatenate(late)))
+            raise DeadlineExceeded(f"exists_batch {deadline.reason(n, 'none of them known or unknown')}")
         for i, _ in bad:
             present[i] = True
         return present

@@ -41,10 +41,11 @@ class LookupReplies:
         return RpcError(f"discovery at {self.address} sent a malformed lookup reply ({what}); is it a "
                         "PeerCache of the same version?")
 
-    def locations(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
-        """Checked locations of a reply of either shape."""
+    def locations(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None,
+                  wait: float | None = None) -> list[Location | None]:
+        """Checked locations of a reply of either shape (``wait``: for a members call it needs)."""
         if reply.records:
-            rows = self.rows(reply, keys, bad)
+            rows = self.rows(reply, keys, bad, wait)
             out: list[Location | None] = [None] * len(rows)
             found = np.flatnonzero(rows["node"] != ABSENT)
             ids = {int(i): self.cache.node_id(int(i)) for i in np.unique(rows["node"][found])}
@@ -53,11 +54,12 @@ class LookupReplies:
             return out
         return self._checked_locs(reply, keys, bad)
 
-    def any_rows(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
+    def any_rows(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None,
+                 wait: float | None = None) -> np.ndarray:
         """Checked LOC_DTYPE rows of a reply of either shape (node = the cache's index; ABSENT for a
-        miss or an invalid entry)."""
+        miss or an invalid entry; ``wait``: for a members call it needs)."""
         if reply.records:
-            return self.rows(reply, keys, bad)
+            return self.rows(reply, keys, bad, wait)
         return self.cache.rows(self._checked_locs(reply, keys, bad))
 
     def _checked_locs(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> list[Location | None]:
@@ -82,9 +84,11 @@ class LookupReplies:
         if bad is not None:
             bad.append((i, why))
 
-    def rows(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None) -> np.ndarray:
+    def rows(self, reply: LookupResult, keys: Sequence[bytes], bad: list | None,
+             wait: float | None = None) -> np.ndarray:
         """Rows of a ``{recs, nids, epoch[, nodes]}`` reply: the records with discovery's node numbers
-        turned into the cache's indices, checked as :func:`~peercache.directory.validate.read_location` checks one entry."""
+        turned into the cache's indices, checked as :func:`~peercache.directory.validate.read_location` checks one entry.
+        ``wait``: how long the members call for nodes it does not know may take (else the client's)."""
         blob, nids, n = reply.recs, reply.nids, len(keys)
         missing = reply.missing or b""
         m = len(missing) // 4 if type(missing) is bytes and len(missing) % 4 == 0 else -1
@@ -114,7 +118,7 @@ class LookupReplies:
             return rows
         unknown = [nid for nid in nids.values() if nid not in self.peers.fresh]
         if unknown:
-            self.peers.refresh(unknown)
+            self.peers.refresh(unknown, wait)
         if len(nids) == 1 and found.all():
             (number, node_id), = nids.items()
             if number != int(num[0]) or not (num == number).all():

@@ -43,16 +43,17 @@ class PeerInfos:
         self.by_id.update(nodes)
         self.fresh, self.infos_epoch = frozenset(nodes), epoch
 
-    def members(self) -> Members:
-        """One members call; its infos are taken (see :meth:`take`), its reply returned."""
-        members = self.directory.members()
+    def members(self, timeout: float | None = None) -> Members:
+        """One members call (``timeout``: its wait, else the directory client's); its infos are
+        taken (see :meth:`take`), its reply returned."""
+        members = self.directory.members(timeout=timeout)
         self.take(members.nodes or {}, members.epoch)
         return members
 
-    def refresh(self, unknown: list) -> None:
+    def refresh(self, unknown: list, timeout: float | None = None) -> None:
         """Infos of nodes a reply named that this node has none of (current as of its epoch): one
-        members call."""
-        members = self.directory.members()
+        members call (``timeout``: its wait, else the directory client's)."""
+        members = self.directory.members(timeout=timeout)
         self.by_id.update(members.nodes)
         self.fresh = frozenset(members.nodes) | frozenset(unknown)
         self.infos_epoch = members.epoch

@@ -13,7 +13,8 @@ from .. import tags
 from ..directory.cache import DirectoryCache
 from ..directory.location import Location
 from ..errors import ConfigError, PeerCacheError
-from ..transport.base import CHECK_INTEGRITY, CHECK_PATTERN, STATUS_TEXT, Status, Transport, slot_ops
+from ..transport.base import ABSENT, CHECK_INTEGRITY, CHECK_PATTERN, STATUS_TEXT, Status, Transport, slot_ops
+from .deadline import Deadline
 from .peers import PeerInfos
 from .resolver import Resolver
 from .result import NO_INDICES, BatchResult, Get
@@ -31,15 +32,25 @@ class Reader:
     transport has native handles: one native batch over all nodes, tags and payload checks in the
     same pass, without the GIL), and one transport batch per node with the checks here (a
     transport without native handles; ``native`` None).
+
+    A call has ``timeout`` seconds in all (a :class:`~.deadline.Deadline` set when it starts and
+    handed to every tier): the keys it could not locate or read in that time are errors listed in
+    :attr:`BatchResult.timed_out`, with a reason naming the step that used the time, never misses.
+    A data read already under way is bounded by the transport's own timeout (tcp: the node sets
+    it to ``timeout``; rdma: its completion timeout): the native batch takes no deadline of its
+    own, so a read that hangs after earlier steps used part of the time may end the call up to
+    that much later.
     """
 
     def __init__(self, native, transport: Transport, cache: DirectoryCache, resolver: Resolver, peers: PeerInfos,
-                 integrity: bool):
+                 integrity: bool, timeout: float = 5.0):
         #: the native module when the batch reads natively, else None
         self.native = native
         self.transport, self.cache, self.resolver, self.peers = transport, cache, resolver, peers
         #: check each payload against the checksum its producer wrote before a read is a hit
         self.integrity = integrity
+        #: seconds a batch read has in all, every tier included
+        self.timeout = timeout
         #: native peer handles indexed by the cache's node index (None = not connected)
         self._handles: list = []
         self._handles_lock = threading.Lock()
@@ -60,7 +71,7 @@ class Reader:
 
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
                        capacities: Sequence[int] | np.ndarray | None = None, *,
-                       check_pattern: bool = False) -> BatchResult:
+                       check_pattern: bool = False, deadline: Deadline | None = None) -> BatchResult:
         """:meth:`peercache.node.Node.get_batch_into`."""
         recorder = self.batches
         started = perf_counter() if recorder is not None else 0.0
@@ -87,33 +98,75 @@ class Reader:
         content = np.zeros(n, dtype=bool)
         want = np.empty(n, dtype=np.uint64)      # the hash of each key asked for (locate fills it)
         bad: list = []
-        locs = locate(keys, bad, want)
-        error, stale, _ = read(keys, want, locs, dest, offsets, caps, status, lengths, gens, content, checks)
+        if deadline is None:
+            deadline = Deadline(self.timeout)
+        locs = locate(keys, bad, want, deadline=deadline)
+        late = deadline.take_late()              # index arrays of keys not answered in time ([]: none)
+        if deadline.over():
+            # Located, but no time left: not read, rather than read past the bound.
+            late.append(self._located(locs, native))
+            error, stale = None, NO_INDICES
+        else:
+            error, stale, _ = self._read_in_time(read, deadline, late, keys, want, locs, dest, offsets, caps,
+                                                 status, lengths, gens, content, checks)
         redirected, reason = None, None
         if len(stale):
             # A tag mismatch: the slot was evicted, reused or torn, or holds another key. One fresh
-            # lookup, then a miss.
+            # lookup (if time is left), then a miss.
             self.stale_locations += len(stale)
             skeys = [keys[i] for i in stale]
             bad2: list = []
-            again = self.resolver.relocate(skeys, bad2, as_rows=native)
+            again = self.resolver.relocate(skeys, bad2, as_rows=native, deadline=deadline) \
+                if not deadline.over() else None
             bad += [(int(stale[j]), why) for j, why in bad2]
             m = len(stale)
             s_st, s_len, s_gen = np.full(m, int(Get.MISS), np.int8), np.zeros(m, np.uint64), np.zeros(m, np.uint64)
             s_content = np.zeros(m, dtype=bool)
-            err2, _, other = read(skeys, want[stale], again, dest, offsets[stale],
-                                  None if caps is None else caps[stale], s_st, s_len, s_gen, s_content, checks)
+            err2, other = None, NO_INDICES
+            if again is None or deadline.over():
+                late.append(stale)
+            else:
+                sub_late = deadline.take_late()   # indices into skeys
+                err2, _, other = self._read_in_time(read, deadline, sub_late, skeys, want[stale], again, dest,
+                                                    offsets[stale], None if caps is None else caps[stale],
+                                                    s_st, s_len, s_gen, s_content, checks)
+                late += [stale[i] for i in sub_late]
             status[stale], lengths[stale], gens[stale], content[stale] = s_st, s_len, s_gen, s_content
             error = error or err2
             if len(other):
                 redirected, reason = stale[other], self._redirected(skeys, again, other)
+        timed_out = NO_INDICES
+        if late:
+            timed_out = np.unique(np.concatenate(late))
+            if len(timed_out):
+                status[timed_out] = Get.ERROR
+                error = deadline.reason(len(timed_out))
         error, invalid = self._mark_invalid(keys, bad, status, error)
         if self.integrity:
             self._report_integrity()
         if recorder is not None:
             recorder.record(perf_counter() - started, status, lengths)
         return BatchResult(status, lengths, gens, error, invalid,
-                           np.flatnonzero(content) if checks & CHECK_PATTERN else None, redirected, reason)
+                           np.flatnonzero(content) if checks & CHECK_PATTERN else None, redirected, reason,
+                           timed_out)
+
+    def _read_in_time(self, read, deadline: Deadline, late: list, keys, want, locs, dest, offsets, caps,
+                      status, lengths, gens, content, checks: int):
+        """``read`` (one of the read paths below) of the located keys. When it failed and the call's
+        time is over, its failed keys go to ``late`` and the failure is noted on ``deadline``."""
+        since = time.monotonic()
+        error, stale, other = read(keys, want, locs, dest, offsets, caps, status, lengths, gens, content, checks)
+        if error and deadline.over():
+            deadline.spent("the data read", since, error)
+            late.append(np.flatnonzero(status == Get.ERROR))
+        return error, stale, other
+
+    @staticmethod
+    def _located(locs, native: bool) -> np.ndarray:
+        """Indices of the keys ``locs`` holds a location of (rows, or Locations / None)."""
+        if native:
+            return np.flatnonzero(locs["node"] != ABSENT)
+        return np.flatnonzero(np.fromiter((loc is not None for loc in locs), bool, len(locs)))
 
     @staticmethod
     def _mark_invalid(keys, bad: list, status: np.ndarray, error: str | None) -> tuple[str | None, frozenset]:

@@ -23,12 +23,12 @@ class BatchResult:
     """Per-key outcome of a batch read plus the first error's reason."""
 
     __slots__ = ("status", "lengths", "generations", "error", "invalid", "content_mismatch", "redirected",
-                 "miss_reason")
+                 "miss_reason", "timed_out")
 
     def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
                  error: str | None, invalid: frozenset = frozenset(),
                  content_mismatch: np.ndarray | None = None, redirected: np.ndarray | None = None,
-                 miss_reason: str | None = None):
+                 miss_reason: str | None = None, timed_out: np.ndarray | None = None):
         self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
         #: indices whose directory entry was invalid (status ERROR; see :func:`~peercache.directory.validate.read_location`)
         self.invalid = invalid
@@ -40,6 +40,9 @@ class BatchResult:
         #: why the first of :attr:`redirected` was a miss ("the directory's entry for K points at
         #: another key's slot (node N, offset O); read as a miss"); None when there is none
         self.miss_reason = miss_reason
+        #: indices of keys the call ran out of time on (status ERROR, never a miss): not located or
+        #: not read within the node's timeout; :attr:`error` then names the step that used the time
+        self.timed_out = NO_INDICES if timed_out is None else timed_out
 
     @property
     def hits(self) -> int:

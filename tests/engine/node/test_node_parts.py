@@ -105,7 +105,7 @@ class Table:
 
     view = "a table"
 
-    def one(self, key):
+    def one(self, key, deadline=None):
         raise AssertionError("the table was asked")
 
     rows = lookup = one
@@ -156,11 +156,11 @@ class Located:
     def __init__(self, first, fresh):
         self.first, self.fresh, self.relocated = first, fresh, []
 
-    def locate(self, keys, bad, want):
+    def locate(self, keys, bad, want, deadline=None):
         want[:] = [tags.key_hash(k) for k in keys]
         return self.first
 
-    def relocate(self, keys, bad, as_rows):
+    def relocate(self, keys, bad, as_rows, deadline=None):
         self.relocated.append(list(keys))
         return self.fresh
 
