@@ -49,12 +49,21 @@ $(VENV)/.installed: $(VENV)/.apt pyproject.toml setup.py $(NATIVE_SRC)
 
 # The test suite, the HiCache contract against real SGLang, the RDMA stage in the Soft-RoCE
 # guest, and the lab on two guests as two machines (each guest stage skipped, saying why,
-# where this machine cannot run the guests).
+# where this machine cannot run the guests). The host suite runs in TEST_WORKERS processes
+# (pytest-xdist; a test file stays in one worker, so its module fixtures run once): most of its
+# time is spent waiting on the processes and windows tests start, so more workers than cores pay.
+# Each stage's time is printed at the end, also when one fails.
+TEST_WORKERS ?= 4
 test: setup
-	$(PY) -m pytest
-	@$(MAKE) --no-print-directory test-hicache
-	@$(MAKE) --no-print-directory test-rdma GUEST_FLAGS=--if-available
-	@$(MAKE) --no-print-directory test-2host
+	@set -e; t0=$$(date +%s); last=$$t0; times=""; \
+	stage() { now=$$(date +%s); times="$$times$$1 $$(( (now - last) / 60 )) min $$(( (now - last) % 60 )) s, "; last=$$now; }; \
+	report() { echo "make test: $${times}total $$(( ($$(date +%s) - t0) / 60 )) min $$(( ($$(date +%s) - t0) % 60 )) s$$1"; }; \
+	trap 'rc=$$?; [ $$rc -eq 0 ] || { stage "the failed stage"; report " (failed, rc $$rc)"; }' EXIT; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile; stage "host suite"; \
+	$(MAKE) --no-print-directory test-hicache; stage "HiCache"; \
+	$(MAKE) --no-print-directory test-rdma GUEST_FLAGS=--if-available; stage "RDMA guest"; \
+	$(MAKE) --no-print-directory test-2host; stage "two machines"; \
+	report ""
 
 # The SGLang HiCache contract (tests/engine/hicache/test_hicache_sglang.py) in a venv of its own, so torch
 # and SGLang stay out of the engine's dependencies: PyPI torch (CPU use, ~5.5 GB), SGLang

@@ -190,7 +190,7 @@ def test_small_requests_are_answered_while_large_ones_wait_and_queues_are_bounde
         srv.stop()
 
 
-def test_client_splits_big_batches_and_a_million_key_lookup_is_quick(meta):
+def test_client_splits_big_batches_and_a_million_key_lookup_answers_every_key(meta):
     addr, _ = meta
     cons = Node(addr)
     prod = Node(addr, pool_slots=70_000, slot_capacity=8)
@@ -199,12 +199,11 @@ def test_client_splits_big_batches_and_a_million_key_lookup_is_quick(meta):
         prod.put_batch(keys, [b"%d" % (i % 1000) for i in range(70_000)])     # > one request: split
         assert all(cons.exists_batch(keys))
         million = keys + [b"miss/%07d" % i for i in range(1_000_000 - len(keys))]
-        t0 = time.monotonic()
+        # How fast lookups go is make bench's (dir_lookups_embedded_128, dir_lookups_embedded_rpc_128):
+        # a timed bound here failed whenever the suite ran beside other work.
         locs = cons.lookup(million, use_cache=False)
-        took = time.monotonic() - t0
         assert sum(l is not None for l in locs) == len(keys) and locs[-1] is None
         assert locs[12345].offset == prod.pool.ref(keys[12345]).offset
-        assert took < scaled(2.0), f"1e6-key lookup took {took:.2f} s"
         long_keys = [b"L" * 3000 + b"%d" % i for i in range(5000)]         # 15 MB: split by bytes
         assert cons.exists_batch(long_keys) == [False] * 5000
         assert prod.remove_batch(keys) == 70_000
