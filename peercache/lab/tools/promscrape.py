@@ -7,19 +7,23 @@ reach them in time). Here:
 
 - :func:`keep` takes those texts out of drive's result document into a point's raw folder: one
   ``.prom`` file per scrape and ``scrapes.json``, the index (:data:`INDEX`);
-- :func:`parse` reads one text, strictly (Prometheus text format 0.0.4: a ``ParseError`` names the line);
+- :func:`parse` reads one text with prometheus-client's parser, strictly (Prometheus text format 0.0.4:
+  a ``ParseError`` names the line);
 - :func:`rails` gives a scrape's per-rail counters, :func:`rail_window` what each rail's grew by between
   two scrapes of one process, and :func:`consumer_window` the rails of every driver process of one point,
   summed, from an index; :func:`shares` each rail's part of the bytes.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from peercache import atomic
 from peercache.lab.errors import ParseError
@@ -45,10 +49,7 @@ _TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 #: Samples a family of each type may hold beyond its own name (prometheus-client's 0.0.4 output).
 _SUFFIXES = {"histogram": ("_bucket", "_count", "_sum", "_created"), "summary": ("_count", "_sum", "_created"),
              "gauge": (), "untyped": (), "counter": ()}
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?\s+(\S+)(?:\s+(-?\d+))?$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(,|$)')
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -66,24 +67,6 @@ class Scrape:
         return {labels: v for (n, labels), v in self.samples.items() if n == name}
 
 
-def _unescape(text: str) -> str:
-    return re.sub(r"\\.", lambda m: _ESCAPES.get(m.group(0), m.group(0)), text)
-
-
-def _labels(text: str, source: str, no: int, line: str) -> Labels:
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if not m or m.end() == pos:
-            raise ParseError(TOOL, f"malformed label set at character {pos + 1}", source=source, line_no=no, line=line)
-        if m.group(1) in out:
-            raise ParseError(TOOL, f"label {m.group(1)!r} given twice", source=source, line_no=no, line=line)
-        out[m.group(1)] = _unescape(m.group(2))
-        pos = m.end()
-    return tuple(sorted(out.items()))
-
-
 def _family_of(name: str, types: dict[str, str], current: str | None) -> str | None:
     """The declared family a sample ``name`` belongs to (it must be the family declared last)."""
     if current is None:
@@ -96,49 +79,66 @@ def _family_of(name: str, types: dict[str, str], current: str | None) -> str | N
     return None
 
 
+def _declarations(text: str, source: str) -> tuple[dict[str, str], list[tuple[int, str, str | None]]]:
+    """Each family's ``# TYPE``, and each sample line (number, line, the family declared last before it),
+    lines split as prometheus-client splits them. Refused here, as prometheus-client lets them pass: a
+    comment other than HELP and TYPE, an unknown type, a family declared twice."""
+    types: dict[str, str] = {}
+    sample_lines: list[tuple[int, str, str | None]] = []
+    current: str | None = None
+    for no, line in enumerate((line.rstrip("\r\n") for line in io.StringIO(text)), start=1):
+        if not line.strip().startswith("#"):
+            if line.strip():
+                sample_lines.append((no, line, current))
+            continue
+        parts = line.split(None, 3)
+        if len(parts) < 3 or parts[1] not in ("HELP", "TYPE") or not _NAME.fullmatch(parts[2]):
+            raise ParseError(TOOL, "a comment that is neither '# HELP name text' nor '# TYPE name type'",
+                             source=source, line_no=no, line=line)
+        if parts[1] == "TYPE":
+            if len(parts) != 4 or parts[3] not in _TYPES:
+                raise ParseError(TOOL, f"unknown metric type (known: {', '.join(_TYPES)})", source=source,
+                                 line_no=no, line=line)
+            if parts[2] in types:
+                raise ParseError(TOOL, f"family {parts[2]} declared twice", source=source, line_no=no, line=line)
+            types[parts[2]] = parts[3]
+            current = parts[2]
+    return types, sample_lines
+
+
 def parse(text: str, source: str = "<scrape>") -> Scrape:
-    """A Prometheus text-format scrape (0.0.4, as prometheus-client writes it), strictly: every sample under
-    the ``# TYPE`` of its family, each family declared once, no sample twice, numbers only; a ParseError
-    names the line otherwise."""
+    """A Prometheus text-format scrape (0.0.4, as prometheus-client writes it) read by prometheus-client's
+    parser, strictly: every sample under the ``# TYPE`` of its family, each family declared once, no sample
+    twice, numbers only; a ParseError names the line otherwise."""
     if not text.strip():
         raise ParseError(TOOL, "empty scrape: the endpoint answered nothing", source=source)
-    types: dict[str, str] = {}
+    types, sample_lines = _declarations(text, source)
+    try:
+        # one sample per sample line, in the text's order
+        parsed = [(f, s) for f in text_string_to_metric_families(text) for s in f.samples]
+    except (ValueError, LookupError) as e:      # (IndexError on some malformed lines) the line it refuses is named
+        for no, line, _ in sample_lines:
+            try:
+                list(text_string_to_metric_families(line))
+            except (ValueError, LookupError) as why:
+                raise ParseError(TOOL, f"not a sample line ('name{{labels}} value [timestamp]'): {why}",
+                                 source=source, line_no=no, line=line) from None
+        raise ParseError(TOOL, f"prometheus-client refused it: {e}", source=source) from None
+    if len(parsed) != len(sample_lines):
+        raise ParseError(TOOL, f"{len(parsed)} samples read from {len(sample_lines)} sample lines", source=source)
     samples: dict[tuple[str, Labels], float] = {}
-    current: str | None = None
-    for no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE") or not re.fullmatch(_NAME, parts[2]):
-                raise ParseError(TOOL, "a comment that is neither '# HELP name text' nor '# TYPE name type'",
-                                 source=source, line_no=no, line=line)
-            if parts[1] == "TYPE":
-                if len(parts) != 4 or parts[3] not in _TYPES:
-                    raise ParseError(TOOL, f"unknown metric type (known: {', '.join(_TYPES)})", source=source,
-                                     line_no=no, line=line)
-                if parts[2] in types:
-                    raise ParseError(TOOL, f"family {parts[2]} declared twice", source=source, line_no=no, line=line)
-                types[parts[2]] = parts[3]
-                current = parts[2]
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            raise ParseError(TOOL, "not a sample line ('name{labels} value [timestamp]')", source=source,
-                             line_no=no, line=line)
-        name, labels, value = m.group(1), m.group(2), m.group(3)
+    for (family, sample), (no, line, current) in zip(parsed, sample_lines):
+        name = sample.name
+        if family.type == "counter" and family.name == current and name == f"{current}_total":
+            name = current      # a counter declared without _total: prometheus-client adds it to the samples
         if _family_of(name, types, current) is None:
             raise ParseError(TOOL, f"sample {name} outside its family's '# TYPE' block"
                              + (f" (the block open is {current})" if current else ""),
                              source=source, line_no=no, line=line)
-        try:
-            v = float(value)
-        except ValueError:
-            raise ParseError(TOOL, f"value {value!r} is not a number", source=source, line_no=no, line=line) from None
-        key = (name, _labels(labels or "", source, no, line))
+        key = (name, tuple(sorted(sample.labels.items())))
         if key in samples:
             raise ParseError(TOOL, "the same sample twice", source=source, line_no=no, line=line)
-        samples[key] = v
+        samples[key] = float(sample.value)
     return Scrape(source, types, samples)
 
 
