@@ -16,7 +16,7 @@ import yaml
 
 from peercache.bench import meta as bench_meta
 from peercache.lab.launch.hosts import SSH_CONFIG_ENV
-from peercache.lab.pipeline import plan as plan_mod
+from peercache.lab.pipeline import __main__ as pipeline_cli
 from peercache.lab.pipeline import preflight
 from peercache.lab.pipeline.preflight import (Expect, gid_ipv4, parse_pings, parse_probe, ping_script,
                                               probe_findings, probe_script)
@@ -206,11 +206,11 @@ def validate(tb: Path, capsys, root: Path | None = None) -> tuple[int, list[str]
     capsys.readouterr()
     argv = ["validate", "--testbed", str(tb), "--connect", "--out", str(tb.parent / "preflight.json")]
     if root is None:
-        rc = plan_mod.main(argv)
+        rc = pipeline_cli.main(argv)
     else:
         from peercache import sysfs
         with sysfs.using_root(root):
-            rc = plan_mod.main(argv)
+            rc = pipeline_cli.main(argv)
     out = capsys.readouterr()
     lines = (out.out + out.err).splitlines()
     return rc, [ln for ln in out.err.splitlines() if not ln.startswith("preflight of testbed")], lines

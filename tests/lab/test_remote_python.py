@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from peercache.lab.launch.hosts import SSH_CONFIG_ENV, LocalHost, NetnsHost, SshHost, parse_host
-from peercache.lab.pipeline import experiments, plan
+from peercache.lab.pipeline import __main__ as pipeline_cli
+from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline import runpoint
 from peercache.lab.pipeline.runpoint import PointRun, _python_tool, host_python
 
@@ -147,11 +148,11 @@ def test_capture_over_ssh_runs_the_hosts_python(alias, tmp_path, capsys):
     python3 (sshd's PATH: the system Python, no PeerCache) fails saying which field to set."""
     tb = _testbed(tmp_path, {"host": f"ssh:{alias}", "python": ".venv/bin/python"})
     out = tmp_path / "consumer.json"
-    assert plan.capture(str(tb.path), "consumer", str(out)) == 0, capsys.readouterr()
+    assert pipeline_cli.capture(str(tb.path), "consumer", str(out)) == 0, capsys.readouterr()
     doc = json.loads(out.read_text())
     assert f"ssh:{alias}" in doc["host_spec"] and doc["summary"].get("host")
     tb = _testbed(tmp_path, {"host": f"ssh:{alias}"})
-    rc = plan.capture(str(tb.path), "consumer", str(tmp_path / "c2.json"))
+    rc = pipeline_cli.capture(str(tb.path), "consumer", str(tmp_path / "c2.json"))
     err = capsys.readouterr().err
     if rc == 0:
         pytest.skip("the system python3 here has PeerCache")

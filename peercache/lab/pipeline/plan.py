@@ -1,18 +1,19 @@
-"""Helpers the Snakefile uses: config -> testbed, points -> paths, host capture.
+"""What the Snakefile plans from a testbed: config -> testbed, points -> paths (pure: nothing is run).
 
-Kept out of the Snakefile so they are importable and tested like any module.
+Kept out of the Snakefile so it is importable and tested like any module. The command line
+(``python -m peercache.lab.pipeline``: validate, preflight, capture, measure, kinds, schema) is
+:mod:`peercache.lab.pipeline.__main__`.
 """
 from __future__ import annotations
 
-import argparse
-import json
+import shlex
 import sys
 from pathlib import Path
 
-from peercache import atomic
+import yaml
+
 from peercache.lab.pipeline import experiments
 from peercache.lab.system import hostinfo
-from peercache.lab.system.slowness import slowness
 
 DEFAULT_TESTBED = "experiments/testbeds/local.yaml"
 ROLES = ("producer", "consumer")
@@ -43,7 +44,6 @@ class Plan:
 
     def guest_command(self) -> str:
         """The shell command that runs every measurement of the testbed inside the Soft-RoCE guest."""
-        import shlex
         g = self.guest or {}
         scen = ["--scenarios", self.scenarios_path] if self.scenarios_path else []
         argv = [sys.executable, "-m", "peercache.lab.launch.guest", "--rails", str(g.get("rails", 2)),
@@ -66,7 +66,6 @@ class Plan:
 
     def expected_yaml(self) -> str:
         """:meth:`expected` as one YAML flow list (a papermill -p value)."""
-        import yaml
         return yaml.safe_dump(self.expected(), default_flow_style=True, width=1 << 20).strip()
 
     def scenario_names(self) -> str:
@@ -76,114 +75,3 @@ class Plan:
     def point_names(self) -> str:
         """Regex alternation of point names (a wildcard constraint)."""
         return "|".join(sorted({p.name for p in self.points})) or "^$"
-
-
-def capture(testbed_path: str, role: str, out: str) -> int:
-    """Capture one host's testbed block (hostinfo) into ``out``."""
-    from peercache.lab.pipeline.runpoint import _python_tool, testbed_hosts
-
-    tb = experiments.load_testbed(testbed_path)
-    with testbed_hosts(tb) as th:
-        host = th.host(role)
-        argv = [*_python_tool(th, role, "peercache.lab.cli"), "hostinfo"]
-        r = host.run(argv, timeout=120 * slowness())
-        if r.rc != 0:
-            print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
-                  f"check that PeerCache is installed there (the testbed's hosts.{role}.python names the "
-                  "interpreter that has it)", file=sys.stderr)
-            return 1
-        doc = json.loads(r.stdout)
-        block = {"role": role, "host_spec": str(host), "address": th.producer_addr if role == "producer"
-                 else th.consumer_addr, "note": th.note, "summary": hostinfo.summary(doc), "capture": doc}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out, json.dumps(block, indent=1, default=str))
-    print(f"captured {role}: {block['summary'].get('host')} ({block['summary'].get('cpu_model')}), "
-          f"{len(block['summary'].get('nics') or [])} RDMA device(s)")
-    return 0
-
-
-def measure(testbed_path: str, scenarios_path: str | None = None) -> int:
-    """Capture both hosts, then run every point and repetition in order (the guest's whole job)."""
-    from peercache.lab.pipeline import runpoint
-
-    plan = Plan(testbed_path, scenarios_path)
-    rc = 0
-    for role, out in zip(ROLES, plan.capture_paths()):
-        rc |= capture(testbed_path, role, out)
-    todo = [(pt, k) for pt in plan.points for k in plan.reps]
-    for i, (pt, k) in enumerate(todo, 1):
-        out = f"{plan.raw}/{pt.scenario}/{pt.name}/rep{k}/result.json"
-        print(f"[{i}/{len(todo)}] {pt.scenario}/{pt.name} rep{k}", flush=True)
-        rc |= runpoint.run(testbed_path, pt.scenario, pt.name, k, out, scenarios_path)
-    return rc
-
-
-def describe_kinds() -> str:
-    """Every point kind with its knobs and metrics, as text (``python -m peercache.lab.pipeline kinds``)."""
-    from peercache.lab.pipeline import kinds
-
-    out = []
-    for name, k in kinds.KINDS.items():
-        out.append(f"{name}: {(k.__doc__ or '').strip()}")
-        for knob in k.knobs.values():
-            what = "parameter (list, swept)" if knob.sweep else "variable"
-            default = "required" if knob.default is kinds.REQUIRED else f"default {knob.default!r}"
-            out.append(f"  {knob.name}: {what}, {json.dumps(knob.schema)}, {default}: {knob.doc}")
-        out.append("  metrics: " + ", ".join(f"{m} [{u}]" for m, u in k.metrics.items()))
-    return "\n".join(out)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("capture", help="capture a host's testbed block")
-    c.add_argument("--testbed", required=True)
-    c.add_argument("--role", choices=ROLES, required=True)
-    c.add_argument("--out", required=True)
-    v = sub.add_parser("validate", help="validate a testbed and list its points (--connect: check its hosts too)")
-    v.add_argument("--testbed", required=True)
-    v.add_argument("--scenarios", default=None)
-    v.add_argument("--connect", action="store_true",
-                   help="also check each host before anything runs: ssh, its python and PeerCache revision, "
-                        "tools, RDMA devices, reachability (peercache.lab.pipeline.preflight)")
-    v.add_argument("--out", default=None, help="with --connect: write the check's results here (JSON)")
-    f = sub.add_parser("preflight", help="check the testbed's hosts (the pipeline's first rule); "
-                                         "exit non-zero on any failure")
-    f.add_argument("--testbed", required=True)
-    f.add_argument("--scenarios", default=None)
-    f.add_argument("--out", default=None, help="write the check's results here (JSON)")
-    sub.add_parser("kinds", help="list the point kinds, their knobs (type, default, meaning) and metrics")
-    sub.add_parser("schema", help="print the JSON schema of a scenario file (generated from the kinds)")
-    m = sub.add_parser("measure", help="capture both hosts and run every point (what the guest runs)")
-    m.add_argument("--testbed", required=True)
-    m.add_argument("--scenarios", default=None)
-    a = p.parse_args(argv)
-    try:
-        if a.cmd == "capture":
-            return capture(a.testbed, a.role, a.out)
-        if a.cmd == "measure":
-            return measure(a.testbed, a.scenarios)
-        if a.cmd == "kinds":
-            print(describe_kinds())
-            return 0
-        if a.cmd == "schema":
-            print(json.dumps(experiments.scenarios_schema(), indent=1))
-            return 0
-        if a.cmd == "preflight":
-            from peercache.lab.pipeline import preflight
-            return preflight.run(a.testbed, a.scenarios, a.out)
-        plan = Plan(a.testbed, a.scenarios)
-        for pt in plan.points:
-            print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))
-        if a.connect:
-            from peercache.lab.pipeline import preflight
-            sys.stdout.flush()
-            return preflight.run(a.testbed, a.scenarios, a.out, plan=plan)
-        return 0
-    except experiments.DefinitionError as e:
-        print(f"invalid definition: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -50,6 +50,7 @@ from peercache.bench import meta as bench_meta
 from peercache.lab.launch import netns
 from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, parse_host
 from peercache.lab.pipeline import experiments
+from peercache.lab.pipeline.plan import Plan
 from peercache.lab.system.hostinfo import _iboe_mtu
 from peercache.lab.system.slowness import slowness
 
@@ -630,8 +631,6 @@ def run(testbed_path: str, scenarios_path: str | None = None, out: str | None = 
         sysfs_root: str | os.PathLike | None = None, stream=None, plan=None) -> int:
     """Check ``testbed_path``'s hosts (``plan``: its loaded Plan, if at hand); print failures (or the OK
     summary); write ``out`` (JSON). 0 when all pass."""
-    from peercache.lab.pipeline.plan import Plan
-
     plan = plan or Plan(testbed_path, scenarios_path)
     rep = check(plan.testbed, plan.points, sysfs_root=sysfs_root)
     if out:
