@@ -60,6 +60,6 @@ class Deadline:
         """Why ``n`` keys of the call have ``outcome``: the call's bound and the steps that used it."""
         steps = "; ".join(f"{what} failed after {took:.2f} s ({why})" for what, took, why in self.steps) \
             or "the steps before used it up"
-        return (f"timed out: the call has {self.seconds:g} s in all (timeout=, --timeout) and {n} key(s) "
-                f"were not answered in time, {outcome}: {steps}; check that the node named is running "
-                "and not stopped or overloaded, or raise the timeout")
+        return (f"timed out: the call has {self.seconds:g} s in all (the library's timeout=, --timeout on the "
+                f"command line) and {n} key(s) were not answered in time, {outcome}: {steps}; check that the "
+                "node named is running and not stopped or overloaded, or raise the timeout")

@@ -36,6 +36,9 @@ MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 # ------------------------------------------------------------------------------ helpers
 def _node(addr, devs, **kw) -> Node:
     opts = kw.pop("transport_options", {})
+    # A read has rpc_timeout in all, every step included: in the guest (an emulated CPU, a writer
+    # thread beside the reads) that bound stretches with the measured slowness, as every wait here does.
+    kw.setdefault("rpc_timeout", scaled(5.0))
     return Node(addr, protocol="rdma", transport_options={"devices": list(devs), **opts}, **kw)
 
 
