@@ -31,6 +31,7 @@ from ..directory.redis_url import parse_url
 from ..transport.base import Transport
 from ..transport.tcp import batch_wire
 from . import meta, options
+from .document import DRIVE_READY_WORDS, DriveDocument, DriveMeta, DrivePoint
 from .serve import METRICS_TEXT_OP
 
 log = logging.getLogger(__name__)
@@ -488,8 +489,8 @@ def _percentiles(lat: list) -> dict:
     return {"p50": round(float(p[0]), 1), "p99": round(float(p[1]), 1), "p999": round(float(p[2]), 1)}
 
 
-def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
-    """One point from the per-process results of one shared window."""
+def aggregate(conc: int, cfg: dict, results: list[dict]) -> DrivePoint:
+    """One point from the per-process results of one shared window (its window is placed by run)."""
     total = ThreadStats()
     aborts = []
     for r in results:
@@ -510,23 +511,23 @@ def aggregate(conc: int, cfg: dict, results: list[dict]) -> dict:
     if reason is None and total.batches == 0:
         reason = (f"no batch completed inside the {dur:g} s measurement window; nothing was measured "
                   "(is a batch slower than the window? see the driver log)")
-    return {
-        "concurrency": conc, "processes": cfg["processes"], "threads": conc * cfg["processes"],
-        "batch_size": cfg["batch_size"], "page_size": cfg["page_size"], "duration_s": dur,
-        "bytes": total.bytes, "batches": total.batches,
-        "gb_per_s": round(total.bytes / dur / 1e9, 4) if get else None,
-        "pages_per_s": round(total.hits / objs / dur, 1),
-        "objects_per_s": round(total.hits / dur, 1),
-        "latency_us": _percentiles(total.latencies),
-        "latency_samples": len(total.latencies), "latency_batches": total.latency_seen,
-        "hit_rate": round(total.hits / total.keys, 6) if total.keys else None,
-        "keys": total.keys, "errors": total.errors, "verify_failures": total.verify_failures,
-        "redirected": total.redirected,
-        "verified": bool(cfg["verify"] and get),
+    return DrivePoint(
+        concurrency=conc, processes=cfg["processes"], threads=conc * cfg["processes"],
+        batch_size=cfg["batch_size"], page_size=cfg["page_size"], duration_s=dur,
+        bytes=total.bytes, batches=total.batches,
+        gb_per_s=round(total.bytes / dur / 1e9, 4) if get else None,
+        pages_per_s=round(total.hits / objs / dur, 1),
+        objects_per_s=round(total.hits / dur, 1),
+        latency_us=_percentiles(total.latencies),
+        latency_samples=len(total.latencies), latency_batches=total.latency_seen,
+        hit_rate=round(total.hits / total.keys, 6) if total.keys else None,
+        keys=total.keys, errors=total.errors, verify_failures=total.verify_failures,
+        redirected=total.redirected,
+        verified=bool(cfg["verify"] and get),
         # per rail over the window (rdma; [] otherwise): bytes and share, READs, errors, downs and ups
-        "rails": merge_rails([r.get("rails", []) for r in results]),
-        "status": "failed" if failed else "ok", "reason": reason if failed else None,
-    }
+        rails=merge_rails([r.get("rails", []) for r in results]),
+        status="failed" if failed else "ok", reason=reason if failed else None,
+    )
 
 
 def format_table(doc: dict) -> str:
@@ -586,28 +587,27 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
     # The driver processes' node options; its secret goes to them only, never into the document.
     cfg["node"] = replace(options.node_config(args), directory=cfg["directory"], auth_key=options.auth_secret(args))
     start = meta.now_iso()
-    doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "drive",
-           "meta": {**meta.host_block(), "command": meta.command_line(), "start": start, "end": None,
-                    "discovery_addr": args.discovery_addr, "protocol": args.protocol,
-                    "directory": _safe_directory(cfg["directory"]),
-                    "devices": options.devices(args), "layout": args.layout,
-                    "objects_per_page": options.objects_per_page(args.layout),
-                    "page_size": args.page_size, "batch_size": args.batch_size,
-                    "concurrencies": args.concurrencies, "processes": args.processes,
-                    "working_set": args.working_set, "max_channels": args.max_channels,
-                    "tcp_poll_us": options.tcp_poll_us(args),
-                    # how the tcp client moves each batch (request size, depth, socket buffer): what a raw
-                    # TCP limit must reproduce to bound these figures
-                    "tcp_wire": batch_wire(args.page_size, options.objects_per_page(args.layout) * args.batch_size)
-                    if args.protocol == "tcp" else None,
-                    "dir_cache_ttl": args.dir_cache_ttl, "duration": args.duration, "warmup": args.warmup,
-                    "op": args.op, "verify": args.verify, "integrity": args.integrity, "access": args.access,
-                    "gpu": args.gpu, "gpu_registration": None,
-                    "ib_port": args.ib_port if args.protocol == "rdma" else None,
-                    "gid_index": args.gid_index if args.protocol == "rdma" else None,
-                    "metrics": [], "metrics_scrapes": cfg["metrics_scrapes"],
-                    "versions": meta.versions(), "git_revision": meta.git_revision()},
-           "points": [], "status": "ok", "error": None}
+    doc = DriveDocument(meta=DriveMeta(
+        **meta.host_block(), command=meta.command_line(), start=start, end=None,
+        discovery_addr=args.discovery_addr, protocol=args.protocol,
+        directory=_safe_directory(cfg["directory"]),
+        devices=options.devices(args), layout=args.layout,
+        objects_per_page=options.objects_per_page(args.layout),
+        page_size=args.page_size, batch_size=args.batch_size,
+        concurrencies=args.concurrencies, processes=args.processes,
+        working_set=args.working_set, max_channels=args.max_channels,
+        tcp_poll_us=options.tcp_poll_us(args),
+        # how the tcp client moves each batch (request size, depth, socket buffer): what a raw
+        # TCP limit must reproduce to bound these figures
+        tcp_wire=batch_wire(args.page_size, options.objects_per_page(args.layout) * args.batch_size)
+        if args.protocol == "tcp" else None,
+        dir_cache_ttl=args.dir_cache_ttl, duration=args.duration, warmup=args.warmup,
+        op=args.op, verify=args.verify, integrity=args.integrity, access=args.access,
+        gpu=args.gpu, gpu_registration=None,
+        ib_port=args.ib_port if args.protocol == "rdma" else None,
+        gid_index=args.gid_index if args.protocol == "rdma" else None,
+        metrics=[], metrics_scrapes=cfg["metrics_scrapes"],
+        versions=meta.versions(), git_revision=meta.git_revision()))
     ctx = mp.get_context("spawn")
     procs, conns, lives = [], [], []
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -624,12 +624,12 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
             msg = _recv(c, args.ready_timeout + 30, f"driver process {i} did not get ready")
             if msg[0] == "error":
                 raise PeerCacheError(msg[1])
-            doc["meta"]["gpu_registration"] = msg[1]
+            doc.meta.gpu_registration = msg[1]
             if msg[2]:
-                doc["meta"]["metrics"].append(msg[2])
+                doc.meta.metrics.append(msg[2])
                 print(f"drive: metrics of driver process {i} at {msg[2]}", file=sys.stderr, flush=True)
         if args.start_file is not None or not args.quiet:     # with --start-file a runner waits for it
-            print(f"drive: {args.processes} {options.DRIVE_READY_WORDS} {_safe_directory(cfg['directory'])}",
+            print(f"drive: {args.processes} {DRIVE_READY_WORDS} {_safe_directory(cfg['directory'])}",
                   file=sys.stderr, flush=True)
         for k, conc in enumerate(args.concurrencies):
             t0 = time.time() + 0.3
@@ -651,24 +651,24 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
             point = aggregate(conc, cfg, results)
             if cfg["metrics_scrapes"]:
                 # every process's metrics text (and serve's) at the window's start and end, as they read them
-                point["metrics_scrapes"] = [x for r in results for x in r.get("scrapes", [])]
-            point["window_start"] = round(t0 + args.warmup, 6)
-            point["window_end"] = round(t0 + args.warmup + args.duration, 6)
-            doc["points"].append(point)
+                point.metrics_scrapes = [x for r in results for x in r.get("scrapes", [])]
+            point.window_start = round(t0 + args.warmup, 6)
+            point.window_end = round(t0 + args.warmup + args.duration, 6)
+            doc.points.append(point)
             lost = [r["abort"][0] for r in results if r.get("lost")]
             if lost:
                 # A driver process is gone: the later points could not measure what they say.
-                doc["status"], doc["error"] = "failed", lost[0]
+                doc.status, doc.error = "failed", lost[0]
                 break
-            if point["reason"] and any(w in point["reason"] for w in ("unreachable", "connection", "discovery")):
-                doc["status"], doc["error"] = "failed", point["reason"]
+            if point.reason and any(w in point.reason for w in ("unreachable", "connection", "discovery")):
+                doc.status, doc.error = "failed", point.reason
                 break
     except PeerCacheError as e:
-        doc["status"], doc["error"] = "failed", str(e)
+        doc.status, doc.error = "failed", str(e)
     except Exception as e:  # still write the document and release serve
-        doc["status"], doc["error"] = "failed", f"drive failed: {type(e).__name__}: {e}"
+        doc.status, doc.error = "failed", f"drive failed: {type(e).__name__}: {e}"
     except KeyboardInterrupt:
-        doc["status"], doc["error"] = "failed", "interrupted"
+        doc.status, doc.error = "failed", "interrupted"
     finally:
         for c in conns:
             try:
@@ -677,7 +677,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
                 pass
         # After a fault the processes are not waited on for long: leaving the cluster may be a
         # call to the very directory that failed (see END_GRACE_S).
-        failed = doc["status"] != "ok" or any(p["status"] != "ok" for p in doc["points"])
+        failed = doc.status != "ok" or any(p.status != "ok" for p in doc.points)
         grace = END_GRACE_S if failed else 5.0
         until = time.monotonic() + grace
         for p in procs:
@@ -690,13 +690,13 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2)
-    doc["meta"]["end"] = meta.now_iso()
-    if any(p["status"] != "ok" for p in doc["points"]) or not doc["points"]:
-        doc["status"] = "failed"
-        doc["error"] = doc["error"] or next((p["reason"] for p in doc["points"] if p["reason"]),
-                                            "errors during the run")
-    _tell_serve(args, doc)
-    return (0 if doc["status"] == "ok" else 1), doc
+    doc.meta.end = meta.now_iso()
+    if any(p.status != "ok" for p in doc.points) or not doc.points:
+        doc.status = "failed"
+        doc.error = doc.error or next((p.reason for p in doc.points if p.reason), "errors during the run")
+    out = doc.to_dict()
+    _tell_serve(args, out)
+    return (0 if doc.status == "ok" else 1), out
 
 
 def _safe_directory(spec: str) -> str:

@@ -32,6 +32,7 @@ from ..errors import ConfigError, PeerCacheError
 from ..hicache import PeerCacheStore
 from ..node import Get
 from . import drive, meta, options
+from .document import HICACHE_DRIVE_MODE, DriveDocument
 
 #: Tokens per SGLang page of the bench's host pool (any value works: keys are per page).
 PAGE_TOKENS = 64
@@ -203,10 +204,11 @@ def run(args) -> tuple[int, dict]:
     """drive.run with HiCache workers; returns (exit status, result document)."""
     if args.gpu:
         raise ConfigError("--gpu: hicache_drive reads into SGLang's host KV pool (host memory); drop --gpu")
-    rc, doc = drive.run(args, worker=f"{__name__}:HiCacheWorker")
-    doc["mode"] = "hicache-drive"
-    doc["meta"]["read_path"] = "PeerCacheStore.batch_get_v1 into a page_first host KV pool"
-    return rc, doc
+    rc, out = drive.run(args, worker=f"{__name__}:HiCacheWorker")
+    doc = DriveDocument.from_dict(out)      # drive's document, under its own mode and with its read path
+    doc.mode = HICACHE_DRIVE_MODE
+    doc.meta.read_path = "PeerCacheStore.batch_get_v1 into a page_first host KV pool"
+    return rc, doc.to_dict()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,7 @@ from ..config import Flag, option
 from ..errors import ConfigError, PeerCacheError
 from ..node import Get
 from . import drive, meta, options
+from .document import SuiteDocument, SuiteMeta
 
 #: The calls of one rank's controller, as SGLang names them.
 OPS = ("get", "set", "exists")
@@ -452,21 +453,20 @@ def run(args) -> tuple[int, dict]:
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     objs = options.objects_per_page(args.layout)
     mla = args.layout == "mla"
-    doc = {"schema_version": 1, "tool": "peercache-bench", "mode": "hicache-suite",
-           "meta": {**meta.host_block(), "command": meta.command_line(), "start": meta.now_iso(), "end": None,
-                    "discovery_addr": args.discovery_addr, "directory": drive._safe_directory(options.directory(args)),
-                    "protocol": args.protocol, "devices": options.devices(args), "layout": args.layout,
-                    "objects_per_page": objs, "object_bytes": args.page_size, "page_bytes": args.page_size * objs,
-                    "page_tokens": args.page_tokens, "bytes_per_token": args.page_size * objs / args.page_tokens,
-                    "batch_size": args.batch_size, "concurrencies": list(args.concurrencies), "ops": list(ops),
-                    "tp_rank": args.tp_rank, "tp_size": args.tp_size,
-                    "is_storage_writer": is_storage_writer(mla, args.tp_rank),
-                    "working_set": args.working_set, "duration": args.duration, "warmup": args.warmup,
-                    "max_calls": args.max_calls, "verify": args.verify, "dir_cache_ttl": args.dir_cache_ttl,
-                    "integrity": args.integrity, "host_pool": "page_first",
-                    "calls": {op: CALL_OF[op] for op in ops}, "store_base": store_base(),
-                    "versions": meta.versions(), "git_revision": meta.git_revision()},
-           "ops": {}, "points": [], "status": "ok", "error": None}
+    doc = SuiteDocument(meta=SuiteMeta(
+        **meta.host_block(), command=meta.command_line(), start=meta.now_iso(), end=None,
+        discovery_addr=args.discovery_addr, directory=drive._safe_directory(options.directory(args)),
+        protocol=args.protocol, devices=options.devices(args), layout=args.layout,
+        objects_per_page=objs, object_bytes=args.page_size, page_bytes=args.page_size * objs,
+        page_tokens=args.page_tokens, bytes_per_token=args.page_size * objs / args.page_tokens,
+        batch_size=args.batch_size, concurrencies=list(args.concurrencies), ops=list(ops),
+        tp_rank=args.tp_rank, tp_size=args.tp_size,
+        is_storage_writer=is_storage_writer(mla, args.tp_rank),
+        working_set=args.working_set, duration=args.duration, warmup=args.warmup,
+        max_calls=args.max_calls, verify=args.verify, dir_cache_ttl=args.dir_cache_ttl,
+        integrity=args.integrity, host_pool="page_first",
+        calls={op: CALL_OF[op] for op in ops}, store_base=store_base(),
+        versions=meta.versions(), git_revision=meta.git_revision()))
     rank = None
     n_points, k = len(ops) * len(args.concurrencies), 0
     try:
@@ -482,23 +482,24 @@ def run(args) -> tuple[int, dict]:
                 label = f"point {k}/{n_points}"
                 row = skipped_row(rank, conc, probe) if probe else run_point(rank, op, conc, say, label)
                 rows.append(row)
-                doc["points"].append(row)
+                doc.points.append(row)
                 say(f"hicache suite: {label} {op} threads={conc}: {row['pages_per_s']:.0f} pages/s {row['status']}")
-            doc["ops"][op] = {"points": rows, "peak": peak(rows)}
+            doc.ops[op] = {"points": rows, "peak": peak(rows)}
     except PeerCacheError as e:
-        doc["status"], doc["error"] = "failed", str(e)
+        doc.status, doc.error = "failed", str(e)
     except KeyboardInterrupt:
-        doc["status"], doc["error"] = "failed", "interrupted"
+        doc.status, doc.error = "failed", "interrupted"
     finally:
         if rank is not None:
             rank.close()
-    doc["meta"]["end"] = meta.now_iso()
-    bad = next((p for p in doc["points"] if p["status"] not in ("ok", "skipped")), None)
-    if doc["status"] == "ok" and (bad is not None or not doc["points"]):
-        doc["status"] = "failed"
-        doc["error"] = (f"{bad['op']} threads={bad['threads']}: {bad['reason']}" if bad else "nothing was measured")
-    drive._tell_serve(args, doc)
-    return (0 if doc["status"] == "ok" else 1), doc
+    doc.meta.end = meta.now_iso()
+    bad = next((p for p in doc.points if p["status"] not in ("ok", "skipped")), None)
+    if doc.status == "ok" and (bad is not None or not doc.points):
+        doc.status = "failed"
+        doc.error = (f"{bad['op']} threads={bad['threads']}: {bad['reason']}" if bad else "nothing was measured")
+    out = doc.to_dict()
+    drive._tell_serve(args, out)
+    return (0 if doc.status == "ok" else 1), out
 
 
 def format_table(doc: dict) -> str:

@@ -53,9 +53,8 @@ def start_time(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not EPOCH or EPOCH+SECONDS")
 
 
-#: What drive prints (after its process count) once every driver process is ready: a runner holding
-#: several drivers on one --start-file waits for it.
-DRIVE_READY_WORDS = "process(es) ready against"
+#: What drive prints once every driver process is ready: declared in the engine/lab seam (document.py).
+from .document import DRIVE_READY_WORDS  # noqa: E402,F401  (re-exported for older importers)
 #: The most --time-scale stretches the fault bounds (an emulated CPU is 10-40 times slower).
 MAX_TIME_SCALE = 1000.0
 

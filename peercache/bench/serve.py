@@ -15,6 +15,7 @@ from .. import fdlimit, tags
 from ..node import Node
 from ..transport.tcp import fds_needed
 from . import meta, options
+from .document import ServeDocument, ServeMeta
 
 PUBLISH_BATCH = 512
 READY_LINE = "peercache-bench serve: ready"
@@ -96,19 +97,19 @@ def run(args) -> int:
                 print(f"serve: --max-wait {args.max_wait:.0f} s passed with {len(readers_done)} of "
                       f"{args.readers} readers done; exiting", file=sys.stderr, flush=True)
                 break
-        summary = {"schema_version": 1, "mode": "serve",
-                   "meta": {**meta.host_block(), "command": meta.command_line(), "start": start,
-                            "end": meta.now_iso(), "protocol": args.protocol, "layout": args.layout,
-                            "page_size": args.page_size, "objects": len(keys), "integrity": args.integrity,
-                            "devices": options.devices(args), "versions": meta.versions(),
-                            "rails": (node.transport.rail_info()
-                                      if hasattr(node.transport, "rail_info") else None),
-                            "metrics": endpoint.url if endpoint is not None else None,
-                            "git_revision": meta.git_revision()},
-                   "readers_done": readers_done,
-                   "refused_ops": getattr(node.transport, "refused", None)}
+        summary = ServeDocument(
+            meta=ServeMeta(**meta.host_block(), command=meta.command_line(), start=start,
+                           end=meta.now_iso(), protocol=args.protocol, layout=args.layout,
+                           page_size=args.page_size, objects=len(keys), integrity=args.integrity,
+                           devices=options.devices(args), versions=meta.versions(),
+                           rails=(node.transport.rail_info()
+                                  if hasattr(node.transport, "rail_info") else None),
+                           metrics=endpoint.url if endpoint is not None else None,
+                           git_revision=meta.git_revision()),
+            readers_done=readers_done,
+            refused_ops=getattr(node.transport, "refused", None))
         if args.out:
-            meta.write_document(args.out, summary)
+            meta.write_document(args.out, summary.to_dict())
         print(f"serve: {len(readers_done)} of {args.readers} readers done; exiting", flush=True)
         return 0 if len(readers_done) >= args.readers else 1
     finally:

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from peercache.bench.document import SUITE_MODE, DocumentError, SuiteDocument
 from peercache.lab.errors import ParseError
 from peercache.lab.tidy import Row
 
@@ -25,8 +26,9 @@ from peercache.lab.tidy import Row
 TOOL = "peercache-hicache-suite"
 #: The consumer's module (``python -m MODULE suite ...``).
 MODULE = "peercache.bench.hicache_drive"
-MODE = "hicache-suite"
-SCHEMA_VERSION = 1
+#: The document's mode, as the engine declares it (peercache.bench.document, whose schema version the parser
+#: checks on every read).
+MODE = SUITE_MODE
 #: op -> the HiCacheStorage call it makes, as the document names them (its order: the suite's default).
 CALLS = {"get": "batch_get_v1", "set": "batch_set_v1", "exists": "batch_exists"}
 OPS = tuple(CALLS)
@@ -219,10 +221,10 @@ def parse_document(text: str, source: str = "<json>") -> SuiteResult:
         raise ParseError(TOOL, f"not JSON: {e}", source=source) from None
     if not isinstance(doc, dict):
         raise ParseError(TOOL, "the document is not a JSON object", source=source)
-    if doc.get("schema_version") != SCHEMA_VERSION or doc.get("mode") != MODE:
-        raise ParseError(TOOL, f"schema_version {doc.get('schema_version')!r} mode {doc.get('mode')!r}: not a "
-                               f"hicache suite document of schema {SCHEMA_VERSION} (did the consumer run "
-                               "`hicache_drive suite`?)", source=source)
+    try:
+        SuiteDocument.check(doc)        # its schema version and mode, as the engine declares them
+    except DocumentError as e:
+        raise ParseError(TOOL, f"{e} (did the consumer run `hicache_drive suite`?)", source=source) from None
     meta = _need(doc, "meta", dict, "document", source)
     for k, kind in META_FIELDS.items():
         _need(meta, k, kind, "meta", source)

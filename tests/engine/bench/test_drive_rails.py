@@ -40,9 +40,9 @@ def test_a_point_carries_its_rails_and_the_table_shows_them():
     st = drive.ThreadStats()
     st.batches, st.keys, st.hits, st.bytes = 4, 4, 4, 4 * 4096
     rails = [_rail("rxe_b0", nbytes=12000, reads=3), _rail("rxe_b1", state="down", nbytes=4000, reads=1, downs=1)]
-    p = drive.aggregate(1, cfg, [{"stats": st.__dict__, "abort": [], "rails": rails}])
+    p = drive.aggregate(1, cfg, [{"stats": st.__dict__, "abort": [], "rails": rails}]).to_dict()
     assert [r["share"] for r in p["rails"]] == [0.75, 0.25]
-    tcp = drive.aggregate(1, cfg, [{"stats": st.__dict__, "abort": []}])
+    tcp = drive.aggregate(1, cfg, [{"stats": st.__dict__, "abort": []}]).to_dict()
     assert tcp["rails"] == []
     doc = {"meta": {"host": "h", "cpu": "c", "kernel": "k", "git_revision": "r", "protocol": "rdma",
                     "devices": ["rxe_b0", "rxe_b1"], "layout": "mla", "page_size": 4096, "batch_size": 1,

@@ -111,8 +111,8 @@ def _base_cfg(**kw):
 
 def test_a_point_that_completed_no_batch_is_failed():
     p = drive.aggregate(1, _base_cfg(), [{"stats": drive.ThreadStats().__dict__, "abort": []}])
-    assert p["status"] == "failed" and p["batches"] == 0
-    assert "no batch" in p["reason"]
+    assert p.status == "failed" and p.batches == 0
+    assert "no batch" in p.reason
 
 
 def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
@@ -137,8 +137,8 @@ def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
     w.live, w.live_lock = type("V", (), {"value": 0.0})(), threading.Lock()
     res = w.run_point(1, time.time())
     p = drive.aggregate(1, w.cfg | {"processes": 1, "layout": "mla"}, [res])
-    assert p["status"] == "failed"
-    assert "OverflowError" in p["reason"]
+    assert p.status == "failed"
+    assert "OverflowError" in p.reason
 
 
 @pytest.mark.parametrize("scale, aborted", [(1.0, True), (2.0, False)])

@@ -127,7 +127,7 @@ def test_drive_keeps_a_bounded_uniform_sample_of_latencies(monkeypatch):
     p = drive.aggregate(1, {"duration": 1.0, "layout": "mla", "op": "get", "processes": 1, "batch_size": 1,
                             "page_size": 4096, "verify": False},
                         [{"stats": dict(st.__dict__, batches=10_000, keys=10_000, hits=10_000), "abort": []}])
-    assert p["latency_samples"] == 100 and p["latency_batches"] == 10_000 and p["latency_us"]["p50"] > 0
+    assert p.latency_samples == 100 and p.latency_batches == 10_000 and p.latency_us["p50"] > 0
 
 
 def test_a_split_batch_whose_replies_mix_records_and_lists_is_merged(producer):

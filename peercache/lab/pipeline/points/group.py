@@ -15,10 +15,11 @@ import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
 from peercache import atomic
-from peercache.bench.options import DRIVE_READY_WORDS
+from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
-from peercache.lab.pipeline.points.peercache import READY_LINE, PeerCacheKnobs, keep_scrapes, serve_drive
+from peercache.lab.pipeline.points.peercache import (READY_LINE, PeerCacheKnobs, keep_scrapes,
+                                                    read_drive_document, serve_drive)
 from peercache.lab.system import cpusample
 from peercache.lab.tidy import Row
 
@@ -91,7 +92,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
 
         def measure(gr) -> WindowBytes:
             (pr.raw_dir / gr.name).mkdir(exist_ok=True)
-            doc = keep_scrapes(pr, json.loads(pr.fetch(th.consumer, outs[gr.name])), pr.raw_dir / gr.name)
+            text = pr.fetch(th.consumer, outs[gr.name])
+            doc = keep_scrapes(pr, read_drive_document(text), pr.raw_dir / gr.name)
             atomic.write_text(pr.raw_dir / gr.name / "drive.json", json.dumps(doc, indent=1))
             docs[gr.name] = doc
             return sanity(gr.name, doc["points"][0])

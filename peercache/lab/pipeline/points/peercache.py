@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from peercache import atomic
+from peercache.bench.document import DocumentError, DriveDocument
 from peercache.lab.errors import ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_MICROSECONDS, NULLABLE_SECONDS,
@@ -120,8 +121,13 @@ class PeerCacheRun(PeerCacheKnobs):
         res, err = pr.pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, p.get("devices") or [])
         pr.record(res)
         try:
-            doc = keep_scrapes(pr, json.loads(pr.fetch(th.consumer, out)), pr.raw_dir)
+            doc = keep_scrapes(pr, read_drive_document(pr.fetch(th.consumer, out)), pr.raw_dir)
             atomic.write_text(pr.raw_dir / "drive.json", json.dumps(doc, indent=1))
+        except DocumentError as e:      # another revision's drive: what it measured is not read
+            pr.fail("get_throughput", "GB/s", f"drive's result document: {e}",
+                    **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
+                    batch=p["batch_size"], threads=p["threads"], processes=p["processes"])
+            return
         except (ToolError, json.JSONDecodeError) as e:
             pr.fail("get_throughput", "GB/s", err or f"drive wrote no result document: {e}",
                     **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
@@ -175,6 +181,16 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
     if p.get("destination") == "gpu":
         drive.append("--gpu")
     return serve, drive
+
+
+def read_drive_document(text: str) -> dict[str, Any]:
+    """drive's (or hicache_drive's) ``--out`` document, read through the engine's seam: its schema version,
+    mode and fields are checked (:class:`peercache.bench.document.DriveDocument`), and the document is
+    returned as written. json.JSONDecodeError when it is not JSON; DocumentError, saying what to re-run, when
+    another revision's drive wrote it."""
+    doc = json.loads(text)
+    DriveDocument.from_dict(doc)
+    return doc
 
 
 def keep_scrapes(pr: PointRun, doc: dict[str, Any], folder) -> dict[str, Any]:
