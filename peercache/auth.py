@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils import z85
 
+from .address import host_of, is_loopback
 from .errors import ConfigError
 from .redact import remember
 
@@ -290,17 +291,6 @@ def zap_reply(frames: list[bytes], keys: CurveKeys) -> list[bytes]:
     return [b"1.0", rid, b"400", b"client key not derived from the cluster secret", b"", b""]
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or name from HOST:PORT) is reachable only from this machine."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False   # a name or a wildcard: assume the network can reach it
-
-
 _WILDCARDS = ("", "*", "0.0.0.0", "::")
 
 
@@ -322,7 +312,7 @@ def who_can_reach(host: str) -> str:
 def open_warning(addr: str, what: str = "discovery") -> str:
     """What anyone on the network can do to ``what`` (discovery, or a node's data server) listening on
     ``addr`` without a secret, who that is, and how to close it."""
-    host = addr.split("://", 1)[-1].rpartition(":")[0]
+    host = host_of(addr)
     who = who_can_reach(host)
     fix = (f"Give every process the same secret (--auth-key-file PATH or ${ENV_VAR}; HiCache: "
            "auth_key_file), or listen on 127.0.0.1 only")
@@ -337,7 +327,7 @@ def open_warning(addr: str, what: str = "discovery") -> str:
 
 def warn_if_open(addr: str, keys: CurveKeys | None, what: str = "discovery") -> bool:
     """Log :func:`open_warning` when ``addr`` is not loopback and there is no secret; True if warned."""
-    host = addr.split("://", 1)[-1].rpartition(":")[0]
+    host = host_of(addr)
     if keys is None and not is_loopback(host):
         log.warning(open_warning(addr, what))
         return True

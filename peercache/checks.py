@@ -14,6 +14,7 @@ import re
 import time
 from typing import Any
 
+from .address import Address
 from .errors import ConfigError
 
 #: Longest duration any option takes (timeouts, waits, TTLs, measured windows): a day.
@@ -142,11 +143,14 @@ def host_port(option: str, value: Any) -> str:
         raise ConfigError(f"{option}: {value!r} is not HOST:PORT (for example 127.0.0.1:31998)")
     if "://" in value:
         return text(option, value, r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]+", "a URL without spaces")
-    h, sep, port = value.rpartition(":")
-    if not sep or not h or not port.isdigit() or not _HOST.fullmatch(h):
+    try:
+        a = Address.parse(value)
+    except ValueError:
+        a = None
+    if a is None or not _HOST.fullmatch(a.host):
         raise ConfigError(f"{option} {value!r} is not HOST:PORT (for example 127.0.0.1:31998)")
-    if not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{option} {value!r}: port {int(port)} is outside 1..65535")
+    if not 1 <= a.port <= 65535:
+        raise ConfigError(f"{option} {value!r}: port {a.port} is outside 1..65535")
     return value
 
 

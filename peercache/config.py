@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from . import checks, tags
+from .address import Address
 from .auth import check_secret, load_secret
 from .directory.redis_url import PASSWORD_ENV, is_redis, parse_url
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT
@@ -259,10 +260,10 @@ def _secret(label: str, v: Any) -> bytes:
 
 def _metrics_addr(label: str, v: Any) -> str:
     """HOST:PORT to serve the metrics on (port 0: any free port)."""
-    host, sep, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
     try:
-        ok = bool(sep and port.isdigit() and int(port) <= 65535 and "://" not in v and checks.host(label, host))
-    except ConfigError:
+        a = Address.parse(v)
+        ok = bool(a.port <= 65535 and "://" not in v and checks.host(label, a.host))
+    except (ValueError, ConfigError):
         ok = False
     if not ok:
         raise ConfigError(f"{label} {v!r} is not HOST:PORT for the metrics endpoint; give e.g. 127.0.0.1:9464 "

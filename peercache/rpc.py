@@ -40,6 +40,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import auth as _auth
+from .address import Address, split
 from .errors import DiscoveryUnreachable, PeerCacheError, RpcError
 
 log = logging.getLogger(__name__)
@@ -111,10 +112,11 @@ def endpoint(addr: str) -> str:
     """``host:port`` (or a full zmq URL) -> zmq TCP endpoint."""
     if "://" in addr:
         return addr
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise PeerCacheError(f"address {addr!r} is not HOST:PORT (for example 127.0.0.1:31998)")
-    return f"tcp://{host}:{port}"
+    try:
+        Address.parse(addr)
+    except ValueError:
+        raise PeerCacheError(f"address {addr!r} is not HOST:PORT (for example 127.0.0.1:31998)") from None
+    return f"tcp://{addr}"
 
 
 def pack(obj: Any) -> bytes:
@@ -260,7 +262,7 @@ class RpcServer:
     @property
     def port(self) -> int:
         """The TCP port actually bound (useful with port 0)."""
-        return int(self.address.rsplit(":", 1)[1])
+        return int(split(self.address)[1])
 
     def start(self) -> "RpcServer":
         self._worker.start()

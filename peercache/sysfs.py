@@ -6,12 +6,16 @@ and :func:`proc_path` (the pyperf habit), so a test can point either at a
 folder such as ``tests/fixtures/lab/hosts/cx7-8bond`` that holds ``sys/...``
 and ``proc/...``. The root is an explicit argument; the process-wide default
 (``/``) can be changed with :func:`set_root` or, scoped, :func:`using_root`.
-The GID table of a port is read here once, for both (:func:`gid_table`).
+The GID table of a port is read here once, for both (:func:`gid_table`), and so are the two
+formats sysfs writes that both read: a GID's IPv4 address (:func:`gid_ipv4`) and a kernel CPU or
+node list such as ``0-3,8`` (:func:`parse_list`).
 """
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -99,11 +103,40 @@ def gid_table(device: str, port: int, root: str | os.PathLike | None = None
             e[key] = text
             if text is None:
                 e.setdefault("_missing", {})[key] = why or "not available"
-        parts = gid.split(":")
-        if gid.startswith("0000:0000:0000:0000:0000:ffff:") and len(parts) == 8:
-            v = int(parts[6] + parts[7], 16)
-            e["ipv4"] = ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-        else:
-            e["ipv4"] = None  # an IPv6 or IB GID: no IPv4 address, not a missing value
+        e["ipv4"] = gid_ipv4(gid)  # None: an IPv6 or IB GID, no IPv4 address (not a missing value)
         entries.append(e)
     return entries, problems
+
+
+def gid_ipv4(gid: str | None) -> str | None:
+    """The IPv4 address of an IPv4-mapped GID, else None (an IPv6 or IB GID, or not a GID at all).
+
+    Any IPv6 spelling is read: sysfs's (``0000:0000:0000:0000:0000:ffff:c612:0001``), compressed
+    (``::ffff:c612:1``) or dotted (``::ffff:198.18.0.1``), in either case -> ``"198.18.0.1"``."""
+    if not gid:
+        return None
+    try:
+        mapped = ipaddress.IPv6Address(gid.strip()).ipv4_mapped
+    except ValueError:
+        return None
+    return str(mapped) if mapped is not None else None
+
+
+_LIST_PART = re.compile(r"([0-9]+)(?:-([0-9]*))?")
+
+
+def parse_list(text: str) -> list[int]:
+    """A kernel CPU or node list (sysfs ``cpulist``, ``Cpus_allowed_list``, ``numactl`` output:
+    ``"0"``, ``"0-3,8"``, ``""``) as its numbers in the order written; ValueError when a part is not
+    N or N-M. Surrounding whitespace and empty parts are skipped; as the three readers before this one
+    did, ``N-`` reads as N and a range written backwards (``3-1``) holds no number."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        m = _LIST_PART.fullmatch(part)
+        if not m:
+            raise ValueError(f"{part!r} in {text!r} is not a number or a range N-M of a kernel list")
+        a = int(m.group(1))
+        out.extend(range(a, int(m.group(2) or a) + 1))
+    return out

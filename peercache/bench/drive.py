@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import tags
-from ..auth import is_loopback
+from ..address import host_of, is_loopback
 from ..config import NodeConfig
 from ..directory.client import connect_directory, is_redis
 from ..errors import PeerCacheError
@@ -575,7 +575,7 @@ def run(args, worker: str | None = None) -> tuple[int, dict]:
     if getattr(args, "metrics_addr", None):
         from .. import metrics
         metrics.for_process(args.metrics_addr, args.processes - 1, args.processes)   # the ports fit
-        if not is_loopback(args.metrics_addr.rpartition(":")[0].strip("[]")):
+        if not is_loopback(host_of(args.metrics_addr)):
             log.warning(metrics.open_warning(args.metrics_addr))
     cfg = {k: getattr(args, k) for k in (
         "discovery_addr", "protocol", "layout", "page_size", "working_set",

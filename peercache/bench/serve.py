@@ -12,6 +12,7 @@ import threading
 import time
 
 from .. import fdlimit, tags
+from ..address import split
 from ..node import Node
 from ..transport.tcp import fds_needed
 from . import meta, options
@@ -47,7 +48,7 @@ def run(args) -> int:
         print(f"serve: {low}" + (f" (raised from {before})" if soft != before else ""), file=sys.stderr,
               flush=True)
     keys = options.page_keys(args.working_set, args.layout)
-    bind = args.bind or args.discovery_addr.rpartition(":")[0].strip("[]")
+    bind = args.bind or split(args.discovery_addr)[0]
     start = meta.now_iso()
     done = threading.Event()
     readers_done: list[dict] = []

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from .service import DEFAULT_HEARTBEAT_TIMEOUT
+from ..address import host_of
 from ..errors import ConfigError
 from ..rpc import RpcClient
 from .redis_url import is_redis
@@ -191,8 +192,7 @@ class EmbeddedDirectory(DirectoryOps):
         self.address = addr
         self.auth = auth
         self.rpc = RpcClient(addr, timeout=timeout, what="discovery", auth=auth)
-        self.host = addr.rpartition(":")[0].strip("[]") if "://" not in addr else \
-            addr.split("://", 1)[1].rpartition(":")[0].strip("[]")
+        self.host = host_of(addr)
 
     @property
     def timeout(self) -> float:

@@ -12,6 +12,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
+from ..address import join
 from ..errors import ConfigError
 from ..redact import redact, remember
 
@@ -48,8 +49,7 @@ class RedisURL:
         if self.username or self.password:
             quote = functools.partial(urllib.parse.quote, safe="")
             auth = f"{quote(self.username or '')}{':' + quote(self.password) if self.password else ''}@"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return redact(f"{'rediss' if self.ssl else 'redis'}://{auth}{host}:{self.port}/{self.db}")
+        return redact(f"{'rediss' if self.ssl else 'redis'}://{auth}{join(self.host, self.port)}/{self.db}")
 
 
 def parse_url(url: str, env: dict | None = None) -> RedisURL:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import ipaddress
 import json
 import os
 import secrets
 import socket
 import sys
 from pathlib import Path
+
+from peercache.address import is_loopback, join
 
 KERNEL_NAME = "peercache-lab"
 KERNEL_DISPLAY_NAME = "PeerCache Lab"
@@ -66,16 +67,6 @@ def ensure_kernel(prefix: str | Path = sys.prefix) -> Path:
                                f"the lab extra) or `{sys.executable} -m pip install -e '.[lab]'`") from None
         install(prefix=str(prefix), kernel_name=KERNEL_NAME, display_name=KERNEL_DISPLAY_NAME)
     return kernel_dir(prefix)
-
-
-def is_loopback(ip: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost."""
-    if ip == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
 
 
 def reach(ip: str, port: int) -> str:
@@ -166,9 +157,8 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     argv = server_argv(nb_dir, ip=args.ip, port=args.port, allow_root=root)
-    host = f"[{args.ip}]" if ":" in args.ip else args.ip
     print(f"JupyterLab on {nb_dir}, kernel \"{KERNEL_DISPLAY_NAME}\" ({kdir})", flush=True)
-    print(f"  URL:   http://{host}:{args.port}/lab?token={token}", flush=True)
+    print(f"  URL:   http://{join(args.ip, args.port)}/lab?token={token}", flush=True)
     print(f"  token: {token}", flush=True)
     print(f"  {reach(args.ip, args.port)}", flush=True)
     if root:

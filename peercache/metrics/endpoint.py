@@ -21,7 +21,8 @@ from typing import Iterable
 from prometheus_client import generate_latest, make_wsgi_app
 from prometheus_client.registry import Collector
 
-from ..auth import is_loopback, who_can_reach
+from ..address import Address, is_loopback, join
+from ..auth import who_can_reach
 from ..errors import ConfigError
 from .collector import registry
 from .server import OVERHEAD_FDS, BoundedWSGIServer
@@ -41,15 +42,9 @@ MAX_HEADER_BYTES = 8192
 FDS = MAX_CONNECTIONS + OVERHEAD_FDS
 
 
-def split(addr: str) -> tuple[str, int]:
-    """(host, port) of HOST:PORT (brackets of an IPv6 host dropped); the address was checked before."""
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def open_warning(addr: str, label: str = "--metrics-addr") -> str:
     """What listening on ``addr`` (not loopback) exposes, to whom, and how to keep it on this machine."""
-    host, _ = split(addr)
+    host = Address.parse(addr).host
     return (f"{label} {addr}: the metrics endpoint is not on loopback: {who_can_reach(host)} can read this "
             "process's metrics, without authentication (node names, key and byte counts, rails and their "
             f"states, directory sizes). Give {label} 127.0.0.1:PORT and scrape through a tunnel "
@@ -60,13 +55,14 @@ def for_process(addr: str, index: int, count: int, label: str = "--metrics-addr"
                 what: str = "driver processes") -> str:
     """The address of process ``index`` of ``count`` (drive's driver processes, a HiCache model's ranks) given
     one address for all: HOST:PORT+index (port 0: any free port, each)."""
-    host, port = addr.rpartition(":")[0], split(addr)[1]
+    a = Address.parse(addr)
+    host, port = a.host, a.port
     if port == 0:
         return addr
     if port + count - 1 > 65535:
         raise ConfigError(f"{label} {addr} with {count} {what} needs ports {port}..{port + count - 1} "
                           "(one each), beyond 65535; give a lower port, or port 0 for any free ones")
-    return f"{host}:{port + index}"
+    return join(host, port + index)
 
 
 class Endpoint:
@@ -76,7 +72,8 @@ class Endpoint:
     def __init__(self, addr: str, collectors: Iterable[Collector], *, label: str = "--metrics-addr",
                  warn: bool = True, max_connections: int = MAX_CONNECTIONS, timeout: float = TIMEOUT,
                  max_header_bytes: int = MAX_HEADER_BYTES):
-        host, port = split(addr)
+        a = Address.parse(addr)
+        host, port = a.host, a.port
         self.registry = registry(*collectors)
         try:
             self._server = BoundedWSGIServer(host, port, make_wsgi_app(self.registry),
@@ -86,7 +83,7 @@ class Endpoint:
             raise ConfigError(f"{label} {addr}: cannot listen there ({e.strerror or e}); give a free port of an "
                               f"address of this machine (e.g. {EXAMPLE}, or port 0 for any free port)") from e
         bound = self._server.server_address
-        self.address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+        self.address = join(bound[0], bound[1])
         if warn and not is_loopback(host):
             log.warning(open_warning(addr, label))
         self._closed = threading.Event()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..address import split
 from ..directory.client import Members
 
 #: hosts a server binds to when it listens on every interface
@@ -11,9 +12,7 @@ WILDCARDS = ("0.0.0.0", "::", "")
 
 def same_endpoint(a: str, b: str) -> bool:
     """Whether HOST:PORT ``a`` (as its server bound it, maybe a wildcard host) is ``b``."""
-    ha, _, pa = a.rpartition(":")
-    hb, _, pb = b.rpartition(":")
-    ha, hb = ha.strip("[]"), hb.strip("[]")
+    (ha, pa), (hb, pb) = split(a), split(b)
     return bool(pa) and pa == pb and (ha == hb or ha in WILDCARDS)
 
 

@@ -13,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from .. import sysfs
+from ..sysfs import gid_ipv4
 from ..errors import TransportUnavailable
 
 #: ``enum ibv_port_state`` / ``ibv_link_layer`` / ``ibv_gid_type`` values used here.
@@ -48,15 +49,6 @@ class RailSpec:
     numa: int         #: -1 unknown
     link_layer: int
     mtu: int          #: active MTU in bytes
-
-
-def gid_ipv4(gid: str) -> str | None:
-    """The IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None."""
-    try:
-        addr = ipaddress.IPv6Address(gid)
-    except ValueError:
-        return None
-    return str(addr.ipv4_mapped) if addr.ipv4_mapped else None
 
 
 def _is_zero(gid: str) -> bool:

@@ -74,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from ..address import join
 from ..auth import ADDR_BYTES, DATA_KEY_BYTES, MAC_BYTES, NONCE_BYTES, DataKey
 from ..errors import TransportError, TransportUnavailable
 from .base import OP_DTYPE, Status, Transport, native_module, slot_ops
@@ -225,7 +226,7 @@ def wire_address(sockaddr: tuple) -> bytes:
 def address_text(addr: bytes) -> str:
     """A handshake address as text, as native/handshake.c writes it."""
     ip, port = ipaddress.IPv6Address(addr[:16]), int.from_bytes(addr[16:], "big")
-    return f"{ip.ipv4_mapped}:{port}" if ip.ipv4_mapped else f"[{ip}]:{port}"
+    return join(str(ip.ipv4_mapped or ip), port)
 
 
 def relayed(where: str, at: bytes, reached: bytes) -> TransportError:

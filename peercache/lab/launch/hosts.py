@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from peercache.address import split
 from peercache.lab.system.slowness import slowness  # noqa: F401 (also re-exported: hosts' waits use it)
 
 #: Line the SSH wrapper prints on stderr to tell us the remote process group.
@@ -392,7 +393,8 @@ class Host(abc.ABC):
         self.close()
 
 
-_WILDCARDS = {"0.0.0.0", "*", "[::]", "::", "[::ffff:0.0.0.0]"}
+#: hosts (brackets dropped) of a listener on every interface, as ss writes them
+_WILDCARDS = {"0.0.0.0", "*", "::", "::ffff:0.0.0.0"}
 
 
 def listening_on(ss_output: str, addr: str | None, port: int) -> bool:
@@ -402,11 +404,11 @@ def listening_on(ss_output: str, addr: str | None, port: int) -> bool:
         if len(fields) < 4:
             continue
         local = fields[3]
-        host, _, p = local.rpartition(":")
+        host, p = split(local)
         if p != str(port):
             continue
         host = host.split("%", 1)[0]  # "127.0.0.53%lo" names the interface too
-        if addr is None or host in _WILDCARDS or host.strip("[]") == addr:
+        if addr is None or host in _WILDCARDS or host == addr:
             return True
     return False
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ from typing import Any
 
 from peercache import atomic
 from peercache import sysfs
+from peercache.sysfs import gid_ipv4
 from peercache.bench import meta as bench_meta
 from peercache.lab.launch import netns
 from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, parse_host
@@ -225,18 +225,6 @@ def parse_pings(text: str) -> tuple[bool, dict[str, tuple[int, str]]]:
             if len(parts) >= 3 and parts[2].lstrip("-").isdigit():
                 out[parts[1]] = (int(parts[2]), parts[3].strip() if len(parts) > 3 else "")
     return present, out
-
-
-def gid_ipv4(gid: str | None) -> str | None:
-    """The IPv4 address of an IPv4-mapped GID (``0000:...:ffff:c612:0001`` or ``::ffff:198.18.0.1``), else None."""
-    if not gid:
-        return None
-    parts = gid.strip().lower().split(":")
-    if len(parts) == 8 and all(len(x) == 4 for x in parts) and parts[:6] == ["0000"] * 5 + ["ffff"]:
-        v = int(parts[6] + parts[7], 16)
-        return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-    m = re.fullmatch(r"::ffff:(\d{1,3}(?:\.\d{1,3}){3})", gid.strip().lower())
-    return m.group(1) if m else None
 
 
 def _mtu_text(info: dict[str, str]) -> str | None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from peercache.sysfs import gid_table, is_live, proc_path, read_attr, sysfs_path
+from peercache.sysfs import gid_table, is_live, parse_list, proc_path, read_attr, sysfs_path
 
 #: 2: the capture lists its sources (the commands it ran, the files it read); 1 did not.
 SCHEMA_VERSION = 2
@@ -138,16 +138,6 @@ def _list_dir(path: Path) -> list[str]:
         return []
 
 
-def _parse_cpulist(text: str) -> list[int]:
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        cpus.extend(range(int(a), int(b or a) + 1))
-    return cpus
-
-
 @dataclass
 class _Ctx:
     root: Path
@@ -228,7 +218,7 @@ def collect_numa(ctx: _Ctx) -> dict[str, Any]:
     for name in names:
         n = _Section(node=int(name[4:]))
         cpus = n.put_attr("cpulist", base / name / "cpulist")
-        n.put("cpu_count", len(_parse_cpulist(cpus)) if cpus is not None else None,
+        n.put("cpu_count", len(parse_list(cpus)) if cpus is not None else None,
               "cpulist not readable")
         text, why = read_attr(base / name / "meminfo")
         m = re.search(r"MemTotal:\s+(\d+) kB", text or "")

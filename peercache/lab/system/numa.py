@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from peercache import sysfs
+
 
 def numa_binding(node: int | None, numactl_available: bool,
                  device: str | None = None) -> tuple[list[str], dict[str, Any]]:
@@ -69,15 +71,10 @@ def parse_list(text: str | None) -> set[int] | None:
     """A kernel CPU or node list ("0-3,8") as a set; None when absent or unreadable."""
     if text is None:
         return None
-    out: set[int] = set()
-    for part in str(text).strip().split(","):
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        if not a.isdigit() or (b and not b.isdigit()):
-            return None
-        out.update(range(int(a), int(b or a) + 1))
-    return out
+    try:
+        return set(sysfs.parse_list(str(text)))
+    except ValueError:
+        return None
 
 
 def _fmt(nodes: set[int]) -> str:

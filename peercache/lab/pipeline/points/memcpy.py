@@ -10,7 +10,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from peercache import atomic
+from peercache import atomic, sysfs
 from peercache.lab.pipeline.points.declare import NULLABLE_INT, POSITIVE_INT, Timed, parameter, sizes, timing, variable
 from peercache.lab.system import numa
 from peercache.lab.tidy import Row
@@ -92,12 +92,7 @@ def extract(doc: dict[str, Any], node: int | None, record: dict[str, Any], cpu: 
 
 def parse_nodelist(text: str) -> list[int]:
     """A sysfs node list ("0", "0-1", "0,2-3") as node numbers; [] when it cannot be read."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        if not a.isdigit() or (b and not b.isdigit()):
-            return []
-        out += list(range(int(a), int(b or a) + 1))
-    return out
+    try:
+        return sysfs.parse_list(text)
+    except ValueError:
+        return []
