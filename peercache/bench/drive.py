@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
 #: Every fault ends a drive within 5 s. Each wait of a driver is bounded by one of these: its
-#: directory calls (lookups, heartbeats) give up after IO_TIMEOUT_S without an answer, its tcp
+#: directory calls (lookups, heartbeats) give up after IO_TIMEOUT_S without an answer (over rdma
+#: IO_TIMEOUT_S + RDMA_COMPLETION_S, a GET's whole bound: see Driver), its tcp
 #: data connection after DATA_TIMEOUT_S without progress; a point ends once the directory has
 #: answered none of the node's heartbeats (one a second) for DIRECTORY_SILENCE_S, which also
 #: catches a stopped producer hosting the directory whose pages one-sided reads still reach
@@ -50,6 +51,9 @@ DATA_TIMEOUT_S = 2.0
 DIRECTORY_SILENCE_S = 3.0
 #: The rdma transport's connection setup bound drive gives it.
 RDMA_CONNECT_S = 5.0
+#: The rdma transport's completion bound drive gives it: a READ with no completion for this long is a
+#: path fault, failed over to another rail (not stretched by --time-scale: see Driver).
+RDMA_COMPLETION_S = 5.0
 #: --time-scale multiplies POINT_GRACE_S, IO_TIMEOUT_S, DATA_TIMEOUT_S, DIRECTORY_SILENCE_S and
 #: RDMA_CONNECT_S (emulated hosts); STUCK_GRACE_S and END_GRACE_S stay.
 STUCK_GRACE_S = 0.2
@@ -115,11 +119,18 @@ class _Worker:
         self.keys_arr[:] = self.keys
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
         scale = cfg.get("time_scale", 1.0)
-        node = replace(cfg["node"], timeout=IO_TIMEOUT_S * scale)
+        # A GET has the node's timeout in all, every step included. Over rdma a READ that gets no
+        # completion within RDMA_COMPLETION_S is a path fault that the read fails over (another rail,
+        # fresh QPs), and the directory's one-sided table read waits it too: a GET's bound holds one
+        # such wait beside the directory's, or a rail going down fails the GETs under way instead of
+        # moving them (test_twohost's rail-down test: 'the call has 3 s in all ... the directory table
+        # read failed after 5.06 s').
+        get_bound = IO_TIMEOUT_S * scale + (RDMA_COMPLETION_S if cfg["node"].protocol == "rdma" else 0.0)
+        node = replace(cfg["node"], timeout=get_bound)
         # rdma's completion bound stays: a READ with no completion for it is a path fault (failover),
         # and stretched by 40 on the loaded emulated pair it held a thread past its window for minutes
         bounds = {"tcp": {"io_timeout": DATA_TIMEOUT_S * scale},
-                  "rdma": {"connect_timeout": RDMA_CONNECT_S * scale}}
+                  "rdma": {"connect_timeout": RDMA_CONNECT_S * scale, "timeout_s": RDMA_COMPLETION_S}}
         self.node = Node(**node.node_kwargs(name=f"drive-{pidx}", transport_options=bounds.get(node.protocol)))
         #: this process's metrics endpoint (--metrics-addr, the port plus the process's index), or None
         self.metrics = None
