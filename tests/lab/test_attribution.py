@@ -138,7 +138,7 @@ def test_cpu_sampler_measures_a_busy_thread_and_where_its_memory_sits(tmp_path):
     use = cpusample.window_usage(samples, samples[2]["t"], samples[-1]["t"])
     assert use is not None and use.samples >= 5
     # one spinning thread: the share of a core it had, and it is the busiest
-    assert got > 0.1 and abs(use.busiest_thread - got) < 0.25 and use.busiest_thread <= 1.1, (use, got)
+    assert got > 0.02 and abs(use.busiest_thread - got) < 0.25 and use.busiest_thread <= 1.1, (use, got)
     assert use.cores >= use.busiest_thread - 1e-6
     assert use.memory_node == 0 and sum(use.numa_pages.values()) > (64 << 20) // 4096 // 2
     assert subprocess.run(cpusample.wrap([sys.executable, "-c", "raise SystemExit(3)"], str(out)),

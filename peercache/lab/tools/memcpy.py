@@ -50,7 +50,9 @@ def measure(page: int, working_set: int, batch: int, duration: float) -> dict:
                 now = time.perf_counter()
                 if t0 is None and now >= warm_end:
                     t0, copied = now, 0
-                if now >= deadline:
+                # A window holds at least one batch: a thread descheduled through a whole short
+                # window (a loaded machine) would otherwise report 0 bytes/s.
+                if now >= deadline and copied:
                     break
                 slots = rng.integers(0, working_set, batch).astype(np.uint64)
                 copy_pages(src, dst, slots * np.uint64(stride) + np.uint64(tags.HEADER_BYTES), dst_off, page)
