@@ -123,8 +123,9 @@ class _Document(_Record):
 
 
 @dataclass
-class DriveMeta(_Record):
-    """Where and how a drive ran (the document's ``meta``)."""
+class _RunBlock(_Record):
+    """Where and when a bench command ran: the first fields of every document's ``meta``
+    (meta.host_block(), the command line, start and end)."""
 
     #: host name
     host: str
@@ -142,6 +143,12 @@ class DriveMeta(_Record):
     start: str
     #: end time (UTC, ISO 8601; None until the run ends)
     end: Optional[str]
+
+
+@dataclass
+class DriveMeta(_RunBlock):
+    """Where and how a drive ran (the document's ``meta``)."""
+
     #: serve's discovery address (HOST:PORT)
     discovery_addr: str
     #: transport: tcp, shm or rdma
@@ -290,25 +297,9 @@ class DriveDocument(_Document):
 
 
 @dataclass
-class ServeMeta(_Record):
+class ServeMeta(_RunBlock):
     """Where and how serve ran (its document's ``meta``)."""
 
-    #: host name
-    host: str
-    #: kernel release
-    kernel: str
-    #: machine architecture
-    machine: str
-    #: CPU model name (None when unreadable)
-    cpu: Optional[str]
-    #: logical CPUs (count)
-    cpus: Optional[int]
-    #: the command line, its secrets masked
-    command: str
-    #: start time (UTC, ISO 8601)
-    start: str
-    #: end time (UTC, ISO 8601)
-    end: str
     #: transport: tcp, shm or rdma
     protocol: str
     #: KV layout: mha or mla
@@ -355,25 +346,9 @@ class ServeDocument(_Document):
 
 
 @dataclass
-class SuiteMeta(_Record):
+class SuiteMeta(_RunBlock):
     """Where and how the HiCache suite ran (its document's ``meta``)."""
 
-    #: host name
-    host: str
-    #: kernel release
-    kernel: str
-    #: machine architecture
-    machine: str
-    #: CPU model name (None when unreadable)
-    cpu: Optional[str]
-    #: logical CPUs (count)
-    cpus: Optional[int]
-    #: the command line, its secrets masked
-    command: str
-    #: start time (UTC, ISO 8601)
-    start: str
-    #: end time (UTC, ISO 8601; None until the run ends)
-    end: Optional[str]
     #: serve's discovery address (HOST:PORT)
     discovery_addr: str
     #: the directory spec (a Redis URL's password masked)
