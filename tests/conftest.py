@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -69,6 +70,23 @@ def pipeline_copy(work) -> None:
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dst)
+
+
+def recv_for(s: socket.socket, seconds: float, got: bytearray | None = None) -> bytes:
+    """What ``s`` receives until it closes or ``seconds`` pass (also appended to ``got`` as it comes)."""
+    mine, end = bytearray(), time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        s.settimeout(left)
+        try:
+            k = s.recv(65536)
+        except OSError:
+            break
+        if not k:
+            break
+        mine += k
+        if got is not None:
+            got += k
+    return bytes(mine)
 
 
 def free_port() -> int:

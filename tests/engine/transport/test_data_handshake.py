@@ -24,7 +24,7 @@ from peercache.transport.base import Status, make_ops, native_module
 from peercache.transport.tcp import (CHALLENGE_BYTES, HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, Channel,
                                      NativeTcpTransport, TcpTransport, address_text, hello, wire_address)
 
-from conftest import scaled
+from conftest import recv_for as recv_all, scaled
 
 mod, _why = native_module()
 pytestmark = pytest.mark.skipif(mod is None, reason=str(_why))
@@ -128,19 +128,6 @@ def request(req_id: int, off: int, ln: int) -> bytes:
     return HEAD.pack(REQ_MAGIC, 0, 1, req_id) + w.tobytes()
 
 
-def recv_all(s: socket.socket, seconds: float = 1.0) -> bytes:
-    """Everything ``s`` receives until it closes or ``seconds`` pass."""
-    got, end = bytearray(), time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        s.settimeout(left)
-        try:
-            k = s.recv(65536)
-        except OSError:
-            break
-        if not k:
-            break
-        got += k
-    return bytes(got)
 
 
 def refusal(got: bytes) -> str:

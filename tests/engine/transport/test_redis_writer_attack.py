@@ -26,7 +26,7 @@ import time
 import pytest
 
 import peercache
-from conftest import scaled
+from conftest import recv_for, scaled
 from peercache.directory.redis_backend import RedisDirectory
 from peercache.node import Get
 from peercache.transport.base import native_module
@@ -68,28 +68,14 @@ class Attacker:
             threading.Thread(target=self._relay if self.mode == "relay" else self._fake, args=(c, got),
                              daemon=True).start()
 
-    @staticmethod
-    def _drain(c: socket.socket, got: bytearray, seconds: float) -> None:
-        """Record what ``c`` sends for ``seconds`` (or until it closes)."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            c.settimeout(left)
-            try:
-                k = c.recv(65536)
-            except OSError:
-                return
-            if not k:
-                return
-            got += k
-
     def _fake(self, c: socket.socket, got: bytearray) -> None:
         with c:
-            self._drain(c, got, 0.3)                      # the hello (and whatever follows it at once)
+            recv_for(c, 0.3, got)                      # the hello (and whatever follows it at once)
             try:                                          # "PCHI" 2, 82 bytes: nonce, address, proof
                 c.sendall(HEAD.pack(b"PCHI", 2, 82, 0) + os.urandom(82))
             except OSError:
                 return
-            self._drain(c, got, 1.0)
+            recv_for(c, 1.0, got)
 
     def _relay(self, c: socket.socket, got: bytearray) -> None:
         with c, socket.create_connection(self.upstream, timeout=scaled(3)) as up:
