@@ -54,6 +54,23 @@ def test_qemu_command_has_no_nic_and_a_read_only_root(tmp_path):
     assert kvm[kvm.index("-cpu") + 1] == "host" and "mount_tag=work" not in " ".join(kvm)
 
 
+def test_the_venv_and_package_inside_the_work_folder_are_read_through_the_cached_root(tmp_path):
+    work = tmp_path / "checkout"
+    (work / ".venv").mkdir(parents=True)
+    (work / "peercache").mkdir()
+    assert R.cached_folders(work, work / ".venv", work / "peercache") == [".venv", "peercache"]
+    # a venv elsewhere is not the work folder's to show; nor is the work folder itself, or no work folder
+    assert R.cached_folders(work, tmp_path / "other-venv", work / "peercache") == ["peercache"]
+    assert R.cached_folders(work, work, work) == []
+    assert R.cached_folders(None, work / ".venv", work / "peercache") == []
+    # a name the stage-2 shell would split or expand is left on the work share
+    (work / "my venv").mkdir()
+    assert R.cached_folders(work, work / "my venv", work / "peercache") == ["peercache"]
+    # the stage-2 script mounts each one it is given over the work share
+    stage2 = R.STAGE2.read_text()
+    assert 'mount --bind "/run/pcg-root/$d" "$PCG_WORK/$d"' in stage2
+
+
 def test_topology_script_builds_both_ends_of_every_rail():
     t = T.Topology(rails=2, mtu=9000, consumer_mtu=1500)
     script = T.setup_script(t)

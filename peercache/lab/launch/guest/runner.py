@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -133,6 +134,31 @@ CALIBRATION = "import time\nt=time.perf_counter()\ns=0\nfor i in range(2000000):
 _host_calib: list[float] = []
 
 
+#: what a folder read through the cached root may be called (its name reaches stage 2's shell)
+_CACHED_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+
+
+def cached_folders(work: Path | None, prefix: str | os.PathLike = sys.prefix,
+                   package: str | os.PathLike = Path(__file__).parents[3]) -> list[str]:
+    """The read-mostly folders of the work folder (this interpreter's venv and the ``peercache`` package, where
+    they lie inside it), as paths relative to it, that stage 2 shows through the guest's cached read-only root
+    rather than the uncached work share. Every Python start in the guest reads hundreds of files there: over the
+    work share each read is a 9p round trip at the guest's slowness (``import peercache.bench.cli`` took 26 s at
+    x25, against 7 s once cached). What the guest writes in them (byte code) lands in its own overlay, never on
+    the host. Pure."""
+    if work is None:
+        return []
+    out = []
+    for folder in (Path(prefix), Path(package)):
+        try:
+            rel = folder.resolve().relative_to(Path(work).resolve()).as_posix()
+        except ValueError:
+            continue
+        if rel != "." and _CACHED_NAME.fullmatch(rel) and rel not in out:
+            out.append(rel)
+    return out
+
+
 def host_calibration() -> float:
     """Seconds the calibration loop takes on this host (best of three, measured once per process)."""
     if not _host_calib:
@@ -165,6 +191,7 @@ def _boot(kern: K.GuestKernel, spec: GuestSpec, accel: str, command: str, *, cwd
         shutil.copy2(STAGE2, ctl / "stage2.sh")
         rev = git_revision()
         exports = {**T.environment(topo), **({"PEERCACHE_GIT_REVISION": rev} if rev else {}), **env, "PCG_CWD": str(cwd or "/"), "PCG_WORK": str(cwd or ""),
+                   "PCG_CACHED": " ".join(cached_folders(cwd)),
                    "PEERCACHE_GUEST": "1",
                    "PCG_PYTHON": sys.executable, "PCG_CALIB_CODE": CALIBRATION, "PCG_HOST_CALIB": f"{host_calibration():.6f}"}
         (ctl / "env.sh").write_text("".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in exports.items()))
