@@ -32,6 +32,7 @@ from ..errors import ConfigError, PeerCacheError
 from ..hicache import PeerCacheStore
 from ..node import Get
 from . import drive, meta, options
+from .drive.bounds import IO_TIMEOUT_S
 from .document import HICACHE_DRIVE_MODE, DriveDocument
 
 #: Tokens per SGLang page of the bench's host pool (any value works: keys are per page).
@@ -139,36 +140,32 @@ class _V1Reader:
         return r
 
 
-class HiCacheWorker(drive._Worker):
+class HiCacheWorker(drive.Worker):
     """A driver process whose batches go through PeerCacheStore.batch_get_v1 into a host KV pool."""
 
-    def __init__(self, cfg: dict, pidx: int, live):
-        import threading
-        self.cfg, self.pidx, self.live = cfg, pidx, live
-        self.live_lock = threading.Lock()
-        if cfg.get("gpu"):
+    def __init__(self, cfg: drive.DriveConfig, pidx: int, live):
+        self._take_settings(cfg, pidx, live)
+        if cfg.gpu:
             raise ConfigError("hicache_drive reads into SGLang's host KV pool: --gpu does not apply")
-        self.objs = options.objects_per_page(cfg["layout"])
-        self.keys = options.page_keys(cfg["working_set"], cfg["layout"])
-        self.keys_arr = np.empty(len(self.keys), dtype=object)
-        self.keys_arr[:] = self.keys
-        self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
-        self.fused_verify = bool(cfg["verify"])
-        self.batch = cfg["batch_size"]
-        self.slice_bytes = self.batch * self.objs * cfg["page_size"]
-        pages = self.batch * max(cfg["concurrencies"])
-        mla = cfg["layout"] == "mla"
+        self.fused_verify = bool(cfg.verify)
+        self.batch = cfg.batch_size
+        self.slice_bytes = self.batch * self.objs * cfg.page_size
+        pages = self.batch * max(cfg.concurrencies)
+        mla = cfg.layout == "mla"
         # drive's node options, as SGLang would give them: the store's extra config (the metrics endpoint
         # of each driver process on its own port, as drive's)
-        node = cfg["node"]
-        from ..metrics import for_process
-        addr = node.metrics_addr and for_process(node.metrics_addr, pidx, cfg["processes"])
-        extra = replace(node, pool_bytes=0, timeout=3.0, metrics_addr=addr or None).extra_config()
+        node = cfg.node
+        addr = None
+        if node.metrics_addr:
+            from ..metrics import for_process   # opt-in (--metrics-addr): prometheus-client only when asked for
+            addr = for_process(node.metrics_addr, pidx, cfg.processes)
+        # the store's calls get drive's directory bound, not stretched by --time-scale (as before the split)
+        extra = replace(node, pool_bytes=0, timeout=IO_TIMEOUT_S, metrics_addr=addr or None).extra_config()
         #: serve's first object key of each page -> its page hash (the page number)
         self.hash_of = {k: str(i) for i, k in enumerate(self.keys[:: self.objs])}
-        self.store = BenchStore(_Config(mla, extra), cfg["layout"], cfg["working_set"])
+        self.store = BenchStore(_Config(mla, extra), cfg.layout, cfg.working_set)
         try:
-            self.host = HostPagePool(pages, cfg["page_size"], mla)
+            self.host = HostPagePool(pages, cfg.page_size, mla)
             self.store.register_mem_pool_host(self.host)
             self.token_indices = (np.arange(pages, dtype=np.int64)[:, None] * PAGE_TOKENS
                                   + np.arange(PAGE_TOKENS)).reshape(pages, PAGE_TOKENS)
@@ -204,7 +201,7 @@ def run(args) -> tuple[int, dict]:
     """drive.run with HiCache workers; returns (exit status, result document)."""
     if args.gpu:
         raise ConfigError("--gpu: hicache_drive reads into SGLang's host KV pool (host memory); drop --gpu")
-    rc, out = drive.run(args, worker=f"{__name__}:HiCacheWorker")
+    rc, out = drive.run(args, worker=HiCacheWorker)
     doc = DriveDocument.from_dict(out)      # drive's document, under its own mode and with its read path
     doc.mode = HICACHE_DRIVE_MODE
     doc.meta.read_path = "PeerCacheStore.batch_get_v1 into a page_first host KV pool"

@@ -36,6 +36,7 @@ from ..config import Flag, option
 from ..errors import ConfigError, PeerCacheError
 from ..node import Get
 from . import drive, meta, options
+from .drive.bounds import IO_TIMEOUT_S, POINT_GRACE_S
 from .document import SuiteDocument, SuiteMeta
 
 #: The calls of one rank's controller, as SGLang names them.
@@ -162,7 +163,7 @@ class Rank:
         self.slices = max(args.concurrencies) + ROUNDTRIP_BATCHES
         pages = self.batch * self.slices
         node = replace(options.node_config(args), directory=options.directory(args),
-                       auth_key=options.auth_secret(args), timeout=drive.IO_TIMEOUT_S,
+                       auth_key=options.auth_secret(args), timeout=IO_TIMEOUT_S,
                        pool_bytes=pool_bytes(args) if "set" in ops else 0)   # every rank: one extra config
         self.store = BenchStore(_Config(self.mla, args.tp_rank, args.tp_size, node.extra_config()),
                                 args.layout, args.working_set)
@@ -359,7 +360,7 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
     for w in workers:
         w.start()
     last = time.time()
-    deadline = win_end + drive.POINT_GRACE_S
+    deadline = win_end + POINT_GRACE_S
     while any(w.is_alive() for w in workers):
         next(w for w in workers if w.is_alive()).join(timeout=0.1)
         now = time.time()
@@ -370,7 +371,7 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
                 f"{phase}" + (f" {sum(live)} pages" if phase == "measure" else ""))
         if now > deadline:
             abort.append(f"{CALL_OF[op]} threads did not finish within the point's window + "
-                         f"{drive.POINT_GRACE_S:.0f} s")
+                         f"{POINT_GRACE_S:.0f} s")
             stop.set()
             break
     row = point_row(rank, op, conc, threads, win_start, a.duration, abort)
@@ -411,7 +412,7 @@ def point_row(rank: Rank, op: str, conc: int, threads: list, win_start: float, d
         "bytes": total.bytes,
         "pages_per_s": round(pages / span, 1), "tokens_per_s": round(pages * rank.page_tokens / span, 1),
         "gb_per_s": None if op == "exists" else round(total.bytes / span / 1e9, 4),
-        "latency_us": drive._percentiles(total.latencies), "latency_samples": len(total.latencies),
+        "latency_us": drive.percentiles(total.latencies), "latency_samples": len(total.latencies),
         "misses": total.misses, "errors": total.errors, "verify_failures": total.verify_failures,
         "verified": bool(a.verify and op != "exists"),
         "status": "failed" if failed else "ok", "reason": reason if failed else None,
@@ -455,7 +456,7 @@ def run(args) -> tuple[int, dict]:
     mla = args.layout == "mla"
     doc = SuiteDocument(meta=SuiteMeta(
         **meta.host_block(), command=meta.command_line(), start=meta.now_iso(), end=None,
-        discovery_addr=args.discovery_addr, directory=drive._safe_directory(options.directory(args)),
+        discovery_addr=args.discovery_addr, directory=drive.safe_directory(options.directory(args)),
         protocol=args.protocol, devices=options.devices(args), layout=args.layout,
         objects_per_page=objs, object_bytes=args.page_size, page_bytes=args.page_size * objs,
         page_tokens=args.page_tokens, bytes_per_token=args.page_size * objs / args.page_tokens,
@@ -498,7 +499,7 @@ def run(args) -> tuple[int, dict]:
         doc.status = "failed"
         doc.error = (f"{bad['op']} threads={bad['threads']}: {bad['reason']}" if bad else "nothing was measured")
     out = doc.to_dict()
-    drive._tell_serve(args, out)
+    drive.tell_serve(args, out)
     return (0 if doc.status == "ok" else 1), out
 
 
