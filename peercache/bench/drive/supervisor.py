@@ -162,10 +162,10 @@ def check_prerequisites(args) -> None:
     if is_redis(spec):
         connect_directory(spec, timeout=3.0).close()
     if args.gpu:
-        from ... import gpu   # --gpu only: the GPU stack is optional
+        from ... import gpu   # only a --gpu run loads the GPU module
         gpu.require()
     if args.protocol == "rdma":
-        from ...rdma import devices   # rdma only: it needs pyverbs
+        from ...rdma import devices   # only an rdma run loads the rdma package
         devices.discover(options.devices(args), args.ib_port, args.gid_index)
 
 

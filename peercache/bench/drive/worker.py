@@ -80,7 +80,7 @@ class Worker:
 
     def _setup_gpu(self, total: int) -> None:
         """GPU receive buffer: GPUDirect with rdma, pinned host staging with tcp and shm."""
-        from ... import gpu   # --gpu only: the GPU stack is optional
+        from ... import gpu   # only a --gpu run loads the GPU module
         self.gpu = gpu.GpuBuffer(total, self.cfg.gpu_device)
         if self.cfg.protocol == "rdma":
             self.gpu_method = gpu.register_for_rdma(self.node.transport, self.gpu)
