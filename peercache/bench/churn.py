@@ -36,6 +36,7 @@ from ..config import NodeConfig
 from ..errors import PeerCacheError
 from ..node import Get, Node
 from ..transport import PROTOCOLS
+from .processes import die_with_parent
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -70,8 +71,7 @@ def node_config(cfg: dict, devices: list[str], **more) -> NodeConfig:
 
 # ------------------------------------------------------------------------------ readers
 def _reader(conn, cfg: dict, ridx: int, quota: int, deadline: float, parent_pid: int) -> None:
-    from .drive import _die_with_parent
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     res = {"gets": 0, "hits": 0, "misses": 0, "errors": 0, "wrong_pages": 0, "wrong_bytes": 0,
            "short_hits": 0, "first_error": None, "first_wrong": None, "cache_hits": 0, "cache_misses": 0,
            "bad_locations": 0, "stale": 0}

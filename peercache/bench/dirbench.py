@@ -46,7 +46,7 @@ from ..config import NodeConfig
 from ..errors import ConfigError, PeerCacheError
 from ..redact import redact, redact_doc
 from . import meta, options
-from .drive import _recv   # a worker's reply, bounded in time; its death an error
+from .processes import recv   # a worker's reply, bounded in time; its death an error
 
 #: Bytes per published slot: the directory does not care what a slot holds.
 SLOT_BYTES = 64
@@ -332,7 +332,7 @@ def run(a, say=lambda msg: None) -> dict:
             child.close()
             procs.append(p), conns.append(parent)
         for i, c in enumerate(conns):
-            msg = _recv(c, a.ready_timeout, f"client {i} did not get ready")
+            msg = recv(c, a.ready_timeout, f"client {i} did not get ready")
             if msg[0] == "error":
                 raise PeerCacheError(msg[1])
         t0 = time.time() + 0.3

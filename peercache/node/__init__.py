@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 #: The option that bounds one blocking data read of a transport, set to the read's timeout. Not
 #: rdma's completion timeout (timeout_s): a READ without a completion for it is a path fault that
-#: fails over to another rail, a bound of its own (see bench/drive.py); shm reads memory.
+#: fails over to another rail, a bound of its own (see bench/drive/bounds.py); shm reads memory.
 _READ_TIMEOUT_OPTION = {"tcp": "io_timeout"}
 
 

@@ -97,10 +97,10 @@ def test_address_is_loopback():
 
 def test_one_is_loopback_for_engine_and_lab():
     from peercache import auth
-    from peercache.bench import drive
+    from peercache.bench.drive import supervisor
     from peercache.lab import jupyter
     from peercache.metrics import endpoint
-    assert auth.is_loopback is jupyter.is_loopback is endpoint.is_loopback is drive.is_loopback is A.is_loopback
+    assert auth.is_loopback is jupyter.is_loopback is endpoint.is_loopback is supervisor.is_loopback is A.is_loopback
 
 
 def test_callers_keep_their_rules_and_messages():

@@ -1,7 +1,10 @@
 """drive's per-rail figures: what each rail carried in a point's window, over all driver processes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from peercache.bench import drive
+from peercache.bench.cli import build_parser
 
 
 def _rail(name, state="up", nbytes=0, reads=0, errors=None, resets=0, downs=0, ups=0):
@@ -35,8 +38,8 @@ def test_merge_rails_sums_processes_and_gives_each_rail_its_share():
 
 
 def test_a_point_carries_its_rails_and_the_table_shows_them():
-    cfg = {"duration": 1.0, "layout": "mla", "op": "get", "processes": 1, "batch_size": 1, "page_size": 4096,
-           "verify": True}
+    cfg = replace(drive.DriveConfig.from_args(build_parser().parse_args(["drive"]), drive.Worker),
+                  duration=1.0, layout="mla", op="get", processes=1, batch_size=1, page_size=4096, verify=True)
     st = drive.ThreadStats()
     st.batches, st.keys, st.hits, st.bytes = 4, 4, 4, 4 * 4096
     rails = [_rail("rxe_b0", nbytes=12000, reads=3), _rail("rxe_b1", state="down", nbytes=4000, reads=1, downs=1)]

@@ -7,6 +7,7 @@ to start something impossible.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import json
 import os
@@ -23,6 +24,8 @@ import peercache
 from peercache import tags
 from conftest import BENCH, scaled
 from peercache.bench import drive, options
+from peercache.bench.cli import build_parser
+from peercache.bench.drive import bounds, worker
 from peercache.bench.serve import READY_LINE
 from peercache.errors import InvalidLocation, PeerCacheError
 from peercache.bench.serve import fill_page
@@ -102,11 +105,12 @@ def test_invalid_location_is_a_peercache_error():
     assert not issubclass(InvalidLocation, ValueError)
 
 
-def _base_cfg(**kw):
-    cfg = {"duration": 1.0, "layout": "mla", "op": "get", "processes": 1, "batch_size": 8,
-           "page_size": 4096, "verify": True}
-    cfg.update(kw)
-    return cfg
+def _base_cfg(*argv, **kw):
+    """drive's settings of ``peercache-bench drive *argv`` (its defaults otherwise), with ``kw`` in place."""
+    defaults = {"duration": 1.0, "layout": "mla", "op": "get", "processes": 1, "batch_size": 8,
+                "page_size": 4096, "verify": True}
+    cfg = drive.DriveConfig.from_args(build_parser().parse_args(["drive", *argv]), drive.Worker)
+    return dataclasses.replace(cfg, **(defaults | kw))
 
 
 def test_a_point_that_completed_no_batch_is_failed():
@@ -117,9 +121,9 @@ def test_a_point_that_completed_no_batch_is_failed():
 
 def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
     """A thread that dies on an unexpected exception is reported, not a silent 0-batch 'ok'."""
-    w = drive._Worker.__new__(drive._Worker)
-    w.cfg = {"working_set": 8, "batch_size": 2, "page_size": 64, "seed": 1, "op": "get", "verify": True,
-             "access": "random", "warmup": 0.0, "duration": 0.3}
+    w = drive.Worker.__new__(drive.Worker)
+    w.cfg = _base_cfg(working_set=8, batch_size=2, page_size=64, seed=1, op="get", verify=True, access="random",
+                      warmup=0.0, duration=0.3)
     w.pidx, w.objs, w.slice_bytes, w.gpu, w.recv, w.fused_verify = 0, 1, 128, None, None, True
     w.keys_arr = np.array([f"k{i}".encode() for i in range(8)], dtype=object)
 
@@ -136,7 +140,7 @@ def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
     w.node, w.dest = Boom(), np.zeros(128, np.uint8)
     w.live, w.live_lock = type("V", (), {"value": 0.0})(), threading.Lock()
     res = w.run_point(1, time.time())
-    p = drive.aggregate(1, w.cfg | {"processes": 1, "layout": "mla"}, [res])
+    p = drive.aggregate(1, w.cfg, [res])
     assert p.status == "failed"
     assert "OverflowError" in p.reason
 
@@ -144,8 +148,8 @@ def test_driver_thread_exception_fails_the_point_with_its_reason(monkeypatch):
 @pytest.mark.parametrize("scale, aborted", [(1.0, True), (2.0, False)])
 def test_time_scale_stretches_the_directory_silence_bound(scale, aborted):
     """A directory silent for 4 s ends the point at --time-scale 1 (bound 3 s), not at 2 (bound 6 s)."""
-    w = drive._Worker.__new__(drive._Worker)
-    w.cfg = {"time_scale": scale, "discovery_addr": "127.0.0.1:1", "directory": None}
+    w = drive.Worker.__new__(drive.Worker)
+    w.cfg = _base_cfg(time_scale=scale, discovery_addr="127.0.0.1:1", directory="")
     w.node = type("Silent", (), {"directory_silence": lambda self: 4.0})()
     stop, abort = threading.Event(), []
     t = threading.Thread(target=stop.wait, args=(1.0,))
@@ -159,9 +163,9 @@ def test_time_scale_stretches_the_directory_silence_bound(scale, aborted):
 @pytest.mark.parametrize("scale, aborted", [(1.0, True), (2.0, False)])
 def test_time_scale_stretches_a_points_overrun_grace(monkeypatch, scale, aborted):
     """A thread still reading 1.5 s past its window end: over the 1 s grace at --time-scale 1, not at 2."""
-    monkeypatch.setattr(drive, "POINT_GRACE_S", 1.0)
-    w = drive._Worker.__new__(drive._Worker)
-    w.cfg = {"time_scale": scale, "discovery_addr": "127.0.0.1:1", "directory": None}
+    monkeypatch.setattr(worker, "POINT_GRACE_S", 1.0)
+    w = drive.Worker.__new__(drive.Worker)
+    w.cfg = _base_cfg(time_scale=scale, discovery_addr="127.0.0.1:1", directory="")
     w.node = type("Quiet", (), {"directory_silence": lambda self: 0.0})()
     stop, abort = threading.Event(), []
     t = threading.Thread(target=stop.wait, args=(1.5,))
@@ -173,10 +177,10 @@ def test_time_scale_stretches_a_points_overrun_grace(monkeypatch, scale, aborted
 
 
 @pytest.mark.parametrize("protocol, expected, get_bound", [
-    ("tcp", {"io_timeout": drive.DATA_TIMEOUT_S * 4}, drive.IO_TIMEOUT_S * 4),
+    ("tcp", {"io_timeout": bounds.DATA_TIMEOUT_S * 4}, bounds.IO_TIMEOUT_S * 4),
     # rdma's completion bound is not stretched (a path fault fails over), and a GET's bound holds one
-    ("rdma", {"connect_timeout": drive.RDMA_CONNECT_S * 4, "timeout_s": drive.RDMA_COMPLETION_S},
-     drive.IO_TIMEOUT_S * 4 + drive.RDMA_COMPLETION_S)])
+    ("rdma", {"connect_timeout": bounds.RDMA_CONNECT_S * 4, "timeout_s": bounds.RDMA_COMPLETION_S},
+     bounds.IO_TIMEOUT_S * 4 + bounds.RDMA_COMPLETION_S)])
 def test_time_scale_stretches_the_nodes_bounds(monkeypatch, protocol, expected, get_bound):
     """--time-scale 4: the driver's node gets its directory timeout and its transport's bounds x 4."""
     from peercache.bench.cli import build_parser
@@ -190,10 +194,10 @@ def test_time_scale_stretches_the_nodes_bounds(monkeypatch, protocol, expected, 
         seen.update(kw)
         raise Stop
 
-    monkeypatch.setattr(drive, "Node", node)
-    cfg = {"layout": "mla", "working_set": 64, "time_scale": args.time_scale, "node": options.node_config(args)}
+    monkeypatch.setattr(worker, "Node", node)
+    cfg = drive.DriveConfig.from_args(args, drive.Worker)
     with pytest.raises(Stop):
-        drive._Worker(cfg, 0, None)
+        drive.Worker(cfg, 0, None)
     assert seen["transport_options"] == {**options.node_config(args).transport_options(), **expected}
     assert seen["rpc_timeout"] == get_bound
 

@@ -8,6 +8,8 @@ import pytest
 
 import peercache
 from peercache.bench import drive
+from peercache.bench.cli import build_parser
+from peercache.bench.drive import stats
 from peercache.directory.location import RECORD
 from peercache.directory.service import MetaService
 from peercache.directory.store import Directory
@@ -118,15 +120,17 @@ def test_a_malformed_record_reply_is_an_rpc_error(producer):
 
 
 def test_drive_keeps_a_bounded_uniform_sample_of_latencies(monkeypatch):
-    monkeypatch.setattr(drive, "LATENCY_SAMPLES", 100)
+    monkeypatch.setattr(stats, "LATENCY_SAMPLES", 100)
     st, rnd = drive.ThreadStats(), random.Random(1)
     for i in range(10_000):
         st.sample_latency(i * 1e-6, rnd)
     assert len(st.latencies) == 100 and st.latency_seen == 10_000
     assert 3000 < np.median(st.latencies) * 1e6 < 7000          # a sample of the whole window, not its start
-    p = drive.aggregate(1, {"duration": 1.0, "layout": "mla", "op": "get", "processes": 1, "batch_size": 1,
-                            "page_size": 4096, "verify": False},
-                        [{"stats": dict(st.__dict__, batches=10_000, keys=10_000, hits=10_000), "abort": []}])
+    cfg = dataclasses.replace(drive.DriveConfig.from_args(build_parser().parse_args(["drive"]), drive.Worker),
+                              duration=1.0, layout="mla", op="get", processes=1, batch_size=1, page_size=4096,
+                              verify=False)
+    p = drive.aggregate(1, cfg, [{"stats": dict(st.__dict__, batches=10_000, keys=10_000, hits=10_000),
+                                  "abort": []}])
     assert p.latency_samples == 100 and p.latency_batches == 10_000 and p.latency_us["p50"] > 0
 
 

@@ -61,8 +61,8 @@ def test_mla_writer_rank_is_sglangs():
 @pytest.mark.parametrize("mla", [True, False])
 @pytest.mark.parametrize("rank", [0, 1, 3])
 def test_the_suites_writer_rule_is_sglangs(mla, rank):
-    from peercache.bench import hicache_suite
+    from peercache.bench.hicache.store import is_storage_writer
     cfg = HiCacheStorageConfig(tp_rank=rank, tp_size=4, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
                                is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
                                model_name="m")
-    assert hicache_suite.is_storage_writer(mla, rank) is cfg.is_storage_writer
+    assert is_storage_writer(mla, rank) is cfg.is_storage_writer

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import BENCH, scaled
 from peercache import hicache
-from peercache.bench import hicache_suite
+from peercache.bench.hicache import suite as hicache_suite
+from peercache.bench.hicache.store import HostPagePool
 from peercache.bench.serve import READY_LINE
 
 HC = [sys.executable, "-m", "peercache.bench.hicache_drive", "suite"]
@@ -146,7 +147,6 @@ class _EchoStore:
 
 
 def _rank(store_args) -> hicache_suite.Rank:
-    from peercache.bench.hicache_drive import HostPagePool
     rank = hicache_suite.Rank.__new__(hicache_suite.Rank)
     rank.batch, rank.page_tokens, rank.objs, rank.slices = 4, 2, 1, 2
     rank.host = HostPagePool(8, 64, True, 2)

@@ -31,12 +31,16 @@ from typing import Optional
 
 import numpy as np
 
-from .. import config, tags
-from ..config import Flag, option
-from ..errors import ConfigError, PeerCacheError
-from ..node import Get
-from . import drive, meta, options
-from .document import SuiteDocument, SuiteMeta
+from ... import config, tags
+from ...config import Flag, option
+from ...errors import ConfigError, PeerCacheError
+from ...hicache import DEFAULT_DIR_CACHE_TTL
+from ...node import Get
+from .. import meta, options
+from ..document import SuiteDocument, SuiteMeta
+from ..drive import ThreadStats, check_prerequisites, percentiles, safe_directory, tell_serve
+from ..drive.bounds import IO_TIMEOUT_S, POINT_GRACE_S
+from .store import SERVE_GENERATION, BenchStore, HostPagePool, StorageConfig, is_storage_writer, store_base
 
 #: The calls of one rank's controller, as SGLang names them.
 OPS = ("get", "set", "exists")
@@ -100,13 +104,7 @@ def add_flags(p) -> None:
     for o in SUITE_FLAGS.values():
         config.add_flag(p, o)
     # SGLang's batch, and the directory cache TTL the store has by default (drive's is 0)
-    from ..hicache import DEFAULT_DIR_CACHE_TTL
     p.set_defaults(batch_size=SGLANG_BATCH, dir_cache_ttl=DEFAULT_DIR_CACHE_TTL)
-
-
-def is_storage_writer(mla: bool, tp_rank: int) -> bool:
-    """SGLang's HiCacheStorageConfig.is_storage_writer (no DCP): every rank with MHA, rank 0 with MLA."""
-    return not mla or tp_rank == 0
 
 
 def validate(args) -> tuple:
@@ -140,20 +138,10 @@ def pool_bytes(args) -> int:
     return pages * objs * options.slot_bytes(args.page_size)
 
 
-class _Config:
-    """The fields of SGLang's HiCacheStorageConfig the store reads, for rank ``tp_rank`` of ``tp_size``."""
-
-    def __init__(self, mla: bool, tp_rank: int, tp_size: int, extra: dict):
-        self.tp_rank, self.tp_size, self.pp_rank, self.pp_size = tp_rank, tp_size, 0, 1
-        self.is_mla_model, self.model_name, self.extra_config = mla, "bench", extra
-        self.is_storage_writer = is_storage_writer(mla, tp_rank)
-
-
 class Rank:
     """One rank's store and host KV pool, and the loop of each op (what its controller's threads call)."""
 
     def __init__(self, args, ops: tuple):
-        from .hicache_drive import BenchStore, HostPagePool
         self.args, self.ops = args, ops
         self.mla = args.layout == "mla"
         self.objs = options.objects_per_page(args.layout)
@@ -162,9 +150,9 @@ class Rank:
         self.slices = max(args.concurrencies) + ROUNDTRIP_BATCHES
         pages = self.batch * self.slices
         node = replace(options.node_config(args), directory=options.directory(args),
-                       auth_key=options.auth_secret(args), timeout=drive.IO_TIMEOUT_S,
+                       auth_key=options.auth_secret(args), timeout=IO_TIMEOUT_S,
                        pool_bytes=pool_bytes(args) if "set" in ops else 0)   # every rank: one extra config
-        self.store = BenchStore(_Config(self.mla, args.tp_rank, args.tp_size, node.extra_config()),
+        self.store = BenchStore(StorageConfig(self.mla, node.extra_config(), args.tp_rank, args.tp_size),
                                 args.layout, args.working_set)
         try:
             self.host = HostPagePool(pages, self.obj, self.mla, self.page_tokens)
@@ -216,7 +204,7 @@ class Rank:
             idx = pages if self.objs == 1 else (pages[:, None] * self.objs + np.arange(self.objs)).reshape(-1)
             hit = np.repeat(ok, self.objs)
             good = tags.verify_patterns(rows[hit], self.khash[idx][hit],
-                                        np.full(int(hit.sum()), drive_generation(), np.uint64))
+                                        np.full(int(hit.sum()), SERVE_GENERATION, np.uint64))
             vfail = int((~good).sum())
         n = len(hashes)
         if res is None:   # the store caught a failed batch: every page failed
@@ -264,29 +252,11 @@ class Rank:
         self.store.close()
 
 
-def store_base() -> str:
-    """Which HiCacheStorage the store derives from here: SGLang's own (with its version), or the stand-in."""
-    from .. import hicache
-    if hicache.SGLANG_MISSING is not None:
-        return "peercache stand-in (SGLang not importable here)"
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return f"sglang {version('sglang')} HiCacheStorage"
-    except PackageNotFoundError:
-        return "sglang HiCacheStorage"
-
-
-def drive_generation() -> int:
-    """The generation serve writes its working set with (each object once)."""
-    from .hicache_drive import SERVE_GENERATION
-    return SERVE_GENERATION
-
-
 class _Thread:
     """The counters of one thread of one point."""
 
     def __init__(self):
-        self.stats = drive.ThreadStats()
+        self.stats = ThreadStats()
         self.calls = 0
         self.last_done = 0.0
         self.written: Optional[tuple[int, list[str]]] = None
@@ -359,7 +329,7 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
     for w in workers:
         w.start()
     last = time.time()
-    deadline = win_end + drive.POINT_GRACE_S
+    deadline = win_end + POINT_GRACE_S
     while any(w.is_alive() for w in workers):
         next(w for w in workers if w.is_alive()).join(timeout=0.1)
         now = time.time()
@@ -370,7 +340,7 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
                 f"{phase}" + (f" {sum(live)} pages" if phase == "measure" else ""))
         if now > deadline:
             abort.append(f"{CALL_OF[op]} threads did not finish within the point's window + "
-                         f"{drive.POINT_GRACE_S:.0f} s")
+                         f"{POINT_GRACE_S:.0f} s")
             stop.set()
             break
     row = point_row(rank, op, conc, threads, win_start, a.duration, abort)
@@ -387,7 +357,7 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
 def point_row(rank: Rank, op: str, conc: int, threads: list, win_start: float, duration: float,
               abort: list) -> dict:
     """The row of one point from its threads' counters (rates over the measured span of the window)."""
-    total = drive.ThreadStats()
+    total = ThreadStats()
     for th in threads:
         total.add(th.stats)
     calls = sum(th.calls for th in threads)
@@ -411,7 +381,7 @@ def point_row(rank: Rank, op: str, conc: int, threads: list, win_start: float, d
         "bytes": total.bytes,
         "pages_per_s": round(pages / span, 1), "tokens_per_s": round(pages * rank.page_tokens / span, 1),
         "gb_per_s": None if op == "exists" else round(total.bytes / span / 1e9, 4),
-        "latency_us": drive._percentiles(total.latencies), "latency_samples": len(total.latencies),
+        "latency_us": percentiles(total.latencies), "latency_samples": len(total.latencies),
         "misses": total.misses, "errors": total.errors, "verify_failures": total.verify_failures,
         "verified": bool(a.verify and op != "exists"),
         "status": "failed" if failed else "ok", "reason": reason if failed else None,
@@ -449,13 +419,13 @@ def peak(points: list[dict]) -> Optional[dict]:
 def run(args) -> tuple[int, dict]:
     """Every op's sweep against a running serve; returns (exit status, result document)."""
     ops = validate(args)
-    drive.check_prerequisites(argparse.Namespace(**{**vars(args), "gpu": False}))   # no --gpu here
+    check_prerequisites(argparse.Namespace(**{**vars(args), "gpu": False}))   # no --gpu here
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     objs = options.objects_per_page(args.layout)
     mla = args.layout == "mla"
     doc = SuiteDocument(meta=SuiteMeta(
         **meta.host_block(), command=meta.command_line(), start=meta.now_iso(), end=None,
-        discovery_addr=args.discovery_addr, directory=drive._safe_directory(options.directory(args)),
+        discovery_addr=args.discovery_addr, directory=safe_directory(options.directory(args)),
         protocol=args.protocol, devices=options.devices(args), layout=args.layout,
         objects_per_page=objs, object_bytes=args.page_size, page_bytes=args.page_size * objs,
         page_tokens=args.page_tokens, bytes_per_token=args.page_size * objs / args.page_tokens,
@@ -498,7 +468,7 @@ def run(args) -> tuple[int, dict]:
         doc.status = "failed"
         doc.error = (f"{bad['op']} threads={bad['threads']}: {bad['reason']}" if bad else "nothing was measured")
     out = doc.to_dict()
-    drive._tell_serve(args, out)
+    tell_serve(args, out)
     return (0 if doc.status == "ok" else 1), out
 
 

@@ -1,0 +1,72 @@
+"""What every driver process is given: one typed, picklable record of the run's flags (spawned processes get a copy)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ...config import NodeConfig
+from ...directory.client import is_redis
+from ...directory.redis_url import parse_url
+from .. import options
+
+
+@dataclass(frozen=True)
+class DriveConfig:
+    """A drive's settings as its driver processes read them (the flags of ``peercache-bench drive``)."""
+
+    #: HOST:PORT of discovery (--discovery-addr)
+    discovery_addr: str
+    #: the directory spec: --directory, else --discovery-addr (a Redis URL keeps its password here only)
+    directory: str
+    #: tcp, shm or rdma
+    protocol: str
+    #: mla (one object per page) or mha (K and V)
+    layout: str
+    #: bytes per object
+    page_size: int
+    #: pages serve published
+    working_set: int
+    #: pages per batch
+    batch_size: int
+    #: threads per process, one point each
+    concurrencies: tuple
+    processes: int
+    #: seconds of the measurement window, and of the warmup before it
+    duration: float
+    warmup: float
+    #: get or exists
+    op: str
+    verify: bool
+    #: random or sequential
+    access: str
+    seed: int
+    #: seconds a driver waits for serve's working set
+    ready_timeout: float
+    gpu: bool
+    gpu_device: int
+    #: stretches the fault bounds (see bounds.py)
+    time_scale: float
+    #: whether process 0 scrapes the metrics at each window edge (--metrics-scrapes)
+    metrics_scrapes: bool
+    #: the driver processes' node options, the cluster secret included (never written to a document)
+    node: NodeConfig
+    #: the class each driver process runs: drive's Worker or a subclass (pickled by its import path)
+    worker: type
+
+    @classmethod
+    def from_args(cls, args, worker: type) -> "DriveConfig":
+        """The settings of drive's parsed flags (checked already by options.validate)."""
+        spec = options.directory(args)
+        return cls(
+            discovery_addr=args.discovery_addr, directory=spec, protocol=args.protocol, layout=args.layout,
+            page_size=args.page_size, working_set=args.working_set, batch_size=args.batch_size,
+            concurrencies=tuple(args.concurrencies), processes=args.processes, duration=args.duration,
+            warmup=args.warmup, op=args.op, verify=args.verify, access=args.access, seed=args.seed,
+            ready_timeout=args.ready_timeout, gpu=args.gpu, gpu_device=args.gpu_device,
+            time_scale=args.time_scale, metrics_scrapes=bool(getattr(args, "metrics_scrapes", False)),
+            node=replace(options.node_config(args), directory=spec, auth_key=options.auth_secret(args)),
+            worker=worker)
+
+
+def safe_directory(spec: str) -> str:
+    """The directory spec for documents and messages (a Redis URL's password masked)."""
+    return parse_url(spec).safe if is_redis(spec) else spec

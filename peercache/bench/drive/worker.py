@@ -1,0 +1,347 @@
+"""One driver process of ``peercache-bench drive``: its node, its receive buffer, and the loop of each of its threads.
+
+Every driver process runs the same threads against the same absolute measurement window
+``[t0 + warmup, t0 + warmup + duration]`` (one host, one clock); the supervisor sends it each point and
+gets back its counters (:mod:`.supervisor`).
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ... import tags
+from ...errors import PeerCacheError
+from ...node import Get, Node
+from .. import options
+from ..processes import die_with_parent
+from ..serve import METRICS_TEXT_OP
+from .bounds import (DATA_TIMEOUT_S, DIRECTORY_SILENCE_S, IO_TIMEOUT_S, POINT_GRACE_S, RDMA_COMPLETION_S,
+                     RDMA_CONNECT_S, SCRAPE_TIMEOUT_S, STUCK_GRACE_S, WATCH_S)
+from .config import DriveConfig, safe_directory
+from .stats import ThreadStats, rail_delta
+
+
+class Worker:
+    """One driver process: a node, a receive buffer and the thread loop (HiCacheWorker reads through the store)."""
+
+    def __init__(self, cfg: DriveConfig, pidx: int, live):
+        self._take_settings(cfg, pidx, live)
+        scale = cfg.time_scale
+        # A GET has the node's timeout in all, every step included. Over rdma a READ that gets no
+        # completion within RDMA_COMPLETION_S is a path fault that the read fails over (another rail,
+        # fresh QPs), and the directory's one-sided table read waits it too: a GET's bound holds one
+        # such wait beside the directory's, or a rail going down fails the GETs under way instead of
+        # moving them (test_twohost's rail-down test: 'the call has 3 s in all ... the directory table
+        # read failed after 5.06 s').
+        get_bound = IO_TIMEOUT_S * scale + (RDMA_COMPLETION_S if cfg.node.protocol == "rdma" else 0.0)
+        node = replace(cfg.node, timeout=get_bound)
+        # rdma's completion bound stays: a READ with no completion for it is a path fault (failover),
+        # and stretched by 40 on the loaded emulated pair it held a thread past its window for minutes
+        bounds = {"tcp": {"io_timeout": DATA_TIMEOUT_S * scale},
+                  "rdma": {"connect_timeout": RDMA_CONNECT_S * scale, "timeout_s": RDMA_COMPLETION_S}}
+        self.node = Node(**node.node_kwargs(name=f"drive-{pidx}", transport_options=bounds.get(node.protocol)))
+        #: this process's metrics endpoint (--metrics-addr, the port plus the process's index), or None
+        self.metrics = None
+        if node.metrics_addr:
+            from ... import metrics   # opt-in (--metrics-addr): prometheus-client only when asked for
+            try:
+                self.metrics = metrics.serve_node(metrics.for_process(node.metrics_addr, pidx, cfg.processes),
+                                                  self.node, warn=False)   # drive warned once
+            except BaseException:
+                self.node.close()
+                raise
+        #: the bench pattern is checked in the native batch, on the bytes it just landed (host memory);
+        #: GPU memory is checked here after a download instead
+        self.fused_verify = bool(cfg.verify) and not cfg.gpu
+        per_batch = cfg.batch_size * self.objs * cfg.page_size
+        self.slice_bytes = per_batch
+        total = per_batch * max(cfg.concurrencies)
+        self.gpu, self.gpu_method = None, None
+        if cfg.gpu:
+            self._setup_gpu(total)
+        else:
+            self.recv = np.zeros(total, dtype=np.uint8)
+            self.dest = self.recv
+
+    def _take_settings(self, cfg: DriveConfig, pidx: int, live) -> None:
+        """What every driver process keeps, whatever it reads through: its settings, progress counter and keys."""
+        self.cfg, self.pidx, self.live = cfg, pidx, live
+        self.live_lock = threading.Lock()
+        self.objs = options.objects_per_page(cfg.layout)
+        self.keys = options.page_keys(cfg.working_set, cfg.layout)
+        self.keys_arr = np.empty(len(self.keys), dtype=object)
+        self.keys_arr[:] = self.keys
+        self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
+
+    def _setup_gpu(self, total: int) -> None:
+        """GPU receive buffer: GPUDirect with rdma, pinned host staging with tcp and shm."""
+        from ... import gpu   # only a --gpu run loads the GPU module
+        self.gpu = gpu.GpuBuffer(total, self.cfg.gpu_device)
+        if self.cfg.protocol == "rdma":
+            self.gpu_method = gpu.register_for_rdma(self.node.transport, self.gpu)
+            self.recv = None
+            self.dest = self.gpu.dest()
+        else:
+            self.gpu_method = "pinned-staging"
+            self.recv = self.gpu.pinned(total)
+            self.dest = self.recv
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this process's metrics are read (None without --metrics-addr)."""
+        return self.metrics.url if self.metrics is not None else None
+
+    def wait_ready(self) -> None:
+        """Wait (bounded by --ready-timeout) until serve's working set is published."""
+        deadline = time.monotonic() + self.cfg.ready_timeout
+        while True:
+            present = self.node.exists_batch(self.keys[:: max(1, len(self.keys) // 256)] + self.keys[-1:])
+            if all(present):
+                return
+            if time.monotonic() > deadline:
+                raise PeerCacheError(
+                    f"the working set ({len(self.keys)} objects) is not published at "
+                    f"{self.node.discovery.address} after {self.cfg.ready_timeout:.0f} s; start "
+                    "`peercache-bench serve` with the same --working-set/--layout/--page-size")
+            time.sleep(0.2)
+
+    def rail_stats(self) -> list[dict]:
+        """The rails' cumulative counters (Transport.rail_stats; [] for tcp and shm)."""
+        return self.node.transport.rail_stats()
+
+    def run_point(self, conc: int, t0: float) -> dict:
+        """One point: ``conc`` threads over the window that opens at ``t0`` + warmup; this process's counters."""
+        cfg = self.cfg
+        win_start = t0 + cfg.warmup
+        win_end = win_start + cfg.duration
+        stop = threading.Event()
+        abort: list[str] = []
+        stats = [ThreadStats() for _ in range(conc)]
+        threads = [threading.Thread(target=self._loop, args=(i, t0, win_start, win_end, stop, abort, stats[i]),
+                                    daemon=True) for i in range(conc)]
+        # The rails' counters when the window opens and after its threads stopped: what each carried;
+        # with --metrics-scrapes, the metrics text at the same two moments.
+        at_start: list = []
+        scrapes: list[dict] = []
+        scraping = bool(cfg.metrics_scrapes)
+
+        def window_opens() -> None:
+            at_start.append(self.rail_stats())
+            if scraping:
+                scrapes.extend(self.scrape("start"))
+        timer = threading.Timer(max(0.0, win_start - time.time()), window_opens)
+        timer.daemon = True
+        timer.start()
+        for t in threads:
+            t.start()
+        self._watch(threads, win_end, stop, abort)
+        timer.cancel()      # a point that ended before its window opened has no rail figures
+        timer.join(1.0)
+        rails = rail_delta(at_start[0], self.rail_stats()) if at_start else []
+        if scraping and at_start:
+            scrapes.extend(self.scrape("end"))
+        total = ThreadStats()
+        for s in stats:
+            total.add(s)
+        return {"stats": total.__dict__, "abort": abort[:1], "rails": rails,
+                **({"scrapes": scrapes} if scraping else {})}
+
+    def scrape(self, edge: str) -> list[dict]:
+        """What this process's metrics endpoint answers now and, asked by process 0 over the control plane,
+        serve's: one record each (``source``, ``process``, ``edge``, ``time``, ``url``, ``text``; ``error``
+        in place of the text when there is none)."""
+        out = [self._own_scrape(edge)]
+        if self.pidx == 0:
+            out.append(self._serve_scrape(edge))
+        return out
+
+    def _own_scrape(self, edge: str) -> dict:
+        rec = {"source": "drive", "process": self.pidx, "edge": edge}
+        endpoint = getattr(self, "metrics", None)     # HiCacheWorker's store serves its own
+        if endpoint is None:
+            return dict(rec, error=f"driver process {self.pidx} serves no metrics endpoint of its own")
+        t = time.time()
+        return dict(rec, time=t, url=endpoint.url, text=endpoint.text())
+
+    def _serve_scrape(self, edge: str) -> dict:
+        rec = {"source": "serve", "process": None, "edge": edge}
+        try:
+            reply = self.node.call(METRICS_TEXT_OP, timeout=SCRAPE_TIMEOUT_S)
+        except Exception as e:   # a meta node, an older serve, or none: the point goes on without it
+            return dict(rec, error=f"serve's metrics could not be read over the control plane ({e}); "
+                                   "serve must be peercache-bench serve with --metrics-addr")
+        if not reply.get("text"):
+            return dict(rec, error=reply.get("why") or "serve answered no metrics text")
+        return dict(rec, time=reply.get("time"), url=reply.get("url"), text=reply["text"])
+
+    def _watch(self, threads: list, win_end: float, stop, abort: list) -> None:
+        """Wait for the point's threads; end the point early when the directory falls silent, and
+        leave behind threads still stuck in a read (bounded: see DIRECTORY_SILENCE_S)."""
+        ended_at = None
+        silence_of = getattr(self.node, "directory_silence", lambda: 0.0)
+        while any(t.is_alive() for t in threads):
+            next(t for t in threads if t.is_alive()).join(timeout=WATCH_S)
+            if stop.is_set():
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at >= STUCK_GRACE_S:
+                    break
+                continue
+            silence = silence_of()
+            if silence > DIRECTORY_SILENCE_S * self.cfg.time_scale:
+                self.abandon = True      # leaving would be one more call to the silent directory
+                where = safe_directory(self.cfg.directory or self.cfg.discovery_addr)
+                abort.append(f"the directory at {where} is unreachable: it has answered no heartbeat for "
+                             f"{silence:.1f} s (it, or the node hosting it, is stopped, hung or out of reach)")
+                stop.set()
+            elif time.time() > win_end + POINT_GRACE_S * self.cfg.time_scale:
+                abort.append("driver threads did not finish within the point's window + grace")
+                stop.set()
+        # A point stopped by an error (its threads stop only on those) ends this process without
+        # leaving: the fault may be the directory, or a producer whose connections would linger.
+        self.abandon = getattr(self, "abandon", False) or any(t.is_alive() for t in threads) \
+            or (stop.is_set() and bool(abort))
+
+    def _add_live(self, n: float) -> None:
+        """Progress counter shared with the parent (a plain double: the parent only reads it)."""
+        with self.live_lock:
+            self.live.value += n
+
+    def _loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
+        try:
+            self._run_loop(tid, t0, win_start, win_end, stop, abort, st)
+        except Exception as e:  # a dead thread must fail the point, not leave it "ok" with 0 batches
+            abort.append(f"driver thread {tid} of process {self.pidx} failed: {type(e).__name__}: {e}")
+            stop.set()
+
+    def _run_loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
+        cfg = self.cfg
+        ws, batch, objs, page = cfg.working_set, cfg.batch_size, self.objs, cfg.page_size
+        rng = np.random.default_rng(cfg.seed * 7919 + self.pidx * 131 + tid)
+        rnd = random.Random(cfg.seed * 7919 + self.pidx * 131 + tid)
+        base = tid * self.slice_bytes
+        offsets = base + np.arange(batch * objs, dtype=np.uint64) * page
+        caps = np.full(batch * objs, page, dtype=np.uint64)
+        seq = (tid * batch * 977) % ws
+        get = cfg.op == "get"
+        # Per-batch Python work is the driver's own overhead, not PeerCache's:
+        # page indices come from pre-drawn blocks and keys from an object array.
+        keys_arr = self.keys_arr
+        obj_off = np.arange(objs)
+        block, bi = None, 0
+        pending, next_flush = 0, 0.0
+        while time.time() < t0 and not stop.is_set():
+            time.sleep(min(0.01, max(0.0, t0 - time.time())))
+        while not stop.is_set():
+            now = time.time()
+            if now >= win_end:
+                self._add_live(pending)
+                return
+            if cfg.access == "random":
+                if block is None or bi == len(block):
+                    block, bi = rng.integers(0, ws, (256, batch)), 0
+                pages = block[bi]
+                bi += 1
+            else:
+                pages = (seq + np.arange(batch)) % ws
+                seq = (seq + batch) % ws
+            idx = pages if objs == 1 else (pages[:, None] * objs + obj_off).reshape(-1)
+            keys = keys_arr[idx].tolist()
+            t_s = time.perf_counter()
+            try:
+                if get:
+                    r = self.node.get_batch_into(keys, self.dest, offsets, caps,
+                                                 check_pattern=self.fused_verify)
+                    status, err, red = r.status, r.error, len(r.redirected)
+                    if self.gpu is not None and self.recv is not None:
+                        # tcp/shm into GPU memory: staged in pinned host memory, then copied.
+                        self.gpu.upload(self.recv[base: base + len(keys) * page], base)
+                else:
+                    present = self.node.exists_batch(keys)
+                    status = np.where(present, int(Get.HIT), int(Get.MISS)).astype(np.int8)
+                    err, red = None, 0
+            except PeerCacheError as e:
+                abort.append(str(e))
+                stop.set()
+                return
+            lat = time.perf_counter() - t_s
+            done = time.time()
+            hits = status == Get.HIT
+            n_hit = int(np.count_nonzero(hits))
+            n_err = 0 if n_hit == len(keys) else int(np.count_nonzero(status == Get.ERROR))
+            vfail = 0
+            if get and self.fused_verify:
+                vfail = len(r.content_mismatch)
+            elif get and cfg.verify and n_hit:
+                if self.gpu is not None:
+                    view = self.gpu.download(base, len(keys) * page).reshape(len(keys), page)
+                else:
+                    view = self.recv[base: base + len(keys) * page].reshape(len(keys), page)
+                ok = tags.verify_patterns(view[hits], self.khash[idx][hits], r.generations[hits])
+                vfail = int((~ok).sum())
+            if win_start <= done <= win_end:
+                st.batches += 1
+                st.keys += len(keys)
+                st.hits += n_hit
+                st.misses += len(keys) - n_hit - n_err
+                st.errors += n_err
+                st.verify_failures += vfail
+                st.redirected += red
+                b = n_hit * page if get else 0
+                st.bytes += b
+                st.sample_latency(lat, rnd)
+                pending += b if get else n_hit
+                if done >= next_flush:   # progress counter: a few lock takes a second, not one per batch
+                    self._add_live(pending)
+                    pending, next_flush = 0, done + 0.25
+            if n_err and st.first_error is None:
+                st.first_error = err or f"{n_err} key(s) of a batch failed"
+            if red and st.first_redirect is None:
+                st.first_redirect = r.miss_reason
+            if n_err and err and ("unreachable" in err or "connection" in err or "no endpoint" in err):
+                abort.append(err)
+                stop.set()
+                return
+            if vfail:
+                abort.append(f"{vfail} page(s) read as hits had wrong contents")
+
+    def close(self) -> None:
+        """Stop the metrics endpoint and leave the cluster."""
+        if self.metrics is not None:
+            self.metrics.close()
+        self.node.close()
+
+
+def worker_main(conn, cfg: DriveConfig, pidx: int, live, parent_pid: int | None = None) -> None:
+    """A driver process's life: build ``cfg.worker``, report ready, run each point the supervisor sends, end."""
+    die_with_parent(parent_pid)
+    worker = None
+    try:
+        worker = cfg.worker(cfg, pidx, live)
+        worker.wait_ready()
+        conn.send(("ready", worker.gpu_method, worker.metrics_url))
+        while True:
+            if not conn.poll(cfg.ready_timeout + cfg.warmup + cfg.duration + 120):
+                return  # the parent went away
+            msg = conn.recv()
+            if msg[0] == "point":
+                conn.send(("result", worker.run_point(msg[1], msg[2])))
+            else:
+                return
+    except PeerCacheError as e:
+        conn.send(("error", str(e)))
+    except Exception as e:  # report, don't hang the parent
+        conn.send(("error", f"driver process {pidx} failed: {type(e).__name__}: {e}"))
+    finally:
+        if worker is not None and getattr(worker, "abandon", False):
+            # A thread is still inside a read on the node's connections (closing them under it is
+            # not safe), or a point was stopped by a fault (leaving would wait on the directory,
+            # which may be the fault): the process ends now, and its memory and sockets go with it.
+            os._exit(1)
+        if worker is not None:
+            worker.close()
+
