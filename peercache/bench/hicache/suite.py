@@ -164,6 +164,8 @@ class Rank:
             self.khash = np.fromiter((tags.key_hash(k) for k in self.serve_keys), np.uint64, len(self.serve_keys))
             self.serial = 0
             self.serial_lock = threading.Lock()
+            #: why the round trip's first failed read failed (the node's reason), for the point's reason
+            self.roundtrip_why: dict[str, str] = {}
         except BaseException:
             self.store.close()
             raise
@@ -229,8 +231,11 @@ class Rank:
         spare = self.slices - 1
         out = {"pages": 0, "arrived": 0, "mismatched": 0}
         for tid, hashes in written:
-            got = self.store.batch_get_v1(hashes, self.tokens(spare, len(hashes)))
+            got, res = self.store.read_v1(hashes, self.tokens(spare, len(hashes)))
             ok = np.asarray(got, dtype=bool)
+            if not ok.all() and "why" not in self.roundtrip_why:
+                self.roundtrip_why["why"] = ("the read failed as a whole" if res is None
+                                             else res.error or res.miss_reason or "misses without a reason")
             src = self.host.object_views(np.arange(tid * self.batch, tid * self.batch + len(hashes)))
             dst = self.host.object_views(np.arange(spare * self.batch, spare * self.batch + len(hashes)))
             same = (src == dst).all(axis=1).reshape(len(hashes), self.objs).all(axis=1)
@@ -350,7 +355,8 @@ def run_point(rank: Rank, op: str, conc: int, say, label: str) -> dict:
         if rt["arrived"] != rt["pages"] or rt["mismatched"]:
             row["status"] = "failed"
             row["reason"] = (f"round trip: {rt['pages']} page(s) written, {rt['arrived']} read back, "
-                             f"{rt['mismatched']} with other bytes than written")
+                             f"{rt['mismatched']} with other bytes than written"
+                             + (f" (first failed read: {rank.roundtrip_why['why']})" if rank.roundtrip_why else ""))
     return row
 
 

@@ -3,6 +3,7 @@ cache controller calls it, against a real ``peercache-bench serve`` on loopback 
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,7 +70,8 @@ def test_get_set_exists_sweeps_with_peak_rows(procs, port, tmp_path, layout):
         assert p["verified"] and p["verify_failures"] == 0
     for p in doc["ops"]["set"]["points"]:      # set then get: the bytes written are the bytes read back
         rt = p["roundtrip"]
-        assert rt["pages"] == p["threads"] * BATCH and rt["arrived"] == rt["pages"] and rt["mismatched"] == 0
+        assert rt["pages"] == p["threads"] * BATCH and rt["arrived"] == rt["pages"] and rt["mismatched"] == 0, \
+            (rt, p.get("reason"))
     table = r.stdout
     assert "pages/s" in table and "tokens/s" in table and "GB/s" in table and "p999 us" in table
     for op, block in doc["ops"].items():        # one PEAK row per op, with the peak's pages/s
@@ -137,13 +139,14 @@ class _EchoStore:
     def __init__(self, host, alter: int | None = None, miss: int | None = None):
         self.host, self.alter, self.miss = host, alter, miss
 
-    def batch_get_v1(self, hashes, tokens):
+    def read_v1(self, hashes, tokens):
         rows = self.host.kv_buffer.reshape(self.host.pages, self.host.obj_bytes)
         dst = tokens[:: self.host.page_size] // self.host.page_size
         rows[dst] = rows[: len(hashes)]
         if self.alter is not None:
             rows[dst[self.alter], 7] ^= 0xFF
-        return [i != self.miss for i in range(len(hashes))]
+        result = SimpleNamespace(error=None, miss_reason=None if self.miss is None else f"page {self.miss} missed")
+        return [i != self.miss for i in range(len(hashes))], result
 
 
 def _rank(store_args) -> hicache_suite.Rank:
@@ -152,13 +155,17 @@ def _rank(store_args) -> hicache_suite.Rank:
     rank.host = HostPagePool(8, 64, True, 2)
     rank.host.kv_buffer[:] = np.random.default_rng(5).integers(0, 256, rank.host.kv_buffer.size, dtype=np.uint8)
     rank.store = _EchoStore(rank.host, **store_args)
+    rank.roundtrip_why = {}
     return rank
 
 
 @pytest.mark.parametrize("store_args,arrived,mismatched", [({}, 4, 0), ({"alter": 2}, 4, 1), ({"miss": 3}, 3, 0)])
 def test_set_round_trip_compares_every_byte(store_args, arrived, mismatched):
-    rt = _rank(store_args).roundtrip([(0, ["a", "b", "c", "d"])])
+    rank = _rank(store_args)
+    rt = rank.roundtrip([(0, ["a", "b", "c", "d"])])
     assert rt == {"pages": 4, "arrived": arrived, "mismatched": mismatched}
+    # a page that did not arrive keeps the node's reason for the point's
+    assert rank.roundtrip_why == ({"why": "page 3 missed"} if arrived < 4 else {})
 
 
 def test_a_non_writer_rank_whose_store_published_fails_its_row():
