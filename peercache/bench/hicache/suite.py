@@ -16,8 +16,9 @@ Each op is swept over ``--concurrencies`` (threads calling the one store of this
 controller's prefetch and backup threads do), every point bounded in time (``--warmup`` +
 ``--duration``) and in count (``--max-calls`` per thread), with a PEAK row per op (the point of the
 most pages/s). Figures per point: pages/s, tokens/s, GB/s, and p50/p99/p999 of one batch call.
-With verification on, every set point ends with a round trip: its last batches are read back
-through ``batch_get_v1`` into other host pages and compared byte for byte with what was written.
+With verification on, every set point ends with a round trip: once its threads stopped, each writes
+one more batch, read back through ``batch_get_v1`` into other host pages and compared byte for byte
+with what was written.
 """
 from __future__ import annotations
 
@@ -227,14 +228,21 @@ class Rank:
         return done, 0, len(hashes) - done, 0
 
     def roundtrip(self, written: list[tuple[int, list[str]]]) -> dict:
-        """Read back the last batch each thread wrote into the spare slice and compare byte for byte."""
+        """Each thread that wrote writes one more batch of its slice, once every thread has stopped, and it is
+        read back into the spare slice and compared byte for byte. The batches written in the window are not
+        the ones read: the pool holds ``2 x batch x threads`` pages first in, first out, so a thread's last
+        batch of the window is gone once the others wrote that many after it (under load one thread lagged
+        that far behind, and the round trip read back 32 of 64 pages)."""
         spare = self.slices - 1
         out = {"pages": 0, "arrived": 0, "mismatched": 0}
-        for tid, hashes in written:
+        for tid, _ in written:
+            hashes = self.new_hashes(self.batch)
+            stored = np.asarray(self.store.batch_set_v1(hashes, self.tokens(tid, len(hashes))), dtype=bool)
             got, res = self.store.read_v1(hashes, self.tokens(spare, len(hashes)))
-            ok = np.asarray(got, dtype=bool)
+            ok = np.asarray(got, dtype=bool) & stored
             if not ok.all() and "why" not in self.roundtrip_why:
-                self.roundtrip_why["why"] = ("the read failed as a whole" if res is None
+                self.roundtrip_why["why"] = (f"{int((~stored).sum())} page(s) of the batch were not stored"
+                                             if not stored.all() else "the read failed as a whole" if res is None
                                              else res.error or res.miss_reason or "misses without a reason")
             src = self.host.object_views(np.arange(tid * self.batch, tid * self.batch + len(hashes)))
             dst = self.host.object_views(np.arange(spare * self.batch, spare * self.batch + len(hashes)))

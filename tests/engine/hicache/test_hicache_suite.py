@@ -3,6 +3,7 @@ cache controller calls it, against a real ``peercache-bench serve`` on loopback 
 import json
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -139,6 +140,9 @@ class _EchoStore:
     def __init__(self, host, alter: int | None = None, miss: int | None = None):
         self.host, self.alter, self.miss = host, alter, miss
 
+    def batch_set_v1(self, hashes, tokens):
+        return [True] * len(hashes)
+
     def read_v1(self, hashes, tokens):
         rows = self.host.kv_buffer.reshape(self.host.pages, self.host.obj_bytes)
         dst = tokens[:: self.host.page_size] // self.host.page_size
@@ -156,6 +160,7 @@ def _rank(store_args) -> hicache_suite.Rank:
     rank.host.kv_buffer[:] = np.random.default_rng(5).integers(0, 256, rank.host.kv_buffer.size, dtype=np.uint8)
     rank.store = _EchoStore(rank.host, **store_args)
     rank.roundtrip_why = {}
+    rank.serial, rank.serial_lock, rank.args = 0, threading.Lock(), SimpleNamespace(tp_rank=0)
     return rank
 
 
