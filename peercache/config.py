@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 from . import checks, tags
 from .address import Address
 from .auth import check_secret, load_secret
-from .directory.redis_url import PASSWORD_ENV, is_redis, parse_url
+from .directory.redis.url import PASSWORD_ENV, is_redis, parse_url
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT
 from .directory.table import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
 from .errors import ConfigError, TransportError

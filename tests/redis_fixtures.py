@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from peercache.lab.launch import redis as redis_launch
-from peercache.directory.redis_backend import RedisDirectory
+from peercache.directory.redis.backend import RedisDirectory
 
 
 def _require_redis() -> None:

@@ -24,10 +24,10 @@ import numpy as np
 from .. import tags
 from ..address import host_of, is_loopback
 from ..config import NodeConfig
-from ..directory.client import connect_directory, is_redis
+from ..directory.client import connect_directory
+from ..directory.redis.url import is_redis, parse_url
 from ..errors import PeerCacheError
 from ..node import Get, Node
-from ..directory.redis_url import parse_url
 from ..transport.base import Transport
 from ..transport.tcp import batch_wire
 from . import meta, options

@@ -18,11 +18,11 @@ import peercache
 from conftest import BENCH, free_port, scaled
 from peercache import tags
 from peercache.bench.serve import READY_LINE
-from peercache.directory.client import EmbeddedDirectory, connect_directory, is_redis
+from peercache.directory.client import EmbeddedDirectory, connect_directory
 from peercache.errors import ConfigError, DiscoveryUnreachable, RpcError
 from peercache.directory.location import decode_record, encode_record
-from peercache.directory.redis_backend import REC, RedisDirectory, not_a_record
-from peercache.directory.redis_url import PASSWORD_ENV, parse_url
+from peercache.directory.redis.backend import REC, RedisDirectory, not_a_record
+from peercache.directory.redis.url import PASSWORD_ENV, is_redis, parse_url
 from peercache.rpc import Limits
 from redis_fixtures import RoundTrips
 from peercache.transport.base import LOC_DTYPE
