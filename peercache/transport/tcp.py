@@ -161,13 +161,6 @@ DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
 #: change it, 0 sleeps at once. The pure-Python client always sleeps.
 DEFAULT_POLL_US = 50
 MAX_POLL_US = 1_000_000
-#: How the native client moves one batch on its data connection: requests of at most
-#: REQUEST_BYTES (or one op, when an op is larger) and REQUEST_OPS ops, REQUESTS_IN_FLIGHT of them in
-#: flight. native/tcp.c's REQ_BYTES, REQ_OPS and WINDOW, which move the bytes
-#: (tests/engine/transport/test_tcp_wire.py checks that both say the same, and counts the requests).
-REQUEST_BYTES = 1 << 20
-REQUEST_OPS = 256
-REQUESTS_IN_FLIGHT = 8
 LISTEN_BACKLOG = 512
 #: How long the server stops accepting after an accept error (native/server.c's BACKOFF_MIN/MAX).
 _BACKOFF_MIN, _BACKOFF_MAX = 0.010, 0.100
@@ -339,13 +332,24 @@ def _env_default(name: str, value, kind):
         raise TransportError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
+def request_window() -> tuple[int, int, int]:
+    """How the native client moves one batch on its data connection: (bytes, ops, in flight):
+    requests of at most ``bytes`` (or one op, when an op is larger) and ``ops`` ops, ``in flight`` of
+    them sent and not yet answered. The native module's REQ_BYTES, REQ_OPS and WINDOW (native/pc.h),
+    read from there: TransportUnavailable saying how to build it when it is missing."""
+    mod = _native_or_raise()
+    return mod.REQ_BYTES, mod.REQ_OPS, mod.WINDOW
+
+
 def request_cuts(op_lengths: list[int]) -> list[tuple[int, int]]:
     """(bytes, ops) of each request the native client cuts a batch of ops of these lengths into
-    (native/tcp.c's chunk_end: at most REQUEST_OPS ops, and REQUEST_BYTES unless its first op alone is more)."""
+    (native/tcp.c's chunk_end: at most REQ_OPS ops, and REQ_BYTES unless its first op alone is more;
+    see :func:`request_window`)."""
+    max_bytes, max_ops, _ = request_window()
     cuts, start, n = [], 0, len(op_lengths)
     while start < n:
         end, nbytes = start, 0
-        while end < n and end - start < REQUEST_OPS and (end == start or nbytes + op_lengths[end] <= REQUEST_BYTES):
+        while end < n and end - start < max_ops and (end == start or nbytes + op_lengths[end] <= max_bytes):
             nbytes += op_lengths[end]
             end += 1
         cuts.append((nbytes, end - start))
@@ -357,9 +361,10 @@ def batch_wire(object_bytes: int, objects: int, send_buffer: int | None = None) 
     """How the native client moves a batch of ``objects`` slot reads of ``object_bytes`` each (their ops as
     base.slot_ops lays them out: header, payload, trailer) on its one data connection:
 
-    - ``request_bytes``: the most one request carries: REQUEST_BYTES where that cut the batch (the cap, as
+    - ``request_bytes``: the most one request carries: REQ_BYTES where that cut the batch (the cap, as
       iperf3's ``-l`` is: a request of 128 KiB objects carries 7 and a header, 896 KiB, as the next would
-      not fit), else its largest request (cut by REQUEST_OPS, or the whole batch); one object when larger;
+      not fit), else its largest request (cut by REQ_OPS, or the whole batch); one object when larger
+      (REQ_BYTES, REQ_OPS: :func:`request_window`);
     - ``requests``: how many requests the batch is cut into; ``requests_in_flight``: sent and not yet
       answered, at most;
     - ``outstanding_bytes``: bytes asked for and not yet received, at most;
@@ -374,11 +379,12 @@ def batch_wire(object_bytes: int, objects: int, send_buffer: int | None = None) 
         send_buffer = _env_default("PEERCACHE_TCP_SEND_BUFFER", DEFAULT_SEND_BUFFER, int)
     zeros, size = np.zeros(objects, np.uint64), np.full(objects, object_bytes, np.uint64)
     cuts = request_cuts(slot_ops(zeros, zeros, zeros, size, size, zeros, zeros)[0]["length"].tolist())
+    max_bytes, max_ops, window = request_window()
     sizes = [b for b, _ in cuts]
-    by_bytes = any(n < REQUEST_OPS for _, n in cuts[:-1])     # a request other than the last ended on the byte cap
-    in_flight = min(REQUESTS_IN_FLIGHT, len(cuts))
+    by_bytes = any(n < max_ops for _, n in cuts[:-1])     # a request other than the last ended on the byte cap
+    in_flight = min(window, len(cuts))
     outstanding = max(sum(sizes[i:i + in_flight]) for i in range(len(sizes) - in_flight + 1))
-    return {"request_bytes": max(REQUEST_BYTES, *sizes) if by_bytes else max(sizes), "requests": len(cuts),
+    return {"request_bytes": max(max_bytes, *sizes) if by_bytes else max(sizes), "requests": len(cuts),
             "requests_in_flight": in_flight, "outstanding_bytes": outstanding, "send_buffer": send_buffer,
             "in_flight_bytes": min(outstanding, send_buffer) if send_buffer > 0 else outstanding}
 
