@@ -12,7 +12,7 @@ import peercache.transport.base as base
 from peercache.errors import TransportUnavailable
 from peercache.tags import HEADER_BYTES, TRAILER_BYTES
 from peercache.transport.base import SLOT_DEST, SLOT_TAGS, Status, native_module, slot_ops
-from peercache.transport.tcp import NativeTcpTransport, TcpTransport, batch_wire, request_window
+from peercache.transport.tcp import TcpTransport, batch_wire, request_window
 
 PC_H = Path(__file__).resolve().parents[3] / "native" / "pc.h"
 
@@ -77,7 +77,7 @@ def test_the_native_client_sends_the_requests_batch_wire_counts(capacity, keys):
     prod = TcpTransport()
     prod.expose(5, region, rkey=9)
     info = prod.start("127.0.0.1")
-    cons = NativeTcpTransport(max_channels=1)
+    cons = TcpTransport(max_channels=1)
     try:
         i = np.arange(keys, dtype=np.uint64)
         ops, _ = slot_ops(np.full(keys, 5), np.full(keys, 9), i * slot, np.full(keys, capacity),
