@@ -14,6 +14,8 @@ def make_transport(protocol: str, **options) -> Transport:
     missing); the tcp client is the native one (tests/oracles/tcp_client.py holds its Python twin,
     for the tests only).
     """
+    # Each transport is imported here, when asked for, not at the top: a process loads only the one
+    # it uses (rdma brings the verbs extension and its control plane).
     if protocol == "tcp":
         from .tcp import TcpTransport
         mod, why = native_module()
