@@ -820,6 +820,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "TAG_BYTES", PC_TAG_BYTES);
     PyModule_AddIntConstant(m, "OP_ITEMSIZE", (long)sizeof(pc_op));
     PyModule_AddIntConstant(m, "LOC_ITEMSIZE", (long)sizeof(pc_loc));
+    PyModule_AddIntConstant(m, "REQ_OPS", PC_TCP_REQ_OPS);
+    PyModule_AddIntConstant(m, "REQ_BYTES", (long)PC_TCP_REQ_BYTES);
+    PyModule_AddIntConstant(m, "WINDOW", PC_TCP_WINDOW);
     PyModule_AddIntConstant(m, "TABLE_DONE", PC_TABLE_DONE);
     PyModule_AddIntConstant(m, "TABLE_READ_FAILED", PC_TABLE_READ_FAILED);
     PyModule_AddIntConstant(m, "TABLE_BAD_HEADER", PC_TABLE_BAD_HEADER);

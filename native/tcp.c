@@ -13,9 +13,10 @@
  *   session key. A server that does not prove the secret, or proves it from
  *   an address other than the one we reached (a relay), is told nothing:
  *   the error says which server, and what to check.
- * A batch is cut into requests of at most REQ_OPS ops / REQ_BYTES bytes and
- * up to WINDOW of them are in flight on one channel, so the server always
- * has the next request queued while the client drains the current reply.
+ * A batch is cut into requests of at most PC_TCP_REQ_OPS ops / PC_TCP_REQ_BYTES
+ * bytes (pc.h) and up to PC_TCP_WINDOW of them are in flight on one channel,
+ * so the server always has the next request queued while the client drains
+ * the current reply.
  * Each batch holds one channel of its own; the channel list's lock is held
  * only to pop or push a socket, never during I/O.
  *
@@ -55,13 +56,6 @@
 
 #define HEAD_BYTES 20
 #define WIRE_OP_BYTES 32
-#define REQ_OPS 256
-/* 1 MiB requests, 8 in flight: the first bytes of a batch leave the server
- * after one small request rather than a 4 MiB one, and the tail of one
- * request overlaps the next. Measured over a veth pair (make bench):
- * 4 MiB x 4 gave 0.76-0.79 of iperf3 with one stream, 1 MiB x 8 gives 0.94. */
-#define REQ_BYTES (1u << 20)
-#define WINDOW 8
 #define MAX_IOV 1024
 #define MAX_CHANNELS 256
 #define TAG_BYTES PC_HS_MAC_BYTES
@@ -467,7 +461,8 @@ typedef struct chunk { size_t start, end; uint64_t req_id; } chunk;
 static size_t chunk_end(const pc_op *ops, size_t start, size_t n) {
     size_t end = start;
     uint64_t bytes = 0;
-    while (end < n && end - start < REQ_OPS && (end == start || bytes + ops[end].length <= REQ_BYTES)) {
+    while (end < n && end - start < PC_TCP_REQ_OPS
+           && (end == start || bytes + ops[end].length <= PC_TCP_REQ_BYTES)) {
         bytes += ops[end].length;
         end++;
     }
@@ -476,7 +471,7 @@ static size_t chunk_end(const pc_op *ops, size_t start, size_t n) {
 
 /* The request of ops [ch->start, ch->end) on channel k, tagged when the connection shook hands. */
 static int send_chunk(const tcp_conn *c, chan *k, const pc_op *ops, const chunk *ch) {
-    uint8_t buf[HEAD_BYTES + REQ_OPS * WIRE_OP_BYTES + TAG_BYTES];
+    uint8_t buf[HEAD_BYTES + PC_TCP_REQ_OPS * WIRE_OP_BYTES + TAG_BYTES];
     uint32_t flags = 0, m = (uint32_t)(ch->end - ch->start);
     memcpy(buf, "PCRQ", 4);
     memcpy(buf + 4, &flags, 4);
@@ -545,7 +540,7 @@ static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, co
         }
     }
     if (k && recv_iov(fd, iov, k) < 0) return -1;
-    if (notify)   /* this reply's payloads (at most REQ_BYTES) are still in cache */
+    if (notify)   /* this reply's payloads (at most PC_TCP_REQ_BYTES) are still in cache */
         for (size_t i = ch->start; i < ch->end; i++)
             if (status[i] == PC_OK) notify->done(notify->ctx, i);
     return 0;
@@ -562,15 +557,15 @@ static int tcp_read_batch(void *p, const pc_op *ops, size_t n, const pc_local *l
         for (size_t i = 0; i < n; i++) status[i] = got == -1 ? PC_PEER_GONE : PC_CONNECTION;
         return -1;
     }
-    chunk win[WINDOW];
+    chunk win[PC_TCP_WINDOW];
     size_t head, tail, next, done;
     int rc;
 again:
     head = tail = next = done = 0;  /* chunks [tail, head) are in flight, ring-indexed */
     rc = 0;
     while (done < n) {
-        while (next < n && head - tail < WINDOW) {
-            chunk *ch = &win[head % WINDOW];
+        while (next < n && head - tail < PC_TCP_WINDOW) {
+            chunk *ch = &win[head % PC_TCP_WINDOW];
             ch->start = next;
             ch->end = chunk_end(ops, next, n);
             ch->req_id = atomic_fetch_add(&c->next_req, 1);
@@ -589,7 +584,7 @@ again:
             next = ch->end;
             head++;
         }
-        chunk *ch = &win[tail % WINDOW];
+        chunk *ch = &win[tail % PC_TCP_WINDOW];
         int r = recv_chunk(c, k.fd, ops, ch, locals, status, err, errlen, notify);
         if (r == -4 && pooled && tail == 0) goto redial;
         if (r == -1 || r == -4) {

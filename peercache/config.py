@@ -24,11 +24,12 @@ from typing import Any, Callable, Iterable, Optional
 from . import checks, tags
 from .address import Address
 from .auth import check_secret, load_secret
-from .directory.redis_url import PASSWORD_ENV, is_redis, parse_url
+from .directory.redis.url import PASSWORD_ENV, is_redis, parse_url
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT
 from .directory.table import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
 from .errors import ConfigError, TransportError
 from .transport import PROTOCOLS
+from .transport.tcp import poll_us_setting
 
 #: Entries of a directory table beyond this are a typo (the memory checks refuse most sizes well before).
 MAX_TABLE_ENTRIES = 1 << 32
@@ -245,7 +246,6 @@ def _pool_bytes(label: str, v: Any) -> int:
 def _tcp_poll_us(label: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ConfigError(f"{label} must be a whole number of µs, got {v!r}")
-    from .transport.tcp import poll_us_setting
     try:
         return poll_us_setting(v)
     except TransportError as e:

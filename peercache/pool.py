@@ -20,6 +20,7 @@ import numpy as np
 
 from . import tags
 from .errors import ConfigError
+from .transport.base import checksum
 
 
 def sealed_region(name: str, size: int, what: str, hint: str) -> tuple[int, mmap.mmap]:
@@ -62,7 +63,7 @@ class Pool:
             raise ConfigError(f"slot capacity must be positive, got {capacity} bytes")
         self.slots = slots
         self.capacity = capacity
-        #: write a checksum of each payload in its slot header (tags.checksum); 0 there otherwise
+        #: write a checksum of each payload in its slot header (transport.base.checksum); 0 there otherwise
         self.integrity = bool(integrity)
         self.stride = tags.slot_stride(capacity)
         self.size = self.stride * slots
@@ -126,7 +127,7 @@ class Pool:
         self.words[h + tags.KEY_HASH] = ref.key_hash
         self.words[h + tags.GENERATION] = ref.generation
         self.words[h + tags.LENGTH] = ref.length
-        self.words[h + tags.CHECKSUM] = tags.checksum(payload, ref.key_hash, ref.generation) if self.integrity else 0
+        self.words[h + tags.CHECKSUM] = checksum(payload, ref.key_hash, ref.generation) if self.integrity else 0
         done = busy + 1
         self.words[t] = done
         self.words[h + tags.SEQ] = done

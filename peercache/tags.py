@@ -21,8 +21,8 @@ the two ``seq`` copies differ, so a stale or torn slot reads as a miss, never
 as wrong bytes.
 
 The checksum word is 0 unless the producer runs with ``integrity`` on; then
-it is :func:`checksum` of the payload (XXH3-64 seeded with the key hash and
-generation), written inside the same seqlock window, and a consumer with
+it is the checksum of the payload (XXH3-64 seeded by :func:`checksum_seed`, from the key hash
+and generation; :func:`peercache.transport.base.checksum`, in the native module), written inside the same seqlock window, and a consumer with
 ``integrity`` on recomputes it before it returns a hit. The seqlock catches
 a slot that changed while it was read; only the checksum catches a payload
 that changed without its tag (a bug, a bit flip in host memory, a wrong DMA).
@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import xxhash
 
 HEADER_BYTES = 64
 TRAILER_BYTES = 8
@@ -134,18 +133,3 @@ def verify_patterns(pages: np.ndarray, khashes: np.ndarray, generations: np.ndar
 def checksum_seed(khash: int, generation: int) -> int:
     """Seed of a payload's checksum: ties the bytes to the (key, generation) they were written as."""
     return (khash ^ ((generation * _GOLDEN) & _MASK64)) & _MASK64
-
-
-def checksum(payload, khash: int, generation: int) -> int:
-    """The slot checksum of ``payload``: XXH3-64 seeded by :func:`checksum_seed`, never 0 (0 = none).
-
-    The native module computes the same value (libxxhash's XXH3, AVX2 when the CPU has it); this
-    is the reference, through the ``xxhash`` package.
-    """
-    seed = checksum_seed(khash, generation)
-    from .transport.base import native_module   # here, not at the top: transport.base imports this module
-    mod, _ = native_module()
-    if mod is not None:
-        return mod.checksum(payload, seed)
-    h = xxhash.xxh3_64_intdigest(memoryview(payload).cast("B"), seed)
-    return h or 1

@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
+from peercache import tags
 from peercache.lab.launch import redis as redis_launch
-from peercache.directory.redis_backend import RedisDirectory
+from peercache.directory.redis.backend import RedisDirectory
 
 
 def _require_redis() -> None:
@@ -67,3 +68,18 @@ class RoundTrips:
                 return got
             return counted_fetch
         d._pipe, d._fetch_direct, d._fetch_per_node = counted, wrap(direct), wrap(per_node)
+
+
+def producer(url: str, name: str = "p", heartbeat_timeout: float = 5.0) -> tuple[RedisDirectory, str, str]:
+    """A registered RedisDirectory client (no heartbeats: it lives for its key's TTL) and its id/token."""
+    d = RedisDirectory(url, heartbeat_timeout=heartbeat_timeout)
+    r = d.call("register", info={"name": name, "regions": [[1, 1 << 30]]})
+    return d, r["node_id"], r["token"]
+
+
+def publish(d: RedisDirectory, nid: str, tok: str, keys: list, base: int = 0) -> list:
+    """Publish ``keys`` as ``nid``'s (region 1, 4 KiB apart from ``base``); the 8-field locations sent."""
+    locs = [[nid, 1, 7, 4096 * (base + i), 64, 64, 3, tags.key_hash(k)] for i, k in enumerate(keys)]
+    r = d.call("publish", node_id=nid, token=tok, keys=keys, locs=locs)
+    assert r["published"] == len(keys), r
+    return locs

@@ -24,7 +24,7 @@ def _meta_redis(args) -> int:
     """With a Redis directory there is nothing to host: meta checks Redis and reaps expired nodes."""
     import threading
 
-    from ..directory.redis_backend import RedisDirectory
+    from ..directory.redis.backend import RedisDirectory
 
     options.check_directory(args)
     d = RedisDirectory(args.directory, timeout=5.0, heartbeat_timeout=args.heartbeat_timeout)

@@ -13,7 +13,7 @@ from typing import Optional
 
 from .. import checks, config, tags
 from ..config import TABLE_BYTES_PER_ENTRY, Flag, NodeConfig, option
-from ..directory.redis_url import is_redis
+from ..directory.redis.url import is_redis
 from ..errors import ConfigError, TransportError
 
 LAYOUTS = {"mla": ("",), "mha": ("/k", "/v")}  # object suffixes per page

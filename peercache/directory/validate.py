@@ -1,7 +1,7 @@
 """The directory's rules, once: which keys, locations and requesters it accepts.
 
 Both backends check what a request carries with these functions (the embedded
-service in :mod:`.service`, Redis in :mod:`.redis_backend`), and a consumer checks
+service in :mod:`.service`, Redis in :mod:`.redis.backend`), and a consumer checks
 what a lookup answers with :func:`read_location`, because a directory stores what
 producers publish and a hostile one may answer anything.
 

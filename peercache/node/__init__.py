@@ -3,7 +3,7 @@
 A node may produce (it has a pool that peers read one-sided), consume (it
 looks keys up and reads them into its own buffers), or both. The node named
 by ``--discovery-addr`` also hosts discovery and the directory, unless the
-directory is on Redis (``directory="redis://..."``, :mod:`peercache.directory.redis_backend`):
+directory is on Redis (``directory="redis://..."``, :mod:`peercache.directory.redis.backend`):
 then no node hosts anything and every node talks to Redis. Either way the
 node reaches its directory through one client (:mod:`peercache.directory.client`).
 
@@ -28,7 +28,9 @@ import numpy as np
 
 from .. import auth as _auth
 from ..directory.cache import DirectoryCache
-from ..directory.client import DirectoryClient, Registration, connect_directory, is_redis
+from ..directory.client import DirectoryClient, connect_directory
+from ..directory.ops import Registration
+from ..directory.redis.url import is_redis
 from ..directory.location import Location
 from ..directory.service import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
 from ..directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
@@ -120,7 +122,7 @@ class Node:
         self.control: RpcServer | None = None
         self.pool: Pool | None = None
         #: the directory client (embedded: an RpcClient to discovery; Redis: Redis itself), the
-        #: same typed ops either way (:class:`~peercache.directory.client.DirectoryOps`); None once closed
+        #: same typed ops either way (:class:`~peercache.directory.ops.DirectoryOps`); None once closed
         self.directory: DirectoryClient | None = None
         self.transport = None
         self.info: dict[str, Any] = {}
@@ -346,7 +348,7 @@ class Node:
         With ``owner_only`` a request must come from a registered node, with
         the token discovery issued it (a peer's :meth:`call`); others are refused.
         With a Redis directory the requests come through Redis lists (see
-        :meth:`peercache.directory.redis_backend.RedisDirectory.serve_op`).
+        :meth:`peercache.directory.redis.backend.RedisDirectory.serve_op`).
         """
         if is_redis(self.directory_addr):
             self.directory.serve_op(op, fn, owner_only)

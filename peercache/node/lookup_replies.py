@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import tags
 from ..directory.cache import DirectoryCache
-from ..directory.client import LookupResult
+from ..directory.ops import LookupResult
 from ..directory.location import Location
 from ..directory.validate import U64, read_location
 from ..errors import RpcError
@@ -23,7 +23,7 @@ SLOT_LIMIT = U64 - tags.HEADER_BYTES - tags.TRAILER_BYTES
 
 
 class LookupReplies:
-    """Reads lookup replies (:class:`~peercache.directory.client.LookupResult`) of both shapes:
+    """Reads lookup replies (:class:`~peercache.directory.ops.LookupResult`) of both shapes:
     fixed binary records ``{recs, nids, epoch[, missing][, nodes]}`` (what this node asks for)
     and the original ``{locs: [8-field list | None], nodes, epoch}``. Node numbers become the cache's node indices (``cache``), the infos a reply carries
     go to ``peers``; an entry that cannot be a slot is counted in :attr:`bad_locations` and

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..directory.client import Registration
+from ..directory.ops import Registration
 from ..errors import DiscoveryUnreachable, PeerCacheError, RpcError
 from ..rpc import DEFAULT_LIMITS, Limits
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..address import split
-from ..directory.client import Members
+from ..directory.ops import Members
 
 #: hosts a server binds to when it listens on every interface
 WILDCARDS = ("0.0.0.0", "::", "")

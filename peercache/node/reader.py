@@ -13,7 +13,8 @@ from .. import tags
 from ..directory.cache import DirectoryCache
 from ..directory.location import Location
 from ..errors import ConfigError, PeerCacheError
-from ..transport.base import ABSENT, CHECK_INTEGRITY, CHECK_PATTERN, STATUS_TEXT, Status, Transport, slot_ops
+from ..transport.base import (ABSENT, CHECK_INTEGRITY, CHECK_PATTERN, STATUS_TEXT, Status, Transport, checksum,
+                              slot_ops)
 from .deadline import Deadline
 from .peers import PeerInfos
 from .resolver import Resolver
@@ -358,7 +359,7 @@ class Reader:
                     self.integrity_missing += 1
                     keep[j] = False
                     continue
-                if tags.checksum(page, int(kh[j]), int(gen[j])) != want:
+                if checksum(page, int(kh[j]), int(gen[j])) != want:
                     self.integrity_failures += 1
                     keep[j] = False
                     continue

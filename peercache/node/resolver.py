@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..directory.cache import DirectoryCache
-from ..directory.client import LookupResult
+from ..directory.ops import LookupResult
 from ..directory.location import Location
 from ..errors import DiscoveryUnreachable
 from ..transport.base import ABSENT, LOC_DTYPE

@@ -7,21 +7,21 @@ from .base import LOC_DTYPE, OP_DTYPE, Status, Transport, native_module
 PROTOCOLS = ("tcp", "shm", "rdma")
 
 
-def make_transport(protocol: str, native: bool | None = None, **options) -> Transport:
+def make_transport(protocol: str, **options) -> Transport:
     """The transport for ``protocol``, or a ConfigError naming what is available.
 
-    ``native`` (tcp only): None or True = the native client (TransportUnavailable,
-    saying how to build it, when the extension is missing); False = the pure-Python
-    client (the reference the native one is compared with).
+    tcp and shm need the native module (TransportUnavailable, saying how to build it, when it is
+    missing); the tcp client is the native one (tests/oracles/tcp_client.py holds its Python twin,
+    for the tests only).
     """
+    # Each transport is imported here, when asked for, not at the top: a process loads only the one
+    # it uses (rdma brings the verbs extension and its control plane).
     if protocol == "tcp":
-        from .tcp import NativeTcpTransport, TcpTransport
+        from .tcp import TcpTransport
         mod, why = native_module()
-        if native is False:
-            return TcpTransport(**options)
         if mod is None:
             raise TransportUnavailable(f"the tcp transport needs the native module: {why}")
-        return NativeTcpTransport(**options)
+        return TcpTransport(**options)
     if protocol == "shm":
         from .shm import ShmTransport
         return ShmTransport(**options)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..auth import NONE as NO_CREDENTIALS
 from ..auth import Credentials
-from ..tags import HEADER_BYTES, TAG_BYTES, TRAILER_BYTES
+from ..errors import ConfigError
+from ..tags import HEADER_BYTES, TAG_BYTES, TRAILER_BYTES, checksum_seed
 
 OP_DTYPE = np.dtype([
     ("region", "<u4"),         # remote region id
@@ -67,6 +68,17 @@ def native_module():
                                         "builds the C extension (or `pip install -e .`; either needs a C "
                                         "compiler and python3-dev)"))
     return _native_cache[0]
+
+
+def checksum(payload, khash: int, generation: int) -> int:
+    """The slot checksum of ``payload`` (the tag's CHECKSUM word, with integrity on): XXH3-64 seeded
+    by :func:`peercache.tags.checksum_seed`, never 0 (0 = none), computed by the native module
+    (libxxhash, AVX2 when the CPU has it) as its read pass does; ConfigError saying how to build
+    it when the module is missing. (tests/oracles/checksum.py computes it in Python, for the tests.)"""
+    mod, why = native_module()
+    if mod is None:
+        raise ConfigError(f"payload checksums (integrity) need the native module: {why}")
+    return mod.checksum(payload, checksum_seed(khash, generation))
 
 
 class Status(enum.IntEnum):

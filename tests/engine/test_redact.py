@@ -15,7 +15,7 @@ import pytest
 from conftest import BENCH, free_port, scaled
 from peercache.bench import dirbench, meta
 from peercache.bench.serve import READY_LINE
-from peercache.directory.redis_url import parse_url
+from peercache.directory.redis.url import parse_url
 
 PASSWORD = "Hunter2-sekrit-pw"
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...config import NodeConfig
-from ...directory.client import is_redis
-from ...directory.redis_url import parse_url
+from ...directory.redis.url import is_redis, parse_url
 from .. import options
 
 

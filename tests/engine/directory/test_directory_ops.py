@@ -1,10 +1,10 @@
-"""The directory's typed ops (peercache.directory.client.DirectoryOps): each sends the message the
+"""The directory's typed ops (peercache.directory.ops.DirectoryOps): each sends the message the
 node always sent through ``call``, on both backends, and reads its reply into a small record."""
 import pytest
 
-from peercache.directory.client import (DirectoryOps, EmbeddedDirectory, LookupResult, Members, Published,
-                                        Registration)
-from peercache.directory.redis_backend import RedisDirectory
+from peercache.directory.client import EmbeddedDirectory
+from peercache.directory.ops import DirectoryOps, LookupResult, Members, Published, Registration
+from peercache.directory.redis.backend import RedisDirectory
 
 
 class Recorded(DirectoryOps):

@@ -5,7 +5,7 @@ import pytest
 
 from peercache import tags
 from peercache.directory.client import EmbeddedDirectory
-from peercache.directory.redis_backend import RedisDirectory
+from peercache.directory.redis.backend import RedisDirectory
 from peercache.directory.service import MetaService
 from peercache.directory.validate import Refused, check_location, read_location
 from peercache.errors import RpcError

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+import peercache.node as node_module
 from peercache import tags
 from peercache.directory.store import Directory
 from peercache.directory.table import LINE_BYTES, MAGIC, DirTable, TableView, bucket_line, line_check
@@ -17,6 +18,7 @@ from peercache.rpc import RpcServer
 from peercache.transport.base import ABSENT, LOC_DTYPE, native_module
 
 from conftest import free_port
+from oracles.tcp_client import PythonTcpTransport
 
 PAGE = 4096
 
@@ -754,14 +756,21 @@ def test_a_consumer_node_resolves_natively_as_the_python_oracle_does(port):
 
 @needs_native
 @pytest.mark.parametrize("how", ["python tcp", "registered memory"])
-def test_the_table_read_through_the_transport_answers_as_the_native_one(port, how):
+def test_the_table_read_through_the_transport_answers_as_the_native_one(port, how, monkeypatch):
     """Where the table node's handle cannot land the read in scratch of its own (a transport
     without native handles; one whose reads need registered memory, as rdma's: here tcp declaring
     it), the table is read through the transport's read_batch, parsed by TableView and mapped
     natively: the same rows, counts and calls as the native read and the oracle."""
     addr = f"127.0.0.1:{port}"
     keys = [b"tr-%d" % i for i in range(200)]
-    options = {"native": False} if how == "python tcp" else {}
+    made_by_the_node = node_module.make_transport
+
+    def make_transport(protocol, python_client=False, **options):
+        """The node's own, or with ``python_client`` the Python client of tests/oracles."""
+        return PythonTcpTransport(**options) if python_client else made_by_the_node(protocol, **options)
+
+    monkeypatch.setattr(node_module, "make_transport", make_transport)
+    options = {"python_client": True} if how == "python tcp" else {}
     with Node(addr, host_discovery=True, pool_slots=len(keys), slot_capacity=PAGE) as prod:
         prod.put_batch(keys, pages(keys))
         table, allk = a_table_with_doubtful_entries(prod, keys)

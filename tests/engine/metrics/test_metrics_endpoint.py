@@ -13,13 +13,13 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port
+from oracles.tcp_client import HEAD, REQ_MAGIC, hello
 from peercache import metrics
 from peercache.auth import curve_keys
 from peercache.config import NodeConfig
 from peercache.errors import ConfigError
 from peercache.node import Get, Node
 from peercache.rpc import pack
-from peercache.transport import tcp
 
 PAGE = 4096
 SECRET = b"metrics-test-secret-0123456789abcdef"
@@ -133,8 +133,8 @@ def test_refusals_of_peers_without_the_secret_are_counted_on_both_planes(port):
         sock.close(0)
         # data plane: a request without the hello that carries the token, and a hello with a wrong token
         data = prod.info["data"]
-        request = tcp.HEAD.pack(tcp.REQ_MAGIC, 0, 1, 1) + struct.pack("<IIQQQ", 1, 0, 0, 0, 64)
-        for first in (request, tcp.hello(bytes(32))):
+        request = HEAD.pack(REQ_MAGIC, 0, 1, 1) + struct.pack("<IIQQQ", 1, 0, 0, 0, 64)
+        for first in (request, hello(bytes(32))):
             with socket.create_connection((data["host"], data["port"]), timeout=5) as raw:
                 raw.sendall(first)
                 raw.recv(4096)

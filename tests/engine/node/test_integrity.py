@@ -2,23 +2,26 @@
 
 The seqlock tag catches a slot that changed while it was read; a payload that changed without
 its tag (a bug, a bit flip in host memory, a wrong DMA) is caught only by the checksum, and only
-with integrity on. Both read paths (native and the pure-Python reference) and the tcp and shm
+with integrity on. Both read paths (native and through the transport's read_batch) and the tcp and shm
 transports are covered; over rdma the same native pass runs (tests/engine/transport/test_rdma_faults.py).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import types
 
 import numpy as np
 import pytest
-import xxhash
 
 import peercache
 from conftest import free_port
+from oracles.checksum import checksum as reference_checksum
 from peercache import tags
+from peercache.errors import ConfigError
 from peercache.node import Get
-from peercache.transport.base import native_module
+import peercache.transport.base as base
+from peercache.transport.base import checksum, native_module
 
 mod, _why = native_module()
 needs_native = pytest.mark.skipif(mod is None, reason=str(_why))
@@ -30,9 +33,9 @@ PAGE = 4096
 def test_native_checksum_is_the_reference_xxh3(size):
     buf = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     seed = tags.checksum_seed(0x1234_5678_9ABC_DEF0, 7)
-    want = xxhash.xxh3_64_intdigest(buf.tobytes(), seed) or 1
+    want = reference_checksum(buf, 0x1234_5678_9ABC_DEF0, 7)
     assert mod.checksum(buf, seed) == want
-    assert tags.checksum(buf, 0x1234_5678_9ABC_DEF0, 7) == want
+    assert checksum(buf, 0x1234_5678_9ABC_DEF0, 7) == want
     if size:
         buf[size // 2] ^= 1
         assert mod.checksum(buf, seed) != want
@@ -155,3 +158,15 @@ def test_pattern_check_at_odd_sizes_and_edges_agrees_with_the_reference(protocol
     finally:
         cons.close()
         prod.close()
+
+
+def test_without_the_native_module_a_checksum_says_how_to_build_it(monkeypatch):
+    """The checksum has one implementation, the native one: a pool with integrity on and no native
+    module is refused, saying what to run."""
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(base, "_native_cache", [])
+    monkeypatch.setattr(base, "importlib", types.SimpleNamespace(import_module=missing))
+    with pytest.raises(ConfigError, match=r"payload checksums \(integrity\) need the native module: .*make setup"):
+        checksum(b"payload", 1, 1)

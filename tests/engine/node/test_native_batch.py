@@ -7,15 +7,17 @@ import time
 import numpy as np
 import pytest
 
+import peercache.node as node_module
 from peercache import tags
 from peercache.node import Get, Node
 from peercache.pool import Pool
 from peercache.transport import make_transport
 from peercache.transport.base import LOC_DTYPE, Status, make_ops, native_module
 from peercache.transport.shm import ShmTransport
-from peercache.transport.tcp import NativeTcpTransport, TcpTransport
+from peercache.transport.tcp import TcpTransport
 
 from conftest import free_port
+from oracles.tcp_client import PythonTcpTransport
 
 mod, why = native_module()
 pytestmark = pytest.mark.skipif(mod is None, reason=str(why))
@@ -38,7 +40,7 @@ def peer(request, region_pool):
     prod = ShmTransport() if request.param == "shm" else TcpTransport()
     prod.expose(7, region_pool.mm, RKEY, fd=region_pool.fd, size=region_pool.size)
     info = prod.start("127.0.0.1")
-    cons = ShmTransport() if request.param == "shm" else NativeTcpTransport(max_channels=2)
+    cons = ShmTransport() if request.param == "shm" else TcpTransport(max_channels=2)
     yield cons.native_peer("producer", info), region_pool
     cons.close()
     prod.close()
@@ -114,7 +116,7 @@ def test_native_tcp_matches_the_python_reference(region_pool):
     prod = TcpTransport()
     prod.expose(7, region_pool.mm, RKEY)
     info = prod.start("127.0.0.1")
-    ref, fast = TcpTransport(), NativeTcpTransport()
+    ref, fast = PythonTcpTransport(), TcpTransport()
     rng = np.random.default_rng(9)
     ops = make_ops(64)
     for i in range(64):
@@ -237,13 +239,15 @@ def test_concurrent_batches_do_not_corrupt_each_other(cluster):
     assert min(done) > 0
 
 
-def test_python_tcp_path_still_works_as_reference():
+def test_python_tcp_path_still_works_as_reference(monkeypatch):
+    """A node whose transport has no native batch path (the Python client of tests/oracles) reads
+    through the transport's read_batch."""
+    monkeypatch.setattr(node_module, "make_transport", lambda protocol, **options: PythonTcpTransport(**options))
     addr = f"127.0.0.1:{free_port()}"
-    prod = Node(addr, protocol="tcp", host_discovery=True, pool_slots=8, slot_capacity=256, name="p",
-                transport_options={"native": False})
-    cons = Node(addr, protocol="tcp", name="c", transport_options={"native": False})
+    prod = Node(addr, protocol="tcp", host_discovery=True, pool_slots=8, slot_capacity=256, name="p")
+    cons = Node(addr, protocol="tcp", name="c")
     try:
-        assert cons.reader.native is None and type(cons.transport) is TcpTransport
+        assert cons.reader.native is None and type(cons.transport) is PythonTcpTransport
         prod.put_batch([b"a", b"b"], [b"alpha", b"bravo"])
         dest = np.zeros(512, np.uint8)
         r = cons.get_batch_into([b"a", b"x", b"b"], dest, [0, 256, 300])
@@ -257,7 +261,7 @@ def test_python_tcp_path_still_works_as_reference():
 def test_make_transport_picks_native_tcp_when_built():
     t = make_transport("tcp")
     try:
-        assert isinstance(t, NativeTcpTransport) and t.native
+        assert type(t) is TcpTransport and t.native
     finally:
         t.close()
 
@@ -275,12 +279,10 @@ def test_without_the_extension_tcp_shm_and_the_node_say_how_to_build(monkeypatch
     monkeypatch.setattr(base, "_native_cache", [])
     monkeypatch.setattr(base, "importlib", types.SimpleNamespace(import_module=missing))
     # tcp needs the module as shm does: its data server is the native loop (no Python fallback)
-    for make in (lambda: make_transport("tcp"), lambda: make_transport("tcp", native=False),
-                 lambda: make_transport("tcp", native=True), TcpTransport, NativeTcpTransport,
-                 lambda: make_transport("shm")):
+    for make in (lambda: make_transport("tcp"), TcpTransport, PythonTcpTransport, lambda: make_transport("shm")):
         with pytest.raises(TransportUnavailable, match=r"peercache\._native is unavailable .*run `make setup`"):
             make()
     with pytest.raises(ConfigError, match=r"directory cache needs the native module: .*run `make setup`"):
         DirectoryCache(5.0)
     with pytest.raises(ConfigError, match="make setup"):
-        Node(f"127.0.0.1:{free_port()}", protocol="tcp", transport_options={"native": False})
+        Node(f"127.0.0.1:{free_port()}", protocol="tcp")

@@ -7,7 +7,7 @@ import numpy as np
 
 from peercache import tags
 from peercache.directory.cache import DirectoryCache
-from peercache.directory.client import DirectoryOps
+from peercache.directory.ops import DirectoryOps
 from peercache.node.lookup_replies import LookupReplies
 from peercache.node.membership import Membership
 from peercache.node.peers import PeerInfos

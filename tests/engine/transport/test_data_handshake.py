@@ -21,10 +21,11 @@ import pytest
 from peercache.auth import Credentials, DataKey, data_key
 from peercache.errors import TransportError
 from peercache.transport.base import Status, make_ops, native_module
-from peercache.transport.tcp import (CHALLENGE_BYTES, HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, Channel,
-                                     NativeTcpTransport, TcpTransport, address_text, hello, wire_address)
+from peercache.transport.tcp import TcpTransport
 
 from conftest import recv_for as recv_all, scaled
+from oracles.tcp_client import (CHALLENGE_BYTES, HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, Channel,
+                                PythonTcpTransport, address_text, hello, wire_address)
 
 mod, _why = native_module()
 pytestmark = pytest.mark.skipif(mod is None, reason=str(_why))
@@ -98,7 +99,7 @@ def server():
 
 def read(info: dict, native: bool, secret=SECRET, off: int = 100, ln: int = 200) -> tuple[list, np.ndarray]:
     """One read by a fresh client: its statuses and the bytes it got."""
-    t = (NativeTcpTransport if native else TcpTransport)(io_timeout=scaled(2))
+    t = (TcpTransport if native else PythonTcpTransport)(io_timeout=scaled(2))
     if secret:
         t.use_credentials(Credentials.of(secret))
     ops = make_ops(1)

@@ -17,9 +17,10 @@ import pytest
 
 from peercache.auth import DataKey, data_key
 from peercache.transport.base import Status, native_module
-from peercache.transport.tcp import HEAD, HELLO_MAGIC, MAX_OPS, MAX_REPLY_BYTES, REQ_MAGIC, Channel, hello
+from peercache.transport.tcp import MAX_OPS, MAX_REPLY_BYTES
 
 from conftest import scaled
+from oracles.tcp_client import HEAD, HELLO_MAGIC, REQ_MAGIC, Channel, hello
 from test_hardening_dataserver import (OTHER, REGION, RKEY, SECRET, SIZE, DataServer, Reader, greet, pattern,
                                        read_reply, wire_req)
 

@@ -25,10 +25,11 @@ import pytest
 
 from peercache.auth import Credentials, DataKey, data_key
 from peercache.transport.base import Status, make_ops, native_module
-from peercache.transport.tcp import (CHALLENGE_BYTES, HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, Channel,
-                                     NativeTcpTransport, TcpTransport, client_handshake, hello)
+from peercache.transport.tcp import TcpTransport
 
 from conftest import scaled
+from oracles.tcp_client import (CHALLENGE_BYTES, HEAD, HELLO_MAGIC, REP_MAGIC, REQ_MAGIC, WIRE_OP, Channel,
+                                PythonTcpTransport, client_handshake, hello)
 
 REGION = 3
 RKEY = 0x1234_5678_9ABC_DEF0
@@ -201,11 +202,12 @@ def closed_within(s: socket.socket, seconds: float) -> bool:
 
 
 class Reader:
-    """A legitimate client (the native one, or with ``native=False`` the Python one) that checks the bytes."""
+    """A legitimate client (the native one, or with ``native=False`` the Python one of tests/oracles)
+    that checks the bytes."""
 
     def __init__(self, port: int, native: bool = True, channels: int = 1, io_timeout: float = 3.0,
                  secret: bytes | None = None):
-        cls = NativeTcpTransport if native else TcpTransport
+        cls = TcpTransport if native else PythonTcpTransport
         self.t = cls(max_channels=channels, io_timeout=io_timeout)
         if secret:
             self.t.use_credentials(Credentials.of(secret))

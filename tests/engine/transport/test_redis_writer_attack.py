@@ -27,7 +27,7 @@ import pytest
 
 import peercache
 from conftest import recv_for, scaled
-from peercache.directory.redis_backend import RedisDirectory
+from peercache.directory.redis.backend import RedisDirectory
 from peercache.node import Get
 from peercache.transport.base import native_module
 

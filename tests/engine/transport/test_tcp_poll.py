@@ -11,7 +11,7 @@ import pytest
 
 from peercache.pool import Pool
 from peercache.transport.base import Status, make_ops, native_module
-from peercache.transport.tcp import DEFAULT_POLL_US, NativeTcpTransport, TcpTransport, TransportError
+from peercache.transport.tcp import DEFAULT_POLL_US, TcpTransport, TransportError
 
 mod, why = native_module()
 pytestmark = pytest.mark.skipif(mod is None, reason=str(why))
@@ -46,7 +46,7 @@ def test_default_polls_and_zero_sleeps_with_the_same_bytes(producer, monkeypatch
     monkeypatch.delenv("PEERCACHE_TCP_POLL_US", raising=False)
     waits = {}
     for poll in (None, 200_000, 0):
-        cons = NativeTcpTransport(max_channels=1, poll_us=poll)
+        cons = TcpTransport(max_channels=1, poll_us=poll)
         assert cons.poll_us == (DEFAULT_POLL_US if poll is None else poll)
         peer = cons.native_peer("p", info)
         _reads(peer, pool, 200)

@@ -4,17 +4,21 @@ import struct
 import numpy as np
 import pytest
 
+from oracles.tcp_client import HEAD, REP_MAGIC, PythonTcpTransport, recv_exact
 from peercache.transport.base import Status, make_ops
-from peercache.transport.tcp import HEAD, REP_MAGIC, TcpTransport, recv_exact
+from peercache.transport.tcp import TcpTransport
+
+#: The engine's client (native) and its Python twin (tests/oracles): both must read the same.
+CLIENTS = pytest.mark.parametrize("client", [TcpTransport, PythonTcpTransport], ids=["native", "python"])
 
 
-@pytest.fixture
-def served():
+@pytest.fixture(params=[TcpTransport, PythonTcpTransport], ids=["native", "python"])
+def served(request):
     region = np.arange(4096, dtype=np.uint8)
     prod = TcpTransport()
     prod.expose(3, region, rkey=77)
     info = prod.start("127.0.0.1")
-    cons = TcpTransport(max_channels=2)
+    cons = request.param(max_channels=2)
     yield region, info, prod, cons
     cons.close()
     prod.close()
@@ -59,8 +63,9 @@ def test_bad_magic_gets_refusal_and_server_survives(served):
     assert (dest == region[8:16]).all()
 
 
-def test_unreachable_peer_is_peer_gone():
-    cons = TcpTransport()
+@CLIENTS
+def test_unreachable_peer_is_peer_gone(client):
+    cons = client()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]

@@ -1,29 +1,45 @@
-"""How the native tcp client moves a batch (batch_wire): the constants are native/tcp.c's, and the
-requests it counts are the requests the data server serves."""
+"""How the native tcp client moves a batch (batch_wire): the constants are the native module's,
+exported from native/pc.h, and the requests it counts are the requests the data server serves."""
 import re
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import peercache.transport.base as base
+from peercache.errors import TransportUnavailable
 from peercache.tags import HEADER_BYTES, TRAILER_BYTES
-from peercache.transport.base import SLOT_DEST, SLOT_TAGS, Status, slot_ops
-from peercache.transport.tcp import (REQUEST_BYTES, REQUEST_OPS, REQUESTS_IN_FLIGHT, NativeTcpTransport,
-                                     TcpTransport, batch_wire)
+from peercache.transport.base import SLOT_DEST, SLOT_TAGS, Status, native_module, slot_ops
+from peercache.transport.tcp import TcpTransport, batch_wire, request_window
 
-TCP_C = Path(__file__).resolve().parents[3] / "native" / "tcp.c"
+PC_H = Path(__file__).resolve().parents[3] / "native" / "pc.h"
 
 
 def _define(name: str) -> int:
-    m = re.search(rf"^#define {name} (.+?)\s*(/\*.*)?$", TCP_C.read_text(), re.M)
-    assert m, f"native/tcp.c defines no {name}"
+    m = re.search(rf"^#define {name} (.+?)\s*(/\*.*)?$", PC_H.read_text(), re.M)
+    assert m, f"native/pc.h defines no {name}"
     return int(eval(m.group(1).replace("u", "")))     # "(1u << 20)", "256", "8"
 
 
-def test_the_constants_are_those_of_the_native_client():
-    assert (REQUEST_BYTES, REQUEST_OPS, REQUESTS_IN_FLIGHT) == (_define("REQ_BYTES"), _define("REQ_OPS"),
-                                                                _define("WINDOW"))
+def test_the_native_module_exports_the_clients_request_window():
+    mod, why = native_module()
+    assert mod is not None, why
+    exported = (mod.REQ_BYTES, mod.REQ_OPS, mod.WINDOW)
+    assert exported == (_define("PC_TCP_REQ_BYTES"), _define("PC_TCP_REQ_OPS"), _define("PC_TCP_WINDOW"))
+    assert exported == (1 << 20, 256, 8)            # what the wire was measured with (pc.h says how)
+    assert request_window() == exported
+
+
+def test_without_the_native_module_the_request_window_says_how_to_build_it(monkeypatch):
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(base, "_native_cache", [])
+    monkeypatch.setattr(base, "importlib", types.SimpleNamespace(import_module=missing))
+    with pytest.raises(TransportUnavailable, match=r"peercache\._native is unavailable .*run `make setup`"):
+        batch_wire(131072, 32)
 
 
 def test_a_batch_of_the_lab_points_is_cut_into_1_MiB_requests_and_the_send_buffer_bounds_its_depth():
@@ -41,7 +57,7 @@ def test_a_batch_of_the_lab_points_is_cut_into_1_MiB_requests_and_the_send_buffe
     # a batch below the cap is one request of its own size; an object above it is a request alone
     assert batch_wire(16384, 16, send_buffer=262144)["request_bytes"] == 16 * (16384 + HEADER_BYTES + TRAILER_BYTES)
     assert batch_wire(4 << 20, 2, send_buffer=262144)["request_bytes"] == 4 << 20
-    # tiny objects: REQUEST_OPS ops (85 slots) make the request, not the byte cap
+    # tiny objects: REQ_OPS ops (85 slots) make the request, not the byte cap
     assert batch_wire(4096, 128, send_buffer=262144)["request_bytes"] == 85 * (4096 + 72) + HEADER_BYTES
     with pytest.raises(ValueError):
         batch_wire(0, 1)
@@ -61,7 +77,7 @@ def test_the_native_client_sends_the_requests_batch_wire_counts(capacity, keys):
     prod = TcpTransport()
     prod.expose(5, region, rkey=9)
     info = prod.start("127.0.0.1")
-    cons = NativeTcpTransport(max_channels=1)
+    cons = TcpTransport(max_channels=1)
     try:
         i = np.arange(keys, dtype=np.uint64)
         ops, _ = slot_ops(np.full(keys, 5), np.full(keys, 9), i * slot, np.full(keys, capacity),

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 
-from ..rpc import unpack
+from ...rpc import unpack
 
 
 class OwnerLeases:
-    """Leases on owners' liveness, mixed into :class:`~.redis_backend.RedisDirectory` (whose
+    """Leases on owners' liveness, mixed into :class:`~.backend.RedisDirectory` (whose
     ``__init__`` sets the state used here: ``_leases``, ``_lease_epoch``, ``_ids`` and ``_lock``)."""
 
     def _owners(self, nums: list[int], epoch: int) -> dict[int, tuple[str, dict]]:

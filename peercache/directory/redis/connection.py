@@ -11,11 +11,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
-from .redis_scripts import SCRIPTS, load_script
-from .redis_url import PASSWORD_ENV
+from ...errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
+from .scripts import SCRIPTS, load_script
+from .url import PASSWORD_ENV
 
 #: One logger for the whole Redis backend, whichever of its modules logs.
+# The logger keeps the name it had before the backend became a subpackage: log filters and
+# handlers set up for it go on working.
 log = logging.getLogger("peercache.directory.redis_backend")
 
 
@@ -32,7 +34,7 @@ def timed_out(e: BaseException) -> bool:
 
 
 class RedisConnection:
-    """The connection part of :class:`~.redis_backend.RedisDirectory`, which it is mixed into
+    """The connection part of :class:`~.backend.RedisDirectory`, which it is mixed into
     (it uses the directory's ``cfg``, ``address``, ``timeout``, ``cluster``, ``r`` and ``_sha``)."""
 
     def _kwargs(self) -> dict:

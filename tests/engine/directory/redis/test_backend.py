@@ -1,13 +1,13 @@
-"""The Redis directory backend against a real redis-server on loopback (no mocks).
+"""peercache.directory.redis.backend (RedisDirectory: publish, unpublish, lookup, and the parts it
+composes) against a real redis-server on loopback (no mocks).
 
-URL parsing and the stored location format are pure; everything else talks to
-the ``redis_server`` fixture (tests/redis_fixtures.py: a fresh redis-server on
-a random 127.0.0.1 port, no persistence, stopped afterwards).
+The stored record format is pure; everything else talks to the ``redis_server`` fixture
+(tests/redis_fixtures.py: a fresh redis-server on a random 127.0.0.1 port, no persistence,
+stopped afterwards).
 """
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 
@@ -15,47 +15,18 @@ import numpy as np
 import pytest
 
 import peercache
-from conftest import BENCH, free_port, scaled
 from peercache import tags
+from conftest import BENCH, scaled
 from peercache.bench.serve import READY_LINE
-from peercache.directory.client import EmbeddedDirectory, connect_directory, is_redis
-from peercache.errors import ConfigError, DiscoveryUnreachable, RpcError
+from peercache.directory.client import EmbeddedDirectory, connect_directory
 from peercache.directory.location import decode_record, encode_record
-from peercache.directory.redis_backend import REC, RedisDirectory, not_a_record
-from peercache.directory.redis_url import PASSWORD_ENV, parse_url
+from peercache.directory.redis.backend import REC, RedisDirectory, not_a_record
+from peercache.errors import ConfigError, RpcError
 from peercache.rpc import Limits
-from redis_fixtures import RoundTrips
 from peercache.transport.base import LOC_DTYPE
+from redis_fixtures import RoundTrips, producer, publish
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
-
-
-# -- pure parts --------------------------------------------------------------------------------
-def test_url_forms_and_password_sources():
-    u = parse_url("redis://127.0.0.1:6390/3", env={})
-    assert (u.host, u.port, u.db, u.password, u.ssl, u.prefix, u.cluster) == ("127.0.0.1", 6390, 3, None,
-                                                                              False, "pc", None)
-    u = parse_url("rediss://alice:p%40ss@cache.example:7000/0?prefix=lab1&cluster=no", env={})
-    assert (u.username, u.password, u.ssl, u.prefix, u.cluster) == ("alice", "p@ss", True, "lab1", False)
-    assert "p@ss" not in u.safe and "***" in u.safe and u.safe.startswith("rediss://alice:***@")
-    assert parse_url("redis://h:1/0", env={PASSWORD_ENV: "fromenv"}).password == "fromenv"
-    assert parse_url("redis://:inurl@h:1/0", env={PASSWORD_ENV: "fromenv"}).password == "inurl"
-    assert parse_url("redis://h", env={}).port == 6379
-    assert is_redis("redis://x:1/0") and is_redis("REDISS://x:1/0") and not is_redis("127.0.0.1:31998")
-
-
-@pytest.mark.parametrize("url, message", [
-    ("redis://127.0.0.1:1/zero", "is not a number"),
-    ("redis://:1/0", "names no host"),
-    ("redis://h:1/0?colour=red", "unknown parameter"),
-    ("redis://h:1/0?prefix=a{b}", "prefix"),
-    ("redis://h:1/2?cluster=yes", "only database 0"),
-    ("redis://h:99999/0", "Redis URL"),
-])
-def test_bad_urls_are_config_errors_that_say_what_to_write(url, message):
-    with pytest.raises(ConfigError, match="--directory") as e:
-        parse_url(url, env={})
-    assert message in str(e.value)
 
 
 def test_entries_are_fixed_loc_dtype_records():
@@ -79,7 +50,6 @@ def test_factory_picks_the_backend_and_refuses_unknown_schemes(port):
         connect_directory("etcd://127.0.0.1:2379")
 
 
-# -- a real redis-server -------------------------------------------------------------------------
 def _keys(n, tag="k"):
     return [f"{tag}{i}".encode() for i in range(n)]
 
@@ -102,26 +72,12 @@ def test_put_get_and_lookup_reply_shape(redis_server):
         assert cons.exists_batch(["page/0", "nope"]) == [True, False]
 
 
-def _producer(url, name="p", heartbeat_timeout=5.0):
-    """A registered RedisDirectory client (no heartbeats: it lives for its key's TTL) and its id/token."""
-    d = RedisDirectory(url, heartbeat_timeout=heartbeat_timeout)
-    r = d.call("register", info={"name": name, "regions": [[1, 1 << 30]]})
-    return d, r["node_id"], r["token"]
-
-
-def _publish(d, nid, tok, keys, base=0):
-    locs = [[nid, 1, 7, 4096 * (base + i), 64, 64, 3, tags.key_hash(k)] for i, k in enumerate(keys)]
-    r = d.call("publish", node_id=nid, token=tok, keys=keys, locs=locs)
-    assert r["published"] == len(keys), r
-    return locs
-
-
 def test_lookup_answers_records_as_the_embedded_directory_does(redis_server):
-    d, nid, tok = _producer(redis_server.url)
+    d, nid, tok = producer(redis_server.url)
     cons = RedisDirectory(redis_server.url)
     try:
         keys = _keys(5)
-        locs = _publish(d, nid, tok, keys)
+        locs = publish(d, nid, tok, keys)
         r = cons.call("lookup", keys=[keys[0], b"absent", *keys[1:]], recs=True, epoch=None)
         assert set(r) == {"ok", "recs", "nids", "epoch", "missing", "nodes"}
         assert np.frombuffer(r["missing"], "<u4").tolist() == [1]
@@ -144,41 +100,12 @@ def test_lookup_answers_records_as_the_embedded_directory_does(redis_server):
         d.close()
 
 
-def test_records_of_a_node_gone_read_as_missing_and_its_number_is_forgotten(redis_server):
-    url = redis_server.url
-    short, sid, stok = _producer(url, "short", heartbeat_timeout=1.0)    # never heartbeats
-    stays, nid, tok = _producer(url, "stays")
-    cons = RedisDirectory(url)
-    try:
-        _publish(short, sid, stok, [b"s0", b"s1"])
-        _publish(stays, nid, tok, [b"n0"], base=10)
-        r = cons.call("lookup", keys=[b"s0", b"n0", b"s1"], recs=True)
-        assert len(r["recs"]) == 3 * REC and sorted(r["nids"].values()) == sorted([sid, nid])
-        t = time.monotonic()
-        while time.monotonic() - t < scaled(5):
-            r = cons.call("lookup", keys=[b"s0", b"n0", b"s1"], recs=True)
-            if "missing" in r:
-                break
-            time.sleep(0.1)
-        assert np.frombuffer(r["missing"], "<u4").tolist() == [0, 2]     # its entries went with it
-        rows = np.frombuffer(r["recs"], LOC_DTYPE)
-        assert len(rows) == 1 and int(rows["offset"][0]) == 4096 * 10 and list(r["nids"].values()) == [nid]
-        num = int(stays.r.hget("pc:{m}:num", nid))
-        stays.call("leave", node_id=nid, token=tok)
-        assert stays.r.hget("pc:{m}:ids", num) is None and stays.r.hget("pc:{m}:num", nid) is None
-        assert cons.call("lookup", keys=[b"n0"], recs=True)["missing"] == bytes(4)
-    finally:
-        cons.close()
-        short.close()
-        stays.close()
-
-
 def test_a_key_of_a_node_gone_is_taken_over_by_the_next_publisher(redis_server):
     url = redis_server.url
-    short, sid, stok = _producer(url, "short", heartbeat_timeout=1.0)    # never heartbeats
-    other, oid, otok = _producer(url, "other")
+    short, sid, stok = producer(url, "short", heartbeat_timeout=1.0)    # never heartbeats
+    other, oid, otok = producer(url, "other")
     try:
-        _publish(short, sid, stok, [b"t0"])
+        publish(short, sid, stok, [b"t0"])
         loc = [oid, 1, 7, 8192, 64, 64, 3, tags.key_hash(b"t0")]
         r = other.call("publish", node_id=oid, token=otok, keys=[b"t0"], locs=[loc])
         assert r["published"] == 0 and r["refused_index"] == [0]          # its owner is alive
@@ -284,81 +211,6 @@ def test_limits_are_enforced_and_named(redis_server):
         d.close()
 
 
-def test_a_silent_node_vanishes_with_its_entries_and_the_epoch_moves(redis_server):
-    url = redis_server.url
-    prod = peercache.Client(directory=url, pool_bytes=1 << 20, page_size=4096)
-    with peercache.connect(directory=url) as cons:
-        try:
-            prod.put_batch(["v1", "v2"], [b"1" * 8, b"2" * 8])
-            assert cons.get("v1") == b"1" * 8
-            gone_id = prod.node.node_id
-            epoch0 = cons.node.discovery.call("members")["epoch"]
-            prod.node.membership.stop_heartbeats()   # the producer stops heartbeating (as if it hung)
-            t = time.monotonic()
-            while cons.get("v1") is not None and time.monotonic() - t < scaled(15):
-                time.sleep(0.1)
-            waited = time.monotonic() - t
-            assert cons.get("v1") is None and cons.get("v2") is None
-            assert waited <= scaled(5.0 + 2.0)      # the node key's TTL is the heartbeat timeout (5 s)
-            # the consumer's heartbeat reaps it: out of the members, epoch bumped, entries deleted
-            t = time.monotonic()
-            while cons.node.discovery.call("members")["epoch"] == epoch0 and time.monotonic() - t < scaled(5):
-                time.sleep(0.1)
-            m = cons.node.discovery.call("members")
-            assert gone_id not in m["nodes"] and m["epoch"] > epoch0
-            r = subprocess.run(["redis-cli", "-p", str(redis_server.port), "--scan", "--pattern", "pc:e:*"],
-                               capture_output=True, text=True, timeout=10)
-            assert r.stdout.strip() == ""
-        finally:
-            prod.close()
-
-
-def test_join_and_leave_bump_the_epoch_and_leave_removes_entries(redis_server):
-    url = redis_server.url
-    with peercache.connect(directory=url) as cons:
-        e0 = cons.node.discovery.call("members")["epoch"]
-        prod = peercache.Client(directory=url, pool_bytes=1 << 20, page_size=4096)
-        prod.put("x", b"x" * 8)
-        e1 = cons.node.discovery.call("members")["epoch"]
-        assert e1 == e0 + 1 and cons.get("x") == b"x" * 8
-        prod.close()
-        m = cons.node.discovery.call("members")
-        assert m["epoch"] == e1 + 1 and prod.node.node_id not in m["nodes"]
-        assert cons.get("x") is None
-
-
-def test_password_from_url_or_environment(procs, tmp_path, monkeypatch):
-    port = free_port()
-    srv = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                       "--appendonly", "no", "--requirepass", "s3cret", "--dir", str(tmp_path)])
-    procs.wait_line(srv, "Ready to accept connections")
-    monkeypatch.delenv(PASSWORD_ENV, raising=False)
-    with pytest.raises(DiscoveryUnreachable, match=PASSWORD_ENV) as e:
-        connect_directory(f"redis://127.0.0.1:{port}/0")
-    assert f"redis://127.0.0.1:{port}/0" in str(e.value)
-    with pytest.raises(DiscoveryUnreachable, match="credentials") as e:
-        connect_directory(f"redis://:wrong@127.0.0.1:{port}/0")
-    assert "wrong" not in str(e.value).replace("wrong or", "")   # the password is masked
-    connect_directory(f"redis://:s3cret@127.0.0.1:{port}/0").close()
-    monkeypatch.setenv(PASSWORD_ENV, "s3cret")
-    with peercache.Client(directory=f"redis://127.0.0.1:{port}/0", pool_bytes=1 << 20, page_size=4096) as c:
-        c.put("p", b"pw" * 4)
-        assert c.get("p") == b"pw" * 4
-
-
-def test_reader_done_reaches_a_serving_node_through_redis(redis_server):
-    url = redis_server.url
-    seen = []
-    with peercache.Client(directory=url) as server, peercache.connect(directory=url) as peer:
-        server.node.add_handler("reader_done", lambda msg: seen.append(msg["node_id"]) or {"n": len(seen)})
-        assert peer.node.call("reader_done", summary={"status": "ok"})["n"] == 1
-        assert seen == [peer.node.node_id]
-        with pytest.raises(RpcError, match="wrong token"):
-            peer.node.discovery.call("reader_done", node_id=peer.node.node_id, token="forged")
-        with pytest.raises(RpcError, match="no node answered 'nobody_serves'"):
-            peer.node.call("nobody_serves", timeout=0.5)
-
-
 def _drive(url, out, *extra):
     return [*BENCH, "drive", "--directory", url, *SMALL, "--batch-size", "8", "--duration", "1",
             "--warmup", "0.3", "--out", str(out), "--ready-timeout", "10", *extra]
@@ -379,42 +231,3 @@ def test_serve_drive_on_redis_verified_full_hits(procs, redis_server, tmp_path):
         assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0 and p["verify_failures"] == 0
     assert "100.00" in r.stdout
     assert serve.wait(timeout=scaled(10)) == 0        # its reader's reader_done came through Redis
-
-
-def test_meta_with_redis_reaps_expired_nodes(procs, redis_server):
-    url = redis_server.url
-    meta = procs.start([*BENCH, "meta", "--directory", url, "--heartbeat-timeout", "1"])
-    procs.wait_line(meta, "peercache-bench meta: ready on")
-    d = RedisDirectory(url, heartbeat_timeout=1.0)
-    try:
-        r = d.call("register", info={"name": "short-lived"})
-        e = r["epoch"]
-        t = time.monotonic()
-        while d.call("members")["epoch"] == e and time.monotonic() - t < scaled(10):
-            time.sleep(0.1)
-        m = d.call("members")
-        assert r["node_id"] not in m["nodes"] and m["epoch"] == e + 1
-    finally:
-        d.close()
-
-
-def test_rediss_tls_with_the_servers_ca(procs, tmp_path):
-    """rediss:// against a redis-server with TLS only (a certificate made here for 127.0.0.1)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not found; install it (apt-get install openssl) to make the test certificate")
-    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
-    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                        "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                        "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    port = free_port()
-    srv = procs.start(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-                       "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
-                       "--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)])
-    procs.wait_line(srv, "Ready to accept connections")
-    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
-    with peercache.Client(directory=url, pool_bytes=1 << 20, page_size=4096) as c:
-        c.put("t", b"tls" * 3)
-        assert c.get("t") == b"tls" * 3 and c.node.discovery.address.startswith("rediss://")
-    with pytest.raises(DiscoveryUnreachable, match="unreachable"):     # plain redis:// to a TLS port
-        connect_directory(f"redis://127.0.0.1:{port}/0", timeout=1.0)

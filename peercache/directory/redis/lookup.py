@@ -22,8 +22,8 @@ import hiredis
 import redis
 from redis.crc import key_slot
 
-from .redis_connection import timed_out
-from .redis_url import RedisURL
+from .connection import timed_out
+from .url import RedisURL
 
 
 def resp_command(*args: bytes) -> bytes:
@@ -85,7 +85,7 @@ class LookupSocket:
 
 
 class LookupRequests:
-    """A lookup's round trip, mixed into :class:`~.redis_backend.RedisDirectory` (whose
+    """A lookup's round trip, mixed into :class:`~.backend.RedisDirectory` (whose
     ``__init__`` pre-builds the request parts ``_key_hdr``, ``_entry_pre``, ``_epoch_key`` and
     ``_get_epoch`` and keeps the connections ``_conns``); redis-py's pipeline is the fallback that
     reports failures."""

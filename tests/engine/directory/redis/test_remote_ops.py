@@ -13,6 +13,7 @@ import pytest
 import redis
 
 import peercache
+from peercache.errors import RpcError
 from peercache.rpc import pack
 
 OP = "reader_done"
@@ -138,3 +139,16 @@ def test_on_a_cluster_the_expiry_is_read_from_the_node_that_holds_the_op_list(re
         monkeypatch.setattr(time, "time", real)
         peer.close()
         server.close()
+
+
+def test_reader_done_reaches_a_serving_node_through_redis(redis_server):
+    url = redis_server.url
+    seen = []
+    with peercache.Client(directory=url) as server, peercache.connect(directory=url) as peer:
+        server.node.add_handler("reader_done", lambda msg: seen.append(msg["node_id"]) or {"n": len(seen)})
+        assert peer.node.call("reader_done", summary={"status": "ok"})["n"] == 1
+        assert seen == [peer.node.node_id]
+        with pytest.raises(RpcError, match="wrong token"):
+            peer.node.discovery.call("reader_done", node_id=peer.node.node_id, token="forged")
+        with pytest.raises(RpcError, match="no node answered 'nobody_serves'"):
+            peer.node.call("nobody_serves", timeout=0.5)

@@ -1,6 +1,6 @@
 """The Redis directory's membership: a node registers (and gets its member number), keeps its
 node key alive by heartbeats, and leaves; expired members are reaped and every entry a gone
-node owned is deleted (see :mod:`.redis_backend` for what is stored where)."""
+node owned is deleted (see :mod:`.backend` for what is stored where)."""
 from __future__ import annotations
 
 import secrets
@@ -10,10 +10,10 @@ from typing import Sequence
 
 import redis
 
-from ..errors import PeerCacheError, RpcError
-from ..rpc import pack, unpack
-from .redis_connection import log
-from .validate import Refused, check_regions
+from ...errors import PeerCacheError, RpcError
+from ...rpc import pack, unpack
+from .connection import log
+from ..validate import Refused, check_regions
 
 #: How long a node's token is remembered after its node key went (it may register again with it).
 TOKEN_KEEP_S = 86400
@@ -25,7 +25,7 @@ CLEAN_STEP, CLEAN_STEPS = 1024, 4096
 
 class RedisMembership:
     """The ops ``register``, ``heartbeat``, ``leave`` and ``members`` and the reaping of expired
-    members, mixed into :class:`~.redis_backend.RedisDirectory` (whose connection, keys and
+    members, mixed into :class:`~.backend.RedisDirectory` (whose connection, keys and
     authorization they use)."""
 
     def _op_register(self, msg: dict) -> dict:

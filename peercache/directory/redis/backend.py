@@ -57,11 +57,11 @@ name are checked against the token in its node key (cached for a fraction
 of the heartbeat timeout). Redis itself is the trust boundary: whoever holds
 its password can write anything, so protect it (requirepass / ACL, TLS).
 
-The backend's parts, one module each: :mod:`.redis_connection` (the connection, the pipelined
-round trip, what a failure means), :mod:`.redis_scripts` (the Lua scripts),
-:mod:`.redis_membership` (register, heartbeat, leave, members, reaping), :mod:`.redis_leases`
-(whether an entry's owner is alive), :mod:`.redis_lookup` (the hand-written lookup request path)
-and :mod:`.redis_remote_ops` (extra ops relayed through Redis). This module composes them and
+The backend's parts, one module each: :mod:`.connection` (the connection, the pipelined
+round trip, what a failure means), :mod:`.scripts` (the Lua scripts),
+:mod:`.membership` (register, heartbeat, leave, members, reaping), :mod:`.leases`
+(whether an entry's owner is alive), :mod:`.lookup` (the hand-written lookup request path)
+and :mod:`.remote_ops` (extra ops relayed through Redis). This module composes them and
 holds publish, unpublish and lookup.
 """
 from __future__ import annotations
@@ -74,19 +74,19 @@ import numpy as np
 import redis
 from redis.crc import key_slot
 
-from .client import DirectoryOps
-from .service import DEFAULT_HEARTBEAT_TIMEOUT
-from ..errors import PeerCacheError, RpcError
-from ..rpc import Limits, unpack
-from .location import RECORD, decode_record, encode_record
-from .redis_connection import RedisConnection
-from .redis_leases import OwnerLeases
-from .redis_lookup import LookupRequests, resp_command
-from .redis_membership import RedisMembership
-from .redis_remote_ops import RemoteOps
-from .redis_url import RedisURL, parse_url
-from .validate import Refused, check_keys, check_location, check_token, not_registered, regions_of, requester
-from ..transport.base import LOC_DTYPE
+from ..ops import DirectoryOps
+from ..service import DEFAULT_HEARTBEAT_TIMEOUT
+from ...errors import PeerCacheError, RpcError
+from ...rpc import Limits, unpack
+from ..location import RECORD, decode_record, encode_record
+from .connection import RedisConnection
+from .leases import OwnerLeases
+from .lookup import LookupRequests, resp_command
+from .membership import RedisMembership
+from .remote_ops import RemoteOps
+from .url import RedisURL, parse_url
+from ..validate import Refused, check_keys, check_location, check_token, not_registered, regions_of, requester
+from ...transport.base import LOC_DTYPE
 
 REC = RECORD.size
 _REC_U32 = REC // 4          # uint32 words per record (its first is the member number)

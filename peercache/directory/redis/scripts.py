@@ -7,7 +7,7 @@ a node's registration, heartbeat and membership.
 """
 from __future__ import annotations
 
-from .location import RECORD
+from ..location import RECORD
 
 # An entry's owner: the member number (4 bytes) its record starts with; false for a value that is
 # not a record (an older PeerCache's, or garbage), which belongs to nobody.

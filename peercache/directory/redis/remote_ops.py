@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import redis
 
-from ..errors import PeerCacheError, RpcError
-from ..rpc import MAX_REQUEST_BYTES, pack, unpack
-from .redis_connection import log
-from .redis_scripts import NOW_MS_LUA
+from ...errors import PeerCacheError, RpcError
+from ...rpc import MAX_REQUEST_BYTES, pack, unpack
+from .connection import log
+from .scripts import NOW_MS_LUA
 
 #: What a request id looks like (the sender's ``secrets.token_hex(8)``); it names the reply key,
 #: so anything longer or stranger is refused rather than written into a key name.
@@ -57,7 +57,7 @@ def parse_request(raw: Any) -> tuple[str, dict, int]:
 
 
 class RemoteOps:
-    """Sending an extra op and serving one, mixed into :class:`~.redis_backend.RedisDirectory`
+    """Sending an extra op and serving one, mixed into :class:`~.backend.RedisDirectory`
     (whose ``__init__`` sets the state used here: ``_handlers``, ``_op_thread``, ``_op_stop``, ``_op_conn``)."""
 
     def _op_key(self, op: str) -> str:

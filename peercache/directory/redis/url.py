@@ -12,9 +12,9 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from ..address import join
-from ..errors import ConfigError
-from ..redact import redact, remember
+from ...address import join
+from ...errors import ConfigError
+from ...redact import redact, remember
 
 #: Environment variable holding the Redis password when the URL has none.
 PASSWORD_ENV = "PEERCACHE_REDIS_PASSWORD"
