@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from peercache import atomic
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import DRIVE_READY_S, READY_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, Timed,
                                                    one_of, parameter, sizes, timing, variable)
 from peercache.lab.pipeline.points.peercache import READY_LINE, serve_side
@@ -107,7 +108,7 @@ class HiCacheSuiteRun(Timed):
             warmup=pr.warmup, out_path=out_path, verify=p.get("verify", True), integrity=p.get("integrity", False),
             dir_cache_ttl=p.get("dir_cache_ttl", pr.tb.get("dir_cache_ttl")), tp_size=p.get("tp_size", 1),
             tp_rank=p.get("tp_rank", 0), max_calls=p.get("max_calls"),
-            ready_timeout=30 * pr.slow if pr.slow > 1 else None)
+            ready_timeout=pr.scaled(DRIVE_READY_S) if pr.slow > 1 else None)
         return serve, argv
 
     @classmethod
@@ -118,7 +119,7 @@ class HiCacheSuiteRun(Timed):
         devs = list(p.get("devices") or [])
         ctx = pr.ctx(tool=suite.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs))
-        res, err = pr.pair(serve, argv, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, devs)
+        res, err = pr.pair(serve, argv, Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)), th, devs)
         pr.record(res)
         try:
             text = pr.fetch(th.consumer, out)

@@ -23,6 +23,9 @@ from peercache.lab.tools import mooncake_te as te
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
+#: Seconds the target may take to log the port its P2P handshake picked (its readiness).
+TARGET_READY_S = 30.0
+
 
 class MooncakeTeRun(EngineRun):
     """transfer_engine_bench READs (target on the producer, initiator on the consumer), P2P handshake, no etcd."""
@@ -67,7 +70,8 @@ class MooncakeTeRun(EngineRun):
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
                      extra={"engine": "mooncake_te", "buffer_bytes": buf, "warmup": "none (the tool has none)",
                             "duration_asked_s": secs})
-        res, err = pr.pair(target, initiator, Readiness(pattern=te.TARGET_READY, timeout=30 * pr.slow), th, devs,
+        res, err = pr.pair(target, initiator,
+                           Readiness(pattern=te.TARGET_READY, timeout=pr.scaled(TARGET_READY_S)), th, devs,
                            server_exits=False)
         pr.record(res)
         log = "" if res is None or res.client is None else (res.client.stderr or "") + (res.client.stdout or "")

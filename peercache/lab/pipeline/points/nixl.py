@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import READY_S
 from peercache.lab.pipeline.points.declare import BOOL, NULLABLE_INT, POSITIVE_INT, one_of, parameter, variable
 from peercache.lab.pipeline.points.engines import EngineRun, engine_path, engine_sides, skip_for
 from peercache.lab.tools import nixl as nx
@@ -31,6 +32,10 @@ RDMA_UNSHOWN = ("NIXL over rdma does not run on this lab's Soft-RoCE: tried on 2
                 "'librxe-rdmav34.so'\"), so UCX found no RDMA device (\"transport 'rc' is not available\") and "
                 "NIXL's UCX backend failed (NIXL_ERR_BACKEND; docs/engines.md); on another RDMA stack set "
                 "run_unshown_rdma: true in the part to try it")
+#: Seconds the initiator waits for the target's metadata (--connect-timeout).
+CONNECT_S = 30.0
+#: Seconds one transfer request may take (--batch-timeout).
+BATCH_S = 10.0
 
 
 class NixlRun(EngineRun):
@@ -78,12 +83,12 @@ class NixlRun(EngineRun):
         target = nx.target_command(python, driver, p["protocol"], th.producer_addr, tport, size, pages, pdev, gid)
         initiator = nx.initiator_command(python, driver, p["protocol"], th.consumer_addr, iport,
                                          f"{th.producer_addr}:{tport}", size, pages, batch, threads, pr.duration,
-                                         pr.warmup, verify=verify, connect_timeout=30 * pr.slow,
-                                         batch_timeout=10 * pr.slow, device=cdev, gid_index=gid)
+                                         pr.warmup, verify=verify, connect_timeout=pr.scaled(CONNECT_S),
+                                         batch_timeout=pr.scaled(BATCH_S), device=cdev, gid_index=gid)
         ctx = pr.ctx(tool=nx.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
                      extra={"engine": "nixl", "working_set": pages})
-        res, err = pr.pair(target, initiator, Readiness(pattern=nx.TARGET_READY, timeout=60 * pr.slow), th, devs,
+        res, err = pr.pair(target, initiator, Readiness(pattern=nx.TARGET_READY, timeout=pr.scaled(READY_S)), th, devs,
                            server_exits=False)
         pr.record(res)
         out = "" if res is None or res.client is None else res.client.stdout or ""

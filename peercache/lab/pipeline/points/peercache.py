@@ -15,6 +15,7 @@ from peercache import atomic
 from peercache.bench.document import DocumentError, DriveDocument
 from peercache.lab.errors import ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import DRIVE_READY_S, READY_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_MICROSECONDS, NULLABLE_SECONDS,
                                                    POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable)
 from peercache.lab.tidy import Row
@@ -118,7 +119,8 @@ class PeerCacheRun(PeerCacheKnobs):
                      protocol=p["protocol"], layout=p["layout"], devices=",".join(p.get("devices") or []),
                      numa_node=pr.numa_of(p.get("devices") or []),
                      extra={"destination": p.get("destination", "host")})
-        res, err = pr.pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, p.get("devices") or [])
+        res, err = pr.pair(serve, drive, Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)), th,
+                           p.get("devices") or [])
         pr.record(res)
         try:
             doc = keep_scrapes(pr, read_drive_document(pr.fetch(th.consumer, out)), pr.raw_dir)
@@ -175,7 +177,7 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
              "--out", out_path]
     if pr.slow > 1:
         # an emulated host: its waits and its fault bounds stretch with its measured slowness
-        drive += ["--ready-timeout", f"{30 * pr.slow:.0f}", "--time-scale", f"{pr.slow:.1f}"]
+        drive += ["--ready-timeout", f"{pr.scaled(DRIVE_READY_S):.0f}", "--time-scale", f"{pr.slow:.1f}"]
     if p.get("metrics_scrape"):
         drive.append("--metrics-scrapes")
     if p.get("destination") == "gpu":

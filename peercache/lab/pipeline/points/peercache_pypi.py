@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 from peercache import atomic
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import READY_S
 from peercache.lab.pipeline.points.declare import (NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, one_of, parameter,
                                                    variable)
 from peercache.lab.pipeline.points.engines import EngineRun, engine_path, engine_sides
+from peercache.lab.system.slowness import HOST_COMMAND_S
 from peercache.lab.tools import peercache_pypi as pypi
 
 if TYPE_CHECKING:
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 
 #: --dir-cache-ttl when neither the part nor the testbed sets one (as the peercache kind's drive).
 DIR_CACHE_TTL_S = 5.0
+#: Seconds serve and drive each wait for their peer's connection (--connect-timeout).
+CONNECT_S = 60.0
 
 
 class PeerCachePypiRun(EngineRun):
@@ -68,7 +72,7 @@ class PeerCachePypiRun(EngineRun):
         discovery = f"{th.producer_addr}:{pr.ports.allocate()}"
         out_dir = f"/tmp/pclab-pcpypi-{uuid.uuid4().hex[:10]}"
         binary = engine_path(pypi.BINARY)
-        wait = 60 * pr.slow
+        wait = pr.scaled(CONNECT_S)
         serve = pypi.serve_command(binary, p["protocol"], discovery, th.producer_addr, p["layout"], p["page_size"], ws,
                                    readers=1, device=pdev, gid_index=gid, connect_timeout=wait)
         drive = pypi.drive_command(binary, p["protocol"], discovery, th.consumer_addr, p["layout"], p["page_size"], ws,
@@ -77,7 +81,7 @@ class PeerCachePypiRun(EngineRun):
         ctx = pr.ctx(tool=pypi.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
                      extra={"engine": "peercache_pypi", "working_set": ws, "dir_cache_ttl": float(ttl)})
-        res, err = pr.pair(serve, drive, Readiness(pattern=pypi.SERVE_READY, timeout=60 * pr.slow), th, devs,
+        res, err = pr.pair(serve, drive, Readiness(pattern=pypi.SERVE_READY, timeout=pr.scaled(READY_S)), th, devs,
                            server_exits=False)
         pr.record(res)
         out = "" if res is None or res.client is None else res.client.stdout or ""
@@ -99,7 +103,7 @@ class PeerCachePypiRun(EngineRun):
                     threads=p["threads"], processes=1)
             return
         finally:
-            th.consumer.run(["rm", "-rf", out_dir], timeout=30 * pr.slow)
+            th.consumer.run(["rm", "-rf", out_dir], timeout=pr.scaled(HOST_COMMAND_S))
         if err:
             pr.notes.append(f"pair reported a failure after a complete drive report: {err}")
         pr.rows += pypi.to_rows(result, **ctx)

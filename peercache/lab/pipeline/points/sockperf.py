@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import PORT_READY_S
 from peercache.lab.pipeline.points.declare import BOOL, POSITIVE_INT, Timed, parameter, sizes, timing, variable
 from peercache.lab.tools import sockperf as sockperf_tool
 
@@ -52,7 +53,7 @@ class SockperfRun(Timed):
         res, err = pr.pair(sockperf_tool.server_command(port, bind=th.producer_addr),
                            sockperf_tool.client_command(th.producer_addr, port, p["msg_size"], secs,
                                                         busy_poll=bool(p.get("busy_poll"))),
-                           Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow), th, [],
+                           Readiness(port=port, addr=th.producer_addr, timeout=pr.scaled(PORT_READY_S)), th, [],
                            server_exits=False)
         pr.record(res)
         text = res.client.stdout if res is not None and res.client is not None else ""
