@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from peercache import atomic
 from peercache.lab.system import cpusample, crosscheck
-from peercache.lab.pipeline import experiments
+from peercache.lab.pipeline import experiments, outcome
 from peercache.lab.pipeline.points.bounds import point_bound
 from peercache.lab.pipeline.points.memcpy import parse_nodelist  # noqa: F401 (its home was here)
 from peercache.lab.tools import perfstat
@@ -528,6 +528,11 @@ class PointRun:
             return runner.run(), None
         except PairFailed as e:
             return e.result, str(e)
+
+    def run_pair(self, kind, th: TestbedHosts) -> None:
+        """Run this point of the pair kind ``kind`` (its launch, read and rows) on ``th`` through the one path
+        every pair kind shares (:func:`peercache.lab.pipeline.outcome.run_pair`)."""
+        outcome.run_pair(self, kind, th)
 
     def record(self, res) -> None:
         """The commands and NUMA bindings of a pair's result, for the meta block."""
