@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from peercache.address import split
-from peercache.lab.system.slowness import slowness  # noqa: F401 (also re-exported: hosts' waits use it)
+from peercache.lab.system.slowness import HOST_COMMAND_S, scaled, slowness  # noqa: F401 (slowness re-exported)
 
 #: Line the SSH wrapper prints on stderr to tell us the remote process group.
 _PGID_MARKER = "@@PCLAB-PGID"
@@ -377,7 +377,7 @@ class Host(abc.ABC):
         probe connection would be taken by one-shot servers (``iperf3 -s -1``,
         perftest) as their one client.
         """
-        c = self.run(["ss", "-Hltn", f"sport = :{int(port)}"], timeout=timeout * slowness())
+        c = self.run(["ss", "-Hltn", f"sport = :{int(port)}"], timeout=scaled(timeout))
         if c.rc != 0:
             raise HostError(f"{self.spec}: `ss -Hltn` failed (rc {c.rc}): {_tail(c.stderr)}; "
                             "install iproute2 on the host")
@@ -560,7 +560,7 @@ class SshHost(Host):
         # ssh's ConnectTimeout also bounds the banner exchange: an emulated host's sshd under load took
         # longer than 10 s to answer ("Connection timed out during banner exchange"), so it stretches
         self.connect_timeout = int(connect_timeout if connect_timeout is not None
-                                   else round(SSH_CONNECT_TIMEOUT_S * slowness()))
+                                   else round(scaled(SSH_CONNECT_TIMEOUT_S)))
         self.control_persist = int(control_persist)
         self.extra_options = list(extra_options)
         self.ssh = ssh
@@ -680,7 +680,7 @@ class SshHost(Host):
         return SshHandle(self, argv, self.wrap(list(argv)), log_path, stdin_pipe=True)
 
     def which(self, program: str) -> bool:
-        c = self.run(["sh", "-c", 'command -v "$1" >/dev/null', "which", program], timeout=30 * slowness())
+        c = self.run(["sh", "-c", 'command -v "$1" >/dev/null', "which", program], timeout=scaled(HOST_COMMAND_S))
         return c.rc == 0
 
     def close(self) -> None:

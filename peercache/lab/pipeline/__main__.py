@@ -13,7 +13,10 @@ from peercache import atomic
 from peercache.lab.pipeline import experiments, kinds, preflight, runpoint
 from peercache.lab.pipeline.plan import ROLES, Plan
 from peercache.lab.system import hostinfo
-from peercache.lab.system.slowness import slowness
+from peercache.lab.system.slowness import scaled
+
+#: Seconds one host's hostinfo capture may take on a plain machine.
+CAPTURE_S = 120.0
 
 
 def capture(testbed_path: str, role: str, out: str) -> int:
@@ -22,7 +25,7 @@ def capture(testbed_path: str, role: str, out: str) -> int:
     with runpoint.testbed_hosts(tb) as th:
         host = th.host(role)
         argv = [*runpoint._python_tool(th, role, "peercache.lab.cli"), "hostinfo"]
-        r = host.run(argv, timeout=120 * slowness())
+        r = host.run(argv, timeout=scaled(CAPTURE_S))
         if r.rc != 0:
             print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
                   f"check that PeerCache is installed there (the testbed's hosts.{role}.python names the "

@@ -52,7 +52,7 @@ from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHos
 from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline.plan import Plan
 from peercache.lab.system.hostinfo import _iboe_mtu
-from peercache.lab.system.slowness import slowness
+from peercache.lab.system.slowness import scaled
 
 PERFTEST_TOOLS = ("ib_read_bw", "ib_write_bw")
 #: What each missing tool is installed from (the fix of its line).
@@ -479,7 +479,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                          "only there, so there is nothing to check from here")
         return rep
     root = Path(sysfs_root) if sysfs_root is not None else sysfs.get_root()
-    slow = slowness()
+    probe_s, ping_s = scaled(PROBE_TIMEOUT_S), scaled(PING_TIMEOUT_S)
     defs = tb["hosts"]
     hosts: dict[str, Host] = {}
     try:
@@ -524,9 +524,9 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                     return [f"{e.who}: cannot log in over SSH with BatchMode: {why}"], [], {}, None
             argv = probe_argv(e.tools + e.optional_tools, e.devices, e.port, e.gid_index, e.python, root)
             try:
-                r = _probe_host(h).run(argv, timeout=PROBE_TIMEOUT_S * slow)
+                r = _probe_host(h).run(argv, timeout=probe_s)
             except CommandTimeout:
-                return [f"{e.who}: the preflight probe did not finish within {PROBE_TIMEOUT_S * slow:.0f}s; "
+                return [f"{e.who}: the preflight probe did not finish within {probe_s:.0f}s; "
                         "check the host's load and its shell"], [], {}, None
             except HostError as err:
                 return [f"{e.who}: {_one_line(str(err), 600)}"], [], {}, None
@@ -548,7 +548,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
             rep.notes += notes
             rep.hosts[role].update(summary)
             probes[role] = p
-        _reach(tb, hosts, expects, probes, rep, slow)
+        _reach(tb, hosts, expects, probes, rep, ping_s)
         return rep
     finally:
         for h in hosts.values():
@@ -559,8 +559,9 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
 
 
 def _reach(tb: experiments.Testbed, hosts: dict[str, Host], expects: dict[str, Expect],
-           probes: dict[str, Probe | None], rep: Report, slow: float) -> None:
-    """Each host pings the other's address and (rdma) the other's GID address of every rail."""
+           probes: dict[str, Probe | None], rep: Report, ping_s: float) -> None:
+    """Each host pings the other's address and (rdma) the other's GID address of every rail, within
+    ``ping_s`` seconds (:data:`PING_TIMEOUT_S`, scaled)."""
     if any(h.created_per_point for h in hosts.values()):
         why = ("skipped: network-namespace hosts are created for each point (and removed after it), so there is "
                "nothing to ping before a point runs")
@@ -585,9 +586,9 @@ def _reach(tb: experiments.Testbed, hosts: dict[str, Host], expects: dict[str, E
         e = expects[role]
         addrs = list(dict.fromkeys(a for _, a in targets[role]))
         try:
-            r = hosts[role].run(["sh", "-c", ping_script(addrs), "pclab-preflight"], timeout=PING_TIMEOUT_S * slow)
+            r = hosts[role].run(["sh", "-c", ping_script(addrs), "pclab-preflight"], timeout=ping_s)
         except CommandTimeout:
-            return [f"{e.who}: the pings did not finish within {PING_TIMEOUT_S * slow:.0f}s"], None
+            return [f"{e.who}: the pings did not finish within {ping_s:.0f}s"], None
         except HostError as err:
             return [f"{e.who}: {_one_line(str(err), 600)}"], None
         present, res = parse_pings(r.stdout)

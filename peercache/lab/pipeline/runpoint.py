@@ -31,7 +31,8 @@ from typing import Any, Iterator
 
 from peercache import atomic
 from peercache.lab.system import cpusample, crosscheck
-from peercache.lab.pipeline import experiments
+from peercache.lab.pipeline import experiments, outcome
+from peercache.lab.pipeline.points.bounds import point_bound
 from peercache.lab.pipeline.points.memcpy import parse_nodelist  # noqa: F401 (its home was here)
 from peercache.lab.tools import perfstat
 from peercache.lab.launch import netns
@@ -39,7 +40,7 @@ from peercache.lab.launch import redis as redis_launch
 from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.hosts import Host, parse_host
-from peercache.lab.system.slowness import slowness
+from peercache.lab.system.slowness import HOST_COMMAND_S, scaled, slowness
 from peercache.lab.launch.runners import PairFailed, PairRunner, PortAllocator, Readiness, SideSpec
 from peercache.lab.tidy import Row, RunMeta, convert, redact_folder, write_result
 from peercache.bench import meta as bench_meta
@@ -239,8 +240,8 @@ def _numa_of(tb: experiments.Testbed, devices: list[str], role: str = "consumer"
 
 
 def _fetch(host: Host, path: str) -> str:
-    r = host.run(["cat", path], timeout=30 * slowness())
-    host.run(["rm", "-f", path], timeout=30 * slowness())
+    r = host.run(["cat", path], timeout=scaled(HOST_COMMAND_S))
+    host.run(["rm", "-f", path], timeout=scaled(HOST_COMMAND_S))
     if r.rc != 0:
         raise ToolError(host=str(host), tool="cat", kind="failed", returncode=r.rc,
                         detail=f"could not read {path}: {r.stderr.strip()}",
@@ -275,7 +276,11 @@ class PointRun:
         self.duration, self.warmup = dur, float(point.params.get("warmup", tb["warmup"]))
         #: Waits (never the measured window) stretch by the machine's slowness: a guest is slow, not hung.
         self.slow = slowness()
-        self.timeout = (60.0 + 4 * point.spec.windows(point.params) * (dur + self.warmup)) * self.slow
+        self.timeout = point_bound(point.spec.windows(point.params), dur, self.warmup, self.slow)
+
+    def scaled(self, seconds: float) -> float:
+        """``seconds``, a bound on a plain machine, stretched by this point's slowness (every wait a kind sets)."""
+        return scaled(seconds, self.slow)
 
     def ctx(self, **kw: Any) -> dict[str, Any]:
         """Row context common to every row of this point."""
@@ -524,6 +529,11 @@ class PointRun:
         except PairFailed as e:
             return e.result, str(e)
 
+    def run_pair(self, kind, th: TestbedHosts) -> None:
+        """Run this point of the pair kind ``kind`` (its launch, read and rows) on ``th`` through the one path
+        every pair kind shares (:func:`peercache.lab.pipeline.outcome.run_pair`)."""
+        outcome.run_pair(self, kind, th)
+
     def record(self, res) -> None:
         """The commands and NUMA bindings of a pair's result, for the meta block."""
         if res is None:
@@ -537,9 +547,9 @@ class PointRun:
         for role in list(PAIR_SIDES.values()):
             if role in self.cpu_files:
                 host, path = self.cpu_files.pop(role)
-                host.run(["rm", "-f", path], timeout=30 * self.slow)
+                host.run(["rm", "-f", path], timeout=self.scaled(HOST_COMMAND_S))
         if perf_path:
-            th.consumer.run(["rm", "-f", perf_path], timeout=30 * self.slow)
+            th.consumer.run(["rm", "-f", perf_path], timeout=self.scaled(HOST_COMMAND_S))
 
 
 def run(testbed_path: str, scenario: str, point_name: str, rep: int, out: str,
@@ -582,7 +592,7 @@ def run_point(tb: experiments.Testbed, point: experiments.Point, rep: int, out: 
                                           crosscheck.line_rates(th.consumer, devices, port))
                 finally:
                     for host, path in pr.cpu_files.values():   # a failed point leaves its samples unread
-                        host.run(["rm", "-f", path], timeout=30 * slowness())
+                        host.run(["rm", "-f", path], timeout=pr.scaled(HOST_COMMAND_S))
     except Exception as e:  # recorded as a failed point (with its logs); the pipeline goes on
         if not isinstance(e, (ParseError, ToolError)):
             traceback.print_exc()

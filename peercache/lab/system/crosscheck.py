@@ -14,13 +14,16 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from peercache.lab.system import portcounters
-from peercache.lab.system.slowness import slowness
+from peercache.lab.system.slowness import scaled
 from peercache.lab.system.portcounters import (COUNTER_UNIT_BYTES, DEFAULT_TOLERANCE, PortCheck, PortSample,
                                                delta, parse_rate)
 from peercache.sysfs import sysfs_path
 
 if TYPE_CHECKING:                  # a host of peercache.lab.launch: any object with run(argv, timeout)
     from peercache.lab.launch.hosts import Host
+
+#: Seconds reading a port's counters or rate from sysfs may take on a plain machine.
+COUNTER_READ_S = 15.0
 
 
 def _port_dir(device: str, port: int):
@@ -29,12 +32,12 @@ def _port_dir(device: str, port: int):
 
 def _netdev_sample(host: Host, dev: str, port: int) -> PortSample | None:
     """Bytes of the port's netdev, for ports without data counters (Soft-RoCE); None if unreadable."""
-    r = host.run(["cat", str(_port_dir(dev, port) / "gid_attrs" / "ndevs" / "0")], timeout=15 * slowness())
+    r = host.run(["cat", str(_port_dir(dev, port) / "gid_attrs" / "ndevs" / "0")], timeout=scaled(COUNTER_READ_S))
     ndev = r.stdout.strip()
     if r.rc != 0 or not ndev or "/" in ndev:
         return None
     stats = sysfs_path("class", "net", ndev, "statistics")
-    r = host.run(["cat", str(stats / "rx_bytes"), str(stats / "tx_bytes")], timeout=15 * slowness())
+    r = host.run(["cat", str(stats / "rx_bytes"), str(stats / "tx_bytes")], timeout=scaled(COUNTER_READ_S))
     vals = r.stdout.split()
     if r.rc != 0 or len(vals) != 2 or not all(v.isdigit() for v in vals):
         return None
@@ -50,7 +53,7 @@ def sample_ports(host: Host, devices: Sequence[str], port: int = 1) -> dict[str,
     out = {}
     for dev in devices:
         base = _port_dir(dev, port) / "counters"
-        r = host.run(["cat", str(base / "port_rcv_data"), str(base / "port_xmit_data")], timeout=15 * slowness())
+        r = host.run(["cat", str(base / "port_rcv_data"), str(base / "port_xmit_data")], timeout=scaled(COUNTER_READ_S))
         vals = r.stdout.split()
         if r.rc == 0 and len(vals) == 2 and all(v.isdigit() for v in vals):
             out[dev] = PortSample(dev, port, int(vals[0]), int(vals[1]), time.time())
@@ -65,7 +68,7 @@ def line_rates(host: Host, devices: Sequence[str], port: int = 1) -> dict[str, f
     """Line rate of each device's port in bytes/s (None when unreadable)."""
     rates: dict[str, float | None] = {}
     for dev in devices:
-        r = host.run(["cat", str(_port_dir(dev, port) / "rate")], timeout=15 * slowness())
+        r = host.run(["cat", str(_port_dir(dev, port) / "rate")], timeout=scaled(COUNTER_READ_S))
         try:
             rates[dev] = parse_rate(r.stdout.strip()) / 8 if r.rc == 0 else None
         except ValueError:

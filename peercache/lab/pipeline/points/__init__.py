@@ -18,9 +18,10 @@ extraction (in the shape of ReFrame's ``osu.py``):
 ``hicache_suite``      serve and the HiCache suite: get/set/exists sweeps through PeerCacheStore, PEAK per op
 =====================  ================================================================
 
-What every kind is made of is in :mod:`.declare`; the shared harness a kind's ``run`` is given (launch
-and cleanup, CPU and NUMA evidence, port counters, the result's meta) is
-:class:`peercache.lab.pipeline.runpoint.PointRun`. Importing this package registers every kind, in this
+What every kind is made of is in :mod:`.declare`, what a kind whose point is one pair declares in
+:mod:`.pairkind` and the bounds of the waits they share in :mod:`.bounds`; the shared harness a kind's
+``run`` is given (launch and cleanup, the pair path from output to rows, CPU and NUMA evidence, port
+counters, the result's meta) is :class:`peercache.lab.pipeline.runpoint.PointRun`. Importing this package registers every kind, in this
 order (the order ``python -m peercache.lab.pipeline kinds`` lists them in).
 """
 from peercache.lab.pipeline.points import perftest, iperf3, sockperf, memcpy  # noqa: F401  (registers them)

@@ -18,6 +18,9 @@ from peercache.lab.tidy import Row
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
+#: Seconds dirbench may take to start its directory and publish its keys (--ready-timeout, emulated hosts).
+DIRBENCH_READY_S = 60.0
+
 # Directory throughput: keys/s and batches/s are rates of ops (an op = one key, resp. one batch).
 DIR_METRICS = {"keys_per_s": "ops/s", "batches_per_s": "ops/s", "latency_p50": "us", "latency_p99": "us"}
 
@@ -84,7 +87,7 @@ class DirLookupRun(Timed):
                     "--duration", str(pr.duration), "--warmup", str(pr.warmup),
                     *(["--path", p["path"]] if p.get("path") else [])]
             if pr.slow > 1:
-                argv += ["--ready-timeout", f"{60 * pr.slow:.0f}"]
+                argv += ["--ready-timeout", f"{pr.scaled(DIRBENCH_READY_S):.0f}"]
             pr.commands["client"] = argv
             wrapped = pr.cpu_wrap("consumer", th, "producer", argv)
             t0 = time.time()

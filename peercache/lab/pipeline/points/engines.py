@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from peercache.lab.pipeline.points.declare import Timed, sizes, timing
+from peercache.lab.system.slowness import HOST_COMMAND_S
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
@@ -65,7 +66,7 @@ def venv_missing(pr: PointRun, th: TestbedHosts, venv: str, binary: str) -> str 
     missing = []
     for role in ("producer", "consumer"):
         host = th.host(role)
-        r = host.run(["test", "-x", path], timeout=30 * pr.slow)
+        r = host.run(["test", "-x", path], timeout=pr.scaled(HOST_COMMAND_S))
         if r.rc != 0:
             missing.append(f"{role} {host}")
     return missing_venv_reason(venv, path, missing) if missing else None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from peercache import atomic
 from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
+from peercache.lab.pipeline.points.bounds import READY_S
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
 from peercache.lab.pipeline.points.peercache import (READY_LINE, PeerCacheKnobs, keep_scrapes,
                                                     read_drive_document, serve_drive)
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 #: command on the emulated machines, slowness 16, takes about a second; under load a few).
 GROUP_START_LEAD_S = 2.0
 GROUP_START_LEAD_PER_SLOW_S = 0.5
+#: Seconds each group's drive may take to say it is ready (DRIVE_READY_WORDS) and wait on its start file.
+GROUP_DRIVE_READY_S = 60.0
 
 
 def start_lead(slow: float) -> float:
@@ -87,7 +90,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             drive = pr.cpu_wrap(f"{g}/consumer", th, "consumer", drive)
             serve = pr.cpu_wrap(f"{g}/producer", th, "producer", serve)
             specs.append(GroupSpec(g, [SideSpec(th.consumer, drive, cnode, dev)],
-                                   SideSpec(th.producer, serve, pnode, pdev), Readiness(pattern=READY_LINE, timeout=60 * pr.slow)))
+                                   SideSpec(th.producer, serve, pnode, pdev),
+                                   Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S))))
         docs: dict[str, dict] = {}
 
         def measure(gr) -> WindowBytes:
@@ -100,7 +104,8 @@ class PeerCacheGroupRun(PeerCacheKnobs):
 
         runner = GroupRunner(specs, client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
                              barrier_lead=start_lead(pr.slow),
-                             client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS), timeout=60 * pr.slow),
+                             client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),
+                                                    timeout=pr.scaled(GROUP_DRIVE_READY_S)),
                              log_dir=pr.raw_dir, window_tolerance_s=0.05)
         ctx = pr.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],

@@ -3,9 +3,9 @@
 SGLang's cache controller calls it (get = ``batch_get_v1``, set = ``batch_set_v1``, exists =
 ``batch_exists``), each op swept over the part's concurrencies inside one run, with a PEAK per op.
 
-Declaration (:class:`HiCacheSuiteRun`), run (serve as the ``peercache`` kind starts it; the suite's
+Declaration (:class:`HiCacheSuiteRun`), launch (serve as the ``peercache`` kind starts it; the suite's
 sweep of ops x concurrencies, each point a warm-up + duration window of its own, so the harness's waits
-scale with the number of windows), sanity and metric extraction
+scale with the number of windows), read, check and rows
 (:func:`peercache.lab.tools.hicache_suite.parse_document`: every figure checked against its counts and
 each PEAK against the point it names). Each point's pages/s row carries the CPU use of both sides over
 that point's own window, which attribution reads for "limited by".
@@ -16,10 +16,11 @@ import uuid
 from typing import TYPE_CHECKING
 
 from peercache import atomic
-from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import DRIVE_READY_S, READY_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_SECONDS, POSITIVE_INT, Timed,
                                                    one_of, parameter, sizes, timing, variable)
+from peercache.lab.pipeline.points.pairkind import Launch, PairKind
 from peercache.lab.pipeline.points.peercache import READY_LINE, serve_side
 from peercache.lab.tools import hicache_suite as suite
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 SGLANG_BATCH = 128
 
 
-class HiCacheSuiteRun(Timed):
+class HiCacheSuiteRun(PairKind, Timed):
     """serve on the producer; on the consumer the HiCache suite: get/set/exists sweeps over concurrency with a
     PEAK per op (pages/s, tokens/s, GB/s, p50/p99/p999 per batch call)."""
 
@@ -38,6 +39,7 @@ class HiCacheSuiteRun(Timed):
     metrics = suite.METRICS
     primary = suite.PRIMARY
     tool_column = suite.TOOL
+    output = "suite"
 
     #: data transport (str)
     protocol = variable(one_of("rdma", "tcp", "shm"), doc="transport (--protocol)")
@@ -107,37 +109,46 @@ class HiCacheSuiteRun(Timed):
             warmup=pr.warmup, out_path=out_path, verify=p.get("verify", True), integrity=p.get("integrity", False),
             dir_cache_ttl=p.get("dir_cache_ttl", pr.tb.get("dir_cache_ttl")), tp_size=p.get("tp_size", 1),
             tp_rank=p.get("tp_rank", 0), max_calls=p.get("max_calls"),
-            ready_timeout=30 * pr.slow if pr.slow > 1 else None)
+            ready_timeout=pr.scaled(DRIVE_READY_S) if pr.slow > 1 else None)
         return serve, argv
 
     @classmethod
-    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+    def launch(cls, pr: PointRun, th: TestbedHosts) -> Launch:
         p = pr.point.params
         out = f"/tmp/pclab-hcsuite-{uuid.uuid4().hex[:10]}.json"
         serve, argv = cls.command(pr, th, pr.ports.allocate(), out)
         devs = list(p.get("devices") or [])
         ctx = pr.ctx(tool=suite.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs))
-        res, err = pr.pair(serve, argv, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, devs)
-        pr.record(res)
-        try:
-            text = pr.fetch(th.consumer, out)
-            atomic.write_text(pr.raw_dir / "suite.json", text)
-            result = suite.parse_document(text, source=str(pr.raw_dir / "suite.json"))
-        except (ParseError, ToolError) as e:
-            pr.fail(suite.PRIMARY, suite.METRICS[suite.PRIMARY], f"{err}: {e}" if err else str(e), tool=suite.TOOL,
-                    protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"], batch=p["batch_size"],
-                    threads=p["threads"], processes=1)
-            return
-        rows = suite.to_rows(result, **ctx)
-        pr.rows += rows
+        return Launch(serve, argv, Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)), ctx,
+                      failed=dict(tool=suite.TOOL, protocol=p["protocol"], layout=p["layout"],
+                                  size_bytes=p["page_size"], batch=p["batch_size"], threads=p["threads"], processes=1),
+                      devices=devs, out=out)
+
+    @classmethod
+    def read(cls, pr: PointRun, th: TestbedHosts, launch: Launch, res) -> suite.SuiteResult:
+        text = pr.fetch(th.consumer, launch.out)
+        atomic.write_text(pr.raw_dir / "suite.json", text)
+        return suite.parse_document(text, source=str(pr.raw_dir / "suite.json"))
+
+    @classmethod
+    def rows(cls, pr: PointRun, launch: Launch, result):
+        return suite.to_rows(result, **launch.ctx)
+
+    @classmethod
+    def check(cls, result, rows):
+        """A suite that failed where none of its rows says so fails the point."""
         if result.status != "ok" and not any(r.status == "failed" for r in rows):
-            pr.fail(suite.PRIMARY, suite.METRICS[suite.PRIMARY], f"the suite failed: {result.error}", tool=suite.TOOL,
-                    protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"], batch=p["batch_size"],
-                    threads=p["threads"], processes=1)
-        elif err and result.status == "ok":
-            pr.notes.append(f"pair reported a failure after a complete suite: {err}")
-        # each point's CPU evidence over its own window, on the row attribution judges (its pages/s)
+            return f"the suite failed: {result.error}"
+        return None
+
+    @classmethod
+    def complete(cls, result):
+        return result.status == "ok"
+
+    @classmethod
+    def cpu_evidence(cls, pr, res, result, rows):
+        """Each point's CPU evidence over its own window, on the row attribution judges (its pages/s)."""
         usage = pr.pair_cpu_windows([(pt.window_start, pt.window_end) for pt in result.points])
         for pt, use in zip(result.points, usage):
             for r in rows:

@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
+from peercache.lab.pipeline.points.bounds import PORT_READY_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, PERF_STAT, POSITIVE_INT, Timed, parameter,
                                                    sizes, timing, variable)
 from peercache.lab.system import cpusample
@@ -121,7 +122,8 @@ def run_one(pr: PointRun, th: TestbedHosts) -> list[Row] | None:
         reverse=bool(p.get("reverse")), window=p.get("window")) + (["-O", str(omit)] if omit else []))
     ctx = pr.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"],
                  host=str(th.consumer), peer=str(th.producer), side="client")
-    res, err = pr.pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow), th, [])
+    res, err = pr.pair(server, client, Readiness(port=port, addr=th.producer_addr, timeout=pr.scaled(PORT_READY_S)),
+                       th, [])
     pr.record(res)
     if err:
         pr.fail("bw", "B/s", err, **{k: v for k, v in ctx.items() if k not in pr.ctx()})
@@ -162,7 +164,7 @@ def run_processes(pr: PointRun, th: TestbedHosts) -> list[Row] | None:
             reverse=bool(p.get("reverse")), window=p.get("window"))
             + ["-O", str(omit)])
         specs.append(GroupSpec(name, [SideSpec(th.consumer, client)], SideSpec(th.producer, server),
-                               Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow)))
+                               Readiness(port=port, addr=th.producer_addr, timeout=pr.scaled(PORT_READY_S))))
     results: dict[str, Any] = {}
 
     def measure(gr) -> WindowBytes:

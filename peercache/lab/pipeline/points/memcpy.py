@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from peercache import atomic, sysfs
 from peercache.lab.pipeline.points.declare import NULLABLE_INT, POSITIVE_INT, Timed, parameter, sizes, timing, variable
 from peercache.lab.system import numa
+from peercache.lab.system.slowness import HOST_COMMAND_S
 from peercache.lab.tidy import Row
 
 if TYPE_CHECKING:
@@ -57,9 +58,9 @@ class MemcpyRun(Timed):
         ws = pr.working_set(p.get("working_set"), p["size"], batch)
         base = [*pr.python_tool(th, "producer", "peercache.lab.tools.memcpy"), "--size", str(p["size"]),
                 "--working-set", str(ws), "--batch", str(batch), "--duration", str(pr.duration)]
-        r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=30 * pr.slow)
+        r = th.producer.run(["cat", "/sys/devices/system/node/online"], timeout=pr.scaled(HOST_COMMAND_S))
         nodes = parse_nodelist(r.stdout) if r.rc == 0 else []
-        has_numactl = th.producer.run(["sh", "-c", "command -v numactl"], timeout=30 * pr.slow).rc == 0
+        has_numactl = th.producer.run(["sh", "-c", "command -v numactl"], timeout=pr.scaled(HOST_COMMAND_S)).rc == 0
         ctx = pr.ctx(tool="memcpy", protocol="shm", side="producer", host=str(th.producer),
                      size_bytes=p["size"], threads=1, processes=1)
         for node in nodes or [None]:

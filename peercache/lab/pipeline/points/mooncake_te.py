@@ -1,10 +1,10 @@
 """The ``mooncake_te`` kind: Mooncake Transfer Engine's ``transfer_engine_bench``, target on the producer and
 initiator on the consumer, at a PeerCache point's page size, batch and threads.
 
-Declaration (:class:`MooncakeTeRun`), run (the target first, ready once it has logged the port its P2P
+Declaration (:class:`MooncakeTeRun`), launch (the target first, ready once it has logged the port its P2P
 handshake picked, which the pair runner puts in the initiator's ``--segment_id``; the initiator READs for
 the point's duration, rounded up to whole seconds as the tool takes them; the target is stopped after it),
-sanity and metric extraction (:func:`peercache.lab.tools.mooncake_te.parse_log`: one result line whose
+read and rows (:func:`peercache.lab.tools.mooncake_te.parse_log`: one result line whose
 printed rate agrees with its own counts, or the failure it logged). Transport: tcp on a testbed without
 RDMA, rdma with the testbed's first device and its GID index (``MC_GID_INDEX``) on one with it. The tool
 has no warm-up and never checks the bytes it reads, so its rows say ``unverified``.
@@ -14,17 +14,20 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.declare import NULLABLE_INT, POSITIVE_INT, one_of, parameter, variable
 from peercache.lab.pipeline.points.engines import EngineRun, engine_path, engine_sides
+from peercache.lab.pipeline.points.pairkind import Launch, PairKind
 from peercache.lab.tools import mooncake_te as te
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
+#: Seconds the target may take to log the port its P2P handshake picked (its readiness).
+TARGET_READY_S = 30.0
 
-class MooncakeTeRun(EngineRun):
+
+class MooncakeTeRun(PairKind, EngineRun):
     """transfer_engine_bench READs (target on the producer, initiator on the consumer), P2P handshake, no etcd."""
 
     name = "mooncake_te"
@@ -33,6 +36,7 @@ class MooncakeTeRun(EngineRun):
     metrics = {"get_throughput": "GB/s", "batches": "count"}
     primary = "get_throughput"
     tool_column = te.TOOL
+    output = "initiator report"
 
     #: transport (str): tcp, or rdma with the testbed's first device
     protocol = variable(one_of(*te.PROTOCOLS), doc="transport (-protocol)")
@@ -48,11 +52,11 @@ class MooncakeTeRun(EngineRun):
                                                 "[testbed working_set_bytes]", tag="buf{}")
 
     @classmethod
-    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+    def launch(cls, pr: PointRun, th: TestbedHosts) -> Launch | None:
         p = pr.point.params
         sides = engine_sides(pr, th, te.VENV, te.BINARY)
         if sides is None:
-            return
+            return None
         devs, pdev, cdev = sides
         gid = pr.tb.get("gid_index")
         block, batch, threads = p["page_size"], p["batch_size"], p["threads"]
@@ -67,18 +71,18 @@ class MooncakeTeRun(EngineRun):
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
                      extra={"engine": "mooncake_te", "buffer_bytes": buf, "warmup": "none (the tool has none)",
                             "duration_asked_s": secs})
-        res, err = pr.pair(target, initiator, Readiness(pattern=te.TARGET_READY, timeout=30 * pr.slow), th, devs,
-                           server_exits=False)
-        pr.record(res)
+        return Launch(target, initiator, Readiness(pattern=te.TARGET_READY, timeout=pr.scaled(TARGET_READY_S)), ctx,
+                      failed=dict(tool=te.TOOL, protocol=p["protocol"], size_bytes=block, batch=batch, threads=threads,
+                                  processes=1),
+                      devices=devs, server_exits=False, own={"device": cdev})
+
+    @classmethod
+    def read(cls, pr: PointRun, th: TestbedHosts, launch: Launch, res) -> te.TeResult:
+        p = pr.point.params
         log = "" if res is None or res.client is None else (res.client.stderr or "") + (res.client.stdout or "")
-        try:
-            result = te.parse_log(log, block, batch, threads, source=f"{pr.run_id}/client", host=str(th.consumer),
-                                  device=cdev if p["protocol"] == "rdma" else None)
-        except (ParseError, ToolError) as e:
-            pr.fail("get_throughput", "GB/s", f"{err}: {e}" if err else str(e), tool=te.TOOL,
-                    protocol=p["protocol"], size_bytes=block, batch=batch, threads=threads, processes=1)
-            return
-        if err:
-            pr.notes.append(f"pair reported a failure after a complete initiator report: {err}")
-        pr.rows += te.to_rows(result, **ctx)
-        pr.attach_pair_cpu(*pr.pair_window(res))
+        return te.parse_log(log, p["page_size"], p["batch_size"], p["threads"], source=f"{pr.run_id}/client",
+                            host=str(th.consumer), device=launch.own["device"] if p["protocol"] == "rdma" else None)
+
+    @classmethod
+    def rows(cls, pr: PointRun, launch: Launch, result):
+        return te.to_rows(result, **launch.ctx)

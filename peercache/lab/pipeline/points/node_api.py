@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from peercache import atomic
 from peercache.lab.errors import ParseError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import READY_S
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable
 from peercache.lab.pipeline.points.peercache import READY_LINE
 from peercache.lab.tidy import Row
@@ -64,7 +65,7 @@ class NodeApiRun(Timed):
         ctx = pr.ctx(tool="peercache-node-api", side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"], batch=p["batch_size"],
                      threads=1, processes=1)
-        res, err = pr.pair(serve, client, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, [])
+        res, err = pr.pair(serve, client, Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)), th, [])
         pr.record(res)
         if err:
             pr.fail("pages_per_s", "pages/s", err, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})

@@ -1,9 +1,10 @@
 """The ``peercache`` kind: ``peercache-bench serve`` on the producer, ``drive`` on the consumer (GET throughput).
 
 Declaration (:class:`PeerCacheRun`, on the knobs every serve/drive kind shares: :class:`PeerCacheKnobs`),
-run, sanity (:func:`sanity`: drive's status, and a window without a completed batch measured nothing)
-and metric extraction (:func:`extract`: the rows of drive's result document). The serve and drive
-command lines (:func:`serve_drive`) are shared with the ``hicache`` and ``group`` kinds.
+launch, read (drive's result document, checked at the engine's seam), sanity (:func:`sanity`: drive's
+status, and a window without a completed batch measured nothing) and metric extraction (:func:`extract`:
+the rows of drive's result document); the rest is the harness's pair path. The serve and drive command
+lines (:func:`serve_drive`) are shared with the ``hicache`` and ``group`` kinds.
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from peercache import atomic
 from peercache.bench.document import DocumentError, DriveDocument
 from peercache.lab.errors import ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import DRIVE_READY_S, READY_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, NULLABLE_MICROSECONDS, NULLABLE_SECONDS,
                                                    POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable)
+from peercache.lab.pipeline.points.pairkind import Launch, PairKind
 from peercache.lab.tidy import Row
 from peercache.lab.tools import promscrape
 
@@ -50,7 +53,7 @@ class PeerCacheKnobs(Timed):
                                            "(--metrics-addr 127.0.0.1:0 and drive --metrics-scrapes)")
 
 
-class PeerCacheRun(PeerCacheKnobs):
+class PeerCacheRun(PairKind, PeerCacheKnobs):
     """``peercache-bench serve`` on the producer, ``drive`` on the consumer: GET throughput of one pair."""
 
     name = "peercache"
@@ -60,6 +63,7 @@ class PeerCacheRun(PeerCacheKnobs):
     primary = "get_throughput"
     is_get = True
     tool_column = "peercache-bench"
+    output = "drive"
 
     #: [drive processes, threads each] (pair of ints, swept)
     processes_x_threads = parameter({"type": "array", "items": POSITIVE_INT, "minItems": 2, "maxItems": 2},
@@ -109,7 +113,7 @@ class PeerCacheRun(PeerCacheKnobs):
         return list(params.get("devices") or []) if params.get("protocol") == "rdma" else []
 
     @classmethod
-    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+    def launch(cls, pr: PointRun, th: TestbedHosts) -> Launch:
         p = pr.point.params
         port = pr.ports.allocate()
         out = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
@@ -118,26 +122,40 @@ class PeerCacheRun(PeerCacheKnobs):
                      protocol=p["protocol"], layout=p["layout"], devices=",".join(p.get("devices") or []),
                      numa_node=pr.numa_of(p.get("devices") or []),
                      extra={"destination": p.get("destination", "host")})
-        res, err = pr.pair(serve, drive, Readiness(pattern=READY_LINE, timeout=60 * pr.slow), th, p.get("devices") or [])
-        pr.record(res)
-        try:
-            doc = keep_scrapes(pr, read_drive_document(pr.fetch(th.consumer, out)), pr.raw_dir)
-            atomic.write_text(pr.raw_dir / "drive.json", json.dumps(doc, indent=1))
-        except DocumentError as e:      # another revision's drive: what it measured is not read
-            pr.fail("get_throughput", "GB/s", f"drive's result document: {e}",
-                    **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
-                    batch=p["batch_size"], threads=p["threads"], processes=p["processes"])
-            return
-        except (ToolError, json.JSONDecodeError) as e:
-            pr.fail("get_throughput", "GB/s", err or f"drive wrote no result document: {e}",
-                    **{k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
-                    batch=p["batch_size"], threads=p["threads"], processes=p["processes"])
-            return
-        pr.rows += extract(doc, ctx, pr.duration)
-        first = (doc.get("points") or [{}])[0]
+        return Launch(serve, drive, Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)), ctx,
+                      failed=dict({k: ctx[k] for k in ("tool", "protocol", "layout")}, size_bytes=p["page_size"],
+                                  batch=p["batch_size"], threads=p["threads"], processes=p["processes"]),
+                      devices=p.get("devices") or [], out=out)
+
+    #: no document, not JSON, or another revision's drive wrote it: what it measured is not read
+    read_errors = (DocumentError, ToolError, json.JSONDecodeError)
+
+    @classmethod
+    def read(cls, pr: PointRun, th: TestbedHosts, launch: Launch, res) -> dict[str, Any]:
+        """drive's result document, checked at the engine's seam, its scrapes kept, written as drive.json."""
+        doc = keep_scrapes(pr, read_drive_document(pr.fetch(th.consumer, launch.out)), pr.raw_dir)
+        atomic.write_text(pr.raw_dir / "drive.json", json.dumps(doc, indent=1))
+        return doc
+
+    @classmethod
+    def failed_reason(cls, err, e):
+        if isinstance(e, DocumentError):
+            return f"drive's result document: {e}"
+        return err or f"drive wrote no result document: {e}"
+
+    @classmethod
+    def rows(cls, pr: PointRun, launch: Launch, result):
+        return extract(result, launch.ctx, pr.duration)
+
+    @classmethod
+    def complete(cls, result):
+        return result.get("status") == "ok"
+
+    @classmethod
+    def cpu_evidence(cls, pr, res, result, rows):
+        """Both sides' CPU use over drive's first measured window."""
+        first = (result.get("points") or [{}])[0]
         pr.attach_pair_cpu(first.get("window_start"), first.get("window_end"))
-        if err and doc.get("status") == "ok":
-            pr.notes.append(f"pair reported a failure after a complete drive: {err}")
 
 
 def serve_side(pr: PointRun, th: TestbedHosts, port: int, p: dict) -> tuple[list[str], list[str], list[str]]:
@@ -175,7 +193,7 @@ def serve_drive(pr: PointRun, th: TestbedHosts, port: int, p: dict, processes: i
              "--out", out_path]
     if pr.slow > 1:
         # an emulated host: its waits and its fault bounds stretch with its measured slowness
-        drive += ["--ready-timeout", f"{30 * pr.slow:.0f}", "--time-scale", f"{pr.slow:.1f}"]
+        drive += ["--ready-timeout", f"{pr.scaled(DRIVE_READY_S):.0f}", "--time-scale", f"{pr.slow:.1f}"]
     if p.get("metrics_scrape"):
         drive.append("--metrics-scrapes")
     if p.get("destination") == "gpu":

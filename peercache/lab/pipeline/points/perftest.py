@@ -24,6 +24,8 @@ PERFTEST_ATTEMPTS = 3
 #: The same on emulated hosts (slowness > 1): two TCG guests sharing two cores scatter perftest's
 #: timestamp samples often enough that three runs in a row failed on the two-machine testbed.
 PERFTEST_ATTEMPTS_EMULATED = 8
+#: Seconds the server may take to open its device and listen on its exchange port.
+PERFTEST_READY_S = 20.0
 
 
 def perftest_attempts(slow: float) -> int:
@@ -105,7 +107,7 @@ class PerftestRun(Timed):
             # Readiness is the server's listening exchange port (read with ss, never connected to): perftest's
             # stdout is block-buffered into a pipe, so its "Waiting for client" line shows only at its exit.
             res, err = pr.pair(pt.server_command(server_params), client,
-                               Readiness(port=port, timeout=20 * pr.slow), th, devices)
+                               Readiness(port=port, timeout=pr.scaled(PERFTEST_READY_S)), th, devices)
             pr.record(res)
             if not err:
                 break

@@ -1,30 +1,32 @@
 """The ``sockperf`` kind: sockperf TCP ping-pong between the point's hosts (the raw round trip of a path).
 
-Declaration (:class:`SockperfRun`), run (the server echoes until the pair runner ends it after the
-client), sanity (a complete report counts even when the pair then reported a failure, which is noted)
-and metric extraction (the tool's rows).
+Declaration (:class:`SockperfRun`), launch (the server echoes until the pair runner ends it after the
+client), read (the tool's parser: a complete report counts even when the pair then reported a failure,
+which the harness notes) and rows (the tool's); the rest is the harness's pair path.
 """
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
-from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.runners import Readiness
+from peercache.lab.pipeline.points.bounds import PORT_READY_S
 from peercache.lab.pipeline.points.declare import BOOL, POSITIVE_INT, Timed, parameter, sizes, timing, variable
+from peercache.lab.pipeline.points.pairkind import Launch, PairKind
 from peercache.lab.tools import sockperf as sockperf_tool
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
 
-class SockperfRun(Timed):
+class SockperfRun(PairKind, Timed):
     """sockperf TCP ping-pong (the raw round trip of a path): server on the producer, client on the consumer."""
 
     name = "sockperf"
     metrics = {"rtt_p50": "us", "rtt_p99": "us", "rtt_p999": "us", "rtt_avg": "us", "observations": "count"}
     primary = "rtt_p50"
     tool_column = "sockperf"
+    output = "sockperf report"
 
     #: message size in bytes, -m, echoed back (int, swept): the page size of the GETs it is the limit for
     msg_size = parameter(POSITIVE_INT, doc="message size in bytes (-m), echoed back")
@@ -41,7 +43,7 @@ class SockperfRun(Timed):
         return {"msg_size": one["msg_size"], **({"busy_poll": True} if one["busy_poll"] else {}), **timing(one)}
 
     @classmethod
-    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+    def launch(cls, pr: PointRun, th: TestbedHosts) -> Launch:
         """sockperf TCP ping-pong between the point's two hosts: the round trip a GET on that path is compared with."""
         p = pr.point.params
         port = pr.ports.allocate()
@@ -49,20 +51,17 @@ class SockperfRun(Timed):
         ctx = pr.ctx(tool="sockperf", protocol="tcp", size_bytes=p["msg_size"], host=str(th.consumer),
                      peer=str(th.producer), side="client", threads=1, processes=1)
         # The server echoes until it is ended; the pair runner ends it after the client.
-        res, err = pr.pair(sockperf_tool.server_command(port, bind=th.producer_addr),
-                           sockperf_tool.client_command(th.producer_addr, port, p["msg_size"], secs,
-                                                        busy_poll=bool(p.get("busy_poll"))),
-                           Readiness(port=port, addr=th.producer_addr, timeout=15 * pr.slow), th, [],
-                           server_exits=False)
-        pr.record(res)
+        return Launch(sockperf_tool.server_command(port, bind=th.producer_addr),
+                      sockperf_tool.client_command(th.producer_addr, port, p["msg_size"], secs,
+                                                   busy_poll=bool(p.get("busy_poll"))),
+                      Readiness(port=port, addr=th.producer_addr, timeout=pr.scaled(PORT_READY_S)), ctx,
+                      failed={k: ctx[k] for k in ("tool", "protocol", "size_bytes")}, server_exits=False)
+
+    @classmethod
+    def read(cls, pr: PointRun, th: TestbedHosts, launch: Launch, res) -> sockperf_tool.SockperfResult:
         text = res.client.stdout if res is not None and res.client is not None else ""
-        try:
-            result = sockperf_tool.parse_output(text, source=f"{pr.run_id}/client", host=str(th.consumer))
-        except (ParseError, ToolError) as e:
-            pr.fail("rtt_p50", "us", f"{err}: {e}" if err else str(e),
-                    **{k: ctx[k] for k in ("tool", "protocol", "size_bytes")})
-            return
-        if err:
-            pr.notes.append(f"pair reported a failure after a complete sockperf report: {err}")
-        pr.rows += sockperf_tool.to_rows(result, **ctx)
-        pr.attach_pair_cpu(*pr.pair_window(res))
+        return sockperf_tool.parse_output(text, source=f"{pr.run_id}/client", host=str(th.consumer))
+
+    @classmethod
+    def rows(cls, pr: PointRun, launch: Launch, result):
+        return sockperf_tool.to_rows(result, **launch.ctx)
