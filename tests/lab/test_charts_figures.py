@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from peercache.lab.analysis import charts, collect
+from peercache.lab.analysis.format import display, fmt_number, fmt_size
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"
@@ -69,23 +70,23 @@ def test_markdown_numbers_equal_the_data(tmp_path, tidy_dir):
     single = {r["run"]: r for r in _md_table(d / "single_nic.md")}
     for _, r in rows[rows["scenario"] == "single_nic"].iterrows():
         # Shown in GB/s with 4 significant figures; the tidy data keeps the exact value and unit.
-        value, unit = charts.display(r["value"], r["unit"])
-        assert single[r["run_id"]]["value"] == charts.fmt_number(value) and unit == "GB/s"
+        value, unit = display(r["value"], r["unit"])
+        assert single[r["run_id"]]["value"] == fmt_number(value) and unit == "GB/s"
         assert single[r["run_id"]]["unit"] == unit
     raw_gbs = 385.6 / 8  # the fixture's ib_read_bw row in Gbit/s
     assert single["single_nic-peercache_p8_t4-rep0"]["% of raw"] == f"{100 * 45.3 / raw_gbs:.1f}%"
     multi = _md_table(d / "multi_rail.md")
     mr = rows[rows["scenario"] == "multi_rail"]
-    assert sorted(float(r["value"]) for r in multi) == sorted(float(charts.fmt_number(v)) for v in mr["value"])
+    assert sorted(float(r["value"]) for r in multi) == sorted(float(fmt_number(v)) for v in mr["value"])
     assert {(r["page size"], int(r["threads"])) for r in multi} == \
-        {(charts.fmt_size(s), int(t)) for s, t in zip(mr["size_bytes"], mr["threads"])}
+        {(fmt_size(s), int(t)) for s, t in zip(mr["size_bytes"], mr["threads"])}
     whole = {r["NIC / figure"]: r for r in _md_table(d / "whole_machine.md")}
     assert whole["mlx5_1"]["value"] == "52.5" and whole["mlx5_1"]["verdict"] == "above_line_rate"
     assert whole["mlx5_0"]["verdict"] == "unchecked" and whole["mlx5_0"]["line rate (GB/s)"] == "50"
     ctr = {(r["QPs"], r["size"]): r for r in _md_table(d / "msgsize_sweep_counters.md")}
     sw = rows[(rows["scenario"] == "msgsize_sweep") & (rows["qps"] == 4)]
     for _, r in sw[sw["metric"].isin(list(charts.COUNTERS))].iterrows():
-        cell = ctr[("4", charts.fmt_size(r["size_bytes"]))][r["metric"]]
+        cell = ctr[("4", fmt_size(r["size_bytes"]))][r["metric"]]
         if r["status"] == "ok":
             assert float(cell) == r["value"]
         else:

@@ -10,6 +10,7 @@ import yaml
 
 from peercache.lab import tidy
 from peercache.lab.analysis import attribution, charts, collect, report
+from peercache.lab.analysis.format import short_run
 from peercache.lab.analysis.rawlimit import raw_limits
 from peercache.lab.pipeline import experiments, runpoint
 from peercache.lab.tools import promscrape
@@ -147,7 +148,7 @@ def test_the_whole_machine_tables_show_each_rails_share():
     rows = whole_machine_rows()
     ((_, recs),) = report.compact_tables("whole_machine", rows, raw_limits(rows))
     assert {"metric": "rail shares of bytes", "value": "rxe_b0 60 %, rxe_b1 40 %",
-            "run": report.short_run("tb/whole_machine/g/rep0")} in recs
+            "run": short_run("tb/whole_machine/g/rep0")} in recs
     chart = charts.chart_whole_machine(rows, pd.DataFrame(), None)
     shown = {t["NIC / figure"]: t["rail shares of bytes"] for t in chart.table}
     assert shown == {"rxe_b0": "rxe_b0 60 %", "rxe_b1": "rxe_b1 40 %", "aggregate rxe_b0,rxe_b1": "rxe_b0 60 %, rxe_b1 40 %"}

@@ -7,7 +7,6 @@ No measured number lives here: every value comes from the rows.
 """
 from __future__ import annotations
 
-import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +18,19 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.transforms as mtransforms  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache import atomic
 from peercache.lab.analysis import collect  # noqa: E402
 from peercache.lab.analysis import markup  # noqa: E402
+from peercache.lab.analysis.format import (display, fmt_number, fmt_size, limit_text, markdown_table,  # noqa: E402
+                                           point_label, present, rate_text, short_devices, why_empty)
+from peercache.lab.analysis.metablock import meta_block  # noqa: E402
 from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, raw_for,  # noqa: E402
                                              raw_limits, why_none)
 from peercache.lab.pipeline import experiments  # noqa: E402
-from peercache.lab.analysis.references import (UNITS, TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
-                                      row_extra)
+from peercache.lab.analysis.references import (TestbedRefs, apply_verdicts, convert, line_capacity_bps,  # noqa: E402
+                                               row_extra)
 
 #: Scenarios in drawing order: the scenario file's order (experiments/scenarios.yaml), read once.
 SCENARIOS = experiments.scenario_names()
@@ -66,146 +67,10 @@ class NotDrawn:
     reason: str
 
 
-# --- formatting -----------------------------------------------------------------
-
-def fmt_number(v: Any, digits: int = 4) -> str:
-    """A number as shown to people: measured floats to ``digits`` significant figures, integers exact.
-
-    The exact value stays in the tidy data (``value`` / ``raw_value``).
-    """
-    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
-        return "—"
-    if isinstance(v, str):
-        return v
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return str(int(v))
-    return f"{float(v):.{digits}g}"
-
-
-#: The one unit each dimension is shown in (tables, report, charts); tidy data keeps the tool's own.
-DISPLAY_UNITS = {"bandwidth": "GB/s", "time": "us"}
-
-
-def display(value: Any, unit: str) -> tuple[Any, str]:
-    """(value, unit) as shown: bandwidth in GB/s, latency in us, anything else as recorded."""
-    dim = UNITS.get(unit, (None,))[0]
-    want = DISPLAY_UNITS.get(dim)
-    if want is None or value is None or isinstance(value, str) or pd.isna(value):
-        return value, unit
-    return convert(float(value), unit, want), want
-
-
-def fmt_size(n: Any) -> str:
-    """Byte count as KiB/MiB where exact."""
-    if n is None or n is pd.NA or (isinstance(n, float) and math.isnan(n)):
-        return "—"
-    n = int(n)
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= f and n % f == 0:
-            return f"{n // f} {unit}"
-    return f"{n} B"
-
-
-def markdown_table(records: list[dict[str, Any]]) -> str:
-    """A GitHub Markdown table from a list of same-keyed dicts; every cell is text (markup.md_text): a
-    host's CPU model or a tool's stderr shows as written, never as Markdown or HTML."""
-    if not records:
-        return "_no rows_\n"
-    cols = list(records[0])
-    esc = lambda v: markup.md_text(v if isinstance(v, str) else fmt_number(v))  # noqa: E731
-    lines = ["| " + " | ".join(esc(c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(esc(r.get(c)) for c in cols) + " |" for r in records]
-    return "\n".join(lines) + "\n"
-
-
-def _present(v: Any) -> bool:
-    return not (v is None or v is pd.NA or v == "" or (isinstance(v, float) and math.isnan(v)))
-
-
-def host_summary(hosts: dict[str, Any]) -> list[str]:
-    """One line per host role with its name, NIC, CPU and kernel where recorded."""
-    out = []
-    for role, h in (hosts or {}).items():
-        if not isinstance(h, dict):
-            out.append(f"{role}: {h if h is not None else 'not recorded'}")
-            continue
-        parts = []
-        for key in ("host", "hostname"):
-            if h.get(key):
-                parts.append(str(h[key]))
-        nic = h.get("nic") or h.get("nics")
-        if isinstance(nic, dict):
-            bits = [str(nic[k]) for k in ("count", "model") if nic.get(k) is not None]
-            bits += [f"{k} {nic[k]}" for k in ("firmware", "mtu", "gid_index", "link") if nic.get(k) is not None]
-            parts.append("NIC " + " ".join(bits))
-        elif isinstance(nic, list) and nic:
-            parts.append(f"{len(nic)} NICs")
-        cpu = h.get("cpu")
-        if isinstance(cpu, dict) and cpu.get("model"):
-            parts.append(f"CPU {cpu.get('sockets', '') and str(cpu['sockets']) + ' x '}{cpu['model']}")
-        elif isinstance(cpu, str):
-            parts.append(f"CPU {cpu}")
-        for key in ("kernel", "ofed"):
-            if h.get(key):
-                parts.append(f"{key} {h[key]}")
-        out.append(f"{role}: " + ("; ".join(parts) if parts else "not recorded"))
-    return out or ["hosts: not recorded"]
-
-
-def meta_block(rows: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
-    """The host + meta block of the runs behind ``rows``, as text lines."""
-    lines: list[str] = []
-    run_ids = list(dict.fromkeys(rows["run_id"]))
-    by_id = {r["run_id"]: r for r in runs.to_dict("records")}
-    first = by_id.get(run_ids[0]) if run_ids else None
-    src = collect.run_field(first, "source") if first else None
-    if src:
-        lines.append(f"source: {src.get('title', '')} ({src.get('file', '')})")
-    if first:
-        lines += host_summary(collect.run_field(first, "hosts"))
-    for rid in run_ids:
-        sub = rows[rows["run_id"] == rid]
-        run = by_id.get(rid)
-        params = []
-        for col, label in (("devices", "devices"), ("layout", "layout"), ("size_bytes", "size"),
-                           ("batch", "batch"), ("qps", "QPs"), ("threads", "concurrency"),
-                           ("processes", "processes")):
-            vals = [v for v in dict.fromkeys(sub[col]) if _present(v)]
-            if col == "size_bytes":
-                vals = [fmt_size(v) for v in vals]
-            if col == "devices":
-                vals = [_short_devices(v) for v in vals]
-            if vals:
-                params.append(f"{label} {','.join(str(v) for v in vals)}")
-        if run is None:
-            lines.append(f"run {rid}: no meta block")
-            continue
-        date = run.get("start") or "not recorded"
-        rev = run.get("git_revision") or "not recorded"
-        lines.append(f"run {rid} (point {run.get('point')}): " + "; ".join(params)
-                     + f"; date {date}; revision {rev}")
-    return lines
-
-
-def _short_devices(devs: str) -> str:
-    names = [d for d in str(devs).split(",") if d]
-    if len(names) <= 2:
-        return ",".join(names)
-    return f"{names[0]}..{names[-1]} ({len(names)})"
-
-
 # --- chart builders -------------------------------------------------------------
 
 def _ok(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[(rows["status"] == "ok") & rows["value"].notna()]
-
-
-def _why_empty(rows: pd.DataFrame, what: str) -> str:
-    if rows.empty:
-        return f"no {what} rows"
-    parts = [f"{st}: {reason or 'no reason given'}" for (st, reason), _ in
-             rows.groupby(["status", rows["reason"].fillna("")], dropna=False)]
-    return f"no measured {what} value ({len(rows)} rows: " + "; ".join(parts) + ")"
 
 
 def _to_gbs(row: pd.Series | dict) -> float:
@@ -228,21 +93,6 @@ def unverified_note(rows: pd.DataFrame) -> str | None:
 
 def _verdict(r: dict) -> str:
     return r.get("verdict") or "unchecked"
-
-
-def _label(r: dict, keys: Iterable[str]) -> str:
-    bits = []
-    for k in keys:
-        v = r.get(k)
-        if not _present(v):
-            continue
-        if k == "size_bytes":
-            bits.append(fmt_size(v))
-        else:
-            fmt = {"qps": "q{}", "threads": "{} thr", "processes": "{} proc", "batch": "batch {}",
-                   "protocol": "over {}", "layout": "{} layout"}
-            bits.append(fmt.get(k, "{}").format(v))
-    return " ".join(bits)
 
 
 def _new_fig(ncols: int = 1, nrows: int = 1, w: float = 7.0, h: float = 4.2):
@@ -318,20 +168,12 @@ def rail_shares_text(rows: pd.DataFrame, run_ids, threads: Any = None) -> str | 
     return ", ".join(f"{rail} {100 * v:.0f} %" for rail, v in means.items())
 
 
-def limit_text(g: pd.DataFrame) -> str:
-    """The "limited by" of a group of rows (one sentence; the distinct ones joined if they differ)."""
-    if "limited_by" not in g:
-        return "—"
-    said = [t for t in dict.fromkeys(g["limited_by"].dropna()) if t]
-    return " / ".join(said) or "—"
-
-
 def chart_single_nic(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
     """Single NIC: PeerCache vs the raw perftest figure, with the percentage."""
     sub = rows[rows["metric"].isin(BW_METRICS)]
     ok = _ok(sub)
     if ok.empty:
-        return NotDrawn("single_nic", _why_empty(sub, "single-NIC bandwidth"))
+        return NotDrawn("single_nic", why_empty(sub, "single-NIC bandwidth"))
     # protocol keeps PeerCache over tcp and over shm apart (each has its own raw limit)
     keys = ["tool", "protocol", "size_bytes", "qps", "threads", "processes", "layout"]
     groups = []
@@ -393,7 +235,7 @@ def bar_label(r) -> str:
 def measurement(r) -> str:
     """What a single-NIC bar measured, with every knob (the table's first column)."""
     from peercache.lab.analysis.rawlimit import raw_shape
-    size = fmt_size(r.get("size_bytes")) if _present(r.get("size_bytes")) else "size ?"
+    size = fmt_size(r.get("size_bytes")) if present(r.get("size_bytes")) else "size ?"
     if r["tool"] == "iperf3":
         window = raw_shape(r)[3]
         return (f"iperf3{' -R' if row_extra(r).get('reverse') else ''}, {raw_shape(r)[1]} conn., {size}"
@@ -401,10 +243,10 @@ def measurement(r) -> str:
     if r["tool"] == "memcpy":
         return f"memcpy, {raw_shape(r)[1]} thr, {size}"
     if r["tool"] in RAW_TOOLS:
-        return f"{r['tool']} " + _label(r, ["qps", "size_bytes"])
+        return f"{r['tool']} " + point_label(r, ["qps", "size_bytes"])
     shape = (f", {fmt_number(r['processes'])} proc × {fmt_number(r['threads'])} thr"
-             if _present(r.get("processes")) and _present(r.get("threads")) else "")
-    batch = f", batch {fmt_number(r['batch'])}" if _present(r.get("batch")) else ""
+             if present(r.get("processes")) and present(r.get("threads")) else "")
+    batch = f", batch {fmt_number(r['batch'])}" if present(r.get("batch")) else ""
     return f"PeerCache over {r.get('protocol') or '?'}, {size}{batch}{shape}"
 
 
@@ -414,7 +256,7 @@ def chart_multi_rail(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     ok = _ok(sub)
     ok = ok[ok["threads"].notna()]
     if ok.empty:
-        return NotDrawn("multi_rail", _why_empty(sub, "multi-rail bandwidth (with threads)"))
+        return NotDrawn("multi_rail", why_empty(sub, "multi-rail bandwidth (with threads)"))
     fig, axes = _new_fig()
     ax = axes[0][0]
     table = []
@@ -457,7 +299,7 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
     per = ok[ok["side"] == "per_device"]
     agg = ok[ok["side"] == "aggregate"]
     if per.empty and agg.empty:
-        return NotDrawn("whole_machine", _why_empty(sub, "per-NIC or aggregate bandwidth"))
+        return NotDrawn("whole_machine", why_empty(sub, "per-NIC or aggregate bandwidth"))
     fig, axes = _new_fig(ncols=2, w=9.0)
     ax, axa = axes[0][0], axes[0][1]
     table = []
@@ -498,7 +340,7 @@ def chart_whole_machine(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
     else:
         ax.text(0.5, 0.5, "no per-NIC rows", ha="center", va="center", transform=ax.transAxes)
     if not agg.empty:
-        draw(axa, agg, lambda r: f"aggregate {_short_devices(r['devices'])}")
+        draw(axa, agg, lambda r: f"aggregate {short_devices(r['devices'])}")
         axa.set_title("aggregate (dashed: sum of line rates)", fontsize=9)
     else:
         axa.text(0.5, 0.5, "no aggregate row", ha="center", va="center", transform=axa.transAxes)
@@ -525,7 +367,7 @@ def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | 
     sub = rows[rows["metric"].isin(BW_METRICS)]
     ok = _ok(sub)
     if ok.empty:
-        return NotDrawn("gpudirect", _why_empty(sub, "GPUDirect bandwidth"))
+        return NotDrawn("gpudirect", why_empty(sub, "GPUDirect bandwidth"))
     fig, axes = _new_fig(w=5.5)
     ax = axes[0][0]
     table, labels = [], []
@@ -534,7 +376,7 @@ def chart_gpudirect(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | 
         gbs = _to_gbs(r)
         ax.bar(i, gbs, color=PEERCACHE_COLOR, hatch="//" if dest == "gpu" else None)
         ax.annotate(f"{gbs:.1f} GB/s", (i, gbs), ha="center", va="bottom", fontsize=8)
-        labels.append(f"{dest}\n{_label(r, ['size_bytes', 'processes'])}")
+        labels.append(f"{dest}\n{point_label(r, ['size_bytes', 'processes'])}")
         table.append({"destination": dest, **dict(zip(("value", "unit"), display(r["value"], r["unit"]))),
                       "page size": fmt_size(r["size_bytes"]), "verdict": r.get("verdict") or "unchecked",
                       "limited by": r.get("limited_by") or "—", "run": r["run_id"]})
@@ -550,7 +392,7 @@ def _series(frame: pd.DataFrame, metric: str) -> dict[Any, pd.DataFrame]:
 
 
 def _size_axis(ax, sizes: pd.Series) -> None:
-    sizes = [float(v) for v in sizes if _present(v) and float(v) > 0]
+    sizes = [float(v) for v in sizes if present(v) and float(v) > 0]
     ax.set_xscale("log", base=2)
     if sizes:
         # Set limits from the data: an axis whose only marks are "missing" crosses has no data limits.
@@ -566,7 +408,7 @@ def chart_msgsize_bw(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
     sub = rows[rows["metric"].isin(("bw", "msg_rate"))]
     ok = _ok(sub)
     if ok[ok["metric"] == "bw"].empty:
-        return NotDrawn("msgsize_sweep_bw", _why_empty(sub[sub["metric"] == "bw"], "message-size bandwidth"))
+        return NotDrawn("msgsize_sweep_bw", why_empty(sub[sub["metric"] == "bw"], "message-size bandwidth"))
     fig, axes = _new_fig(ncols=2, w=10.0)
     table = []
     for ax, metric, ylabel in ((axes[0][0], "bw", "bandwidth"), (axes[0][1], "msg_rate", "message rate")):
@@ -600,7 +442,7 @@ def chart_msgsize_counters(rows: pd.DataFrame, runs: pd.DataFrame, refs: Testbed
     sub = rows[rows["metric"].isin(list(COUNTERS))]
     ok = _ok(sub)
     if ok.empty:
-        return NotDrawn("msgsize_sweep_counters", _why_empty(sub, "perf stat counter"))
+        return NotDrawn("msgsize_sweep_counters", why_empty(sub, "perf stat counter"))
     fig, axes = _new_fig(ncols=3, nrows=2, w=11.0, h=6.0)
     flat = [a for row in axes for a in row]
     for ax, (metric, label) in zip(flat, COUNTERS.items()):
@@ -660,7 +502,7 @@ def chart_engines(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | No
     from peercache.lab.analysis import engines
     recs = engines.table(rows)
     if not recs:
-        return NotDrawn("engines", _why_empty(rows[rows["metric"].isin(BW_METRICS)], "engine throughput"))
+        return NotDrawn("engines", why_empty(rows[rows["metric"].isin(BW_METRICS)], "engine throughput"))
     cells = list(dict.fromkeys((r["page"], r["threads"]) for r in recs))
     names = [*engines.ENGINES.values(), "raw limit"]
     names = [n for n in names if any(r["engine"] == n for r in recs)]
@@ -700,7 +542,7 @@ def chart_hicache_suite(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
     sub = hs.suite_rows(rows)
     head = _ok(sub[sub["metric"] == hs.PRIMARY])
     if head.empty:
-        return NotDrawn("hicache_suite", _why_empty(sub[sub["metric"] == hs.PRIMARY], "HiCache suite pages/s"))
+        return NotDrawn("hicache_suite", why_empty(sub[sub["metric"] == hs.PRIMARY], "HiCache suite pages/s"))
     ops = [o for o in hs.OPS if (head["op"] == o).any()]
     fig, axes = _new_fig(ncols=len(ops), w=3.2 * len(ops) + 0.6, h=3.6)
     run_ids = list(dict.fromkeys(head["run_id"]))
@@ -718,7 +560,7 @@ def chart_hicache_suite(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
             pk = g[g["peak"]]
             ax.plot(pk["threads"], pk["value"], marker="*", markersize=13, color=colors[k], linestyle="none")
             for t, v in zip(pk["threads"], pk["value"]):
-                ax.annotate(f"PEAK {hs.rate_text(v)}", (t, v), textcoords="offset points", xytext=(0, 7),
+                ax.annotate(f"PEAK {rate_text(v)}", (t, v), textcoords="offset points", xytext=(0, 7),
                             ha="center", fontsize=7, color=colors[k])
         ax.set_title(f"{op} ({hs.CALLS[op]})", fontsize=9)
         ax.set_xlabel("threads calling the store")
@@ -726,7 +568,7 @@ def chart_hicache_suite(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRef
         lo, hi = head["threads"].min(), head["threads"].max()
         ax.set_xlim(lo - 0.35 * max(1, hi - lo), hi + 0.35 * max(1, hi - lo))
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.18)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: hs.rate_text(v)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: rate_text(v)))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("pages/s (one SGLang page each)")
     layout = dict(zip(head["run_id"], head["layout"]))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from peercache.lab.analysis.format import fmt_size, rate_text
 from peercache.lab.analysis.references import convert, row_extra
 from peercache.lab.tools.hicache_suite import CALLS, OPS, PRIMARY, TOOL
 
@@ -23,13 +24,6 @@ COLUMNS = {"store_pages_per_s": ("pages/s", "pages/s"), "store_tokens_per_s": ("
 
 #: Runs in this order of their layout (mla, then mha), each layout's runs by run id.
 LAYOUT_ORDER = {"mla": 0, "mha": 1}
-
-
-def rate_text(v: float) -> str:
-    """A figure as shown: rates of 1000 and more as whole numbers with thousands separators (pages/s, tokens/s),
-    anything else to 4 significant figures."""
-    from peercache.lab.analysis.charts import fmt_number
-    return f"{v:,.0f}" if abs(v) >= 1000 else fmt_number(v)
 
 
 def _cores(r: pd.Series) -> str:
@@ -73,7 +67,6 @@ def _checked(r: pd.Series, op: str) -> str:
 
 def run_caption(g: pd.DataFrame) -> str:
     """What one run's table is: its layout, page geometry, batch, transport and run id."""
-    from peercache.lab.analysis.charts import fmt_size
     r = g.iloc[0]
     ex = row_extra(r)
     objs = ex.get("objects_per_page")

@@ -25,7 +25,10 @@ import pandas as pd
 
 from peercache import atomic
 from peercache.lab.analysis import charts, collect, engines, environment
+from peercache.lab.analysis.format import (display, fmt_number, fmt_size, markdown_table, point_label, short_run,
+                                           rate_text, throughput_text)
 from peercache.lab.analysis.markup import markdown_html, md, md_code, md_code_block, md_text
+from peercache.lab.analysis.metablock import compact_meta, meta_block
 from peercache.lab.analysis.rawlimit import RAW_TOOLS, raw_for, raw_limits, why_none
 from peercache.lab.analysis.references import convert, load_references, row_extra
 from peercache.lab.pipeline import experiments
@@ -107,19 +110,6 @@ def _gbs(r) -> float | None:
         return None
 
 
-def throughput_text(gbs: float) -> str:
-    """A throughput as the published table shows it: GB/s, then Gb/s in brackets."""
-    gbit = gbs * 8
-    nb = "\u00a0"     # a number and its unit stay on one line
-    bits = charts.fmt_number(gbit / 1000) + nb + "Tb/s" if gbit >= 1000 else charts.fmt_number(gbit) + nb + "Gb/s"
-    return f"{charts.fmt_number(gbs)}{nb}GB/s ({bits})"
-
-
-def short_run(run_id: str) -> str:
-    """A run id as cited in tables (the full id; the tables wrap it)."""
-    return str(run_id)
-
-
 def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Scenario, GET throughput (GB/s and Gb/s), % of the single-NIC raw limit, limited by, notes, run."""
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
@@ -151,7 +141,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
             notes.append(f"verdict {r['verdict']}")
         out.append({"scenario": f"{scenario}: {label}",
                     "GET throughput": throughput_text(g) if g is not None
-                    else f"{charts.fmt_number(r['value'])} {r['unit']}",
+                    else f"{fmt_number(r['value'])} {r['unit']}",
                     "% of single-NIC raw limit": frac, "limited by": r.get("limited_by") or "—",
                     "notes": "; ".join(notes), "run": short_run(r["run_id"])})
 
@@ -165,13 +155,13 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         if suite_peaks:
             # the HiCache suite: each layout's get PEAK (a GET through batch_get_v1), its set and exists PEAKs beside
             for pk in (p for p in suite_peaks if p["op"] == "get"):
-                others = [f"{p['op']} PEAK {hicache_suite.rate_text(p['pages/s'])} pages/s"
-                          + (f" ({charts.fmt_number(p['GB/s'])} GB/s)" if p["GB/s"] is not None else "")
+                others = [f"{p['op']} PEAK {rate_text(p['pages/s'])} pages/s"
+                          + (f" ({fmt_number(p['GB/s'])} GB/s)" if p["GB/s"] is not None else "")
                           + f" at {p['threads']} thr" for p in suite_peaks if p["run"] == pk["run"] and p["op"] != "get"]
                 out.append({"scenario": f"{sc}: {pk['layout']} get PEAK (batch_get_v1, {pk['threads']} thr)",
                             "GET throughput": throughput_text(pk["GB/s"]), "% of single-NIC raw limit": "—",
                             "limited by": pk["limited by"],
-                            "notes": "; ".join([f"{hicache_suite.rate_text(pk['pages/s'])} pages/s", *others]),
+                            "notes": "; ".join([f"{rate_text(pk['pages/s'])} pages/s", *others]),
                             "run": short_run(pk["run"])})
             continue
         s = bw[bw["scenario"] == sc]
@@ -197,7 +187,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
                 note = ""
                 if not per.empty:
                     vals = [_gbs(v) for _, v in per.iterrows()]
-                    note = f"per NIC {charts.fmt_number(min(vals))}–{charts.fmt_number(max(vals))} GB/s"
+                    note = f"per NIC {fmt_number(min(vals))}–{fmt_number(max(vals))} GB/s"
                 add(sc, f"aggregate over {charts_nics(r)} NICs", r, note)
         elif sc == "gpudirect":
             for _, r in s.iterrows():
@@ -207,7 +197,7 @@ def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
         else:
             # Headline = the best point of the scenario; the section has them all.
             r = s.loc[s.apply(_gbs, axis=1).idxmax()]
-            add(sc, "best point " + charts._label(r, ["size_bytes", "batch", "qps", "threads", "processes"]), r)
+            add(sc, "best point " + point_label(r, ["size_bytes", "batch", "qps", "threads", "processes"]), r)
     return pd.DataFrame(out, columns=OVERVIEW_COLUMNS)
 
 
@@ -220,7 +210,7 @@ def engines_overview(rows: pd.DataFrame) -> list[dict[str, Any]]:
     for name in dict.fromkeys(r["engine"] for r in recs):
         best = max((r for r in recs if r["engine"] == name), key=lambda r: r["GB/s"])
         pct = best["% of raw"]
-        out.append({"scenario": f"{engines.SCENARIO}: {name}, best cell {charts.fmt_size(best['page'])} "
+        out.append({"scenario": f"{engines.SCENARIO}: {name}, best cell {fmt_size(best['page'])} "
                                 f"{best['threads']} thr",
                     "GET throughput": throughput_text(best["GB/s"]),
                     "% of single-NIC raw limit": "—" if pct is None else
@@ -309,8 +299,8 @@ def _multi_rail_tables(sub):
         vals = [(int(t), _gbs(r), r["run_id"]) for t, r in ((r["threads"], r) for _, r in g.iterrows())]
         best = max(vals, key=lambda v: v[1])
         shares = charts.rail_shares_text(sub, [best[2]], best[0])
-        recs.append({"page size": charts.fmt_size(size), "batch": charts.fmt_number(batch),
-                     "peak": f"{charts.fmt_number(best[1])} GB/s",
+        recs.append({"page size": fmt_size(size), "batch": fmt_number(batch),
+                     "peak": f"{fmt_number(best[1])} GB/s",
                      "best threads": f"{best[0]} (of {', '.join(str(v[0]) for v in sorted(vals))})",
                      # each rail's share of the peak's bytes (rdma with metrics scrapes; no column without rails)
                      **({"rail shares of bytes": shares} if shares else {}),
@@ -327,11 +317,11 @@ def _whole_machine_tables(sub):
         ex = row_extra(r)
         conf = [f"{charts_nics(r)} NICs"]
         if ex.get("readers_per_nic") or r.get("processes"):
-            conf.append(f"{charts.fmt_number(ex.get('readers_per_nic') or r.get('processes'))} process(es) per NIC")
+            conf.append(f"{fmt_number(ex.get('readers_per_nic') or r.get('processes'))} process(es) per NIC")
         if pd.notna(r.get("threads")):
-            conf.append(f"{charts.fmt_number(r['threads'])} thread(s) each")
+            conf.append(f"{fmt_number(r['threads'])} thread(s) each")
         if pd.notna(r.get("size_bytes")):
-            conf.append(f"{charts.fmt_size(r['size_bytes'])} pages")
+            conf.append(f"{fmt_size(r['size_bytes'])} pages")
         recs.append({"metric": "configuration", "value": ", ".join(conf), "run": short_run(r["run_id"])})
         shares = charts.rail_shares_text(sub, [r["run_id"]])
         if shares:    # the metrics scrapes' rails (one per group); nothing where there are none (tcp)
@@ -339,9 +329,9 @@ def _whole_machine_tables(sub):
     if not per.empty:
         vals = [_gbs(r) for _, r in per.iterrows()]
         runs = ", ".join(dict.fromkeys(per["run_id"]))
-        recs.append({"metric": "per-NIC range", "value": f"{charts.fmt_number(min(vals))} – "
-                     f"{charts.fmt_number(max(vals))} GB/s", "run": runs})
-        recs.append({"metric": "per-NIC mean", "value": f"{charts.fmt_number(sum(vals) / len(vals))} GB/s "
+        recs.append({"metric": "per-NIC range", "value": f"{fmt_number(min(vals))} – "
+                     f"{fmt_number(max(vals))} GB/s", "run": runs})
+        recs.append({"metric": "per-NIC mean", "value": f"{fmt_number(sum(vals) / len(vals))} GB/s "
                      f"over {len(vals)} figure(s)", "run": runs})
     return [("", recs)] if recs else []
 
@@ -364,7 +354,7 @@ def _cell(r) -> str:
         return "—"
     if r["status"] != "ok" or pd.isna(r["value"]):
         return str(r["status"]).replace("_", " ")
-    return charts.fmt_number(r["value"])
+    return fmt_number(r["value"])
 
 
 def _sweep_value(g: pd.DataFrame, metric: str):
@@ -385,7 +375,7 @@ def _msgsize_tables(sub):
     out = []
     full = []
     for (q, size), g in sub.groupby(["qps", "size_bytes"], dropna=False, sort=True):
-        rec = {"QPs": charts.fmt_number(q), "msg_size": charts.fmt_size(size)}
+        rec = {"QPs": fmt_number(q), "msg_size": fmt_size(size)}
         for metric, (col, _) in SWEEP_COLUMNS.items():
             rec[col] = _cell(_sweep_value(g, metric))
         rec["run"] = ", ".join(dict.fromkeys(g["run_id"]))
@@ -404,8 +394,8 @@ def _msgsize_tables(sub):
             if a.empty or b.empty:
                 continue
             va, vb = (convert(float(x.iloc[0]["value"]), str(x.iloc[0]["unit"]), "Gbit/s") for x in (a, b))
-            cmp.append({"msg_size": charts.fmt_size(size), f"QP{lo} (Gb/s)": charts.fmt_number(va),
-                        f"QP{hi} (Gb/s)": charts.fmt_number(vb),
+            cmp.append({"msg_size": fmt_size(size), f"QP{lo} (Gb/s)": fmt_number(va),
+                        f"QP{hi} (Gb/s)": fmt_number(vb),
                         f"QP{lo} vs QP{hi}": f"{100 * (va - vb) / vb:+.1f}%" if vb else "—"})
         if cmp:
             out.append((f"QP{lo} vs QP{hi}", cmp))
@@ -415,8 +405,8 @@ def _msgsize_tables(sub):
 def _engines_tables(sub):
     """Engines side by side: per page size and threads, each engine's GB/s, % of the cell's raw limit,
     p50/p99 where reported, what limited it and whether its bytes were checked."""
-    recs = [{"page": charts.fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
-             "GB/s": charts.fmt_number(r["GB/s"]),
+    recs = [{"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
+             "GB/s": fmt_number(r["GB/s"]),
              "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
              "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
              "run": short_run(r["run"].split(",")[0])} for r in engines.table(sub) if r["engine"] != "raw limit"]
@@ -440,7 +430,7 @@ def compact_tables(scenario: str, sub: pd.DataFrame, limits) -> list[tuple[str, 
     if scenario == "hicache":
         from peercache.lab.analysis import hicache_suite
         return hicache_suite.tables(sub)
-    recs = [{"metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} {r['unit']}",
+    recs = [{"metric": r["metric"], "value": f"{fmt_number(r['value'])} {r['unit']}",
              "run": short_run(r["run_id"])} for _, r in _ok_bw(sub).iterrows()]
     return [("", recs)] if recs else []
 
@@ -463,7 +453,7 @@ def conclusions(rows: pd.DataFrame) -> list[Conclusion]:
         verb = "reaches" if pct <= 100 else "exceeds"
         out.append(Conclusion(
             f"Single NIC: PeerCache ({charts.measurement(r).removeprefix('PeerCache GET ')}) {verb} "
-            f"{pct:.0f}% of raw {lim.label}: {charts.fmt_number(g)} vs {charts.fmt_number(lim.gbs)} GB/s.",
+            f"{pct:.0f}% of raw {lim.label}: {fmt_number(g)} vs {fmt_number(lim.gbs)} GB/s.",
             [r["run_id"], *lim.runs]))
     multi = bw[(bw["scenario"] == "multi_rail") & bw["threads"].notna()]
     for (size, batch), g in multi.groupby(["size_bytes", "batch"], dropna=False, sort=True):
@@ -472,16 +462,16 @@ def conclusions(rows: pd.DataFrame) -> list[Conclusion]:
             continue
         best = max(pts, key=lambda p: p[1])
         last = pts[-1]
-        what = f"{charts.fmt_size(size)} pages, batch {charts.fmt_number(batch)}"
+        what = f"{fmt_size(size)} pages, batch {fmt_number(batch)}"
         if best[0] < last[0] and last[1] < best[1] * (1 - FALLS_BEYOND):
             out.append(Conclusion(
-                f"One process ({what}) peaks at {best[0]} threads ({charts.fmt_number(best[1])} GB/s) and falls "
-                f"beyond: {charts.fmt_number(last[1])} GB/s at {last[0]} threads "
+                f"One process ({what}) peaks at {best[0]} threads ({fmt_number(best[1])} GB/s) and falls "
+                f"beyond: {fmt_number(last[1])} GB/s at {last[0]} threads "
                 f"({100 * (last[1] - best[1]) / best[1]:.0f}%).", [best[2], last[2]]))
         elif best[0] == last[0]:
             out.append(Conclusion(
                 f"One process ({what}) still rises at {last[0]} threads, the most measured: "
-                f"{charts.fmt_number(pts[0][1])} GB/s at {pts[0][0]} → {charts.fmt_number(last[1])} GB/s.",
+                f"{fmt_number(pts[0][1])} GB/s at {pts[0][0]} → {fmt_number(last[1])} GB/s.",
                 [pts[0][2], last[2]]))
     agg = bw[(bw["scenario"] == "whole_machine") & (bw["side"] == "aggregate")]
     for _, r in agg.iterrows():
@@ -502,63 +492,15 @@ def conclusions(rows: pd.DataFrame) -> list[Conclusion]:
             continue
         if spread < NO_SWEET_SPOT:
             out.append(Conclusion(
-                f"Message-size sweep, QP {charts.fmt_number(q)}: no sweet spot; bandwidth spans "
-                f"{charts.fmt_number(lo[0])}–{charts.fmt_number(hi[0])} Gb/s over {len(vals)} sizes, "
+                f"Message-size sweep, QP {fmt_number(q)}: no sweet spot; bandwidth spans "
+                f"{fmt_number(lo[0])}–{fmt_number(hi[0])} Gb/s over {len(vals)} sizes, "
                 f"a spread of {100 * spread:.1f}%.", [hi[2], lo[2]]))
         else:
             out.append(Conclusion(
-                f"Message-size sweep, QP {charts.fmt_number(q)}: peaks at {charts.fmt_size(hi[1])} "
-                f"({charts.fmt_number(hi[0])} Gb/s), {100 * spread:.0f}% above its lowest "
-                f"({charts.fmt_size(lo[1])}, {charts.fmt_number(lo[0])} Gb/s).", [hi[2], lo[2]]))
+                f"Message-size sweep, QP {fmt_number(q)}: peaks at {fmt_size(hi[1])} "
+                f"({fmt_number(hi[0])} Gb/s), {100 * spread:.0f}% above its lowest "
+                f"({fmt_size(lo[1])}, {fmt_number(lo[0])} Gb/s).", [hi[2], lo[2]]))
     return out
-
-
-# --- host + meta, compact -------------------------------------------------------------
-
-def compact_meta(sub: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
-    """The section's host + meta block in three lines: hosts, runs (dates, revision), parameters."""
-    ids = list(dict.fromkeys(sub["run_id"]))
-    mine = runs[runs["run_id"].isin(ids)]
-    lines = []
-    if not mine.empty:
-        hosts = collect.run_field(mine.iloc[0], "hosts")
-        lines.append("hosts: " + " / ".join(_host_line(role, h) for role, h in (hosts or {}).items())
-                     if hosts else "hosts: not recorded")
-        starts = sorted(s for s in mine["start"].dropna())
-        ends = sorted(s for s in mine["end"].dropna())
-        revs = list(dict.fromkeys(r for r in mine["git_revision"].dropna() if r))
-        lines.append(f"{len(ids)} run(s) {ids[0]}" + (f" … {ids[-1]}" if len(ids) > 1 else "")
-                     + (f"; {starts[0]} – {ends[-1]}" if starts and ends else "; dates not recorded")
-                     + f"; revision {', '.join(revs) or 'not recorded'}")
-    params = []
-    for col, label in (("layout", "layout"), ("protocol", "protocol"), ("devices", "devices"),
-                       ("size_bytes", "size"), ("batch", "batch"), ("qps", "QPs/streams"),
-                       ("threads", "threads"), ("processes", "processes")):
-        vals = [v for v in dict.fromkeys(sub[col]) if charts._present(v)]
-        if col == "size_bytes":
-            vals = [charts.fmt_size(v) for v in vals]
-        if vals:
-            params.append(f"{label} {', '.join(str(charts.fmt_number(v)) for v in vals)}")
-    if params:
-        lines.append("parameters: " + "; ".join(params))
-    return lines
-
-
-def _host_line(role: str, h: Any) -> str:
-    if not isinstance(h, dict):
-        return f"{role} {h}"
-    bits = [str(h.get("host") or "?")]
-    if h.get("kernel"):
-        bits.append(f"Linux {h['kernel']}")
-    cpu = h.get("cpu_model") or (h["cpu"].get("model") if isinstance(h.get("cpu"), dict) else h.get("cpu"))
-    if cpu:
-        bits.append(str(cpu) + (f", {h['threads']} CPUs" if h.get("threads") else ""))
-    nics = h.get("nics") or h.get("nic")
-    if isinstance(nics, list):
-        bits.append(f"{len(nics)} RDMA NIC(s)" if nics else "no RDMA NIC")
-    elif isinstance(nics, dict):
-        bits.append(" ".join(str(nics[k]) for k in ("count", "model") if nics.get(k)) + " NICs")
-    return f"{role} " + ", ".join(bits)
 
 
 # --- assembling -----------------------------------------------------------------------
@@ -605,11 +547,11 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
                                 md_code(f"python make_charts.py --testbed {testbed}")))
         table = sub[SECTION_COLUMNS].reset_index(drop=True)
         # One unit per dimension, 4 significant figures (fmt_number); the tidy data keeps the exact value.
-        shown = [charts.display(v, u) for v, u in zip(table["value"], table["unit"])]
+        shown = [display(v, u) for v, u in zip(table["value"], table["unit"])]
         table["value"] = [v for v, _ in shown]
         table["unit"] = [u for _, u in shown]
-        table["size_bytes"] = [charts.fmt_size(n) for n in table["size_bytes"]]
-        sections.append(Section(sc, table, [f for f in figs if f.exists()], charts.meta_block(sub, runs),
+        table["size_bytes"] = [fmt_size(n) for n in table["size_bytes"]]
+        sections.append(Section(sc, table, [f for f in figs if f.exists()], meta_block(sub, runs),
                                 list(dict.fromkeys(sec_notes)), descriptions.get(sc, ""),
                                 compact_tables(sc, sub, limits), captions, compact_meta(sub, runs)))
     cap_dir = resolve(captures_dir) if captures_dir else None
@@ -650,10 +592,10 @@ def appendix_rows(rep: Report) -> tuple[pd.DataFrame, dict[str, int], pd.DataFra
                  unchecked["verdict_reason"].fillna("").value_counts().items()}
     judged = rows[rows["verdict"].fillna("unchecked") != "unchecked"]
     full = rows[["scenario"] + APPENDIX_COLUMNS].copy()
-    shown = [charts.display(v, u) for v, u in zip(full["value"], full["unit"])]
-    full["value"] = [charts.fmt_number(v) for v, _ in shown]
+    shown = [display(v, u) for v, u in zip(full["value"], full["unit"])]
+    full["value"] = [fmt_number(v) for v, _ in shown]
     full["unit"] = [u for _, u in shown]
-    full["size_bytes"] = [charts.fmt_size(n) for n in full["size_bytes"]]
+    full["size_bytes"] = [fmt_size(n) for n in full["size_bytes"]]
     full["verdict"] = [v if v and v != "unchecked" else "" for v in full["verdict"]]
     return full, by_reason, judged
 
@@ -665,7 +607,7 @@ def report_markdown(rep: Report, out_dir=None, baseline: Report | None = None, l
     never as Markdown or HTML. ``links`` are lines of :class:`markup.Markdown` (explore.explore_link); a
     plain str among them is shown as text.
     """
-    table = charts.markdown_table
+    table = markdown_table
     parts = [md("# {}\n", rep.title or rep.testbed)]
     parts += [md("> **Note:** {}\n", n) for n in rep.notes]
     parts.append("## Overview\n")
@@ -713,7 +655,7 @@ def report_markdown(rep: Report, out_dir=None, baseline: Report | None = None, l
                      + "; ".join(md("{} × {}", n, why) for why, n in by_reason.items()) + ".\n")
     if not judged.empty:
         parts.append("Rows with a verdict:\n")
-        parts.append(table([{"run": r["run_id"], "metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} "
+        parts.append(table([{"run": r["run_id"], "metric": r["metric"], "value": f"{fmt_number(r['value'])} "
                              f"{r['unit']}", "verdict": r["verdict"], "why": r.get("verdict_reason") or ""}
                             for _, r in judged.iterrows()]))
     parts.append(f"<details><summary>all {len(full)} rows</summary>\n\n" + table(_table_records(full))
