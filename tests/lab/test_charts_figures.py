@@ -8,6 +8,9 @@ import pytest
 
 from peercache.lab.analysis import charts, collect
 from peercache.lab.analysis.format import display, fmt_number, fmt_size
+from peercache.lab.analysis.scenarios.declare import Chart
+from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR
+from peercache.lab.analysis.scenarios.msgsize_sweep import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"
@@ -85,7 +88,7 @@ def test_markdown_numbers_equal_the_data(tmp_path, tidy_dir):
     assert whole["mlx5_0"]["verdict"] == "unchecked" and whole["mlx5_0"]["line rate (GB/s)"] == "50"
     ctr = {(r["QPs"], r["size"]): r for r in _md_table(d / "msgsize_sweep_counters.md")}
     sw = rows[(rows["scenario"] == "msgsize_sweep") & (rows["qps"] == 4)]
-    for _, r in sw[sw["metric"].isin(list(charts.COUNTERS))].iterrows():
+    for _, r in sw[sw["metric"].isin(list(COUNTERS))].iterrows():
         cell = ctr[("4", fmt_size(r["size_bytes"]))][r["metric"]]
         if r["status"] == "ok":
             assert float(cell) == r["value"]
@@ -174,7 +177,7 @@ def _stamped(tb_dir: Path, testbed: str, refs_path: Path):
     refs = load_references(refs_path)
     rows = charts.judge(rows, runs, refs, testbed)
     for chart in charts.build_charts(rows, runs, refs.get(testbed)):
-        if isinstance(chart, charts.Chart):
+        if isinstance(chart, Chart):
             yield chart.name, charts.finish(chart, testbed)
 
 
@@ -199,13 +202,13 @@ def test_integer_quantities_get_integer_ticks_and_colours_say_raw_or_peercache()
     from matplotlib.colors import to_hex
     rows, runs = collect.load_tidy(FIX / TB)
     rows = charts.judge(rows, runs, {}, TB)
-    built = {c.name: c for c in charts.build_charts(rows, runs, None) if isinstance(c, charts.Chart)}
+    built = {c.name: c for c in charts.build_charts(rows, runs, None) if isinstance(c, Chart)}
     ax = built["multi_rail"].fig.axes[0]
     assert all(float(t).is_integer() for t in ax.get_xticks())        # threads: no 1.5-thread ticks
     single = built["single_nic"].fig.axes[0]
     colours = {to_hex(p.get_facecolor()) for p in single.patches if p.get_height() > 0}
     labels = [t.get_text() for t in single.get_xticklabels()]
-    assert colours == {charts.RAW_COLOR, charts.PEERCACHE_COLOR}
+    assert colours == {RAW_COLOR, PEERCACHE_COLOR}
     assert all(len(line) <= 20 for lab in labels for line in lab.splitlines()), labels   # knobs go in the table
     for c in built.values():
         charts.plt.close(c.fig)
