@@ -3,7 +3,8 @@
 
     python make_charts.py [--testbed NAME ...] [--out DIR] [--format png,svg]
 
-Thin wrapper: the charts live in peercache/lab/charts.py.
+Thin wrapper: the harness is peercache/lab/analysis/charts.py, each scenario's figures are in its module
+under peercache/lab/analysis/scenarios/.
 """
 from __future__ import annotations
 

@@ -41,3 +41,18 @@ def test_a_broken_layer_is_caught(tmp_path):
     r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0 and "peercache.lab.tools.iperf3 -> peercache.lab.analysis" in r.stdout, r.stdout[-2000:]
+
+
+def test_a_scenario_report_reaching_back_into_its_harness_is_caught(tmp_path):
+    # The scenario reports sit below charts and report, which find them through the registry: a scenario
+    # module importing either would be an import cycle, and breaks its contract.
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    work = tmp_path / "copy"
+    shutil.copytree(ROOT / "peercache", work / "peercache", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    bad = work / "peercache" / "lab" / "analysis" / "scenarios" / "gpudirect.py"
+    bad.write_text(bad.read_text() + "\nfrom peercache.lab.analysis import charts  # noqa\n")
+    r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
+    edge = "peercache.lab.analysis.scenarios.gpudirect -> peercache.lab.analysis.charts"
+    assert r.returncode != 0 and edge in r.stdout, r.stdout[-2000:]

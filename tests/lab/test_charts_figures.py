@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 from peercache.lab.analysis import charts, collect
+from peercache.lab.analysis.format import display, fmt_number, fmt_size
+from peercache.lab.analysis.scenarios.declare import Chart
+from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR
+from peercache.lab.analysis.scenarios.msgsize_sweep import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "tidy"
@@ -69,23 +73,23 @@ def test_markdown_numbers_equal_the_data(tmp_path, tidy_dir):
     single = {r["run"]: r for r in _md_table(d / "single_nic.md")}
     for _, r in rows[rows["scenario"] == "single_nic"].iterrows():
         # Shown in GB/s with 4 significant figures; the tidy data keeps the exact value and unit.
-        value, unit = charts.display(r["value"], r["unit"])
-        assert single[r["run_id"]]["value"] == charts.fmt_number(value) and unit == "GB/s"
+        value, unit = display(r["value"], r["unit"])
+        assert single[r["run_id"]]["value"] == fmt_number(value) and unit == "GB/s"
         assert single[r["run_id"]]["unit"] == unit
     raw_gbs = 385.6 / 8  # the fixture's ib_read_bw row in Gbit/s
     assert single["single_nic-peercache_p8_t4-rep0"]["% of raw"] == f"{100 * 45.3 / raw_gbs:.1f}%"
     multi = _md_table(d / "multi_rail.md")
     mr = rows[rows["scenario"] == "multi_rail"]
-    assert sorted(float(r["value"]) for r in multi) == sorted(float(charts.fmt_number(v)) for v in mr["value"])
+    assert sorted(float(r["value"]) for r in multi) == sorted(float(fmt_number(v)) for v in mr["value"])
     assert {(r["page size"], int(r["threads"])) for r in multi} == \
-        {(charts.fmt_size(s), int(t)) for s, t in zip(mr["size_bytes"], mr["threads"])}
+        {(fmt_size(s), int(t)) for s, t in zip(mr["size_bytes"], mr["threads"])}
     whole = {r["NIC / figure"]: r for r in _md_table(d / "whole_machine.md")}
     assert whole["mlx5_1"]["value"] == "52.5" and whole["mlx5_1"]["verdict"] == "above_line_rate"
     assert whole["mlx5_0"]["verdict"] == "unchecked" and whole["mlx5_0"]["line rate (GB/s)"] == "50"
     ctr = {(r["QPs"], r["size"]): r for r in _md_table(d / "msgsize_sweep_counters.md")}
     sw = rows[(rows["scenario"] == "msgsize_sweep") & (rows["qps"] == 4)]
-    for _, r in sw[sw["metric"].isin(list(charts.COUNTERS))].iterrows():
-        cell = ctr[("4", charts.fmt_size(r["size_bytes"]))][r["metric"]]
+    for _, r in sw[sw["metric"].isin(list(COUNTERS))].iterrows():
+        cell = ctr[("4", fmt_size(r["size_bytes"]))][r["metric"]]
         if r["status"] == "ok":
             assert float(cell) == r["value"]
         else:
@@ -173,7 +177,7 @@ def _stamped(tb_dir: Path, testbed: str, refs_path: Path):
     refs = load_references(refs_path)
     rows = charts.judge(rows, runs, refs, testbed)
     for chart in charts.build_charts(rows, runs, refs.get(testbed)):
-        if isinstance(chart, charts.Chart):
+        if isinstance(chart, Chart):
             yield chart.name, charts.finish(chart, testbed)
 
 
@@ -198,13 +202,13 @@ def test_integer_quantities_get_integer_ticks_and_colours_say_raw_or_peercache()
     from matplotlib.colors import to_hex
     rows, runs = collect.load_tidy(FIX / TB)
     rows = charts.judge(rows, runs, {}, TB)
-    built = {c.name: c for c in charts.build_charts(rows, runs, None) if isinstance(c, charts.Chart)}
+    built = {c.name: c for c in charts.build_charts(rows, runs, None) if isinstance(c, Chart)}
     ax = built["multi_rail"].fig.axes[0]
     assert all(float(t).is_integer() for t in ax.get_xticks())        # threads: no 1.5-thread ticks
     single = built["single_nic"].fig.axes[0]
     colours = {to_hex(p.get_facecolor()) for p in single.patches if p.get_height() > 0}
     labels = [t.get_text() for t in single.get_xticklabels()]
-    assert colours == {charts.RAW_COLOR, charts.PEERCACHE_COLOR}
+    assert colours == {RAW_COLOR, PEERCACHE_COLOR}
     assert all(len(line) <= 20 for lab in labels for line in lab.splitlines()), labels   # knobs go in the table
     for c in built.values():
         charts.plt.close(c.fig)

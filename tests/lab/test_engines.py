@@ -295,7 +295,7 @@ def _frame():
 
 
 def test_engines_table_compares_every_engine_of_a_cell_with_the_cells_raw_limit():
-    from peercache.lab.analysis import engines
+    from peercache.lab.analysis.scenarios import engines
     recs = engines.table(_frame())
     by = {(r["page"], r["engine"]): r for r in recs}
     assert by[(131072, "raw limit")]["GB/s"] == pytest.approx(2.0)
@@ -320,14 +320,17 @@ def test_engines_table_compares_every_engine_of_a_cell_with_the_cells_raw_limit(
 
 
 def test_engines_chart_and_report_table_are_drawn_from_the_rows():
-    from peercache.lab.analysis import charts, report
+    from peercache.lab.analysis import report
+    from peercache.lab.analysis.scenarios import engines
+    from peercache.lab.analysis.scenarios.declare import Chart
+    from peercache.lab.analysis.scenarios.draw import plt
     rows = _frame()
-    chart = charts.chart_engines(rows, pd.DataFrame(columns=["run_id"]), None)
-    assert isinstance(chart, charts.Chart) and chart.name == "engines"
+    chart = engines.figure(rows, pd.DataFrame(columns=["run_id"]), None)
+    assert isinstance(chart, Chart) and chart.name == "engines"
     assert {t["engine"] for t in chart.table} == {"PeerCache", "Mooncake TE", "NIXL (UCX)", "PeerCache 0.8.4 (PyPI)",
                                                   "raw limit"}
     assert any("venv .venv-mooncake missing" in n for n in chart.notes)
-    charts.plt.close(chart.fig)
+    plt.close(chart.fig)
     [(title, recs)] = report.compact_tables("engines", rows, {})
     assert {r["engine"] for r in recs} == {"PeerCache", "Mooncake TE", "NIXL (UCX)", "PeerCache 0.8.4 (PyPI)"}
     assert next(r for r in recs if r["engine"] == "Mooncake TE")["% of raw"] == "25%"

@@ -254,9 +254,10 @@ def test_without_evidence_above_a_rule_the_section_says_unknown(tmp_path):
 
 def test_the_figure_has_a_panel_per_op_and_stars_each_peak(tmp_path):
     from peercache.lab.analysis import charts, collect
+    from peercache.lab.analysis.scenarios.declare import Chart
     rows, runs = collect.load_tidy(_collected(tmp_path, busiest=0.3) / "t")
     chart = charts.build_scenario("hicache", rows, runs, None)[0]
-    assert isinstance(chart, charts.Chart), chart
+    assert isinstance(chart, Chart), chart
     axes = chart.fig.axes
     assert [a.get_title() for a in axes] == ["get (batch_get_v1)", "set (batch_set_v1)", "exists (batch_exists)"]
     peaks = [t.get_text() for a in axes for t in a.texts if t.get_text().startswith("PEAK")]

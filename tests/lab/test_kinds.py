@@ -132,11 +132,11 @@ def test_a_grid_override_is_checked_against_the_kind(tmp_path):
 
 
 def test_charts_and_report_read_the_scenarios_from_the_registry():
-    from peercache.lab.analysis import charts, report
+    from peercache.lab.analysis import charts
+    from peercache.lab.analysis.scenarios.declare import GET_SCENARIOS
     assert charts.SCENARIOS == experiments.scenario_names()
-    assert set(charts.BUILDERS) <= set(experiments.scenario_names())
     # GET scenarios: those with a PeerCache kind; the raw-only sweep is not one
-    assert "msgsize_sweep" not in report._GET_SCENARIOS and "single_nic" in report._GET_SCENARIOS
+    assert "msgsize_sweep" not in GET_SCENARIOS and "single_nic" in GET_SCENARIOS
 
 
 def test_skipped_points_keep_their_kind_and_the_skip_row_says_its_tool(tmp_path):

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from peercache.lab.analysis import charts, markup, report
+from peercache.lab.analysis import markup, report
+from peercache.lab.analysis.format import markdown_table
 
 #: Text that is markup in Markdown or HTML, or both.
 VALUES = ["<img src=x onerror=\"alert(1)\"> <script>alert(2)</script>", "a | b", "*bold* _em_ __s__ a__b__c",
@@ -63,7 +64,7 @@ def test_the_reports_folded_blocks_stay_and_any_other_raw_html_is_escaped():
 
 
 def test_a_table_cell_is_text():
-    table = charts.markdown_table([{"a|b": "<img src=x onerror=y>", "n": 1234567.0}])
+    table = markdown_table([{"a|b": "<img src=x onerror=y>", "n": 1234567.0}])
     assert table.splitlines()[0] == "| a\\|b | n |" and "\\<img src=x onerror=y>" in table and "1.235e+06" in table
 
 

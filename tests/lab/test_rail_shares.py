@@ -10,6 +10,8 @@ import yaml
 
 from peercache.lab import tidy
 from peercache.lab.analysis import attribution, charts, collect, report
+from peercache.lab.analysis.format import short_run
+from peercache.lab.analysis.scenarios import multi_rail, whole_machine
 from peercache.lab.analysis.rawlimit import raw_limits
 from peercache.lab.pipeline import experiments, runpoint
 from peercache.lab.tools import promscrape
@@ -125,7 +127,7 @@ def test_the_multi_rail_tables_show_each_rails_share(tmp_path):
     sub = rows[rows["scenario"] == "multi_rail"]
     ((_, recs),) = report.compact_tables("multi_rail", sub, raw_limits(rows))
     assert recs[0]["rail shares of bytes"] == "rxe_b0 91 %, rxe_b1 9 %"
-    chart = charts.chart_multi_rail(sub, pd.DataFrame(), None)
+    chart = multi_rail.figure(sub, pd.DataFrame(), None)
     assert chart.table[0]["rail shares of bytes"] == "rxe_b0 91 %, rxe_b1 9 %"
     assert chart.table[0]["limited by"].startswith("rail imbalance: rxe_b1 carried 9%")
     charts.plt.close(chart.fig)
@@ -147,8 +149,8 @@ def test_the_whole_machine_tables_show_each_rails_share():
     rows = whole_machine_rows()
     ((_, recs),) = report.compact_tables("whole_machine", rows, raw_limits(rows))
     assert {"metric": "rail shares of bytes", "value": "rxe_b0 60 %, rxe_b1 40 %",
-            "run": report.short_run("tb/whole_machine/g/rep0")} in recs
-    chart = charts.chart_whole_machine(rows, pd.DataFrame(), None)
+            "run": short_run("tb/whole_machine/g/rep0")} in recs
+    chart = whole_machine.figure(rows, pd.DataFrame(), None)
     shown = {t["NIC / figure"]: t["rail shares of bytes"] for t in chart.table}
     assert shown == {"rxe_b0": "rxe_b0 60 %", "rxe_b1": "rxe_b1 40 %", "aggregate rxe_b0,rxe_b1": "rxe_b0 60 %, rxe_b1 40 %"}
     charts.plt.close(chart.fig)
@@ -158,7 +160,7 @@ def test_without_rails_the_tables_say_nothing_of_them():
     rows = whole_machine_rows(tcp=True)
     ((_, recs),) = report.compact_tables("whole_machine", rows, raw_limits(rows))
     assert not any("rail" in r["metric"] for r in recs)
-    chart = charts.chart_whole_machine(rows, pd.DataFrame(), None)
+    chart = whole_machine.figure(rows, pd.DataFrame(), None)
     assert all("rail shares of bytes" not in t for t in chart.table)
     charts.plt.close(chart.fig)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from peercache.lab.analysis import charts
+from peercache.lab.analysis.scenarios import REPORTS, single_nic
 from peercache.lab.analysis.collect import rows_frame
 from peercache.lab.analysis.rawlimit import percent_of_raw, raw_for, raw_limits, why_none
 from peercache.lab.launch.runners import WindowBytes, aggregate_window
@@ -118,7 +118,7 @@ def test_a_raw_run_of_another_depth_or_connection_count_is_refused_and_the_row_s
                                        "256 KiB in flight)")
     # the report's single-NIC table and overview: no percentage, and why
     from peercache.lab.analysis import report
-    table = report._single_nic_tables(df, limits)[0][1]
+    table = REPORTS["single_nic"].tables(df, limits)[0][1]
     assert [t["% of raw"] for t in table][-2:] == [f"— ({why_none(df.iloc[i], limits)})" for i in (-2, -1)]
     over = report.overview_table(df)
     pc = over[over["scenario"].str.contains("PeerCache")]
@@ -157,7 +157,7 @@ def test_multi_process_rows_say_reverse_where_it_ran():
     assert row.extra["window"] == 262144            # -w as iperf3 reported it
     assert row.value == agg.rate_Bps and row.unit == "B/s"
     df = rows_frame([row])
-    assert charts.measurement(df.iloc[0]) == "iperf3 -R, 4 conn., 1 MiB, -w 256 KiB"
+    assert single_nic.measurement(df.iloc[0]) == "iperf3 -R, 4 conn., 1 MiB, -w 256 KiB"
     lim = raw_limits(df)[("tcp", 4, 1048576, 262144)]
     assert lim.label.startswith("iperf3 -R, 4 connection(s), 1 MiB requests, 256 KiB in flight")
     assert lim.busiest_thread == 0.97
@@ -165,7 +165,7 @@ def test_multi_process_rows_say_reverse_where_it_ran():
     # a forward capture reads forward
     fwd = kind.processes_row(agg, {"proc0": _result("client_loopback_p1.json")}, {}, ctx)
     assert fwd.extra["reverse"] is False
-    assert not charts.measurement(rows_frame([fwd]).iloc[0]).startswith("iperf3 -R")
+    assert not single_nic.measurement(rows_frame([fwd]).iloc[0]).startswith("iperf3 -R")
 
 
 def test_rows_frame_keeps_the_round_figures():

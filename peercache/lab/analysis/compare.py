@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from peercache.lab.analysis import charts
+from peercache.lab.analysis.format import display, fmt_number, fmt_size, limit_text, markdown_table
 from peercache.lab.analysis.explore import Run
 from peercache.lab.analysis.markup import md
 from peercache.lab.analysis.references import UNITS, convert, row_extra
@@ -101,7 +101,7 @@ def _summarise(run: Run, key: tuple[str, ...]) -> tuple[pd.DataFrame, list[str]]
                     "status": "/".join(sorted(set(g["status"]))),
                     "reason": "; ".join(sorted({str(r) for r in g["reason"].dropna() if r})),
                     "verdict": "/".join(sorted(set(g["verdict"].fillna("unchecked")))),
-                    "limited_by": charts.limit_text(g),
+                    "limited_by": limit_text(g),
                     "run_ids": list(dict.fromkeys(g["run_id"]))})
     return pd.DataFrame(out), notes
 
@@ -182,7 +182,7 @@ def compare_runs(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, match: st
         elif ratio is not None and d == "lower":
             regressed, improved = ratio > 1 + tolerance, ratio < 1 - tolerance
         elif va == 0 and vb is not None and d == "lower" and vb > 0:
-            regressed, why = True, f"0 in A, {charts.fmt_number(vb)} {unit} in B"
+            regressed, why = True, f"0 in A, {fmt_number(vb)} {unit} in B"
         if ratio is not None and (regressed or improved):
             worse = "worse" if regressed else "better"
             why = (f"{worse} by {abs(ratio - 1) * 100:.1f} % (B/A {ratio:.3f}; {d} is better, "
@@ -206,7 +206,7 @@ def _key_text(rec: dict, key: tuple[str, ...]) -> str:
     """A key as people read it: scenario/point, tool, side, devices, then the knobs (sizes in KiB/MiB)."""
     head = "/".join(str(rec[c]) for c in ("scenario", "point") if rec.get(c))
     bits = [head] if head else []
-    fmt = {"size_bytes": lambda v: charts.fmt_size(int(v)), "batch": "batch {}".format, "qps": "q{}".format,
+    fmt = {"size_bytes": lambda v: fmt_size(int(v)), "batch": "batch {}".format, "qps": "q{}".format,
            "threads": "{} thr".format, "processes": "{} proc".format, "devices": lambda v: v if len(v) < 30
            else f"{v.split(',')[0]}..({len(v.split(','))})", "statistic": "({})".format}
     for c in key:
@@ -219,8 +219,8 @@ def _key_text(rec: dict, key: tuple[str, ...]) -> str:
 def _vu(v, unit: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "—"
-    shown, u = charts.display(v, unit)
-    return f"{charts.fmt_number(shown)} {u}"
+    shown, u = display(v, unit)
+    return f"{fmt_number(shown)} {u}"
 
 
 def _ids(ids: list[str]) -> str:
@@ -263,12 +263,12 @@ def comparison_markdown(c: Comparison) -> str:
     # run names, keys and notes are text (markup.md): a tool's reason never becomes markup
     parts = ["# Run comparison\n"] + [md("- {}", l) for l in headline(c)] + [md("- note: {}", n) for n in c.notes]
     parts.append("\n## Regressed beyond the tolerance\n")
-    parts.append(charts.markdown_table(_table(c, c.regressions)) if len(c.regressions) else "_none_\n")
+    parts.append(markdown_table(_table(c, c.regressions)) if len(c.regressions) else "_none_\n")
     parts.append("\n## Verdict changes\n")
-    parts.append(charts.markdown_table(_table(c, c.verdict_changes)) if len(c.verdict_changes) else "_none_\n")
+    parts.append(markdown_table(_table(c, c.verdict_changes)) if len(c.verdict_changes) else "_none_\n")
     order = c.table.assign(_o=(~c.table["regressed"]).astype(int) + (c.table["direction"] == "neutral").astype(int))
     parts.append("\n## Every common point\n")
-    parts.append(charts.markdown_table(_table(c, order.sort_values("_o", kind="stable"))))
+    parts.append(markdown_table(_table(c, order.sort_values("_o", kind="stable"))))
     for label, only in (("only in A", c.only_a), ("only in B", c.only_b)):
         if only:
             shown = "; ".join(f"{_key_text(k, c.key)} {k['metric']}" for k in only[:20])

@@ -28,6 +28,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from peercache.lab.analysis import charts, collect, report  # noqa: E402
+from peercache.lab.analysis.format import (display, fmt_number, fmt_size, limit_text, markdown_table,  # noqa: E402
+                                           why_empty)
+from peercache.lab.analysis.metablock import host_summary  # noqa: E402
+from peercache.lab.analysis.rawlimit import BW_METRICS  # noqa: E402
 from peercache.lab.analysis.markup import Markdown, md, md_code  # noqa: E402
 from peercache.lab.analysis.references import load_references  # noqa: E402
 
@@ -154,7 +158,7 @@ class Run:
             src = collect.run_field(first, "source")
             if src:
                 lines.append(f"source: {src.get('title', '')} ({src.get('file', '')})")
-            lines += charts.host_summary(collect.run_field(first, "hosts"))
+            lines += host_summary(collect.run_field(first, "hosts"))
         return lines
 
 
@@ -203,14 +207,14 @@ class Overview:
 def overview(run: Run) -> Overview:
     """The report's overview table, verdict counts, and each throughput row with verdict and "limited by"."""
     rows = run.rows
-    bw = rows[rows["metric"].isin(charts.BW_METRICS)]
+    bw = rows[rows["metric"].isin(BW_METRICS)]
     recs = []
     for r in bw.to_dict("records"):
-        v, u = charts.display(r["value"], r["unit"]) if r["status"] == "ok" else (None, r["unit"])
+        v, u = display(r["value"], r["unit"]) if r["status"] == "ok" else (None, r["unit"])
         recs.append({"scenario": r["scenario"], "point": r["point"], "metric": r["metric"], "side": r["side"],
-                     "size": charts.fmt_size(r["size_bytes"]), "batch": r["batch"], "qps": r["qps"],
+                     "size": fmt_size(r["size_bytes"]), "batch": r["batch"], "qps": r["qps"],
                      "threads": r["threads"], "processes": r["processes"],
-                     "value": charts.fmt_number(v), "unit": u, "status": r["status"],
+                     "value": fmt_number(v), "unit": u, "status": r["status"],
                      "verdict": r.get("verdict") or "unchecked", "limited by": r.get("limited_by") or "—",
                      "run": r["run_id"]})
     counts = {k: int(v) for k, v in rows["verdict"].value_counts().items()}
@@ -232,11 +236,11 @@ def overview_markdown(ov: Overview) -> str:
     parts = [md("## Run {}\n", ov.run.name), "\n".join(md("- {}", l) for l in ov.run.meta_lines()) + "\n"]
     parts += [md("- note: {}", n) for n in ov.run.notes]
     parts.append("\n### Overview\n")
-    parts.append(charts.markdown_table(records(ov.headline)))
+    parts.append(markdown_table(records(ov.headline)))
     parts.append("Verdicts: " + (", ".join(md("{} {}", k, v) for k, v in sorted(ov.verdict_counts.items())) or "none")
                  + "\n")
     parts.append("\n### Throughput points: verdict and what limited each\n")
-    parts.append(charts.markdown_table(records(ov.points)))
+    parts.append(markdown_table(records(ov.points)))
     return "\n".join(parts)
 
 
@@ -266,7 +270,7 @@ def _axis(ax, col: str, xs) -> None:
         return
     if col == "size_bytes" or xs[-1] / xs[0] >= 8:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [charts.fmt_size(x).replace(" ", "") if col == "size_bytes" else charts.fmt_number(int(x))
+    ax.set_xticks(xs, [fmt_size(x).replace(" ", "") if col == "size_bytes" else fmt_number(int(x))
                        for x in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
     ax.minorticks_off()
     ax.set_xlabel(_KNOB_LABELS.get(col, col) + (" (log)" if ax.get_xscale() == "log" else ""))
@@ -278,7 +282,7 @@ def _series_label(rec: dict, cols: list[str]) -> str:
         v = rec.get(c)
         if v is None or v is pd.NA or v == "" or (isinstance(v, float) and math.isnan(v)):
             continue
-        bits.append(charts.fmt_size(v) if c == "size_bytes" else
+        bits.append(fmt_size(v) if c == "size_bytes" else
                     {"qps": "q{}", "threads": "{} thr", "processes": "{} proc", "batch": "batch {}"}
                     .get(c, "{}").format(v))
     return " ".join(bits) or "all"
@@ -306,10 +310,10 @@ def plot_metric(run: Run, metric: str, knob: str, facet: str | None = "protocol"
         sub = sub[sub[k].astype(str) == str(v)]
     ok = sub[(sub["status"] == "ok") & sub["value"].notna() & sub[col].notna()]
     if ok.empty:
-        why = charts._why_empty(sub, f"{metric}") if not sub.empty else f"no {metric} rows match {where}"
+        why = why_empty(sub, f"{metric}") if not sub.empty else f"no {metric} rows match {where}"
         raise ValueError(f"run {run.name}: nothing to plot for {metric} against {knob}: {why}; "
                          f"with a value for {col} in {len(sub[sub[col].notna()])} of {len(sub)} rows")
-    shown = [charts.display(v, u) for v, u in zip(ok["value"], ok["unit"])]
+    shown = [display(v, u) for v, u in zip(ok["value"], ok["unit"])]
     ok = ok.assign(shown=[v for v, _ in shown], shown_unit=[u for _, u in shown])
     units = sorted(set(ok["shown_unit"]))
     if len(units) > 1:
@@ -348,7 +352,7 @@ def plot_metric(run: Run, metric: str, knob: str, facet: str | None = "protocol"
                               "value": float(vals.median()), "unit": unit, "n": len(vals),
                               "min": float(vals.min()), "max": float(vals.max()),
                               "verdicts": "/".join(sorted(set(gx["verdict"].fillna("unchecked")))),
-                              "limited by": charts.limit_text(gx),
+                              "limited by": limit_text(gx),
                               "runs": ", ".join(dict.fromkeys(gx["run_id"]))})
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         _axis(ax, col, part[col])
@@ -450,9 +454,9 @@ def latency_figure(reads: Reads):
         ax.hist(lat, bins=min(50, max(5, len(lat) // 4)), color="tab:blue", alpha=0.8)
         for p, style in ((50, "--"), (99, ":")):
             v = float(np.percentile(lat, p))
-            ax.axvline(v, color="k", linestyle=style, label=f"p{p} {charts.fmt_number(v)} us")
+            ax.axvline(v, color="k", linestyle=style, label=f"p{p} {fmt_number(v)} us")
         ax.legend(fontsize=8)
-    ax.set_xlabel(f"latency of one get_batch of {reads.batch} x {charts.fmt_size(reads.page_size)} (us)")
+    ax.set_xlabel(f"latency of one get_batch of {reads.batch} x {fmt_size(reads.page_size)} (us)")
     ax.set_ylabel("batches")
     ax.set_title(f"ad-hoc reads from serve {reads.addr} ({reads.protocol}), {len(lat)} batches", fontsize=10)
     fig.tight_layout()
@@ -480,9 +484,9 @@ def reads_markdown(reads: Reads) -> str:
     s = reads.summary()
     first = (f"`get({reads.first_key!r})` returned {reads.first_len} B" if reads.first_len is not None
              else f"`get({reads.first_key!r})` was a miss (is serve's working set published under these keys?)")
-    rows = [{"quantity": k, "value": charts.fmt_number(v) if not isinstance(v, str) else v}
+    rows = [{"quantity": k, "value": fmt_number(v) if not isinstance(v, str) else v}
             for k, v in s.items()]
-    return (f"### Ad-hoc reads from serve {reads.addr}\n\n{first}\n\n" + charts.markdown_table(rows)
+    return (f"### Ad-hoc reads from serve {reads.addr}\n\n{first}\n\n" + markdown_table(rows)
             + f"\nTimed {s['batches']} batches of {reads.batch} pages (stopped by {reads.stopped_by}); "
             "units in the names (_us microseconds, _B bytes, _s seconds, GB_per_s 1e9 bytes per second of "
             "time inside get_batch).")

@@ -6,7 +6,7 @@ NIC's firmware), a tool (a failed point's stderr) or a log is text, never markup
 and run nowhere; a reason with a ``|`` must stay in its table cell, a ``*`` or a backtick must show.
 
 - :func:`md_text` escapes a value for Markdown; every value goes through it on its way into a document
-  (:func:`peercache.lab.analysis.charts.markdown_table` calls it for every cell).
+  (:func:`peercache.lab.analysis.format.markdown_table` calls it for every cell).
 - What the lab composes as Markdown itself (a link, a code span, bold around an escaped value) is a
   :class:`Markdown`, made with :func:`md`, :func:`md_code` or :func:`md_code_block`; md_text leaves it
   as it is. Any str operation on a Markdown returns a plain str, which md_text escapes again: mixing

@@ -24,21 +24,20 @@ from urllib.parse import quote, unquote
 import pandas as pd
 
 from peercache import atomic
-from peercache.lab.analysis import charts, collect, engines, environment
+from peercache.lab.analysis import charts, collect, environment
+from peercache.lab.analysis.format import display, fmt_number, fmt_size, markdown_table, short_run
 from peercache.lab.analysis.markup import markdown_html, md, md_code, md_code_block, md_text
-from peercache.lab.analysis.rawlimit import RAW_TOOLS, raw_for, raw_limits, why_none
-from peercache.lab.analysis.references import convert, load_references, row_extra
+from peercache.lab.analysis.metablock import compact_meta, meta_block
+from peercache.lab.analysis.rawlimit import BW_METRICS, raw_limits
+from peercache.lab.analysis.references import load_references
+from peercache.lab.analysis.scenarios import report_of
+from peercache.lab.analysis.scenarios.declare import OVERVIEW_COLUMNS, Chart, Conclusion, NotDrawn, Table
+from peercache.lab.analysis.scenarios.draw import plt
 from peercache.lab.pipeline import experiments
 
 #: Columns of a scenario's full table (the appendix and the CSV keep every row).
 SECTION_COLUMNS = ["run_id", "metric", "side", "devices", "size_bytes", "batch", "qps", "threads",
                    "processes", "value", "unit", "status", "reason", "verdict", "verdict_reason", "limited_by"]
-#: The overview's columns, as the published document has them.
-OVERVIEW_COLUMNS = ["scenario", "GET throughput", "% of single-NIC raw limit", "limited by", "notes", "run"]
-#: A multi-rail series "falls beyond" its peak when its last point is this fraction below the peak.
-FALLS_BEYOND = 0.05
-#: A message-size sweep has "no sweet spot" when its bandwidth spread (max - min) / max is below this.
-NO_SWEET_SPOT = 0.10
 #: The file names written beside each other under reports/<testbed>/.
 REPORT_MD, REPORT_HTML, ROWS_CSV = "report.md", "report.html", "report-rows.csv"
 
@@ -57,14 +56,6 @@ def resolve(path: str | Path | None) -> Path | None:
 
 
 @dataclass
-class Conclusion:
-    """One key conclusion and the runs it rests on."""
-
-    text: str
-    runs: list[str]
-
-
-@dataclass
 class Section:
     """One scenario of the report."""
 
@@ -74,7 +65,7 @@ class Section:
     meta: list[str]                             #: the full host + meta block, one line per run
     notes: list[str] = field(default_factory=list)
     description: str = ""
-    tables: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)  #: (caption, compact records)
+    tables: list[Table] = field(default_factory=list)    #: (caption, compact records)
     captions: list[str] = field(default_factory=list)     #: what limited the figure's values, unverified...
     compact_meta: list[str] = field(default_factory=list)
 
@@ -96,144 +87,18 @@ class Report:
     title: str = ""
 
 
-#: Scenarios whose figures are PeerCache GETs (their kinds say so; see pipeline/kinds.py).
-_GET_SCENARIOS = experiments.get_scenarios()
-
-
-def _gbs(r) -> float | None:
-    try:
-        return convert(float(r["value"]), str(r["unit"]), "GB/s")
-    except (TypeError, ValueError):
-        return None
-
-
-def throughput_text(gbs: float) -> str:
-    """A throughput as the published table shows it: GB/s, then Gb/s in brackets."""
-    gbit = gbs * 8
-    nb = "\u00a0"     # a number and its unit stay on one line
-    bits = charts.fmt_number(gbit / 1000) + nb + "Tb/s" if gbit >= 1000 else charts.fmt_number(gbit) + nb + "Gb/s"
-    return f"{charts.fmt_number(gbs)}{nb}GB/s ({bits})"
-
-
-def short_run(run_id: str) -> str:
-    """A run id as cited in tables (the full id; the tables wrap it)."""
-    return str(run_id)
-
-
 def overview_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Scenario, GET throughput (GB/s and Gb/s), % of the single-NIC raw limit, limited by, notes, run."""
+    """Scenario, GET throughput (GB/s and Gb/s), % of the single-NIC raw limit, limited by, notes, run: each
+    scenario's rows of it from its report (:mod:`.scenarios`), in the scenario file's order."""
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    bw = ok[ok["metric"].isin(charts.BW_METRICS)]
+    bw = ok[ok["metric"].isin(BW_METRICS)]
     limits = raw_limits(bw)
     out: list[dict[str, Any]] = []
-
-    def add(scenario, label, r, note=""):
-        g = _gbs(r)
-        is_raw = r["tool"] in RAW_TOOLS
-        comparable = scenario in _GET_SCENARIOS and not is_raw
-        notes = [n for n in (note, row_extra(r).get("note")) if n]
-        frac = "—"
-        if is_raw and scenario == "single_nic":
-            frac = "100% (the raw limit)"
-        elif comparable and g is not None:
-            lim = raw_for(r, limits)
-            if lim is None:
-                notes.append("no % of raw: " + why_none(r, limits))
-            elif lim.gbs:
-                pct = 100.0 * g / lim.gbs
-                of = "" if lim.label == lim.tool or " x " not in lim.label else f" of {lim.label}"
-                frac = f"{pct:.0f}%{of}" + (" (above raw)" if pct > 100 else "")
-        elif not comparable:
-            notes.append(f"{r['tool']} {r['metric']}, not a GET")
-        if r["metric"] == "get_throughput" and row_extra(r).get("verified") is False:
-            notes.append("unverified: page contents not checked (drive --no-verify)")
-        if r.get("verdict") not in (None, "ok", "unchecked"):
-            notes.append(f"verdict {r['verdict']}")
-        out.append({"scenario": f"{scenario}: {label}",
-                    "GET throughput": throughput_text(g) if g is not None
-                    else f"{charts.fmt_number(r['value'])} {r['unit']}",
-                    "% of single-NIC raw limit": frac, "limited by": r.get("limited_by") or "—",
-                    "notes": "; ".join(notes), "run": short_run(r["run_id"])})
-
-    scenarios = list(dict.fromkeys(list(charts.SCENARIOS) + list(rows["scenario"])))
-    from peercache.lab.analysis import hicache_suite
-    for sc in scenarios:
-        s_all = rows[rows["scenario"] == sc]
-        if s_all.empty:
-            continue
-        suite_peaks = hicache_suite.peaks(s_all)
-        if suite_peaks:
-            # the HiCache suite: each layout's get PEAK (a GET through batch_get_v1), its set and exists PEAKs beside
-            for pk in (p for p in suite_peaks if p["op"] == "get"):
-                others = [f"{p['op']} PEAK {hicache_suite.rate_text(p['pages/s'])} pages/s"
-                          + (f" ({charts.fmt_number(p['GB/s'])} GB/s)" if p["GB/s"] is not None else "")
-                          + f" at {p['threads']} thr" for p in suite_peaks if p["run"] == pk["run"] and p["op"] != "get"]
-                out.append({"scenario": f"{sc}: {pk['layout']} get PEAK (batch_get_v1, {pk['threads']} thr)",
-                            "GET throughput": throughput_text(pk["GB/s"]), "% of single-NIC raw limit": "—",
-                            "limited by": pk["limited by"],
-                            "notes": "; ".join([f"{hicache_suite.rate_text(pk['pages/s'])} pages/s", *others]),
-                            "run": short_run(pk["run"])})
-            continue
-        s = bw[bw["scenario"] == sc]
-        if s.empty:
-            reasons = sorted({f"{st}: {rs}" for st, rs in zip(s_all["status"], s_all["reason"].fillna(""))
-                              if st != "ok"})
-            out.append({"scenario": sc, "GET throughput": "—", "% of single-NIC raw limit": "—",
-                        "limited by": "—", "notes": "; ".join(reasons) or "no bandwidth metric in this scenario",
-                        "run": ", ".join(dict.fromkeys(s_all["run_id"]))})
-            continue
-        if sc == "single_nic":
-            # the raw rows a PeerCache row is compared with (all of them where there is no PeerCache row);
-            # the section lists every raw run
-            peer = s[~s["tool"].isin(RAW_TOOLS)]
-            cited = {run for _, r in peer.iterrows() for run in (getattr(raw_for(r, limits), "runs", ()) or ())}
-            for _, r in s.iterrows():
-                if r["tool"] in RAW_TOOLS and not peer.empty and r["run_id"] not in cited:
-                    continue
-                add(sc, charts.measurement(r), r)
-        elif sc == "whole_machine":
-            for _, r in s[s["side"] == "aggregate"].iterrows():
-                per = s[s["side"] == "per_device"]
-                note = ""
-                if not per.empty:
-                    vals = [_gbs(v) for _, v in per.iterrows()]
-                    note = f"per NIC {charts.fmt_number(min(vals))}–{charts.fmt_number(max(vals))} GB/s"
-                add(sc, f"aggregate over {charts_nics(r)} NICs", r, note)
-        elif sc == "gpudirect":
-            for _, r in s.iterrows():
-                add(sc, f"destination {row_extra(r).get('destination', '?')}", r)
-        elif sc == engines.SCENARIO:
-            out += engines_overview(rows)
-        else:
-            # Headline = the best point of the scenario; the section has them all.
-            r = s.loc[s.apply(_gbs, axis=1).idxmax()]
-            add(sc, "best point " + charts._label(r, ["size_bytes", "batch", "qps", "threads", "processes"]), r)
+    for sc in dict.fromkeys(list(charts.SCENARIOS) + list(rows["scenario"])):
+        sub = rows[rows["scenario"] == sc]
+        if not sub.empty:
+            out += report_of(sc).overview(sc, sub, rows, bw, limits)
     return pd.DataFrame(out, columns=OVERVIEW_COLUMNS)
-
-
-def engines_overview(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    """The engines scenario's overview rows, from all ``rows`` (a cell's raw limit may come from
-    single_nic): each engine's best cell, with its % of raw and whether its bytes were checked (the raw
-    runs themselves are in the section's table)."""
-    recs = [r for r in engines.table(rows) if r["engine"] != "raw limit"]
-    out = []
-    for name in dict.fromkeys(r["engine"] for r in recs):
-        best = max((r for r in recs if r["engine"] == name), key=lambda r: r["GB/s"])
-        pct = best["% of raw"]
-        out.append({"scenario": f"{engines.SCENARIO}: {name}, best cell {charts.fmt_size(best['page'])} "
-                                f"{best['threads']} thr",
-                    "GET throughput": throughput_text(best["GB/s"]),
-                    "% of single-NIC raw limit": "—" if pct is None else
-                    f"{pct:.0f}% of {best['raw limit']}" + (" (above raw)" if pct > 100 else ""),
-                    "limited by": best["limited by"], "notes": best["verification"],
-                    "run": short_run(best["run"])})
-    return out
-
-
-def charts_nics(r) -> int:
-    """How many NICs an aggregate row spans."""
-    from peercache.lab.analysis.rawlimit import nics_of
-    return nics_of(r)
 
 
 def guest_caveats(runs: pd.DataFrame) -> list[str]:
@@ -278,287 +143,22 @@ def numa_flags(runs: pd.DataFrame, run_ids) -> list[str]:
     return out
 
 
-def collect_devices(r: pd.Series) -> list[str]:
-    """Device names of a row."""
-    return [d for d in str(r.get("devices") or "").split(",") if d]
+# --- each scenario's tables and conclusions, from its report ---------------------------
 
+def compact_tables(scenario: str, sub: pd.DataFrame, limits) -> list[Table]:
+    """A scenario's compact table(s), as the published document has them (its report's, :mod:`.scenarios`)."""
+    return report_of(scenario).tables(sub, limits)
 
-# --- compact tables per scenario ------------------------------------------------
-
-def _ok_bw(sub: pd.DataFrame) -> pd.DataFrame:
-    return sub[(sub["status"] == "ok") & sub["value"].notna() & sub["metric"].isin(charts.BW_METRICS)]
-
-
-def _single_nic_tables(sub, limits):
-    recs = []
-    for _, r in _ok_bw(sub).iterrows():
-        lim = None if r["tool"] in RAW_TOOLS else raw_for(r, limits)
-        g = _gbs(r)
-        recs.append({"measurement": charts.measurement(r), "GET throughput": throughput_text(g),
-                     "% of raw": "raw limit" if r["tool"] in RAW_TOOLS else (
-                         f"{100 * g / lim.gbs:.0f}% of {lim.label}" if lim and lim.gbs else f"— ({why_none(r, limits)})"),
-                     "run": short_run(r["run_id"])})
-    return [("", recs)] if recs else []
-
-
-def _multi_rail_tables(sub):
-    ok = _ok_bw(sub)
-    ok = ok[ok["threads"].notna()]
-    recs = []
-    for (size, batch), g in ok.groupby(["size_bytes", "batch"], dropna=False, sort=True):
-        vals = [(int(t), _gbs(r), r["run_id"]) for t, r in ((r["threads"], r) for _, r in g.iterrows())]
-        best = max(vals, key=lambda v: v[1])
-        shares = charts.rail_shares_text(sub, [best[2]], best[0])
-        recs.append({"page size": charts.fmt_size(size), "batch": charts.fmt_number(batch),
-                     "peak": f"{charts.fmt_number(best[1])} GB/s",
-                     "best threads": f"{best[0]} (of {', '.join(str(v[0]) for v in sorted(vals))})",
-                     # each rail's share of the peak's bytes (rdma with metrics scrapes; no column without rails)
-                     **({"rail shares of bytes": shares} if shares else {}),
-                     "run": short_run(best[2])})
-    return [("", recs)] if recs else []
-
-
-def _whole_machine_tables(sub):
-    ok = _ok_bw(sub)
-    agg, per = ok[ok["side"] == "aggregate"], ok[ok["side"] == "per_device"]
-    recs = []
-    for _, r in agg.iterrows():
-        recs.append({"metric": "aggregate GET", "value": throughput_text(_gbs(r)), "run": short_run(r["run_id"])})
-        ex = row_extra(r)
-        conf = [f"{charts_nics(r)} NICs"]
-        if ex.get("readers_per_nic") or r.get("processes"):
-            conf.append(f"{charts.fmt_number(ex.get('readers_per_nic') or r.get('processes'))} process(es) per NIC")
-        if pd.notna(r.get("threads")):
-            conf.append(f"{charts.fmt_number(r['threads'])} thread(s) each")
-        if pd.notna(r.get("size_bytes")):
-            conf.append(f"{charts.fmt_size(r['size_bytes'])} pages")
-        recs.append({"metric": "configuration", "value": ", ".join(conf), "run": short_run(r["run_id"])})
-        shares = charts.rail_shares_text(sub, [r["run_id"]])
-        if shares:    # the metrics scrapes' rails (one per group); nothing where there are none (tcp)
-            recs.append({"metric": "rail shares of bytes", "value": shares, "run": short_run(r["run_id"])})
-    if not per.empty:
-        vals = [_gbs(r) for _, r in per.iterrows()]
-        runs = ", ".join(dict.fromkeys(per["run_id"]))
-        recs.append({"metric": "per-NIC range", "value": f"{charts.fmt_number(min(vals))} – "
-                     f"{charts.fmt_number(max(vals))} GB/s", "run": runs})
-        recs.append({"metric": "per-NIC mean", "value": f"{charts.fmt_number(sum(vals) / len(vals))} GB/s "
-                     f"over {len(vals)} figure(s)", "run": runs})
-    return [("", recs)] if recs else []
-
-
-def _gpudirect_tables(sub):
-    recs = [{"destination": row_extra(r).get("destination") or "not recorded",
-             "GET throughput": throughput_text(_gbs(r)), "run": short_run(r["run_id"])}
-            for _, r in _ok_bw(sub).iterrows()]
-    return [("", recs)] if recs else []
-
-
-#: The sweep's columns as the published table names them: metric -> (column, unit to show, digits).
-SWEEP_COLUMNS = {"bw": ("BW (Gb/s)", "Gbit/s"), "msg_rate": ("MsgRate (Mpps)", "Mpps"), "ipc": ("IPC", None),
-                 "l1_dcache_load_misses": ("L1 miss (count)", None), "llc_load_misses": ("LLC miss (count)", None),
-                 "context_switches": ("ctx switches (count)", None), "cpu_migrations": ("cpu migrations (count)", None)}
-
-
-def _cell(r) -> str:
-    if r is None:
-        return "—"
-    if r["status"] != "ok" or pd.isna(r["value"]):
-        return str(r["status"]).replace("_", " ")
-    return charts.fmt_number(r["value"])
-
-
-def _sweep_value(g: pd.DataFrame, metric: str):
-    m = g[g["metric"] == metric]
-    if m.empty:
-        return None
-    r = m.iloc[0].copy()
-    want = SWEEP_COLUMNS[metric][1]
-    if want and r["status"] == "ok" and pd.notna(r["value"]):
-        try:
-            r["value"] = convert(float(r["value"]), str(r["unit"]), want)
-        except ValueError:
-            pass
-    return r
-
-
-def _msgsize_tables(sub):
-    out = []
-    full = []
-    for (q, size), g in sub.groupby(["qps", "size_bytes"], dropna=False, sort=True):
-        rec = {"QPs": charts.fmt_number(q), "msg_size": charts.fmt_size(size)}
-        for metric, (col, _) in SWEEP_COLUMNS.items():
-            rec[col] = _cell(_sweep_value(g, metric))
-        rec["run"] = ", ".join(dict.fromkeys(g["run_id"]))
-        full.append(rec)
-    present = [c for c, _ in SWEEP_COLUMNS.values() if any(r[c] != "—" for r in full)]
-    full = [{k: v for k, v in r.items() if k in ("QPs", "msg_size", "run") or k in present} for r in full]
-    if full:
-        out.append(("every point", full))
-    bw = sub[(sub["metric"] == "bw") & (sub["status"] == "ok") & sub["value"].notna()]
-    qps = sorted({int(q) for q in bw["qps"].dropna()})
-    if len(qps) >= 2:
-        lo, hi = qps[0], qps[-1]
-        cmp = []
-        for size, g in bw.groupby("size_bytes", sort=True):
-            a, b = g[g["qps"] == lo], g[g["qps"] == hi]
-            if a.empty or b.empty:
-                continue
-            va, vb = (convert(float(x.iloc[0]["value"]), str(x.iloc[0]["unit"]), "Gbit/s") for x in (a, b))
-            cmp.append({"msg_size": charts.fmt_size(size), f"QP{lo} (Gb/s)": charts.fmt_number(va),
-                        f"QP{hi} (Gb/s)": charts.fmt_number(vb),
-                        f"QP{lo} vs QP{hi}": f"{100 * (va - vb) / vb:+.1f}%" if vb else "—"})
-        if cmp:
-            out.append((f"QP{lo} vs QP{hi}", cmp))
-    return out
-
-
-def _engines_tables(sub):
-    """Engines side by side: per page size and threads, each engine's GB/s, % of the cell's raw limit,
-    p50/p99 where reported, what limited it and whether its bytes were checked."""
-    recs = [{"page": charts.fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
-             "GB/s": charts.fmt_number(r["GB/s"]),
-             "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
-             "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
-             "run": short_run(r["run"].split(",")[0])} for r in engines.table(sub) if r["engine"] != "raw limit"]
-    return [("", recs)] if recs else []
-
-
-def compact_tables(scenario: str, sub: pd.DataFrame, limits) -> list[tuple[str, list[dict[str, Any]]]]:
-    """A scenario's compact table(s), as the published document has them."""
-    if scenario == "single_nic":
-        return _single_nic_tables(sub, limits)
-    if scenario == "multi_rail":
-        return _multi_rail_tables(sub)
-    if scenario == "whole_machine":
-        return _whole_machine_tables(sub)
-    if scenario == "gpudirect":
-        return _gpudirect_tables(sub)
-    if scenario == "msgsize_sweep":
-        return _msgsize_tables(sub)
-    if scenario == "engines":
-        return _engines_tables(sub)
-    if scenario == "hicache":
-        from peercache.lab.analysis import hicache_suite
-        return hicache_suite.tables(sub)
-    recs = [{"metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} {r['unit']}",
-             "run": short_run(r["run_id"])} for _, r in _ok_bw(sub).iterrows()]
-    return [("", recs)] if recs else []
-
-
-# --- key conclusions --------------------------------------------------------------
 
 def conclusions(rows: pd.DataFrame) -> list[Conclusion]:
-    """Key conclusions the rows support, each with the runs it rests on; nothing where the data is silent."""
-    out: list[Conclusion] = []
+    """Key conclusions the rows support, each with the runs it rests on; nothing where the data is silent
+    (each scenario's report's, in the scenario file's order)."""
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    bw = ok[ok["metric"].isin(charts.BW_METRICS)]
-    limits = raw_limits(bw)
-    single = bw[(bw["scenario"] == "single_nic") & ~bw["tool"].isin(RAW_TOOLS)]
-    for _, r in single.iterrows():
-        lim = raw_for(r, limits)
-        if lim is None or not lim.gbs:
-            continue
-        g = _gbs(r)
-        pct = 100 * g / lim.gbs
-        verb = "reaches" if pct <= 100 else "exceeds"
-        out.append(Conclusion(
-            f"Single NIC: PeerCache ({charts.measurement(r).removeprefix('PeerCache GET ')}) {verb} "
-            f"{pct:.0f}% of raw {lim.label}: {charts.fmt_number(g)} vs {charts.fmt_number(lim.gbs)} GB/s.",
-            [r["run_id"], *lim.runs]))
-    multi = bw[(bw["scenario"] == "multi_rail") & bw["threads"].notna()]
-    for (size, batch), g in multi.groupby(["size_bytes", "batch"], dropna=False, sort=True):
-        pts = sorted(((int(r["threads"]), _gbs(r), r["run_id"]) for _, r in g.iterrows()))
-        if len(pts) < 3:
-            continue
-        best = max(pts, key=lambda p: p[1])
-        last = pts[-1]
-        what = f"{charts.fmt_size(size)} pages, batch {charts.fmt_number(batch)}"
-        if best[0] < last[0] and last[1] < best[1] * (1 - FALLS_BEYOND):
-            out.append(Conclusion(
-                f"One process ({what}) peaks at {best[0]} threads ({charts.fmt_number(best[1])} GB/s) and falls "
-                f"beyond: {charts.fmt_number(last[1])} GB/s at {last[0]} threads "
-                f"({100 * (last[1] - best[1]) / best[1]:.0f}%).", [best[2], last[2]]))
-        elif best[0] == last[0]:
-            out.append(Conclusion(
-                f"One process ({what}) still rises at {last[0]} threads, the most measured: "
-                f"{charts.fmt_number(pts[0][1])} GB/s at {pts[0][0]} → {charts.fmt_number(last[1])} GB/s.",
-                [pts[0][2], last[2]]))
-    agg = bw[(bw["scenario"] == "whole_machine") & (bw["side"] == "aggregate")]
-    for _, r in agg.iterrows():
-        lb = r.get("limited_by")
-        if not lb or str(lb).startswith("unknown"):
-            continue
-        out.append(Conclusion(f"Whole machine: the aggregate over {charts_nics(r)} NICs, "
-                              f"{throughput_text(_gbs(r))}, is limited by {lb}.", [r["run_id"]]))
-    sweep = ok[(ok["scenario"] == "msgsize_sweep") & (ok["metric"] == "bw")]
-    for q, g in sweep.groupby("qps", sort=True):
-        if len(g) < 3:
-            continue
-        vals = [(convert(float(r["value"]), str(r["unit"]), "Gbit/s"), r["size_bytes"], r["run_id"])
-                for _, r in g.iterrows()]
-        hi, lo = max(vals), min(vals)
-        spread = (hi[0] - lo[0]) / hi[0] if hi[0] else None
-        if spread is None:
-            continue
-        if spread < NO_SWEET_SPOT:
-            out.append(Conclusion(
-                f"Message-size sweep, QP {charts.fmt_number(q)}: no sweet spot; bandwidth spans "
-                f"{charts.fmt_number(lo[0])}–{charts.fmt_number(hi[0])} Gb/s over {len(vals)} sizes, "
-                f"a spread of {100 * spread:.1f}%.", [hi[2], lo[2]]))
-        else:
-            out.append(Conclusion(
-                f"Message-size sweep, QP {charts.fmt_number(q)}: peaks at {charts.fmt_size(hi[1])} "
-                f"({charts.fmt_number(hi[0])} Gb/s), {100 * spread:.0f}% above its lowest "
-                f"({charts.fmt_size(lo[1])}, {charts.fmt_number(lo[0])} Gb/s).", [hi[2], lo[2]]))
+    limits = raw_limits(ok[ok["metric"].isin(BW_METRICS)])
+    out: list[Conclusion] = []
+    for sc in dict.fromkeys(list(charts.SCENARIOS) + sorted(set(rows["scenario"]))):
+        out += report_of(sc).conclusions(rows[rows["scenario"] == sc], limits)
     return out
-
-
-# --- host + meta, compact -------------------------------------------------------------
-
-def compact_meta(sub: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
-    """The section's host + meta block in three lines: hosts, runs (dates, revision), parameters."""
-    ids = list(dict.fromkeys(sub["run_id"]))
-    mine = runs[runs["run_id"].isin(ids)]
-    lines = []
-    if not mine.empty:
-        hosts = collect.run_field(mine.iloc[0], "hosts")
-        lines.append("hosts: " + " / ".join(_host_line(role, h) for role, h in (hosts or {}).items())
-                     if hosts else "hosts: not recorded")
-        starts = sorted(s for s in mine["start"].dropna())
-        ends = sorted(s for s in mine["end"].dropna())
-        revs = list(dict.fromkeys(r for r in mine["git_revision"].dropna() if r))
-        lines.append(f"{len(ids)} run(s) {ids[0]}" + (f" … {ids[-1]}" if len(ids) > 1 else "")
-                     + (f"; {starts[0]} – {ends[-1]}" if starts and ends else "; dates not recorded")
-                     + f"; revision {', '.join(revs) or 'not recorded'}")
-    params = []
-    for col, label in (("layout", "layout"), ("protocol", "protocol"), ("devices", "devices"),
-                       ("size_bytes", "size"), ("batch", "batch"), ("qps", "QPs/streams"),
-                       ("threads", "threads"), ("processes", "processes")):
-        vals = [v for v in dict.fromkeys(sub[col]) if charts._present(v)]
-        if col == "size_bytes":
-            vals = [charts.fmt_size(v) for v in vals]
-        if vals:
-            params.append(f"{label} {', '.join(str(charts.fmt_number(v)) for v in vals)}")
-    if params:
-        lines.append("parameters: " + "; ".join(params))
-    return lines
-
-
-def _host_line(role: str, h: Any) -> str:
-    if not isinstance(h, dict):
-        return f"{role} {h}"
-    bits = [str(h.get("host") or "?")]
-    if h.get("kernel"):
-        bits.append(f"Linux {h['kernel']}")
-    cpu = h.get("cpu_model") or (h["cpu"].get("model") if isinstance(h.get("cpu"), dict) else h.get("cpu"))
-    if cpu:
-        bits.append(str(cpu) + (f", {h['threads']} CPUs" if h.get("threads") else ""))
-    nics = h.get("nics") or h.get("nic")
-    if isinstance(nics, list):
-        bits.append(f"{len(nics)} RDMA NIC(s)" if nics else "no RDMA NIC")
-    elif isinstance(nics, dict):
-        bits.append(" ".join(str(nics[k]) for k in ("count", "model") if nics.get(k)) + " NICs")
-    return f"{role} " + ", ".join(bits)
 
 
 # --- assembling -----------------------------------------------------------------------
@@ -587,15 +187,15 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
         if sub.empty:
             continue
         built = charts.build_scenario(sc, sub, runs, refs.get(testbed))
-        figs = [fig_dir / f"{c.name}.png" for c in built if isinstance(c, charts.Chart)]
-        sec_notes = [f"{c.name}: not drawn: {c.reason}" for c in built if isinstance(c, charts.NotDrawn)]
+        figs = [fig_dir / f"{c.name}.png" for c in built if isinstance(c, Chart)]
+        sec_notes = [f"{c.name}: not drawn: {c.reason}" for c in built if isinstance(c, NotDrawn)]
         captions = []
         for c in built:
-            if isinstance(c, charts.Chart):
+            if isinstance(c, Chart):
                 sec_notes += c.notes
                 if c.caption:
                     captions.append(c.caption)
-                charts.plt.close(c.fig)
+                plt.close(c.fig)
         if figs:      # some points drew: each failed one is named (all failed: the not-drawn note says why)
             sec_notes += failed_points(sub)
         sec_notes += numa_flags(runs, dict.fromkeys(sub["run_id"]))
@@ -605,11 +205,11 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
                                 md_code(f"python make_charts.py --testbed {testbed}")))
         table = sub[SECTION_COLUMNS].reset_index(drop=True)
         # One unit per dimension, 4 significant figures (fmt_number); the tidy data keeps the exact value.
-        shown = [charts.display(v, u) for v, u in zip(table["value"], table["unit"])]
+        shown = [display(v, u) for v, u in zip(table["value"], table["unit"])]
         table["value"] = [v for v, _ in shown]
         table["unit"] = [u for _, u in shown]
-        table["size_bytes"] = [charts.fmt_size(n) for n in table["size_bytes"]]
-        sections.append(Section(sc, table, [f for f in figs if f.exists()], charts.meta_block(sub, runs),
+        table["size_bytes"] = [fmt_size(n) for n in table["size_bytes"]]
+        sections.append(Section(sc, table, [f for f in figs if f.exists()], meta_block(sub, runs),
                                 list(dict.fromkeys(sec_notes)), descriptions.get(sc, ""),
                                 compact_tables(sc, sub, limits), captions, compact_meta(sub, runs)))
     cap_dir = resolve(captures_dir) if captures_dir else None
@@ -650,10 +250,10 @@ def appendix_rows(rep: Report) -> tuple[pd.DataFrame, dict[str, int], pd.DataFra
                  unchecked["verdict_reason"].fillna("").value_counts().items()}
     judged = rows[rows["verdict"].fillna("unchecked") != "unchecked"]
     full = rows[["scenario"] + APPENDIX_COLUMNS].copy()
-    shown = [charts.display(v, u) for v, u in zip(full["value"], full["unit"])]
-    full["value"] = [charts.fmt_number(v) for v, _ in shown]
+    shown = [display(v, u) for v, u in zip(full["value"], full["unit"])]
+    full["value"] = [fmt_number(v) for v, _ in shown]
     full["unit"] = [u for _, u in shown]
-    full["size_bytes"] = [charts.fmt_size(n) for n in full["size_bytes"]]
+    full["size_bytes"] = [fmt_size(n) for n in full["size_bytes"]]
     full["verdict"] = [v if v and v != "unchecked" else "" for v in full["verdict"]]
     return full, by_reason, judged
 
@@ -665,7 +265,7 @@ def report_markdown(rep: Report, out_dir=None, baseline: Report | None = None, l
     never as Markdown or HTML. ``links`` are lines of :class:`markup.Markdown` (explore.explore_link); a
     plain str among them is shown as text.
     """
-    table = charts.markdown_table
+    table = markdown_table
     parts = [md("# {}\n", rep.title or rep.testbed)]
     parts += [md("> **Note:** {}\n", n) for n in rep.notes]
     parts.append("## Overview\n")
@@ -713,7 +313,7 @@ def report_markdown(rep: Report, out_dir=None, baseline: Report | None = None, l
                      + "; ".join(md("{} × {}", n, why) for why, n in by_reason.items()) + ".\n")
     if not judged.empty:
         parts.append("Rows with a verdict:\n")
-        parts.append(table([{"run": r["run_id"], "metric": r["metric"], "value": f"{charts.fmt_number(r['value'])} "
+        parts.append(table([{"run": r["run_id"], "metric": r["metric"], "value": f"{fmt_number(r['value'])} "
                              f"{r['unit']}", "verdict": r["verdict"], "why": r.get("verdict_reason") or ""}
                             for _, r in judged.iterrows()]))
     parts.append(f"<details><summary>all {len(full)} rows</summary>\n\n" + table(_table_records(full))
@@ -792,7 +392,7 @@ def write_report(rep: Report, out_dir, baseline: Report | None = None, links: li
 
 def display_report(rep: Report, out_dir=None, baseline: Report | None = None, links: list[str] = ()) -> None:
     """Show the report in a notebook: the same HTML document, figures embedded."""
-    from IPython.display import HTML, display
+    from IPython.display import HTML, display  # only to show it in a notebook: building and writing never need IPython
 
     md_text = report_markdown(rep, out_dir, baseline, links)
     page = render_html(md_text, out_dir, rep.title, report_figures(rep))

@@ -6,7 +6,9 @@ given hold the same run's single_nic scenario, of that one) whose shape is the P
 cell (:mod:`peercache.lab.analysis.rawlimit`: connections, request size and bytes in flight, from drive's
 ``tcp_wire``), i.e. what the path gives when it is driven the way PeerCache drives it. The other engines
 say nothing of how they move a batch, so the cell's limit is theirs too; where the cell has no PeerCache
-point or no raw run of its shape there is no percentage, and the table says why. Pure: rows in, records out.
+point or no raw run of its shape there is no percentage, and the table says why. :func:`table` and
+:func:`skipped` are pure (rows in, records out); the figure, the report's table and the overview rows
+are drawn from them.
 """
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ from typing import Any
 
 import pandas as pd
 
-from peercache.lab.analysis.rawlimit import RAW_TOOLS, RawLimit, raw_for, raw_limits, why_none
-from peercache.lab.analysis.references import convert, row_extra
+from peercache.lab.analysis.format import fmt_number, fmt_size, short_run, throughput_text, why_empty
+from peercache.lab.analysis.metablock import meta_block
+from peercache.lab.analysis.rawlimit import BW_METRICS, RAW_TOOLS, RawLimit, raw_for, raw_limits, why_none
+from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
+from peercache.lab.analysis.scenarios.declare import Chart, Limits, NotDrawn, Scenario, Table
+from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig
 
 SCENARIO = "engines"
 #: The ``tool`` column of each engine's rows -> its name in the table, in table order.
@@ -104,3 +110,74 @@ def skipped(rows: pd.DataFrame) -> list[str]:
         out.append(f"{name} {str(r['run_id']).split('/')[-2] if '/' in str(r['run_id']) else r['run_id']}: "
                    f"{r['status']}: {r['reason']}")
     return list(dict.fromkeys(out))
+
+
+def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Engines side by side: GB/s of PeerCache, the other engines and the cell's raw limit, per page size and
+    threads (the table: % of raw, p50/p99, limited by, verification: :func:`table`)."""
+    recs = table(rows)
+    if not recs:
+        return NotDrawn("engines", why_empty(rows[rows["metric"].isin(BW_METRICS)], "engine throughput"))
+    cells = list(dict.fromkeys((r["page"], r["threads"]) for r in recs))
+    names = [*ENGINES.values(), "raw limit"]
+    names = [n for n in names if any(r["engine"] == n for r in recs)]
+    fig, axes = new_fig(w=max(7.0, 1.2 * len(cells) * len(names) / 2))
+    ax = axes[0][0]
+    width = 0.8 / len(names)
+    # PeerCache in its colour everywhere, each other engine in one of its own, the limit grey
+    colors = dict(zip(ENGINES.values(), (PEERCACHE_COLOR, "#ff7f0e", "#9467bd", "#2ca02c"), strict=True),
+                  **{"raw limit": RAW_COLOR})
+    for k, n in enumerate(names):
+        xs, ys = [], []
+        for i, cell in enumerate(cells):
+            got = [r for r in recs if (r["page"], r["threads"]) == cell and r["engine"] == n]
+            if got:
+                xs.append(i + (k - (len(names) - 1) / 2) * width)
+                ys.append(got[0]["GB/s"])
+        ax.bar(xs, ys, width, label=n, color=colors[n])
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.3g}", (x, y), ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(cells)), [f"{fmt_size(p)}\n{t} thr" for p, t in cells], fontsize=8)
+    ax.set_ylabel("read throughput (GB/s)")
+    ax.legend(fontsize=7, loc="upper left")
+    shown = [{"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
+              "GB/s": fmt_number(r["GB/s"]), "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
+              "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
+              "raw limit": r["raw limit"], "run": r["run"]} for r in recs]
+    ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
+    return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, NIXL, PeerCache 0.8.4 and the raw limit",
+                 fig, shown, meta_block(ok, runs), skipped(rows))
+
+
+class Engines(Scenario):
+    """The engines scenario's report."""
+
+    figures = {"engines": figure}
+
+    def tables(self, sub: pd.DataFrame, limits: Limits) -> list[Table]:
+        """Engines side by side: per page size and threads, each engine's GB/s, % of the cell's raw limit,
+        p50/p99 where reported, what limited it and whether its bytes were checked."""
+        recs = [{"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
+                 "GB/s": fmt_number(r["GB/s"]),
+                 "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
+                 "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
+                 "run": short_run(r["run"].split(",")[0])} for r in table(sub) if r["engine"] != "raw limit"]
+        return [("", recs)] if recs else []
+
+    def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:
+        """The engines scenario's overview rows, from all ``rows`` (a cell's raw limit may come from
+        single_nic): each engine's best cell, with its % of raw and whether its bytes were checked (the raw
+        runs themselves are in the section's table)."""
+        recs = [r for r in table(rows) if r["engine"] != "raw limit"]
+        out = []
+        for name in dict.fromkeys(r["engine"] for r in recs):
+            best = max((r for r in recs if r["engine"] == name), key=lambda r: r["GB/s"])
+            pct = best["% of raw"]
+            out.append({"scenario": f"{SCENARIO}: {name}, best cell {fmt_size(best['page'])} "
+                                    f"{best['threads']} thr",
+                        "GET throughput": throughput_text(best["GB/s"]),
+                        "% of single-NIC raw limit": "—" if pct is None else
+                        f"{pct:.0f}% of {best['raw limit']}" + (" (above raw)" if pct > 100 else ""),
+                        "limited by": best["limited by"], "notes": best["verification"],
+                        "run": short_run(best["run"])})
+        return out
