@@ -75,6 +75,11 @@ figures run with verification off. What each figure measures:
   Node resolves the keys of a read: the directory's one-sided table first (one native read of
   the buckets), the lookup op for what it cannot answer. Target: at least.
   ``dir_lookups_embedded_rpc_128`` (no target) is the same with ``--path rpc``: the lookup op alone.
+- ``dir_lookups_embedded_rpc_16384``: the lookup op alone with big requests, as a consumer's lookup of
+  many keys sends them (it splits them into requests of up to ``max_keys_per_request``, 65536):
+  ``--path rpc --batch 16384 --clients 1``, each batch every one of the 16384 published keys in a random
+  order, one request. Target: at least 5e5 keys/s, a million keys in 2 s; the unit test that held that
+  bound (tests/engine/rpc/test_hardening_control.py) failed whenever the suite shared the machine.
 - ``dir_lookups_redis_vs_mget_128``: the same dirbench against the Redis backend
   (``--directory redis://127.0.0.1:P/0``) over ``redis-benchmark -c 2 -P 1 -r 16384 --csv MGET``
   of 128 random keys out of 16384 stored ones (56-byte values, the size of the backend's records,
@@ -140,6 +145,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "peercache_tcp_4k_cached_metrics": ("latency_p50", "us"),
     "dirlookup_embedded_128": ("keys_per_s", "ops/s"),
     "dirlookup_embedded_rpc_128": ("keys_per_s", "ops/s"),
+    "dirlookup_embedded_rpc_16384": ("keys_per_s", "ops/s"),
     "redis_mget_128": ("keys_per_s", "ops/s"),
     "redis_mget_128_fixed": ("keys_per_s", "ops/s"),
     "dirlookup_redis_128": ("keys_per_s", "ops/s"),
@@ -165,6 +171,7 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "latency_4k_cached_metrics_vs_off": ("peercache_tcp_4k_cached_metrics", "peercache_tcp_4k_cached"),
     "dir_lookups_embedded_128": ("dirlookup_embedded_128", None),
     "dir_lookups_embedded_rpc_128": ("dirlookup_embedded_rpc_128", None),
+    "dir_lookups_embedded_rpc_16384": ("dirlookup_embedded_rpc_16384", None),
     "dir_lookups_redis_vs_mget_128": ("dirlookup_redis_128", "redis_mget_128"),
     "dir_lookups_redis_vs_mget_fixed_128": ("dirlookup_redis_128", "redis_mget_128_fixed"),
 }
@@ -183,7 +190,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
     ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",
                 "peercache_tcp_4k_cached_sleep", "peercache_tcp_4k_cached_metrics")),
-    ("rounds", ("dirlookup_embedded_128", "dirlookup_embedded_rpc_128", "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
+    ("rounds", ("dirlookup_embedded_128", "dirlookup_embedded_rpc_128", "dirlookup_embedded_rpc_16384",
+                "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),
 )
 

@@ -1,4 +1,4 @@
-"""The `sshd` fixture shared by the lab tests (import it: `from sshd_helper import sshd`): a real OpenSSH
+"""The `sshd` fixture shared by the lab tests (import it: `from lab.sshd_helper import sshd`): a real OpenSSH
 server on 127.0.0.1 with throw-away keys. Not a conftest.py: tests import `free_port` from tests/conftest.py
 as `conftest`, which a second conftest module would shadow."""
 from __future__ import annotations

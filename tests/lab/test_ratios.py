@@ -35,7 +35,7 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
     # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 7 + 1 + 6 + 2 + 5)
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 7 + 1 + 6 + 2 + 6)
     # Mooncake, then NIXL first in each tcp round, at the tcp drive's shape
     assert order[j - 3:j] == [("mooncake_tcp_128k", 0), ("nixl_tcp_128k", 0), ("iperf3_tcp_128k", 0)]
     nx = bp.points["nixl_tcp_128k"]
@@ -106,12 +106,38 @@ def test_every_ratio_has_a_target_in_the_references_data():
                  "ours_vs_nixl_tcp_128k": 1.2,
                  "verify_vs_noverify_tcp_128k": 0.9, "verify_vs_noverify_shm_128k": 0.85,
                  "integrity_vs_off_128k": 0.85, "hicache_v1_vs_drive_128k": 0.9, "metrics_on_vs_off_tcp_128k": 0.95,
-                 "dir_lookups_embedded_128": 1e6, "dir_lookups_redis_vs_mget_128": 0.8}
+                 "dir_lookups_embedded_128": 1e6, "dir_lookups_redis_vs_mget_128": 0.8,
+                 "dir_lookups_embedded_rpc_16384": 5e5}
     # every ratio the bench prints has one, but the shm integrity figure (shown for what it costs there)
     # and the 4 KiB GETs over the baseline that waits as they do (shown beside the targets)
     assert set(ratios.RATIOS) - set(t) - set(load_bench_targets(bound="at_most")) == {
         "integrity_vs_off_shm_128k", "latency_4k_uncached_vs_busy_rtt", "latency_4k_cached_vs_busy_rtt",
         "latency_4k_cached_sleep_vs_rtt", "dir_lookups_redis_vs_mget_fixed_128", "dir_lookups_embedded_rpc_128"}
+
+
+def test_a_million_lookups_in_2_s_is_a_bench_bound_of_the_lookup_op_with_big_requests():
+    """The bound a unit test held (a consumer's uncached lookup of 1e6 keys within 2 s) is make bench's:
+    dirbench's lookup op alone, each request every published key, >= 5e5 keys/s."""
+    from peercache.lab.analysis.references import load_bench_targets
+    from peercache.rpc import Limits
+    bp = ratios.plan(rounds=2, duration=1.5, warmup=0.5)
+    big = bp.points["dirlookup_embedded_rpc_16384"]
+    assert big.kind == "dirlookup" and big.loopback and "path" not in big.params         # --path rpc
+    assert (big.params["directory"], big.params["clients"]) == ("embedded", 1)
+    # one request per batch, of every published key
+    assert big.params["batch"] == big.params["keys"] == 16384 <= Limits().max_keys_per_request
+    assert ratios.RATIOS["dir_lookups_embedded_rpc_16384"] == ("dirlookup_embedded_rpc_16384", None)
+    assert ratios.FIGURES["dirlookup_embedded_rpc_16384"] == ("keys_per_s", "ops/s")
+    assert load_bench_targets()["dir_lookups_embedded_rpc_16384"] == 1e6 / 2.0
+    order = [(p.part, k) for p, k in bp.schedule]
+    assert all(order.index(("dirlookup_embedded_rpc_16384", k)) == order.index(("dirlookup_embedded_rpc_128", k)) + 1
+               for k in range(2))
+    # its verdict is the bound's: 4.9e5 keys/s is low, 5e5 is ok
+    for median, verdict in ((4.9e5, "low"), (5e5, "ok")):
+        res = {"ratios": {"dir_lookups_embedded_rpc_16384": {"median": median, "min": median, "max": median,
+                                                             "rounds": 3}}}
+        df = ratios.ratio_rows(res, "bench/x/ratios", load_bench_targets())
+        assert list(df["verdict"]) == [verdict] and list(df["unit"]) == ["ops/s"]
 
 
 def test_ratios_are_medians_of_paired_rounds():

@@ -1,0 +1,54 @@
+"""The report's test environment: the commands that captured it, or why none are listed.
+
+Captures are real (tests/fixtures/lab/PROVENANCE.md): `hosts/local-netns/` are the pipeline's captures of
+the local testbed's two network-namespace hosts; `hosts/softroce/hostinfo_rxe.json` was captured in the
+Soft-RoCE guest by an older lab, before a capture listed its sources.
+"""
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from peercache.lab.analysis import environment, report
+from peercache.lab.pipeline.plan import Plan
+from peercache.lab.system import hostinfo
+
+ROOT = Path(__file__).resolve().parents[3]
+HOSTS = ROOT / "tests" / "fixtures" / "lab" / "hosts"
+
+
+def _markdown(caps, folder):
+    rep = report.Report("local", pd.DataFrame(), [], {}, env_commands=environment.capture_commands(caps),
+                        env_commands_why=environment.why_no_commands(caps, folder))
+    return report.report_markdown(rep)
+
+
+def test_local_netns_captures_list_their_commands():
+    caps, why = environment.load_captures(HOSTS / "local-netns")
+    assert why is None and set(caps) == {"producer", "consumer"}
+    lines = environment.capture_commands(caps)
+    assert "numactl --show" in lines and "ofed_info -s   # no answer" in lines
+    assert "cat /proc/cpuinfo" in lines
+    md = _markdown(caps, HOSTS / "local-netns")
+    assert "Commands and files that captured it" in md and "\nnumactl --show\n" in md
+
+
+def test_a_capture_made_before_sources_were_recorded_says_so_and_what_to_do(tmp_path):
+    doc = json.loads((HOSTS / "softroce" / "hostinfo_rxe.json").read_text())
+    for role in ("producer", "consumer"):      # the block the pipeline's capture step writes around it
+        (tmp_path / f"{role}.json").write_text(json.dumps({"role": role, "host_spec": "local", "capture": doc}))
+    caps, _ = environment.load_captures(tmp_path)
+    assert environment.capture_commands(caps) == []
+    why = environment.why_no_commands(caps, tmp_path)
+    assert why.startswith("the producer and consumer capture(s)")
+    assert f"{tmp_path}/consumer.json" in why and "hostinfo schema 1" in why
+    assert f"remove {tmp_path}/ and run `make run` again" in why
+    assert "_No commands listed: the producer and consumer capture(s)" in _markdown(caps, tmp_path)
+
+
+def test_a_new_capture_format_is_captured_again():
+    # Snakemake keeps an output whose file exists unless the rule's params change: the capture's format
+    # is one of them, so captures an older lab wrote are not kept.
+    assert hostinfo.SCHEMA_VERSION >= 2 and "sources" in hostinfo.capture()
+    assert Plan("experiments/testbeds/local.yaml").capture_schema == hostinfo.SCHEMA_VERSION
+    assert "capture_schema=PLAN.capture_schema" in (ROOT / "rules" / "capture.smk").read_text()

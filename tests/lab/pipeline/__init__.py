@@ -1,0 +1,1 @@
+"""Tests of peercache.lab.pipeline; the folder mirrors the package's (a package, so test modules may share a basename)."""
