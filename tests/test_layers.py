@@ -5,6 +5,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -17,42 +19,30 @@ def test_import_contracts_are_kept():
     assert f"{declared} kept, 0 broken" in r.stdout, r.stdout[-3000:]
 
 
-def test_the_directory_package_may_not_reach_the_node(tmp_path):
-    # The directory sits below the node: a directory module importing the node breaks its contract.
+def lint_with(tmp_path, module: str, line: str) -> subprocess.CompletedProcess:
+    """lint-imports over a copy of the package in which ``module`` (a path under peercache/) gains ``line``."""
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     work = tmp_path / "copy"
     shutil.copytree(ROOT / "peercache", work / "peercache", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
-    bad = work / "peercache" / "directory" / "cache.py"
-    bad.write_text(bad.read_text() + "\nfrom peercache import node  # noqa\n")
-    r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
-    assert r.returncode != 0 and "peercache.directory.cache -> peercache.node" in r.stdout, r.stdout[-2000:]
+    bad = work / "peercache" / module
+    bad.write_text(bad.read_text() + f"\n{line}  # noqa\n")
+    return subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
 
 
-def test_a_broken_layer_is_caught(tmp_path):
-    # The same contracts over a copy in which a tool imports the analysis layer: lint-imports must fail.
-    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    work = tmp_path / "copy"
-    shutil.copytree(ROOT / "peercache", work / "peercache", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
-    bad = work / "peercache" / "lab" / "tools" / "iperf3.py"
-    bad.write_text(bad.read_text() + "\nfrom peercache.lab.analysis import charts  # noqa\n")
-    r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
-    assert r.returncode != 0 and "peercache.lab.tools.iperf3 -> peercache.lab.analysis" in r.stdout, r.stdout[-2000:]
-
-
-def test_a_scenario_report_reaching_back_into_its_harness_is_caught(tmp_path):
-    # The scenario reports sit below charts and report, which find them through the registry: a scenario
-    # module importing either would be an import cycle, and breaks its contract.
-    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    work = tmp_path / "copy"
-    shutil.copytree(ROOT / "peercache", work / "peercache", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
-    bad = work / "peercache" / "lab" / "analysis" / "scenarios" / "gpudirect.py"
-    bad.write_text(bad.read_text() + "\nfrom peercache.lab.analysis import charts  # noqa\n")
-    r = subprocess.run([exe, "--no-cache"], cwd=work, capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(work), "PATH": "/usr/bin:/bin"})
-    edge = "peercache.lab.analysis.scenarios.gpudirect -> peercache.lab.analysis.charts"
+@pytest.mark.parametrize("module,line,edge", [
+    # the directory sits below the node
+    ("directory/cache.py", "from peercache import node", "peercache.directory.cache -> peercache.node"),
+    # the engine's layers: the page layout never reaches up into the node
+    ("tags.py", "from peercache import node", "peercache.tags -> peercache.node"),
+    # a lab tool never imports the analysis layer
+    ("lab/tools/iperf3.py", "from peercache.lab.analysis import charts",
+     "peercache.lab.tools.iperf3 -> peercache.lab.analysis"),
+    # the scenario reports sit below charts and report, which find them through the registry
+    ("lab/analysis/scenarios/gpudirect.py", "from peercache.lab.analysis import charts",
+     "peercache.lab.analysis.scenarios.gpudirect -> peercache.lab.analysis.charts"),
+])
+def test_an_import_against_a_contract_is_caught(tmp_path, module, line, edge):
+    r = lint_with(tmp_path, module, line)
     assert r.returncode != 0 and edge in r.stdout, r.stdout[-2000:]
