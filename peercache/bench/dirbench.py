@@ -38,15 +38,20 @@ import os
 import signal
 import sys
 import time
+from importlib import metadata
 
 import numpy as np
 
 from .. import checks, tags
 from ..config import NodeConfig
+from ..directory.client import connect_directory
 from ..errors import ConfigError, PeerCacheError
+from ..node import Node
 from ..redact import redact, redact_doc
+from ..transport.base import ABSENT
 from . import meta, options
 from .processes import recv   # a worker's reply, bounded in time; its death an error
+from .serve import fill_page
 
 #: Bytes per published slot: the directory does not care what a slot holds.
 SLOT_BYTES = 64
@@ -79,9 +84,6 @@ class Producer:
     """A registered node that published the bench keys (hosting the embedded directory when asked)."""
 
     def __init__(self, spec: str, keys: list[bytes], heartbeat_timeout: float = 5.0):
-        from ..node import Node
-        from .serve import fill_page
-
         self.spec, self.backend = spec, backend_of(spec)
         # Embedded: this node hosts the directory at HOST:PORT, as serve's node does; Redis: it talks to it.
         conf = NodeConfig(discovery_addr=spec, directory=spec, protocol="tcp",
@@ -121,8 +123,6 @@ class LookupClient:
     """
 
     def __init__(self, spec: str, timeout: float = 3.0):
-        from ..directory.client import connect_directory
-
         self.spec, self.backend = spec, backend_of(spec)
         self._dir = connect_directory(spec, timeout=timeout)
         self.epoch: int | None = None
@@ -146,16 +146,12 @@ class NodeLookupClient:
     directory's table, the lookup RPC only for what the table cannot answer."""
 
     def __init__(self, spec: str, timeout: float = 3.0):
-        from ..node import Node
-
         self.spec, self.backend = spec, backend_of(spec)
         conf = NodeConfig(discovery_addr=spec, directory=spec, protocol="tcp", dir_cache_ttl=0.0, timeout=timeout)
         self.node = Node(**conf.node_kwargs(name="dirbench-client"))
 
     def lookup(self, keys: list[bytes]) -> int:
         """Resolve ``keys``; returns how many were not found."""
-        from ..transport.base import ABSENT
-
         return int((self.node.lookup_rows(keys)["node"] == ABSENT).sum())
 
     def close(self) -> None:
@@ -270,8 +266,6 @@ def client_versions(spec: str) -> dict[str, str | None]:
     """Versions of the Redis client libraries when the directory is Redis (none for the embedded one)."""
     if backend_of(spec) != "redis":
         return {}
-    from importlib import metadata
-
     out: dict[str, str | None] = {}
     for name in ("redis", "hiredis"):
         try:

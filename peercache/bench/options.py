@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import checks, config, tags
+from ..auth import load_secret
 from ..config import TABLE_BYTES_PER_ENTRY, Flag, NodeConfig, option
 from ..directory.redis.url import is_redis
 from ..errors import ConfigError, TransportError
+from ..transport.tcp import poll_us_setting
 
 LAYOUTS = {"mla": ("",), "mha": ("/k", "/v")}  # object suffixes per page
 DEFAULT_DISCOVERY = NodeConfig.options()["discovery_addr"].default
@@ -192,7 +194,6 @@ def add_auth(p: argparse.ArgumentParser) -> None:
 
 def auth_secret(args) -> bytes | None:
     """The cluster secret of --auth-key-file, else $PEERCACHE_AUTH_KEY, else None (ConfigError if unusable)."""
-    from ..auth import load_secret
     return load_secret(getattr(args, "auth_key_file", None))
 
 
@@ -234,7 +235,6 @@ def tcp_poll_us(args, protocol_only: bool = True) -> int | None:
     tcp, unless ``protocol_only`` is off); ConfigError for a bad --tcp-poll-us / $PEERCACHE_TCP_POLL_US."""
     if protocol_only and args.protocol != "tcp":
         return None
-    from ..transport.tcp import poll_us_setting
     try:
         return poll_us_setting(getattr(args, "tcp_poll_us", None))
     except TransportError as e:

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from .. import fdlimit, tags
+from .. import fdlimit, metrics, tags
 from ..address import split
 from ..node import Node
 from ..transport.tcp import fds_needed
@@ -73,7 +73,6 @@ def run(args) -> int:
     endpoint = None
     try:
         if cfg.metrics_addr:
-            from .. import metrics
             endpoint = metrics.serve_node(cfg.metrics_addr, node)
             print(f"serve: metrics at {endpoint.url}", flush=True)
         node.add_handler("reader_done", reader_done)
