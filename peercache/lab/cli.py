@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from peercache import atomic
+from peercache.lab import jupyter
 from peercache.lab.errors import ParseError, ToolError
+from peercache.lab.system import hostinfo
+from peercache.lab.tools import iperf3, perfstat, perftest
 
 EXIT_OK, EXIT_IO, EXIT_PARSE, EXIT_TOOL = 0, 1, 2, 3
 
@@ -38,8 +41,6 @@ def _print_rows(rows: list[Any]) -> None:
 # --- hostinfo -------------------------------------------------------------------
 
 def _run_hostinfo(args: argparse.Namespace) -> int:
-    from peercache.lab.system import hostinfo
-
     doc = hostinfo.capture(args.root)
     if args.summary:
         doc = hostinfo.summary(doc)
@@ -67,8 +68,6 @@ def register_hostinfo(sub: argparse._SubParsersAction) -> None:
 # --- parse ----------------------------------------------------------------------
 
 def _rows_perftest(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> list[Any]:
-    from peercache.lab.tools import perftest
-
     if args.json:
         res = perftest.parse_json(text, bw_unit=args.bw_unit, source=args.file)
         if args.bw_unit is None:
@@ -87,8 +86,6 @@ def _rows_perftest(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> 
 
 
 def _rows_perfstat(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> list[Any]:
-    from peercache.lab.tools import perfstat
-
     fmt = args.format
     if fmt == "auto":
         counters = perfstat.parse(text, source=args.file, sep=args.sep)
@@ -102,8 +99,6 @@ def _rows_perfstat(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> 
 
 
 def _rows_iperf3(text: str, args: argparse.Namespace, ctx: dict[str, Any]) -> list[Any]:
-    from peercache.lab.tools import iperf3
-
     return iperf3.to_rows(iperf3.parse_json(text, source=args.file, host=ctx.get("host", "")), **ctx)
 
 
@@ -160,6 +155,7 @@ def register_parse(sub: argparse._SubParsersAction) -> None:
 # --- compare --------------------------------------------------------------------
 
 def _run_compare(args: argparse.Namespace) -> int:
+    # pandas and matplotlib (~3.8 s to import): only compare needs them, every other subcommand starts at once
     from peercache.lab.analysis import compare, explore
 
     roots = args.roots or explore.DEFAULT_ROOTS
@@ -215,8 +211,6 @@ def register_compare(sub: argparse._SubParsersAction) -> None:
 
 def register_jupyter(sub: argparse._SubParsersAction) -> None:
     """Add ``jupyter``: JupyterLab on notebooks/ with the "PeerCache Lab" kernel (what ``make lab`` runs)."""
-    from peercache.lab import jupyter
-
     p = sub.add_parser("jupyter", help="JupyterLab on notebooks/, kernel \"PeerCache Lab\", 127.0.0.1 + token")
     jupyter.add_arguments(p)
     p.set_defaults(func=jupyter.run)

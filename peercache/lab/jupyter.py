@@ -61,6 +61,7 @@ def ensure_kernel(prefix: str | Path = sys.prefix) -> Path:
     """Register this interpreter as the "PeerCache Lab" kernel under ``prefix`` (once); returns its folder."""
     if not kernel_is_current(prefix):
         try:
+            # optional (the lab extra): the ImportError below says how to install it
             from ipykernel.kernelspec import install
         except ImportError:
             raise RuntimeError("ipykernel is not installed in this environment; run `make setup` (it installs "

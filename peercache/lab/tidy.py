@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 from peercache import atomic
@@ -157,8 +158,6 @@ def write_result(path, meta: RunMeta, rows: Iterable[Row]) -> None:
 
 def read_result(path) -> tuple[RunMeta, list[Row]]:
     """Read a result document written by :func:`write_result`."""
-    from pathlib import Path
-
     doc = json.loads(Path(path).read_text())
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
@@ -173,8 +172,6 @@ def redact_folder(folder) -> list:
     """Mask every secret (:func:`peercache.redact.redact`) in the text files under ``folder``, a point's
     raw folder once its processes ended: their logs, captured outputs and documents. JSON documents are
     also redacted as documents (values of secret-named keys). Returns the files that changed."""
-    from pathlib import Path
-
     changed = []
     for path in sorted(Path(folder).rglob("*")):
         if path.is_symlink() or not path.is_file():

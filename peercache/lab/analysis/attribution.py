@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from peercache.lab.analysis.rawlimit import BW_METRICS
 from peercache.lab.analysis.references import convert, row_devices, row_extra
@@ -67,8 +68,6 @@ class Rule:
 
 def load_rules(path: str | Path = RULES_FILE) -> list[Rule]:
     """The rules of ``path``, checked; RulesError names what is wrong."""
-    import yaml
-
     path = Path(path)
     doc = yaml.safe_load(path.read_text())
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from peercache.lab.analysis.format import display, fmt_number, fmt_size, limit_text, markdown_table
@@ -321,8 +322,6 @@ def comparison_chart(c: Comparison, include_neutral: bool = False):
 
     A key A measured and B did not (failed, skipped) has no ratio: it is marked with a red x at the left.
     """
-    import matplotlib.pyplot as plt
-
     df = c.table[c.table["ratio"].notna() | c.table["regressed"]]
     if not include_neutral:
         df = df[df["direction"] != "neutral"]

@@ -12,6 +12,7 @@ or, for :func:`adhoc_reads`, from reads timed now against a running serve.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -417,8 +418,9 @@ def adhoc_reads(addr: str, *, page_size: int = 131072, layout: str = "mla", work
     The keys are serve's (``pc/<i>`` per page, ``pc/<i>/k|v`` for mha); the loop
     stops after ``batches`` batches or ``max_seconds``, whichever comes first.
     """
+    # the engine: only ad-hoc reads need it; the reports that import this module read results, never a serve
     import peercache
-    from peercache.bench import options
+    from peercache.bench import options  # config, zmq and the directory's URL rules (~0.15 s)
 
     if batch <= 0 or batches <= 0 or max_seconds <= 0:
         raise ValueError(f"batch ({batch}), batches ({batches}) and max_seconds ({max_seconds}) must be positive")
@@ -465,8 +467,6 @@ def latency_figure(reads: Reads):
 
 def png(fig) -> bytes:
     """A figure as PNG bytes (for ``IPython.display.Image``; the kernel's backend need not be inline); closes it."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)

@@ -91,6 +91,7 @@ def markdown_html(markdown_text: str) -> str:
     mistune's ``escape=True`` is the defence behind md_text: were a value ever put in unescaped, its
     ``<script>`` would show as text, not run. Links to ``javascript:`` and the like become "#harmful-link".
     """
+    # mistune comes with nbconvert, not declared by the lab itself: only report.html's rendering needs it
     import mistune
 
     class Renderer(mistune.HTMLRenderer):

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from peercache import atomic
 
 DEFAULT_KERNEL = "python3"
@@ -28,9 +30,10 @@ def _exporter(**kw):
     markup.markdown_html is for report.html. nbconvert's own ``sanitize_html`` is no use here: its
     allowlist lacks th, thead, p and h1-h6, so it shows the tables and headings as tags.
     """
+    # nbconvert (~2.5 s to import) and its jinja2: only rendering HTML needs them
     from jinja2 import pass_context
-    from nbconvert import HTMLExporter
-    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+    from nbconvert import HTMLExporter  # ~2.5 s: only rendering HTML needs it
+    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath  # as HTMLExporter
 
     class Exporter(HTMLExporter):
         @pass_context                                  # as HTMLExporter's: the template hands it the cell
@@ -48,8 +51,8 @@ def _exporter(**kw):
 
 def to_html(ipynb: Path, html: Path) -> Path:
     """Render an executed notebook as HTML with every code cell's input hidden."""
-    import nbformat
-    from nbconvert.preprocessors import TagRemovePreprocessor
+    import nbformat  # ~1.5 s to import: only rendering HTML needs it
+    from nbconvert.preprocessors import TagRemovePreprocessor  # nbconvert, ~2.5 s: likewise
 
     nb = nbformat.read(str(ipynb), as_version=4)
     exporter = _exporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
@@ -67,7 +70,7 @@ def run_notebook(notebook, out_dir, parameters: dict[str, Any] | None = None, na
 
     ``html=False``: the notebook writes its own HTML (the report does); only a failed run is rendered.
     """
-    import papermill as pm
+    import papermill as pm  # ~2 s to import: only executing a notebook needs it
 
     notebook = Path(notebook)
     if not notebook.exists():
@@ -89,8 +92,6 @@ def run_notebook(notebook, out_dir, parameters: dict[str, Any] | None = None, na
 
 
 def _parse_value(v: str) -> Any:
-    import yaml
-
     return yaml.safe_load(v)
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from peercache.lab.tidy import UNITS, VERDICTS, convert, is_bandwidth  # noqa: F401 (re-exported)
 
@@ -102,8 +103,6 @@ def _isnull(v: Any) -> bool:
 
 def load_references(path) -> dict[str, TestbedRefs]:
     """Read a references YAML file into ``{testbed: TestbedRefs}``."""
-    import yaml
-
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text()) or {}
@@ -241,8 +240,6 @@ def apply_verdicts(df: pd.DataFrame, refs: dict[str, TestbedRefs]) -> pd.DataFra
 def load_bench_targets(path=None, bound: str = "at_least") -> dict[str, float]:
     """``make bench``'s targets from the references file: ratio name -> the least median that meets
     it (``bound="at_least"``), or the largest (``bound="at_most"``: a latency over its baseline)."""
-    import yaml
-
     path = Path(path) if path else Path(__file__).resolve().parents[3] / "data" / "reference" / "references.yaml"
     doc = yaml.safe_load(path.read_text()) or {}
     out = {}

@@ -51,6 +51,7 @@ from peercache.lab.launch import netns
 from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, parse_host
 from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline.plan import Plan
+from peercache.lab.pipeline.runpoint import ROLES, host_python
 from peercache.lab.system.hostinfo import _iboe_mtu
 from peercache.lab.system.slowness import scaled
 
@@ -471,8 +472,6 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
     a fixture tree in tests). Nothing but the probes and the pings is started; every ssh connection is
     closed before returning.
     """
-    from peercache.lab.pipeline.runpoint import ROLES, host_python
-
     rep = Report(tb.name)
     if tb.guest:
         rep.notes.append(f"testbed {tb.name} runs every measurement inside its Soft-RoCE guest; its hosts exist "

@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from peercache.lab.launch.guest.errors import GuestError
+from peercache.lab.launch.guest.machines import ROLES, STALL_S, MachinePair, MachinesSpec
+
 SSH_PROFILE = "profiles/ssh-testbed"
 
 
@@ -35,7 +38,6 @@ def snakemake_argv(testbed: str, doc: dict[str, Any], cores: int, extra: list[st
 
 def machines_spec(doc: dict[str, Any]):
     """The :class:`MachinesSpec` of a testbed's ``machines`` block (None without one)."""
-    from peercache.lab.launch.guest.machines import MachinesSpec
     block = doc.get("machines")
     if block is None:
         return None
@@ -78,7 +80,6 @@ def _run_on_pair(pair, name: str, cmd: list[str], retries: int) -> int:
     the machine was doing printed; then, ``retries`` times, the pair is rebooted and the same command
     goes on (Snakemake keeps the points already done; the stopped one runs again). Exit 4 when the
     machines stop once more than that."""
-    from peercache.lab.launch.guest.machines import ROLES, STALL_S
     for attempt in range(retries + 1):
         env = {**os.environ, **pair.environment()}
         print(f"testbed {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="more Snakemake arguments, after --")
     a = ap.parse_args(argv)
     extra = a.extra[1:] if a.extra[:1] == ["--"] else a.extra
+    # experiments validates with jsonschema (~2.3 s to import): the flags are parsed first, so --help
+    # and a usage error answer at once
     from peercache.lab.pipeline import experiments
     try:
         doc = experiments.load_testbed(a.testbed).doc
@@ -122,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if spec is None:
             return _run(cmd, dict(os.environ))
-        from peercache.lab.launch.guest.errors import GuestError
-        from peercache.lab.launch.guest.machines import MachinePair
         try:
             with MachinePair(spec) as pair:
                 rc = _run_on_pair(pair, doc["name"], cmd, a.stall_retries)

@@ -30,6 +30,7 @@ def measure(page: int, working_set: int, batch: int, duration: float) -> dict:
         raise ValueError(f"need page > 0, 0 < batch <= working set, duration > 0 (got page {page}, "
                          f"working set {working_set}, batch {batch}, duration {duration})")
     try:
+        # the native module may not be built: say how to build it; argument checks and --help need it not
         from peercache._native import copy_pages
     except ImportError as e:
         raise RuntimeError(f"the native module is not built ({e}); run `pip install -e .`") from e

@@ -23,6 +23,10 @@ import time
 
 import numpy as np
 
+from peercache import tags
+from peercache.bench import options
+from peercache.node import Get, Node
+
 #: Pre-drawn batches (the loop cycles through the first :data:`LOOP_BATCHES` of them).
 DRAWN_BATCHES = 64
 LOOP_BATCHES = 16
@@ -30,16 +34,11 @@ LOOP_BATCHES = 16
 
 def page_keys(working_set: int) -> list[str]:
     """The keys serve publishes for an mla working set (peercache.bench.options' naming)."""
-    from peercache.bench.options import page_keys as keys
-
-    return keys(working_set, "mla")
+    return options.page_keys(working_set, "mla")
 
 
 def measure(addr: str, page: int, working_set: int, batch: int, duration: float) -> dict:
     """Objects/s of get_batch_into (verification off), then one verified pass over every drawn batch."""
-    from peercache import tags
-    from peercache.node import Get, Node
-
     if batch > working_set:
         raise ValueError(f"--batch {batch} is larger than --working-set {working_set}; lower the batch")
     keys = page_keys(working_set)

@@ -52,7 +52,7 @@ from peercache.lab.launch.guest import kernel as K
 from peercache.lab.launch.guest import runner as R
 from peercache.lab.launch.guest.errors import GuestError, GuestTimeout, GuestUnavailable
 from peercache.lab.launch.redis import die_with_parent
-from peercache.lab.launch.hosts import SSH_CONNECT_TIMEOUT_S
+from peercache.lab.launch.hosts import SSH_CONNECT_TIMEOUT_S, LocalHost
 
 ROLES = ("producer", "consumer")
 #: The guest's address on QEMU's user network (its only other link is the sshd port forward).
@@ -479,7 +479,6 @@ class MachinePair:
                     self.console(m.role, line)
 
     def _await_listening(self, ports: tuple[int, ...], m: _Machine) -> None:
-        from peercache.lab.launch.hosts import LocalHost
         deadline = time.monotonic() + 30
         while not all(LocalHost().is_port_open("127.0.0.1", p) for p in ports):
             if m.proc is not None and m.proc.poll() is not None:

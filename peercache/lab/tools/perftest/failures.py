@@ -90,7 +90,7 @@ def wc_status_table() -> dict[int, tuple[str, str, str]]:
     Imported on the first completion error read, not with this module: the engine's completion module
     brings the transport layer's base and numpy, which reading perftest's output never needs.
     """
-    from peercache.rdma.completion import WC
+    from peercache.rdma.completion import WC  # transport base and numpy (~85 ms): only a failed completion needs it
     return {int(wc): (f"IBV_WC_{wc.name}", *WC_TEXT[wc.name]) for wc in WC if wc is not WC.SUCCESS}
 
 
