@@ -28,6 +28,7 @@ from .directory.redis.url import PASSWORD_ENV, is_redis, parse_url
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT
 from .directory.table import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
 from .errors import ConfigError, TransportError
+from .timeouts import DEFAULT as DEFAULT_TIMEOUTS, Timeouts
 from .transport import PROTOCOLS
 from .transport.tcp import poll_us_setting
 
@@ -327,8 +328,8 @@ class NodeConfig:
         4, "data channels per peer", check=whole(1, checks.MAX_CHANNELS, least="positive"),
         flag=Flag("--max-channels", default=8), key="max_channels")
     timeout: float = option(
-        5.0, "seconds a directory request, or a whole read, may take", unit="s", check=seconds(positive=True),
-        key="timeout")
+        DEFAULT_TIMEOUTS.directory_s, "seconds a directory request, or a whole read, may take", unit="s",
+        check=seconds(positive=True), key="timeout")
     heartbeat_interval: float = option(
         1.0, "seconds between heartbeats to the directory", unit="s", check=seconds(positive=True))
     heartbeat_timeout: float = option(
@@ -357,6 +358,9 @@ class NodeConfig:
         flag=Flag("--integrity", shown="off", help="serve: write a checksum (XXH3-64) of each page in its slot "
                   "header; drive: check it before a read counts as a hit (a mismatch is a miss and a counter)"),
         key="integrity")
+    #: the engine's other time bounds (:mod:`peercache.timeouts`); not a flag nor a key: ``timeout`` above
+    #: is the one a user sets
+    timeouts: Timeouts = DEFAULT_TIMEOUTS
 
     @classmethod
     def options(cls) -> dict[str, Option]:
@@ -434,7 +438,7 @@ class NodeConfig:
                     rpc_timeout=self.timeout, name=name,
                     transport_options={**self.transport_options(), **(transport_options or {})},
                     auth_key=self.secret(), integrity=self.integrity, directory=self.directory,
-                    dir_table_entries=self.dir_table_entries)
+                    dir_table_entries=self.dir_table_entries, timeouts=self.timeouts)
 
     def extra_config(self) -> dict[str, Any]:
         """This config as HiCache's extra config (what :meth:`from_extra` reads back): each option that has

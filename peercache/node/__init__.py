@@ -38,6 +38,7 @@ from ..directory.table import TABLE_REGION
 from ..errors import ConfigError, DeadlineExceeded, PeerCacheError
 from ..pool import Pool, SlotRef
 from ..rpc import RpcServer
+from ..timeouts import DEFAULT as DEFAULT_TIMEOUTS, Timeouts
 from ..transport import make_transport
 from ..transport.base import native_module
 from .deadline import Deadline
@@ -55,20 +56,18 @@ __all__ = ["BatchResult", "Get", "Node", "POOL_REGION", "WILDCARDS"]
 log = logging.getLogger(__name__)
 
 
-#: The option that bounds one blocking data read of a transport, set to the read's timeout. Not
-#: rdma's completion timeout (timeout_s): a READ without a completion for it is a path fault that
-#: fails over to another rail, a bound of its own (see bench/drive/bounds.py); shm reads memory.
-_READ_TIMEOUT_OPTION = {"tcp": "io_timeout"}
-
-
-def _read_bound(protocol: str, timeout: float, options: dict | None) -> dict:
-    """``options`` with the transport's read bound set to ``timeout`` unless they set it: a batch
-    read has ``timeout`` in all, and the native read takes no per-call deadline, so no single read
-    may wait longer than the whole call may."""
+def _bounds(protocol: str, timeout: float, timeouts: Timeouts, options: dict | None) -> dict:
+    """``options`` with the transport's time bounds from ``timeouts`` unless they set them: tcp's
+    bound on one blocking call (``timeouts.io(timeout)``: a batch read has ``timeout`` in all, and the
+    native read takes no per-call deadline), rdma's connection set-up and completion bounds (a READ
+    without a completion is a path fault that fails over to another rail: a bound of its own, not
+    the read's); shm reads memory."""
     out = dict(options or {})
-    key = _READ_TIMEOUT_OPTION.get(protocol)
-    if key is not None:
-        out.setdefault(key, timeout)
+    if protocol == "tcp":
+        out.setdefault("io_timeout", timeouts.io(timeout))
+    elif protocol == "rdma":
+        out.setdefault("connect_timeout", timeouts.rdma_connect_s)
+        out.setdefault("timeout_s", timeouts.rdma_completion_s)
     return out
 
 
@@ -89,7 +88,8 @@ class Node:
                  heartbeat_interval: float = 1.0, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
                  rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None,
                  auth_key: bytes | str | None = None, integrity: bool = False,
-                 directory: str | None = None, dir_table_entries: int | None = None):
+                 directory: str | None = None, dir_table_entries: int | None = None,
+                 timeouts: Timeouts = DEFAULT_TIMEOUTS):
         """``directory``: where the directory lives: None or HOST:PORT for the embedded one (hosted by
         the node at ``discovery_addr``, this one with ``host_discovery``), or a redis:// / rediss:// URL
         (then ``discovery_addr`` may be that URL too, and ``host_discovery`` hosts nothing).
@@ -139,7 +139,7 @@ class Node:
         self.auth = self.credentials.curve
         try:
             self.transport = make_transport(protocol, max_channels=max_channels,
-                                            **_read_bound(protocol, rpc_timeout, transport_options))
+                                            **_bounds(protocol, rpc_timeout, timeouts, transport_options))
             self.transport.use_credentials(self.credentials)
             native, _ = native_module()        # built (the cache above needs it)
             if host_discovery:
@@ -155,7 +155,7 @@ class Node:
             table = self._serve_data(pool_slots, slot_capacity, bind_host)
             self.peer_infos = PeerInfos(self.directory, self.directory.host)
             self.membership = Membership(self.directory, self.info, heartbeat_interval,
-                                         on_registered=self._registered)
+                                         on_registered=self._registered, timeouts=timeouts)
             self.publisher = Publisher(self.pool, self.directory, self.membership)
             self.membership.on_forgotten = self.publisher.republish
             self.membership.on_heartbeat = self.publisher.retry_refused

@@ -137,3 +137,27 @@ def test_extra_config_reads_back_as_the_same_node_options():
                    page_bytes=4096, dir_cache_ttl=0.5, integrity=True, directory="127.0.0.1:4000")
     assert NodeConfig.from_extra(c.extra_config()) == c
     assert "devices" not in dataclasses.replace(c, protocol="tcp").extra_config()   # rails are rdma's only
+
+
+def test_every_engine_bound_is_declared_once_in_seconds_with_a_one_line_doc():
+    from peercache.timeouts import DEFAULT, Timeouts
+    docs = Timeouts.docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(Timeouts)} and len(docs) >= 8
+    for name, (unit, doc) in docs.items():
+        assert name.endswith("_s") and unit == "s", name
+        assert doc and "\n" not in doc and len(doc) < 140, name
+        v = getattr(DEFAULT, name)
+        assert v is None or v > 0, (name, v)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT.directory_s = 1.0
+    # the user's knob for a directory request and a whole read has the declared bound as its default
+    assert NodeConfig().timeout == DEFAULT.directory_s and NodeConfig().timeouts == DEFAULT
+    assert "timeouts" not in NodeConfig.options() and "timeouts" not in NodeConfig().extra_config()
+    # io_s unset: a tcp call may wait as long as the whole read; set: its own bound
+    assert (Timeouts().io(7.0), Timeouts(io_s=0.5).io(7.0)) == (7.0, 0.5)
+
+
+def test_drive_derives_the_engine_bounds_it_does_not_change():
+    from peercache.bench.drive import bounds
+    from peercache.timeouts import DEFAULT
+    assert (bounds.RDMA_CONNECT_S, bounds.RDMA_COMPLETION_S) == (DEFAULT.rdma_connect_s, DEFAULT.rdma_completion_s)
