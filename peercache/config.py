@@ -376,6 +376,35 @@ class NodeConfig:
         return o.value(label, value)
 
     @classmethod
+    def of(cls, base: "NodeConfig | str | None", keywords: dict[str, Any], *, who: str,
+           spellings: Optional[dict[str, str]] = None) -> "NodeConfig":
+        """``base`` (a config, a discovery address, or None: the defaults) with ``keywords`` set: the
+        keyword form of ``Node`` and ``Client``, whose defaults are this class's. ``spellings`` maps a
+        keyword ``who`` spells its own way to the field (``bind_host`` -> ``bind``); a field's own name
+        is taken too. A keyword of None leaves a field whose default is not None as it is; an unknown
+        keyword is a TypeError naming it, as Python's own."""
+        spellings = spellings or {}
+        if isinstance(base, cls):
+            config = base
+        elif base is None or isinstance(base, str):
+            config = cls() if base is None else cls(discovery_addr=base)
+        else:
+            raise TypeError(f"{who}() takes a NodeConfig or a discovery address (HOST:PORT or a redis:// URL) "
+                            f"first, got {type(base).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        for key, value in keywords.items():
+            name = spellings.get(key, key)
+            if name not in fields:
+                raise TypeError(f"{who}.__init__() got an unexpected keyword argument {key!r}")
+            if name in kw:
+                raise TypeError(f"{who}.__init__() got {name!r} twice (as {key!r} too); give one of them")
+            if value is None and fields[name].default is not None:
+                continue
+            kw[name] = value
+        return dataclasses.replace(config, **kw) if kw else config
+
+    @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> "NodeConfig":
         """The options among parsed flags ``args``, each checked (ConfigError names the flag); ``fields``
         set more (unchecked); options without a flag there keep their defaults."""
