@@ -325,8 +325,8 @@ class NodeConfig:
         0.0, "seconds a looked-up location is reused (0 = off)", unit="s", check=seconds(),
         flag=Flag("--dir-cache-ttl"), key="dir_cache_ttl")
     max_channels: int = option(
-        4, "data channels per peer", check=whole(1, checks.MAX_CHANNELS, least="positive"),
-        flag=Flag("--max-channels", default=8), key="max_channels")
+        8, "data channels per peer", check=whole(1, checks.MAX_CHANNELS, least="positive"),
+        flag=Flag("--max-channels"), key="max_channels")
     timeout: float = option(
         DEFAULT_TIMEOUTS.directory_s, "seconds a directory request, or a whole read, may take", unit="s",
         check=seconds(positive=True), key="timeout")

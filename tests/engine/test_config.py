@@ -191,3 +191,14 @@ def test_drive_derives_the_engine_bounds_it_does_not_change():
     from peercache.bench.drive import bounds
     from peercache.timeouts import DEFAULT
     assert (bounds.RDMA_CONNECT_S, bounds.RDMA_COMPLETION_S) == (DEFAULT.rdma_connect_s, DEFAULT.rdma_completion_s)
+
+
+def test_max_channels_has_one_default_on_every_surface():
+    # the library (Node, Client, HiCache's extra config) and every peercache-bench flag say the same
+    o = NodeConfig.options()["max_channels"]
+    assert o.flag.default is config.SAME and o.flag_default == o.default == NodeConfig().max_channels
+    assert hicache.StoreConfig().max_channels == o.default
+    for argv in (["serve"], ["drive"]):
+        assert cli.build_parser().parse_args(argv).max_channels == o.default, argv
+    text = cli.build_parser()._subparsers._group_actions[0].choices["drive"].format_help()
+    assert f"data channels per peer [{o.default}]" in " ".join(text.split())
