@@ -230,6 +230,12 @@ static PyObject *py_tcp_connect(PyObject *mod, PyObject *args) {
     double timeout;
     PyObject *key = Py_None;
     if (!PyArg_ParseTuple(args, "siid|Oi", &host, &port, &maxch, &timeout, &key, &poll_us)) return NULL;
+    if (!(timeout > 0)) {
+        char got[32];
+        snprintf(got, sizeof got, "%g", timeout);   /* PyErr_Format has no %g */
+        return PyErr_Format(PyExc_ValueError, "timeout_s must be a positive number of seconds, got %s; pass "
+                            "peercache.timeouts' io bound (the node's)", got);
+    }
     if (poll_us < 0 || poll_us > 1000000)
         return PyErr_Format(PyExc_ValueError, "poll_us must be 0..1000000 microseconds, got %d", poll_us);
     if (key != Py_None && (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != PC_HS_KEY_BYTES))

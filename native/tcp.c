@@ -299,7 +299,7 @@ static void *tcp_connect(const void *params, char *err, size_t errlen) {
     snprintf(c->host, sizeof c->host, "%s", p->host);
     snprintf(c->port, sizeof c->port, "%d", p->port);
     c->max_channels = p->max_channels < 1 ? 1 : (p->max_channels > MAX_CHANNELS ? MAX_CHANNELS : p->max_channels);
-    c->timeout_s = p->timeout_s > 0 ? p->timeout_s : 5.0;
+    c->timeout_s = p->timeout_s;   /* positive: checked by the caller (module.c) */
     c->poll_s = p->poll_us > 0 ? p->poll_us * 1e-6 : 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);

@@ -301,7 +301,7 @@ pv_conn *pv_conn_new(pv_rail **rails, size_t nrails, uint32_t nchan, uint32_t sq
     pthread_cond_init(&c->cv, NULL);
     c->nrails = nrails;
     c->nchan = nchan;
-    c->timeout_s = timeout_s > 0 ? timeout_s : 5.0;
+    c->timeout_s = timeout_s;   /* positive: checked by the caller (verbs_module.c) */
     for (size_t r = 0; r < nrails; r++) { pv_rail_ref(rails[r]); c->rails[r] = rails[r]; }
     c->chans = calloc(nrails * nchan, sizeof *c->chans);
     if (!c->chans) { snprintf(err, errlen, "out of memory"); goto fail; }

@@ -219,8 +219,15 @@ static int Channels_init(ChannelsObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"rails", "channels", "sq_depth", "timeout_s", NULL};
     PyObject *rails_o;
     unsigned int nchan = 1, depth = 256;
-    double timeout = 5.0;
+    double timeout = 0;   /* no default here: the bound is peercache.timeouts' rdma_completion_s */
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|IId", kwlist, &rails_o, &nchan, &depth, &timeout)) return -1;
+    if (!(timeout > 0)) {
+        char got[32];
+        snprintf(got, sizeof got, "%g", timeout);   /* PyErr_Format has no %g */
+        PyErr_Format(PyExc_ValueError, "timeout_s must be a positive number of seconds, got %s; pass "
+                     "peercache.timeouts.DEFAULT.rdma_completion_s or the node's own", got);
+        return -1;
+    }
     PyObject *seq = PySequence_Fast(rails_o, "rails must be a sequence of Rail");
     if (!seq) return -1;
     Py_ssize_t nr = PySequence_Fast_GET_SIZE(seq);
@@ -471,7 +478,7 @@ static PyTypeObject ChannelsType = {
     .tp_basicsize = sizeof(ChannelsObject),
     .tp_dealloc = (destructor)Channels_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Channels(rails, channels=1, sq_depth=256, timeout_s=5.0): RC QPs per rail and channel.",
+    .tp_doc = "Channels(rails, channels=1, sq_depth=256, timeout_s): RC QPs per rail and channel; timeout_s: the completion bound (peercache.timeouts).",
     .tp_methods = Channels_methods,
     .tp_init = (initproc)Channels_init,
     .tp_new = PyType_GenericNew,

@@ -11,27 +11,33 @@ own pool and publishes the keys, and other peers read them one-sided.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Any, Sequence
 
 import numpy as np
 
 from . import tags
+from .config import NodeConfig
 from .errors import ConfigError, DeadlineExceeded, InvalidLocation, TransportError
 from .node import Get, Node
 from .node.deadline import Deadline
 
-DEFAULT_DISCOVERY = "127.0.0.1:31998"
+DEFAULT_DISCOVERY = NodeConfig.options()["discovery_addr"].default
+#: The client's own spelling of a NodeConfig field (each field's own name is taken too).
+KEYWORDS = {"page_size": "page_bytes"}
+#: The page size of a client whose config names none: the one peercache-bench's --page-size has.
+DEFAULT_PAGE_SIZE = NodeConfig.options()["page_bytes"].flag_default
 
 
 class Client:
     """Connect to a PeerCache cluster through its discovery address."""
 
-    def __init__(self, discovery_addr: str = DEFAULT_DISCOVERY, *, protocol: str = "tcp",
-                 pool_bytes: int = 0, page_size: int = 128 * 1024, bind: str = "127.0.0.1",
-                 host_discovery: bool = False, dir_cache_ttl: float = 0.0, max_channels: int = 4,
-                 timeout: float = 5.0, auth_key: bytes | str | None = None, integrity: bool = False,
-                 directory: str | None = None):
-        """``directory``: None (the embedded directory at ``discovery_addr``), HOST:PORT, or a Redis
+    def __init__(self, config: NodeConfig | str | None = None, **options: Any):
+        """A client with the options of ``config`` (a :class:`~peercache.config.NodeConfig`), or of the
+        keywords ``options`` over its defaults: ``Client("127.0.0.1:31998", pool_bytes=..., page_size=...)``.
+        The keywords are NodeConfig's fields (``page_size`` is ``page_bytes``; unset: :data:`DEFAULT_PAGE_SIZE`).
+
+        ``directory``: None (the embedded directory at ``discovery_addr``), HOST:PORT, or a Redis
         URL, ``redis://[:PASSWORD@]HOST:PORT/DB`` / ``rediss://...`` (password also from
         $PEERCACHE_REDIS_PASSWORD); ``discovery_addr`` may be such a URL itself.
 
@@ -41,16 +47,16 @@ class Client:
         gets is a hit only if its payload matches its checksum (a producer without integrity
         writes none: its pages are then misses). Off by default: without it, a payload that
         changed without its slot tag (a bug, a bit flip, a wrong DMA) is not detected."""
+        c = NodeConfig.of(config, options, who="Client", spellings=KEYWORDS)
+        page_size = DEFAULT_PAGE_SIZE if c.page_bytes is None else c.page_bytes
         if page_size <= 0:
             raise ConfigError(f"page_size must be positive, got {page_size}")
-        slots = pool_bytes // tags.slot_stride(page_size) if pool_bytes else 0
-        if pool_bytes and slots == 0:
-            raise ConfigError(f"pool_bytes={pool_bytes} holds no {page_size} byte page; raise it")
+        c = dataclasses.replace(c, page_bytes=page_size)
+        slots = c.pool_slots(page_size)
+        if c.pool_bytes and slots == 0:
+            raise ConfigError(f"pool_bytes={c.pool_bytes} holds no {page_size} byte page; raise it")
         self.page_size = page_size
-        self.node = Node(discovery_addr, protocol=protocol, bind_host=bind, host_discovery=host_discovery,
-                         pool_slots=slots, slot_capacity=page_size, max_channels=max_channels,
-                         dir_cache_ttl=dir_cache_ttl, rpc_timeout=timeout, auth_key=auth_key,
-                         integrity=integrity, directory=directory)
+        self.node = Node(c)
 
     # -- writes -------------------------------------------------------------------
     def put(self, key: str | bytes, data) -> None:
@@ -139,6 +145,7 @@ class Client:
         self.close()
 
 
-def connect(discovery_addr: str = DEFAULT_DISCOVERY, **options) -> Client:
-    """A :class:`Client` connected to ``discovery_addr`` (or to ``directory=`` "redis://...")."""
+def connect(discovery_addr: str | None = None, **options) -> Client:
+    """A :class:`Client` connected to ``discovery_addr`` (default: NodeConfig's; or to ``directory=``
+    "redis://...")."""
     return Client(discovery_addr, **options)

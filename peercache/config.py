@@ -28,6 +28,7 @@ from .directory.redis.url import PASSWORD_ENV, is_redis, parse_url
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT
 from .directory.table import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
 from .errors import ConfigError, TransportError
+from .timeouts import DEFAULT as DEFAULT_TIMEOUTS, Timeouts
 from .transport import PROTOCOLS
 from .transport.tcp import poll_us_setting
 
@@ -324,11 +325,11 @@ class NodeConfig:
         0.0, "seconds a looked-up location is reused (0 = off)", unit="s", check=seconds(),
         flag=Flag("--dir-cache-ttl"), key="dir_cache_ttl")
     max_channels: int = option(
-        4, "data channels per peer", check=whole(1, checks.MAX_CHANNELS, least="positive"),
-        flag=Flag("--max-channels", default=8), key="max_channels")
+        8, "data channels per peer", check=whole(1, checks.MAX_CHANNELS, least="positive"),
+        flag=Flag("--max-channels"), key="max_channels")
     timeout: float = option(
-        5.0, "seconds a directory request, or a whole read, may take", unit="s", check=seconds(positive=True),
-        key="timeout")
+        DEFAULT_TIMEOUTS.directory_s, "seconds a directory request, or a whole read, may take", unit="s",
+        check=seconds(positive=True), key="timeout")
     heartbeat_interval: float = option(
         1.0, "seconds between heartbeats to the directory", unit="s", check=seconds(positive=True))
     heartbeat_timeout: float = option(
@@ -357,6 +358,9 @@ class NodeConfig:
         flag=Flag("--integrity", shown="off", help="serve: write a checksum (XXH3-64) of each page in its slot "
                   "header; drive: check it before a read counts as a hit (a mismatch is a miss and a counter)"),
         key="integrity")
+    #: the engine's other time bounds (:mod:`peercache.timeouts`); not a flag nor a key: ``timeout`` above
+    #: is the one a user sets
+    timeouts: Timeouts = DEFAULT_TIMEOUTS
 
     @classmethod
     def options(cls) -> dict[str, Option]:
@@ -370,6 +374,35 @@ class NodeConfig:
         if label is None:
             label = o.flag.name if o.flag else extra_label(o.key or name)
         return o.value(label, value)
+
+    @classmethod
+    def of(cls, base: "NodeConfig | str | None", keywords: dict[str, Any], *, who: str,
+           spellings: Optional[dict[str, str]] = None) -> "NodeConfig":
+        """``base`` (a config, a discovery address, or None: the defaults) with ``keywords`` set: the
+        keyword form of ``Node`` and ``Client``, whose defaults are this class's. ``spellings`` maps a
+        keyword ``who`` spells its own way to the field (``bind_host`` -> ``bind``); a field's own name
+        is taken too. A keyword of None leaves a field whose default is not None as it is; an unknown
+        keyword is a TypeError naming it, as Python's own."""
+        spellings = spellings or {}
+        if isinstance(base, cls):
+            config = base
+        elif base is None or isinstance(base, str):
+            config = cls() if base is None else cls(discovery_addr=base)
+        else:
+            raise TypeError(f"{who}() takes a NodeConfig or a discovery address (HOST:PORT or a redis:// URL) "
+                            f"first, got {type(base).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        for key, value in keywords.items():
+            name = spellings.get(key, key)
+            if name not in fields:
+                raise TypeError(f"{who}.__init__() got an unexpected keyword argument {key!r}")
+            if name in kw:
+                raise TypeError(f"{who}.__init__() got {name!r} twice (as {key!r} too); give one of them")
+            if value is None and fields[name].default is not None:
+                continue
+            kw[name] = value
+        return dataclasses.replace(config, **kw) if kw else config
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> "NodeConfig":
@@ -434,7 +467,7 @@ class NodeConfig:
                     rpc_timeout=self.timeout, name=name,
                     transport_options={**self.transport_options(), **(transport_options or {})},
                     auth_key=self.secret(), integrity=self.integrity, directory=self.directory,
-                    dir_table_entries=self.dir_table_entries)
+                    dir_table_entries=self.dir_table_entries, timeouts=self.timeouts)
 
     def extra_config(self) -> dict[str, Any]:
         """This config as HiCache's extra config (what :meth:`from_extra` reads back): each option that has

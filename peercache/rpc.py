@@ -20,7 +20,7 @@ accepts only clients holding the cluster secret; a client without it gets no
 answer at all, so :class:`RpcClient` watches its connection's handshake and
 says "wrong or missing auth key?" instead of only "no reply". A connection
 that never finishes its handshake (a client that connects and says nothing)
-is dropped after HANDSHAKE_S, so such connections cannot hold the server's
+is dropped after Timeouts.handshake_s, so such connections cannot hold the server's
 file descriptors for ZeroMQ's default 30 s; a client whose handshake gets no
 answer at all is told the server is stopped, overloaded or out of fds.
 """
@@ -42,6 +42,9 @@ from zmq.utils.monitor import recv_monitor_message
 from . import auth as _auth
 from .address import Address, split
 from .errors import DiscoveryUnreachable, PeerCacheError, RpcError
+# The control plane's bounds: the handshake (ZMQ_HANDSHAKE_IVL; ZeroMQ's default is 30 s, during which a
+# client that connects and never speaks holds an fd), the events read, a call's default.
+from .timeouts import DEFAULT as TIMEOUTS
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +56,6 @@ SOCKET_MAX_FACTOR = 4
 SOCKET_MAX_BYTES = SOCKET_MAX_FACTOR * MAX_REQUEST_BYTES
 #: Largest reply a client accepts (members and lookups of many nodes can exceed a request).
 MAX_REPLY_BYTES = 64 << 20
-#: How often (seconds) a client reads its connection's handshake events between timeouts.
-MONITOR_DRAIN_S = 1.0
-#: A connection to a server must finish its ZeroMQ handshake within this many seconds (ZMQ_HANDSHAKE_IVL;
-#: ZeroMQ's default is 30 s, during which a client that connects and never speaks holds an fd).
-HANDSHAKE_S = 2.0
 #: Requests up to this size are decoded and answered by the I/O thread itself.
 INLINE_BYTES = 64 << 10
 
@@ -237,7 +235,7 @@ class RpcServer:
             self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_FACTOR * self.limits.max_message_bytes)
             self.sock.setsockopt(zmq.RCVHWM, 64)
             self.sock.setsockopt(zmq.SNDHWM, 256)
-            self.sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+            self.sock.setsockopt(zmq.HANDSHAKE_IVL, int(TIMEOUTS.handshake_s * 1000))
             if auth is not None:
                 auth.server(self.sock)
             self.sock.bind(endpoint(bind))
@@ -484,7 +482,7 @@ class RpcServer:
         started = self._thread.is_alive() or self._worker.is_alive()
         for t in (self._worker, self._thread):
             if t.is_alive():
-                t.join(timeout=5)
+                t.join(timeout=TIMEOUTS.thread_join_s)
         if not started:
             self._close_sockets()
         elif self._own_ctx and not (self._thread.is_alive() or self._worker.is_alive()):
@@ -502,7 +500,7 @@ _HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HA
 class RpcClient:
     """Thread-safe request/reply client with a bounded wait per call."""
 
-    def __init__(self, addr: str, timeout: float = 5.0, ctx: zmq.Context | None = None,
+    def __init__(self, addr: str, timeout: float = TIMEOUTS.directory_s, ctx: zmq.Context | None = None,
                  what: str = "node", auth: _auth.CurveKeys | None = None):
         self.addr = addr
         self.url = endpoint(addr)
@@ -615,7 +613,7 @@ class RpcClient:
     def _exchange(self, op: str, body: bytes, wait: float, start: float) -> list:
         """Send one request and receive its reply's frames by ``start + wait`` (the lock held)."""
         now = time.monotonic()
-        if now - self._drained > MONITOR_DRAIN_S:
+        if now - self._drained > TIMEOUTS.monitor_drain_s:
             # The handshake events only explain a timeout: read them now and then (and at a
             # timeout), not on every call, so a call costs one send and one blocking receive.
             self._drained = now

@@ -34,6 +34,7 @@ import numpy as np
 from .. import tags
 from ..config import NodeConfig
 from ..errors import PeerCacheError
+from ..timeouts import DEFAULT as TIMEOUTS
 from ..node import Get, Node
 from ..transport import PROTOCOLS
 from .processes import die_with_parent
@@ -77,7 +78,8 @@ def _reader(conn, cfg: dict, ridx: int, quota: int, deadline: float, parent_pid:
            "bad_locations": 0, "stale": 0}
     node = None
     try:
-        conf = node_config(cfg, cfg["consumer_devices"], dir_cache_ttl=cfg["dir_cache_ttl"], timeout=5.0)
+        conf = node_config(cfg, cfg["consumer_devices"], dir_cache_ttl=cfg["dir_cache_ttl"],
+                           timeout=TIMEOUTS.directory_s)
         node = Node(**conf.node_kwargs(name=f"churn-reader-{ridx}"))
         keys = np.empty(cfg["keys"], dtype=object)
         keys[:] = key_names(cfg["keys"])

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from ..errors import ConfigError, PeerCacheError
+from ..timeouts import DEFAULT as TIMEOUTS
 from . import drive, meta, options, serve
 
 
@@ -27,7 +28,7 @@ def _meta_redis(args) -> int:
     from ..directory.redis.backend import RedisDirectory
 
     options.check_directory(args)
-    d = RedisDirectory(args.directory, timeout=5.0, heartbeat_timeout=args.heartbeat_timeout)
+    d = RedisDirectory(args.directory, timeout=TIMEOUTS.directory_s, heartbeat_timeout=args.heartbeat_timeout)
     try:
         endpoint = _meta_metrics(args, None, None)
     except PeerCacheError:

@@ -2,8 +2,8 @@
 
 Public entry point (used by :class:`~peercache.node.Node` and by the directory bench)::
 
-    connect_directory(spec: str, *, timeout: float = 5.0, auth=None,
-                      heartbeat_timeout: float = 5.0) -> DirectoryClient
+    connect_directory(spec: str, *, timeout: float = DEFAULT.directory_s, auth=None,
+                      heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> DirectoryClient
 
 ``spec`` picks the backend: ``HOST:PORT`` (or a zmq URL) is the embedded
 directory hosted by the discovery node / ``peercache-bench meta`` at that
@@ -38,6 +38,7 @@ from .service import DEFAULT_HEARTBEAT_TIMEOUT
 from ..address import host_of
 from ..errors import ConfigError
 from ..rpc import RpcClient
+from ..timeouts import DEFAULT
 from .ops import DirectoryOps, LookupResult, Members, Published, Registration
 from .redis.url import is_redis
 
@@ -80,7 +81,7 @@ class EmbeddedDirectory(DirectoryOps):
 
     kind = "embedded"
 
-    def __init__(self, addr: str, *, timeout: float = 5.0, auth=None):
+    def __init__(self, addr: str, *, timeout: float = DEFAULT.directory_s, auth=None):
         self.address = addr
         self.auth = auth
         self.rpc = RpcClient(addr, timeout=timeout, what="discovery", auth=auth)
@@ -104,7 +105,7 @@ class EmbeddedDirectory(DirectoryOps):
         self.rpc.close()
 
 
-def connect_directory(spec: str, *, timeout: float = 5.0, auth=None,
+def connect_directory(spec: str, *, timeout: float = DEFAULT.directory_s, auth=None,
                       heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> DirectoryClient:
     """A client of the directory named by ``spec`` (see the module doc).
 

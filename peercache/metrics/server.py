@@ -29,6 +29,8 @@ import urllib.parse
 from typing import Callable, Optional
 from wsgiref.handlers import SimpleHandler
 
+from ..timeouts import DEFAULT as TIMEOUTS
+
 log = logging.getLogger(__name__)
 
 #: descriptors the server holds beside its connections: the listener, one just accepted (before a slot is
@@ -108,7 +110,7 @@ class BoundedWSGIServer:
             self._wake_w.send(b"x")
         except OSError:
             pass
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=TIMEOUTS.thread_join_s)
 
     # -- the loop ------------------------------------------------------------------------------------
     def _run(self) -> None:

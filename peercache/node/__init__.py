@@ -32,12 +32,13 @@ from ..directory.client import DirectoryClient, connect_directory
 from ..directory.ops import Registration
 from ..directory.redis.url import is_redis
 from ..directory.location import Location
-from ..directory.service import DEFAULT_HEARTBEAT_TIMEOUT, MetaService
-from ..directory.table import DEFAULT_ENTRIES as DEFAULT_TABLE_ENTRIES
+from ..directory.service import MetaService
 from ..directory.table import TABLE_REGION
 from ..errors import ConfigError, DeadlineExceeded, PeerCacheError
 from ..pool import Pool, SlotRef
+from ..config import NodeConfig
 from ..rpc import RpcServer
+from ..timeouts import Timeouts
 from ..transport import make_transport
 from ..transport.base import native_module
 from .deadline import Deadline
@@ -55,20 +56,23 @@ __all__ = ["BatchResult", "Get", "Node", "POOL_REGION", "WILDCARDS"]
 log = logging.getLogger(__name__)
 
 
-#: The option that bounds one blocking data read of a transport, set to the read's timeout. Not
-#: rdma's completion timeout (timeout_s): a READ without a completion for it is a path fault that
-#: fails over to another rail, a bound of its own (see bench/drive/bounds.py); shm reads memory.
-_READ_TIMEOUT_OPTION = {"tcp": "io_timeout"}
+#: Node's own spellings of NodeConfig fields (its keyword API since before NodeConfig); each field's
+#: own name is taken too.
+KEYWORDS = {"bind_host": "bind", "slot_capacity": "page_bytes", "rpc_timeout": "timeout"}
 
 
-def _read_bound(protocol: str, timeout: float, options: dict | None) -> dict:
-    """``options`` with the transport's read bound set to ``timeout`` unless they set it: a batch
-    read has ``timeout`` in all, and the native read takes no per-call deadline, so no single read
-    may wait longer than the whole call may."""
+def _bounds(protocol: str, timeout: float, timeouts: Timeouts, options: dict | None) -> dict:
+    """``options`` with the transport's time bounds from ``timeouts`` unless they set them: tcp's
+    bound on one blocking call (``timeouts.io(timeout)``: a batch read has ``timeout`` in all, and the
+    native read takes no per-call deadline), rdma's connection set-up and completion bounds (a READ
+    without a completion is a path fault that fails over to another rail: a bound of its own, not
+    the read's); shm reads memory."""
     out = dict(options or {})
-    key = _READ_TIMEOUT_OPTION.get(protocol)
-    if key is not None:
-        out.setdefault(key, timeout)
+    if protocol == "tcp":
+        out.setdefault("io_timeout", timeouts.io(timeout))
+    elif protocol == "rdma":
+        out.setdefault("connect_timeout", timeouts.rdma_connect_s)
+        out.setdefault("timeout_s", timeouts.rdma_completion_s)
     return out
 
 
@@ -83,20 +87,35 @@ def _held(part: str, name: str, doc: str) -> property:
 class Node:
     """One process's membership in a PeerCache cluster."""
 
-    def __init__(self, discovery_addr: str, *, protocol: str = "tcp", bind_host: str = "127.0.0.1",
-                 host_discovery: bool = False, pool_slots: int = 0, slot_capacity: int = 0,
-                 max_channels: int = 4, dir_cache_ttl: float = 0.0,
-                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-                 rpc_timeout: float = 5.0, name: str | None = None, transport_options: dict | None = None,
-                 auth_key: bytes | str | None = None, integrity: bool = False,
-                 directory: str | None = None, dir_table_entries: int | None = None):
-        """``directory``: where the directory lives: None or HOST:PORT for the embedded one (hosted by
+    def __init__(self, config: NodeConfig | str | None = None, *, name: str | None = None,
+                 pool_slots: int | None = None, transport_options: dict | None = None, **options: Any):
+        """A node with the options of ``config`` (a :class:`~peercache.config.NodeConfig`), or of the
+        keywords ``options`` over its defaults: ``Node("127.0.0.1:31998", protocol="tcp", ...)``. The
+        keywords are NodeConfig's fields, three of them also spelled as Node always took them
+        (:data:`KEYWORDS`: ``bind_host``, ``slot_capacity``, ``rpc_timeout``); the defaults are
+        NodeConfig's alone.
+
+        ``name``: the node's (default: host:pid); ``pool_slots``: slots of the pool (default: as many
+        as ``pool_bytes`` holds of ``page_bytes``); ``transport_options``: added to the config's own
+        (:meth:`~peercache.config.NodeConfig.transport_options`; a bench's bounds).
+
+        ``directory``: where the directory lives: None or HOST:PORT for the embedded one (hosted by
         the node at ``discovery_addr``, this one with ``host_discovery``), or a redis:// / rediss:// URL
         (then ``discovery_addr`` may be that URL too, and ``host_discovery`` hosts nothing).
 
         ``dir_table_entries`` (hosting the embedded directory only): entries of the directory table
         that consumers read one-sided through this node's data transport (:mod:`peercache.directory.table`;
-        None: :data:`~peercache.directory.table.DEFAULT_ENTRIES`, about 73 bytes of region each; 0: none)."""
+        about 73 bytes of region each; 0: none)."""
+        #: this node's options
+        self.config = c = NodeConfig.of(config, options, who="Node", spellings=KEYWORDS)
+        discovery_addr, directory, protocol, bind_host = c.discovery_addr, c.directory, c.protocol, c.bind
+        host_discovery, max_channels, dir_cache_ttl = c.host_discovery, c.max_channels, c.dir_cache_ttl
+        heartbeat_interval, heartbeat_timeout = c.heartbeat_interval, c.heartbeat_timeout
+        rpc_timeout, timeouts, integrity = c.timeout, c.timeouts, c.integrity
+        dir_table_entries, auth_key = c.dir_table_entries, c.secret()
+        slot_capacity = c.page_bytes or 0
+        pool_slots = c.pool_slots(slot_capacity) if pool_slots is None else pool_slots
+        transport_options = {**c.transport_options(), **(transport_options or {})}
         if heartbeat_interval <= 0 or heartbeat_interval >= heartbeat_timeout:
             raise ConfigError(f"heartbeat interval {heartbeat_interval}s must be positive and below "
                               f"the timeout {heartbeat_timeout}s")
@@ -139,11 +158,11 @@ class Node:
         self.auth = self.credentials.curve
         try:
             self.transport = make_transport(protocol, max_channels=max_channels,
-                                            **_read_bound(protocol, rpc_timeout, transport_options))
+                                            **_bounds(protocol, rpc_timeout, timeouts, transport_options))
             self.transport.use_credentials(self.credentials)
             native, _ = native_module()        # built (the cache above needs it)
             if host_discovery:
-                entries = DEFAULT_TABLE_ENTRIES if dir_table_entries is None else int(dir_table_entries)
+                entries = int(dir_table_entries)
                 if entries < 0:
                     raise ConfigError(f"--dir-table-entries must be >= 0 (0 disables the table), got {entries}")
                 self.hosted_directory = MetaService(heartbeat_timeout, table_entries=entries)
@@ -155,7 +174,7 @@ class Node:
             table = self._serve_data(pool_slots, slot_capacity, bind_host)
             self.peer_infos = PeerInfos(self.directory, self.directory.host)
             self.membership = Membership(self.directory, self.info, heartbeat_interval,
-                                         on_registered=self._registered)
+                                         on_registered=self._registered, timeouts=timeouts)
             self.publisher = Publisher(self.pool, self.directory, self.membership)
             self.membership.on_forgotten = self.publisher.republish
             self.membership.on_heartbeat = self.publisher.retry_refused

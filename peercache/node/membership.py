@@ -12,6 +12,7 @@ import numpy as np
 from ..directory.ops import Registration
 from ..errors import DiscoveryUnreachable, PeerCacheError, RpcError
 from ..rpc import DEFAULT_LIMITS, Limits
+from ..timeouts import DEFAULT, Timeouts
 
 log = logging.getLogger("peercache.node")
 
@@ -33,12 +34,14 @@ class Membership:
 
     def __init__(self, directory, info: dict, heartbeat_interval: float, *,
                  on_registered: Callable[[Registration], None] = _nothing, on_forgotten: Callable[[], None] = _nothing,
-                 on_heartbeat: Callable[[], None] = _nothing):
+                 on_heartbeat: Callable[[], None] = _nothing, timeouts: Timeouts = DEFAULT):
         #: the directory client (None once closed)
         self.directory = directory
         #: what this node registers as (name, host, pid, protocol, data and control endpoints, regions)
         self.info = info
         self.heartbeat_interval = heartbeat_interval
+        #: the bounds of leaving and of the heartbeat thread's end
+        self.timeouts = timeouts
         self.on_registered, self.on_forgotten, self.on_heartbeat = on_registered, on_forgotten, on_heartbeat
         self.node_id: str | None = None
         #: issued by discovery at registration; proves requests in this node's name
@@ -87,7 +90,7 @@ class Membership:
         """No more heartbeats (the node stays registered until the directory times it out)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self.timeouts.thread_join_s)
 
     def silence(self) -> float:
         """Seconds since the directory last answered this node."""
@@ -134,7 +137,7 @@ class Membership:
         disc = self.directory
         if leave and disc is not None and self.node_id:
             try:
-                disc.leave(self.node_id, self.token, timeout=1.0)
+                disc.leave(self.node_id, self.token, timeout=self.timeouts.leave_s)
             except (RpcError, DiscoveryUnreachable):
                 pass
         self.directory = None

@@ -44,7 +44,7 @@ class Reader:
     """
 
     def __init__(self, native, transport: Transport, cache: DirectoryCache, resolver: Resolver, peers: PeerInfos,
-                 integrity: bool, timeout: float = 5.0):
+                 integrity: bool, timeout: float):
         #: the native module when the batch reads natively, else None
         self.native = native
         self.transport, self.cache, self.resolver, self.peers = transport, cache, resolver, peers

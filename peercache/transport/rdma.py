@@ -39,6 +39,7 @@ from ..errors import PeerCacheError, TransportError, TransportUnavailable
 from ..rdma import devices
 from ..rdma.completion import wc_name
 from ..rpc import RpcClient
+from ..timeouts import DEFAULT as TIMEOUTS
 from .base import OP_DTYPE, Transport, native_module
 from .handles import PeerHandles
 
@@ -46,8 +47,6 @@ log = logging.getLogger(__name__)
 
 #: Consumer connections a producer keeps QPs for (oldest dropped beyond this).
 MAX_ACCEPTED = 256
-#: Total seconds close() spends telling producers to drop our QPs (best effort).
-DISCONNECT_BUDGET_S = 3.0
 #: Local buffers kept registered per process (least recently used dropped beyond this).
 MAX_LOCAL_REGISTRATIONS = 64
 #: Ops up to this size may land in unregistered memory (the native side bounces them).
@@ -68,8 +67,8 @@ class RdmaTransport(Transport):
     needs_registered_memory = True
 
     def __init__(self, max_channels: int = 4, *, devices: list[str] | None = None, device_name: str | None = None, ib_port: int = 1,
-                 gid_index: int | None = None, sq_depth: int = 256, timeout_s: float = 5.0,
-                 signal_every: int = 16, max_chain: int = 64, connect_timeout: float = 5.0,
+                 gid_index: int | None = None, sq_depth: int = 256, timeout_s: float = TIMEOUTS.rdma_completion_s,
+                 signal_every: int = 16, max_chain: int = 64, connect_timeout: float = TIMEOUTS.rdma_connect_s,
                  **_ignored: Any):
         names = list(devices or ([device_name] if device_name else []))
         self.specs = _discover(names, ib_port, gid_index)
@@ -308,7 +307,7 @@ class RdmaTransport(Transport):
 
     def _tell_producers(self, ctl: dict[str, tuple[str, str]]) -> None:
         """Ask producers to destroy the QPs they keep for us (bounded, best effort)."""
-        deadline = time.monotonic() + DISCONNECT_BUDGET_S
+        deadline = time.monotonic() + TIMEOUTS.disconnect_s
         for consumer, (peer, addr) in ctl.items():
             left = deadline - time.monotonic()
             if left <= 0:

@@ -75,6 +75,7 @@ import numpy as np
 
 from ..auth import DATA_KEY_BYTES
 from ..errors import TransportError, TransportUnavailable
+from ..timeouts import DEFAULT as TIMEOUTS
 from .base import Transport, native_module, slot_ops
 from .handles import PeerHandles
 
@@ -83,8 +84,6 @@ log = logging.getLogger(__name__)
 #: Most ops one request may carry, and most payload bytes one reply may carry.
 MAX_OPS = 1 << 16
 MAX_REPLY_BYTES = 1 << 31
-#: Bound on every blocking socket call of the data path.
-DEFAULT_IO_TIMEOUT = 5.0
 
 
 #: Limits of the data server (TcpTransport arguments). A process started by another tool can
@@ -447,7 +446,7 @@ class TcpTransport(Transport):
     name = "tcp"
     native = True
 
-    def __init__(self, max_channels: int = 4, io_timeout: float = DEFAULT_IO_TIMEOUT, port: int = 0,
+    def __init__(self, max_channels: int = 4, io_timeout: float = TIMEOUTS.io(TIMEOUTS.directory_s), port: int = 0,
                  max_connections: int | None = None,
                  idle_timeout: float | None = None, request_timeout: float | None = None,
                  server_workers: int | None = None, log_interval: float | None = None,

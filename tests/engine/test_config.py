@@ -8,7 +8,8 @@ import inspect
 
 import pytest
 
-from peercache import config, hicache, tags
+import peercache
+from peercache import client, config, hicache, node, tags
 from peercache.bench import cli, options
 from peercache.config import NodeConfig
 from peercache.errors import ConfigError
@@ -33,19 +34,48 @@ def test_every_option_has_a_one_line_doc_a_check_and_a_surface():
         assert o.unit in ("", "s", "B", "µs", "pages", "threads", "entries"), (o.name, o.unit)
 
 
-def test_node_kwargs_are_exactly_what_node_takes_with_its_defaults():
-    params = inspect.signature(Node.__init__).parameters
-    kw = NodeConfig().node_kwargs()
-    assert set(kw) == set(params) - {"self"}
-    # a default NodeConfig is a default Node (None and the table's default entries are the same to it)
-    for name, value in kw.items():
-        default = params[name].default
-        if name == "dir_table_entries":
-            assert default is None and value == options.FLAGS["dir_table_entries"].default
-        elif name == "transport_options":
-            assert default is None and value == {}
-        elif default is not inspect.Parameter.empty:
-            assert value == default, (name, value, default)
+#: What Node takes beside a NodeConfig: the node's name and pool size in slots, and transport options
+#: added to the config's (none of them an option, all None by default).
+NODE_OWN = {"config", "name", "pool_slots", "transport_options"}
+
+
+@pytest.mark.parametrize("cls, own", [(Node, NODE_OWN), (peercache.Client, {"config"})], ids=["Node", "Client"])
+def test_node_and_client_take_their_defaults_from_nodeconfig_alone(cls, own):
+    params = inspect.signature(cls.__init__).parameters
+    with_default = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    # a default added back to __init__ (max_channels: int = 4, ...) is a second list of defaults
+    assert set(with_default) <= own and all(v is None for v in with_default.values()), with_default
+    fields = {f.name for f in dataclasses.fields(NodeConfig)}
+    assert not (set(params) & (fields | set(node.KEYWORDS) | set(client.KEYWORDS))), set(params)
+    assert params["config"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+def test_the_keyword_form_is_nodeconfig_with_the_old_spellings():
+    of = NodeConfig.of
+    assert of(None, {}, who="Node") == NodeConfig() and of("h:1", {}, who="Node") == NodeConfig(discovery_addr="h:1")
+    c = NodeConfig(discovery_addr="10.0.0.1:4000", bind="0.0.0.0", page_bytes=4096, timeout=2.0, max_channels=3)
+    assert of(None, {"discovery_addr": "10.0.0.1:4000", "bind_host": "0.0.0.0", "slot_capacity": 4096,
+                     "rpc_timeout": 2.0, "max_channels": 3}, who="Node", spellings=node.KEYWORDS) == c
+    assert of("10.0.0.1:4000", {"bind": "0.0.0.0", "page_size": 4096, "timeout": 2.0, "max_channels": 3},
+              who="Client", spellings=client.KEYWORDS) == c
+    # what node_kwargs gives Node reads back as the config it came from
+    kw = c.node_kwargs(name="n")
+    for k in NODE_OWN:
+        kw.pop(k, None)
+    assert of(None, kw, who="Node", spellings=node.KEYWORDS) == c
+    # None keeps a field whose default is not None (Node's old dir_table_entries=None)
+    assert of(None, {"dir_table_entries": None}, who="Node").dir_table_entries == NodeConfig().dir_table_entries
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Node("127.0.0.1:1", max_chanels=2), r"Node.__init__\(\) got an unexpected keyword argument 'max_chanels'"),
+    (lambda: peercache.Client(pagesize=4096), r"Client.__init__\(\) got an unexpected keyword argument 'pagesize'"),
+    (lambda: Node(bind="a", bind_host="b"), r"got 'bind' twice \(as 'bind_host' too\)"),
+    (lambda: peercache.Client(4000), "takes a NodeConfig or a discovery address"),
+], ids=["node-unknown", "client-unknown", "two-spellings", "not-an-address"])
+def test_a_keyword_that_is_no_option_is_a_type_error_naming_it(make, match):
+    with pytest.raises(TypeError, match=match):
+        make()
 
 
 def test_hicache_keys_are_the_declared_ones():
@@ -137,3 +167,38 @@ def test_extra_config_reads_back_as_the_same_node_options():
                    page_bytes=4096, dir_cache_ttl=0.5, integrity=True, directory="127.0.0.1:4000")
     assert NodeConfig.from_extra(c.extra_config()) == c
     assert "devices" not in dataclasses.replace(c, protocol="tcp").extra_config()   # rails are rdma's only
+
+
+def test_every_engine_bound_is_declared_once_in_seconds_with_a_one_line_doc():
+    from peercache.timeouts import DEFAULT, Timeouts
+    docs = Timeouts.docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(Timeouts)} and len(docs) >= 8
+    for name, (unit, doc) in docs.items():
+        assert name.endswith("_s") and unit == "s", name
+        assert doc and "\n" not in doc and len(doc) < 140, name
+        v = getattr(DEFAULT, name)
+        assert v is None or v > 0, (name, v)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT.directory_s = 1.0
+    # the user's knob for a directory request and a whole read has the declared bound as its default
+    assert NodeConfig().timeout == DEFAULT.directory_s and NodeConfig().timeouts == DEFAULT
+    assert "timeouts" not in NodeConfig.options() and "timeouts" not in NodeConfig().extra_config()
+    # io_s unset: a tcp call may wait as long as the whole read; set: its own bound
+    assert (Timeouts().io(7.0), Timeouts(io_s=0.5).io(7.0)) == (7.0, 0.5)
+
+
+def test_drive_derives_the_engine_bounds_it_does_not_change():
+    from peercache.bench.drive import bounds
+    from peercache.timeouts import DEFAULT
+    assert (bounds.RDMA_CONNECT_S, bounds.RDMA_COMPLETION_S) == (DEFAULT.rdma_connect_s, DEFAULT.rdma_completion_s)
+
+
+def test_max_channels_has_one_default_on_every_surface():
+    # the library (Node, Client, HiCache's extra config) and every peercache-bench flag say the same
+    o = NodeConfig.options()["max_channels"]
+    assert o.flag.default is config.SAME and o.flag_default == o.default == NodeConfig().max_channels
+    assert hicache.StoreConfig().max_channels == o.default
+    for argv in (["serve"], ["drive"]):
+        assert cli.build_parser().parse_args(argv).max_channels == o.default, argv
+    text = cli.build_parser()._subparsers._group_actions[0].choices["drive"].format_help()
+    assert f"data channels per peer [{o.default}]" in " ".join(text.split())

@@ -14,6 +14,8 @@ RDMA_CONNECT_S (emulated hosts); RDMA_COMPLETION_S, STUCK_GRACE_S and END_GRACE_
 """
 from __future__ import annotations
 
+from ...timeouts import DEFAULT as ENGINE
+
 #: How long a point may overrun its window before the driver gives up on it.
 POINT_GRACE_S = 20.0
 #: A directory call's bound (a GET's bound, every step included; over rdma plus RDMA_COMPLETION_S).
@@ -22,11 +24,11 @@ IO_TIMEOUT_S = 3.0
 DATA_TIMEOUT_S = 2.0
 #: How long the directory may answer no heartbeat before the point ends.
 DIRECTORY_SILENCE_S = 3.0
-#: The rdma transport's connection setup bound drive gives it.
-RDMA_CONNECT_S = 5.0
+#: The rdma transport's connection setup bound drive gives it (the engine's own, before --time-scale).
+RDMA_CONNECT_S = ENGINE.rdma_connect_s
 #: The rdma transport's completion bound drive gives it: a READ with no completion for this long is a
-#: path fault, failed over to another rail (not stretched by --time-scale: see Worker).
-RDMA_COMPLETION_S = 5.0
+#: path fault, failed over to another rail (the engine's own; not stretched by --time-scale: see Worker).
+RDMA_COMPLETION_S = ENGINE.rdma_completion_s
 #: How long threads still inside a read are waited for once a point stopped, before they are left behind.
 STUCK_GRACE_S = 0.2
 #: How long the driver processes of a failed run are given to end before they are ended.

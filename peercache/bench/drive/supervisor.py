@@ -19,7 +19,7 @@ from .. import meta, options
 from ..document import DRIVE_READY_WORDS, DriveDocument, DriveMeta
 from ..processes import exit_text, recv
 from .aggregate import aggregate
-from .bounds import CLEAN_END_S, END_GRACE_S, POINT_GRACE_S
+from .bounds import CLEAN_END_S, END_GRACE_S, IO_TIMEOUT_S, POINT_GRACE_S
 from .config import DriveConfig, safe_directory
 from .stats import ThreadStats
 from .worker import Worker, worker_main
@@ -160,7 +160,7 @@ def check_prerequisites(args) -> None:
     directory does not answer (an error naming its URL, within its connect timeout)."""
     spec = options.directory(args)
     if is_redis(spec):
-        connect_directory(spec, timeout=3.0).close()
+        connect_directory(spec, timeout=IO_TIMEOUT_S).close()
     if args.gpu:
         from ... import gpu   # only a --gpu run loads the GPU module
         gpu.require()

@@ -78,6 +78,7 @@ from ..ops import DirectoryOps
 from ..service import DEFAULT_HEARTBEAT_TIMEOUT
 from ...errors import PeerCacheError, RpcError
 from ...rpc import Limits, unpack
+from ...timeouts import DEFAULT
 from ..location import RECORD, decode_record, encode_record
 from .connection import RedisConnection
 from .leases import OwnerLeases
@@ -106,7 +107,7 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
 
     kind = "redis"
 
-    def __init__(self, url: str, *, timeout: float = 5.0,
+    def __init__(self, url: str, *, timeout: float = DEFAULT.directory_s,
                  heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, limits: Limits | None = None,
                  _parsed: RedisURL | None = None, _cluster: bool | None = None):
         self.cfg = _parsed or parse_url(url)

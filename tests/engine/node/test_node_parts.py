@@ -168,7 +168,7 @@ class Located:
 def test_a_stale_location_is_read_once_more_then_a_miss():
     keys = [b"hit", b"stale", b"moved", b"redirected"]
     res = Located(first="first", fresh="fresh")
-    reader = Reader(None, transport=None, cache=None, resolver=res, peers=None, integrity=False)
+    reader = Reader(None, transport=None, cache=None, resolver=res, peers=None, integrity=False, timeout=1.0)
     reads = []
 
     def read(keys_, want, locs, dest, offsets, caps, status, lengths, gens, content, checks):

@@ -15,6 +15,7 @@ import peercache
 from conftest import BENCH, scaled
 from peercache.node import Node
 from peercache import rpc
+from peercache.timeouts import DEFAULT as DEFAULT_TIMEOUTS
 from peercache.rpc import MAX_REQUEST_BYTES, SOCKET_MAX_BYTES, RpcClient, RpcServer, pack, unpack
 
 
@@ -226,7 +227,7 @@ time.sleep(float(sys.argv[1]))
 
 def test_connections_that_never_speak_do_not_lock_the_control_port_out():
     """Under a 64-fd limit, 80 connections that never send their ZeroMQ greeting take every fd the
-    server has, the rest wait in its listen backlog; they are dropped after rpc.HANDSHAKE_S (ZeroMQ's default: 30 s), so a real
+    server has, the rest wait in its listen backlog; they are dropped after Timeouts.handshake_s (ZeroMQ's default: 30 s), so a real
     client gets its answer within a few seconds, and meanwhile is told what happened, not an
     auth hint (this side has no auth key, the server none either)."""
     import resource
@@ -257,7 +258,7 @@ def test_connections_that_never_speak_do_not_lock_the_control_port_out():
                 errors.append(str(e))
         took = time.monotonic() - t
         print(f"answered {took:.2f} s into a flood of {len(flood)} silent connections; meanwhile: {errors[:1]}")
-        assert took < rpc.HANDSHAKE_S + scaled(3.0), (took, errors)
+        assert took < DEFAULT_TIMEOUTS.handshake_s + scaled(3.0), (took, errors)
         assert not any("auth key" in e for e in errors), errors
     finally:
         for s in flood:
