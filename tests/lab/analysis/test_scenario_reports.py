@@ -10,7 +10,7 @@ from peercache.lab.analysis.scenarios import DEFAULT, REPORTS, report_of
 from peercache.lab.analysis.scenarios.declare import Scenario
 from peercache.lab.pipeline import experiments
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _without_report(names) -> list[str]:

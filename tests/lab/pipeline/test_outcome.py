@@ -18,7 +18,7 @@ from peercache.lab.pipeline.points.declare import Point
 from peercache.lab.pipeline.points.hicache_suite import HiCacheSuiteRun
 from peercache.lab.pipeline.points.sockperf import SockperfRun
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REPORT = (ROOT / "tests" / "fixtures" / "lab" / "sockperf" / "pingpong_tcp_m4096_full_rtt.stdout").read_text()
 FAILED_AFTER = "server exited 1 after the client"
 
