@@ -17,7 +17,7 @@ _LAZY = {"Client", "connect"}
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from . import client
+        from . import client   # on first use: `import peercache` stays light (no numpy, zmq or node yet)
         return getattr(client, name)
     raise AttributeError(f"module 'peercache' has no attribute {name!r}")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from .address import Address
 from .errors import ConfigError
+from .sysfs import proc_path
 
 #: Longest duration any option takes (timeouts, waits, TTLs, measured windows): a day.
 MAX_SECONDS = 86400.0
@@ -102,7 +103,6 @@ def name(option: str, value: Any) -> str:
 
 def host_memory() -> int | None:
     """Physical memory of this host in bytes (None when it cannot be read)."""
-    from .sysfs import proc_path
     try:
         with open(proc_path("meminfo")) as f:
             for line in f:

@@ -95,7 +95,7 @@ class GpuBuffer:
         self.nbytes = nbytes
         span = align_up(nbytes, GPU_PAGE)
         if self.lib == "torch":
-            import torch
+            import torch   # optional: the GPU stack found by require(), torch or CuPy
             self._mod = torch
             self._dev = torch.device(f"cuda:{device}")
             self._raw = torch.empty(span + GPU_PAGE, dtype=torch.uint8, device=self._dev)
@@ -105,7 +105,7 @@ class GpuBuffer:
             if bus is None and hasattr(props, "pci_domain_id"):
                 bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         else:
-            import cupy
+            import cupy    # optional, as torch above
             self._mod = cupy
             with cupy.cuda.Device(device):
                 self._raw = cupy.empty(span + GPU_PAGE, dtype=cupy.uint8)
@@ -134,7 +134,7 @@ class GpuBuffer:
             t = self._mod.empty(nbytes, dtype=self._mod.uint8, pin_memory=True)
             self._keep = getattr(self, "_keep", []) + [t]
             return t.numpy()
-        import cupyx
+        import cupyx       # optional, with CuPy
         return cupyx.empty_pinned(nbytes, dtype=np.uint8)
 
     def upload(self, host: np.ndarray, start: int) -> None:

@@ -39,7 +39,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from . import checks, tags
+from . import checks, metrics, tags
 from .config import NodeConfig, extra_label, option, with_default
 from .errors import ConfigError, PeerCacheError
 from .node import BatchResult, Get, Node
@@ -223,7 +223,7 @@ def _new_page(data: np.ndarray):
     """What get/batch_get return without a target: a torch uint8 tensor when torch is there, else numpy."""
     if not _torch:
         try:
-            import torch
+            import torch   # optional: SGLang has it; the store works with numpy alone
         except ImportError:
             torch = None
         _torch.append(torch)
@@ -265,7 +265,6 @@ class PeerCacheStore(HiCacheStorage):
         #: the Prometheus endpoint of extra config 'metrics_addr' (None: off)
         self._metrics = None
         if self.config.metrics_addr:
-            from . import metrics
             # SGLang gives every rank the same extra config: each rank listens on the port plus its rank
             label = extra_label("metrics_addr")
             addr = metrics.for_process(self.config.metrics_addr, self.rank, self.tp_size * self.pp_size,
@@ -343,7 +342,7 @@ class PeerCacheStore(HiCacheStorage):
     @staticmethod
     def _indices(n: int):
         try:
-            import torch
+            import torch   # optional, as in _new_page
             return torch.arange(n, dtype=torch.int64)
         except ImportError:
             return np.arange(n, dtype=np.int64)

@@ -5,8 +5,14 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 
+from .. import metrics
+from ..auth import curve_keys
+from ..directory import is_redis
+from ..directory.service import MetaService
 from ..errors import ConfigError, PeerCacheError
+from ..rpc import RpcServer
 from ..timeouts import DEFAULT as TIMEOUTS
 from . import drive, meta, options, serve
 
@@ -23,9 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _meta_redis(args) -> int:
     """With a Redis directory there is nothing to host: meta checks Redis and reaps expired nodes."""
-    import threading
-
-    from ..directory.redis.backend import RedisDirectory
+    from ..directory.redis.backend import RedisDirectory   # redis-py only for a redis:// directory
 
     options.check_directory(args)
     d = RedisDirectory(args.directory, timeout=TIMEOUTS.directory_s, heartbeat_timeout=args.heartbeat_timeout)
@@ -57,26 +61,18 @@ def _meta_metrics(args, server, service):
     """meta's metrics endpoint (--metrics-addr; None when off): the directory it hosts, and its RPC server."""
     if not args.metrics_addr:
         return None
-    from .. import metrics
     endpoint = metrics.serve_service(args.metrics_addr, server, service)
     print(f"peercache-bench meta: metrics at {endpoint.url}", flush=True)
     return endpoint
 
 
 def _meta(args) -> int:
-    from ..directory import is_redis
     options.validate_meta(args)
     if is_redis(args.directory):
         return _meta_redis(args)
     if args.directory:
         options.check_addr(args.directory, "--directory")
         args.discovery_addr = args.directory
-    from ..directory.service import MetaService
-    from ..rpc import RpcServer
-    import threading
-
-    from ..auth import curve_keys
-
     keys = curve_keys(options.auth_secret(args))
     svc = MetaService(args.heartbeat_timeout)
     try:

@@ -17,16 +17,16 @@ def make_transport(protocol: str, **options) -> Transport:
     # Each transport is imported here, when asked for, not at the top: a process loads only the one
     # it uses (rdma brings the verbs extension and its control plane).
     if protocol == "tcp":
-        from .tcp import TcpTransport
+        from .tcp import TcpTransport     # on demand, as said above
         mod, why = native_module()
         if mod is None:
             raise TransportUnavailable(f"the tcp transport needs the native module: {why}")
         return TcpTransport(**options)
     if protocol == "shm":
-        from .shm import ShmTransport
+        from .shm import ShmTransport     # on demand
         return ShmTransport(**options)
     if protocol == "rdma":
-        from .rdma import RdmaTransport
+        from .rdma import RdmaTransport   # on demand: the verbs extension and its control plane
         return RdmaTransport(**options)
     raise ConfigError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
 
