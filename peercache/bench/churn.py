@@ -37,7 +37,7 @@ from ..errors import PeerCacheError
 from ..timeouts import DEFAULT as TIMEOUTS
 from ..node import Get, Node
 from ..transport import PROTOCOLS
-from .processes import die_with_parent
+from .processes import die_with_parent, end_all
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -277,11 +277,7 @@ def run(args) -> tuple[int, str]:
         seconds = time.monotonic() - t0
     finally:
         prod.close()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2)
+        end_all(procs, 5.0, terminate=False)
     tot = {k: sum(r.get(k, 0) for r in results)
            for k in ("gets", "hits", "misses", "errors", "wrong_pages", "wrong_bytes", "short_hits",
                      "cache_hits", "cache_misses", "bad_locations", "stale")}

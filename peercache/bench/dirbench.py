@@ -50,7 +50,7 @@ from ..node import Node
 from ..redact import redact, redact_doc
 from ..transport.base import ABSENT
 from . import meta, options
-from .processes import recv   # a worker's reply, bounded in time; its death an error
+from .processes import end_all, recv   # a worker's reply, bounded in time; its death an error
 from .serve import fill_page
 
 #: Bytes per published slot: the directory does not care what a slot holds.
@@ -353,11 +353,7 @@ def run(a, say=lambda msg: None) -> dict:
     except PeerCacheError as e:
         doc["status"], doc["error"] = "failed", str(e)
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        end_all(procs, 5.0, terminate=False, last=5.0)
         for c in conns:
             c.close()
         if producer is not None:

@@ -51,6 +51,24 @@ def recv(conn, timeout: float, what: str):
         raise PeerCacheError(f"{what}: the process exited")
 
 
+def end_all(procs, grace: float, *, terminate: bool = True, last: float = 2.0) -> None:
+    """Wait up to ``grace`` seconds in all for the child processes ``procs`` to exit on their own; then
+    SIGTERM those still running (``terminate``), give each ``last`` seconds, and SIGKILL any left."""
+    until = time.monotonic() + grace
+    for p in procs:
+        p.join(timeout=max(0.0, until - time.monotonic()))
+    if terminate:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=last)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=last)
+
+
 def exit_text(p) -> str:
     """How a child process ended, for messages."""
     p.join(timeout=0.5)

@@ -17,7 +17,7 @@ from ...node import Node
 from ...transport.tcp import batch_wire
 from .. import meta, options
 from ..document import DRIVE_READY_WORDS, DriveDocument, DriveMeta
-from ..processes import exit_text, recv
+from ..processes import end_all, exit_text, recv
 from .aggregate import aggregate
 from .bounds import CLEAN_END_S, END_GRACE_S, IO_TIMEOUT_S, POINT_GRACE_S
 from .config import DriveConfig, safe_directory
@@ -135,17 +135,7 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
         # call to the very directory that failed (see END_GRACE_S).
         failed = doc.status != "ok" or any(p.status != "ok" for p in doc.points)
         grace = END_GRACE_S if failed else CLEAN_END_S
-        until = time.monotonic() + grace
-        for p in procs:
-            p.join(timeout=max(0.0, until - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=2)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2)
+        end_all(procs, grace)
     doc.meta.end = meta.now_iso()
     if any(p.status != "ok" for p in doc.points) or not doc.points:
         doc.status = "failed"
