@@ -74,6 +74,11 @@ def host_block() -> dict:
             "cpu": cpu_model(), "cpus": os.cpu_count()}
 
 
+def host_line(m: dict) -> str:
+    """The first line of a tool's console table: where it ran (a document's meta: host block and revision)."""
+    return f"# {m['host']} ({m['cpu']}), kernel {m['kernel']}, rev {m['git_revision']}"
+
+
 def command_line() -> str:
     """The command that is running, exactly but for its secrets (a Redis URL's password is ``***``)."""
     return redact(shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:]))

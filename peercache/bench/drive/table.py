@@ -1,11 +1,13 @@
 """drive's readable console table: the host + meta line, then one row per point (and its rails)."""
 from __future__ import annotations
 
+from ..meta import host_line
+
 
 def format_table(doc: dict) -> str:
     """The readable console table with its host + meta line."""
     m = doc["meta"]
-    lines = [f"# {m['host']} ({m['cpu']}), kernel {m['kernel']}, rev {m['git_revision']}",
+    lines = [host_line(m),
              f"# protocol={m['protocol']} devices={','.join(m['devices']) or '-'} layout={m['layout']} "
              f"page={m['page_size']} B batch={m['batch_size']} processes={m['processes']} "
              f"op={m['op']} verify={'on' if m['verify'] else 'off'} "

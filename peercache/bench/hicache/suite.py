@@ -489,7 +489,7 @@ def run(args) -> tuple[int, dict]:
 def format_table(doc: dict) -> str:
     """The readable table: one row per point, a PEAK row per op, with units."""
     m = doc["meta"]
-    lines = [f"# {m['host']} ({m['cpu']}), kernel {m['kernel']}, rev {m['git_revision']}",
+    lines = [meta.host_line(m),
              f"# PeerCacheStore as SGLang's HiCache controller calls it: protocol={m['protocol']} layout={m['layout']} "
              f"page={m['page_tokens']} tokens = {m['objects_per_page']} x {m['object_bytes']} B, "
              f"batch={m['batch_size']} pages/call, rank {m['tp_rank']} of {m['tp_size']}"
