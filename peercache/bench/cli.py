@@ -27,6 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set: installed before meta says it is ready, so a signal sent once it
+    is ready always ends it cleanly (one sent between the line and the handlers killed it: exit -15)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def _meta_redis(args) -> int:
     """With a Redis directory there is nothing to host: meta checks Redis and reaps expired nodes."""
     from ..directory.redis.backend import RedisDirectory   # redis-py only for a redis:// directory
@@ -38,11 +47,9 @@ def _meta_redis(args) -> int:
     except PeerCacheError:
         d.close()
         raise
+    stop = _stop_on_signals()
     print(f"peercache-bench meta: ready on {d.address} ({'Redis Cluster' if d.cluster else 'Redis'}; "
           "reaping expired nodes)", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     period = max(0.05, min(1.0, args.heartbeat_timeout / 4))
     try:
         while not stop.wait(period):
@@ -87,10 +94,8 @@ def _meta(args) -> int:
         srv.stop()
         svc.stop()
         raise
+    stop = _stop_on_signals()
     print(f"peercache-bench meta: ready on {args.discovery_addr}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     if endpoint is not None:
         endpoint.close()
