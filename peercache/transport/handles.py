@@ -76,3 +76,19 @@ class PeerHandles:
             handles, self._handles = list(self._handles.values()), {}
         for h in handles:
             h.close()
+
+
+class NativeReads:
+    """The read side of a transport whose data path is its ``handles`` (a :class:`PeerHandles`): reads,
+    forgetting a peer and closing are the handles' own. Listed before :class:`Transport` in its bases."""
+
+    handles: PeerHandles
+
+    def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
+        return self.handles.read(peer, info, ops, local)
+
+    def forget(self, peer: str) -> None:
+        self.handles.drop(peer)
+
+    def close(self) -> None:
+        self.handles.close()

@@ -15,11 +15,9 @@ import os
 import socket
 from typing import Any
 
-import numpy as np
-
 from ..errors import TransportError, TransportUnavailable
 from .base import Transport, native_module
-from .handles import PeerHandles
+from .handles import NativeReads, PeerHandles
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ def host_identity() -> dict[str, str]:
     return {"hostname": socket.gethostname(), "boot_id": boot_id(), "pidns": pid_namespace()}
 
 
-class ShmTransport(Transport):
+class ShmTransport(NativeReads, Transport):
     """Same-host transport: read-only mapping of the producer's memfd pool."""
 
     name = "shm"
@@ -102,12 +100,3 @@ class ShmTransport(Transport):
                                  "running a PeerCache with --protocol shm?") from e
         except ConnectionError as e:
             raise TransportError(f"cannot attach to the shm pool of {peer}: {e}") from e
-
-    def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
-        return self.handles.read(peer, info, ops, local)
-
-    def forget(self, peer: str) -> None:
-        self.handles.drop(peer)
-
-    def close(self) -> None:
-        self.handles.close()

@@ -77,7 +77,7 @@ from ..auth import DATA_KEY_BYTES
 from ..errors import TransportError, TransportUnavailable
 from ..timeouts import DEFAULT as TIMEOUTS
 from .base import Transport, native_module, slot_ops
-from .handles import PeerHandles
+from .handles import NativeReads, PeerHandles
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +436,7 @@ class _Server:
         os.close(self._stop_w)
 
 
-class TcpTransport(Transport):
+class TcpTransport(NativeReads, Transport):
     """The tcp transport: its data server (:class:`_Server`, the native epoll loop) and its client,
     the native one (native/tcp.c): requests are pipelined on each channel and payloads are received
     straight into the destination buffers without the GIL. Without the native module it raises
@@ -518,14 +518,8 @@ class TcpTransport(Transport):
         except ConnectionError as e:
             raise TransportError(f"cannot open a data connection to {peer}: {e}") from e
 
-    def read_batch(self, peer: str, info: dict[str, Any], ops: np.ndarray, local: list) -> np.ndarray:
-        return self.handles.read(peer, info, ops, local)
-
-    def forget(self, peer: str) -> None:
-        self.handles.drop(peer)
-
     def close(self) -> None:
-        self.handles.close()
+        super().close()
         if self._server:
             self._server.close()
             self._server = None
