@@ -188,7 +188,7 @@ def tcp_point(tmp_path_factory):
 def test_the_runner_keeps_both_sides_scrapes_of_the_window(tcp_point):
     tmp, pt, folder, rows = tcp_point
     assert pt.name == "pc_tcp_p2x1_s128K_b8" and pt.params["metrics_scrape"] is True   # no name tag: evidence
-    assert [r.status for r in rows if r.metric == "get_throughput"] == ["ok"]
+    assert [r.status for r in rows if r.metric == "get_throughput"] == ["ok"], [r.reason for r in rows]
     index = promscrape.read_index(folder / "metrics" / promscrape.INDEX)
     got = sorted((e["role"], e["process"] if e["process"] is not None else -1, e["edge"]) for e in index["scrapes"])
     assert got == sorted([("consumer", p, e) for p in (0, 1) for e in ("start", "end")]
