@@ -35,15 +35,16 @@ hostname "${PCG_HOSTNAME:-pcguest}"
 # The work folder (read-write, same path as on the host), mounted after /tmp and
 # /run so a folder under them is not hidden by their tmpfs.
 # Its read-mostly folders (PCG_CACHED: the venv and the package, relative to it) are then shown
-# through the cached read-only root instead, kept visible at /run/pcg-root before the share hides
-# it: each Python start reads hundreds of files there, a 9p round trip each over the uncached share.
+# through the cached read-only root instead, seen at /run/pcg-root (a bind of the root alone, so
+# without the tmpfs on /tmp that hides a work folder under it): each Python start reads hundreds of
+# files there, a 9p round trip each over the uncached share.
 if [ -n "$PCG_WORK" ]; then
   mkdir -p "$PCG_WORK"
-  if [ -n "$PCG_CACHED" ]; then mkdir -p /run/pcg-root && mount --bind "$PCG_WORK" /run/pcg-root; fi
+  if [ -n "$PCG_CACHED" ]; then mkdir -p /run/pcg-root && mount --bind / /run/pcg-root; fi
   mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 work "$PCG_WORK" \
     || { echo "pcguest: cannot mount the work folder $PCG_WORK (9p tag 'work')"; finish 126; }
   for d in $PCG_CACHED; do
-    if [ -d "/run/pcg-root/$d" ] && mount --bind "/run/pcg-root/$d" "$PCG_WORK/$d"; then
+    if [ -d "/run/pcg-root$PCG_WORK/$d" ] && mount --bind "/run/pcg-root$PCG_WORK/$d" "$PCG_WORK/$d"; then
       echo "pcguest: $d read through the cached root"
     else
       echo "pcguest: $d read over the work share (no cached copy)"

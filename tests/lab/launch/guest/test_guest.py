@@ -68,7 +68,7 @@ def test_the_venv_and_package_inside_the_work_folder_are_read_through_the_cached
     assert R.cached_folders(work, work / "my venv", work / "peercache") == ["peercache"]
     # the stage-2 script mounts each one it is given over the work share
     stage2 = R.STAGE2.read_text()
-    assert 'mount --bind "/run/pcg-root/$d" "$PCG_WORK/$d"' in stage2
+    assert 'mount --bind "/run/pcg-root$PCG_WORK/$d" "$PCG_WORK/$d"' in stage2
 
 
 def test_topology_script_builds_both_ends_of_every_rail():
@@ -120,16 +120,23 @@ def _qemu_pids() -> set[int]:
 
 
 @needs_guest
-def test_guest_runs_a_command_with_rdma_devices_and_returns_its_status(tmp_path):
+def test_guest_runs_a_command_with_rdma_devices_and_returns_its_status(tmp_path, monkeypatch):
     before = _qemu_pids()
     lines: list[str] = []
+    # a read-mostly folder of the work folder (as its venv would be), under /tmp as a fresh clone's is
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "file").write_text("from the host\n")
+    monkeypatch.setattr(R, "cached_folders", lambda work: ["ro"])
     res = R.run("ls /sys/class/infiniband; cat /sys/class/infiniband/rxe_b1/ports/1/state; "
-                "echo $PEERCACHE_RDMA_CONSUMER > out.txt; exit 7",
+                "echo $PEERCACHE_RDMA_CONSUMER > out.txt; cat ro/file; echo guest > ro/written; exit 7",
                 cwd=tmp_path, topology=T.Topology(rails=2), stream=lines.append, timeout=300)
     assert res.returncode == 7
     out = "".join(lines)
     assert all(d in out for d in ("rxe_a0", "rxe_a1", "rxe_b0", "rxe_b1")) and "ACTIVE" in out
     assert (tmp_path / "out.txt").read_text().strip() == "rxe_b0,rxe_b1"   # the work folder is shared
+    # ro/ came from the cached root: read as the host wrote it, and what the guest wrote there stayed in it
+    assert "pcguest: ro read through the cached root" in out and "from the host" in out
+    assert not (tmp_path / "ro" / "written").exists()
     assert res.kernel and res.accel in ("kvm", "tcg") and res.boot_s > 0
     assert _qemu_pids() <= before
 
