@@ -110,11 +110,16 @@ class PeerCacheGroupRun(PeerCacheKnobs):
         ctx = pr.ctx(tool="peercache-bench", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
                      batch=p["batch_size"], threads=p["threads"], processes=p["readers"])
-        try:
-            res = runner.run()
-            err = None
-        except GroupFailed as e:
-            res, err = e.result, str(e)
+        for attempt in itertools.count(1):
+            try:
+                res = runner.run()
+                err = None
+            except GroupFailed as e:
+                res, err = e.result, str(e)
+            if not run_again(err, pr.slow, attempt):
+                break
+            pr.notes.append(f"attempt {attempt} of {GROUP_ATTEMPTS_EMULATED}: {err}")
+            docs.clear()
         for name, gr in res.groups.items():
             pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
             pr.numa.update({f"{name}/{k}": v for k, v in gr.numa_bindings().items()})
@@ -124,6 +129,23 @@ class PeerCacheGroupRun(PeerCacheKnobs):
                 "tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes")})
             return
         pr.rows += extract(pr, res.aggregate, docs, ctx)
+
+
+#: Runs of a group point on emulated hosts (slowness > 1) whose drive lost its reads on the emulated
+#: wire. Two TCG guests on two cores drain a READ more slowly than the QPs' ACK timeout, so the
+#: requester retransmits into a queue that is still draining; once in a while a group's whole window
+#: passed without one completion ("no rail can carry these reads ... no completion within the poll
+#: timeout", then "no batch completed inside the 4 s measurement window"), 1 run of the two-machine
+#: stage in 2 on 2026-12-06. Real hardware runs a point once, as every other fault fails it at once.
+GROUP_ATTEMPTS_EMULATED = 2
+#: What such a lost run says (drive's words).
+EMULATED_WIRE_LOSS = ("no rail can carry these reads", "no batch completed inside")
+
+
+def run_again(err: str | None, slow: float, attempt: int) -> bool:
+    """Whether a group point's run that ended with ``err`` is run again (see GROUP_ATTEMPTS_EMULATED)."""
+    return (err is not None and slow > 1 and attempt < GROUP_ATTEMPTS_EMULATED
+            and any(words in err for words in EMULATED_WIRE_LOSS))
 
 
 def sanity(group: str, pt: dict[str, Any]) -> WindowBytes:
