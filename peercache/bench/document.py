@@ -11,7 +11,9 @@ documents carry: hicache-drive's ``read_path``, a point's ``metrics_scrapes``). 
 schema version and the mode first, then that every field is there and nothing else is.
 
 Change a field's name, meaning or unit and SCHEMA_VERSION goes up by one, with the lab's reader in the same
-commit.
+commit. A new ``OMIT_IF_NONE`` field, absent from every document that does not use it, keeps the version:
+the documents of earlier runs, and of runs without it, read as before (drive's ``key_prefixes`` and
+``zipf_s``, serve's ``key_prefix``, ``joined`` and ``data_server``).
 """
 from __future__ import annotations
 
@@ -189,7 +191,7 @@ class DriveMeta(_RunBlock):
     verify: bool
     #: slot checksums checked before a hit (bool)
     integrity: bool
-    #: key order: random or sequential
+    #: key order: random, sequential or zipf (zipf_s gives the exponent)
     access: str
     #: GETs land in GPU memory (bool)
     gpu: bool
@@ -207,6 +209,11 @@ class DriveMeta(_RunBlock):
     versions: dict
     #: git revision of the checkout the bench ran from (None outside one)
     git_revision: Optional[str]
+    #: --key-prefix: the prefixes whose working sets (working_set pages each: one per producer) drive read as
+    #: one union, in order (names; absent without --key-prefix: the keys pc/<i>)
+    key_prefixes: Optional[list] = field(default=None, metadata=OMIT_IF_NONE)
+    #: --access zipf: the exponent S (P(rank r) proportional to 1/r^S; absent with another access)
+    zipf_s: Optional[float] = field(default=None, metadata=OMIT_IF_NONE)
     #: hicache-drive only: the read path its workers take (words)
     read_path: Optional[str] = field(default=None, metadata=OMIT_IF_NONE)
 
@@ -320,6 +327,11 @@ class ServeMeta(_RunBlock):
     metrics: Optional[str]
     #: git revision of the checkout (None outside one)
     git_revision: Optional[str]
+    #: --key-prefix: the prefix of the published keys (pc/<prefix>/<i>; absent without one: pc/<i>)
+    key_prefix: Optional[str] = field(default=None, metadata=OMIT_IF_NONE)
+    #: --join: the embedded directory serve registered with and published into, hosted by another process
+    #: (HOST:PORT; absent when serve hosted it itself, or with a Redis directory)
+    joined: Optional[str] = field(default=None, metadata=OMIT_IF_NONE)
 
 
 @dataclass
@@ -335,6 +347,9 @@ class ServeDocument(_Document):
     readers_done: list = field(default_factory=list)
     #: ops the transport refused (its counts by reason; None when it keeps none)
     refused_ops: Any = None
+    #: the data server's counters when serve exits (tcp: connections accepted, requests ``served``, refusals
+    #: by kind; absent where the server sees no reads: rdma's are one-sided, shm's are memory)
+    data_server: Optional[dict] = field(default=None, metadata=OMIT_IF_NONE)
     #: this document's schema version
     schema_version: int = SCHEMA_VERSION
     #: always serve
@@ -342,7 +357,8 @@ class ServeDocument(_Document):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        return {k: d[k] for k in ("schema_version", "mode", "meta", "readers_done", "refused_ops")}
+        return {k: d[k] for k in ("schema_version", "mode", "meta", "readers_done", "refused_ops", "data_server")
+                if k in d}
 
 
 @dataclass

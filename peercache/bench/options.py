@@ -8,10 +8,13 @@ that tie flags together (a batch within the working set, the memory a run needs)
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from .. import checks, config, tags
+from ..address import host_of, is_loopback
 from ..auth import load_secret
 from ..config import TABLE_BYTES_PER_ENTRY, Flag, NodeConfig, option
 from ..directory.redis.url import is_redis
@@ -34,6 +37,12 @@ MAX_WORKING_SET = 1 << 40
 SERVE_BYTES_PER_OBJECT = 1024
 DRIVE_BYTES_PER_OBJECT = 256
 DRIVE_BYTES_PER_PROCESS = 64 << 20   # an interpreter with numpy, zmq and the native module
+#: A working-set key prefix (--key-prefix): short, and only characters that need no quoting in a key.
+KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,32}")
+#: More prefixes than this in one drive's --key-prefix is a typo, not a cluster.
+MAX_KEY_PREFIXES = 64
+#: --access zipf: the exponent S is positive; beyond this every draw is the hottest page anyway.
+MAX_ZIPF_S = 100.0
 
 
 def int_list(text: str) -> list[int]:
@@ -55,10 +64,19 @@ def start_time(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not EPOCH or EPOCH+SECONDS")
 
 
+def prefix_list(text: str) -> tuple:
+    """'pA,pB' -> ('pA', 'pB'); '' -> () (argparse type; each prefix is checked by :func:`_key_prefixes`)."""
+    return tuple(text.split(",")) if text else ()
+
+
 #: What drive prints once every driver process is ready: declared in the engine/lab seam (document.py).
 from .document import DRIVE_READY_WORDS  # noqa: E402,F401  (re-exported for older importers)
 #: The most --time-scale stretches the fault bounds (an emulated CPU is 10-40 times slower).
 MAX_TIME_SCALE = 1000.0
+
+
+#: --access: the order drive's threads read pages in.
+ACCESS = ("random", "sequential", "zipf")
 
 
 def _time_scale(label: str, v) -> float:
@@ -77,6 +95,31 @@ def _concurrencies(label: str, v: list) -> list:
         raise ConfigError(f"{label} {max(v)} is more than {MAX_THREADS} threads per driver process; "
                           "use --processes for more load")
     return v
+
+
+def _key_prefixes(label: str, v) -> tuple:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{label} must be prefixes separated by commas (e.g. pA,pB), got {v!r}")
+    if len(v) > MAX_KEY_PREFIXES:
+        raise ConfigError(f"{label} names {len(v)} prefixes; at most {MAX_KEY_PREFIXES} (one per producer "
+                          "whose working set drive reads)")
+    for x in v:
+        if not KEY_PREFIX_RE.fullmatch(x):
+            raise ConfigError(f"{label}: {x!r} is not a key prefix: give 1 to 32 of A-Z a-z 0-9 _ - "
+                              "(several separated by commas, no spaces, none empty)")
+    twice = sorted({x for x in v if v.count(x) > 1})
+    if twice:
+        raise ConfigError(f"{label} names {', '.join(map(repr, twice))} more than once; the union of the "
+                          "prefixes' working sets would repeat pages")
+    return tuple(v)
+
+
+def _zipf_s(label: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or not 0 < v <= MAX_ZIPF_S:
+        raise ConfigError(f"{label} must be a Zipf exponent S with 0 < S <= {MAX_ZIPF_S:g} (popularity of rank "
+                          f"r proportional to 1/r^S; e.g. 0.8, 1.0, 1.2), got {v!r}")
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -119,8 +162,23 @@ class BenchOptions:
         DEFAULT_RECV_BUFFER, "receive buffer bytes per process", unit="B",
         check=config.whole(1, checks.MAX_BYTES, least="positive"), flag=Flag("--recv-buffer"))
     access: str = option(
-        "random", "key order within the working set", check=config.choice("random", "sequential"),
-        flag=Flag("--access", choices=("random", "sequential")))
+        "random", "key order within the working set: random (uniform), sequential, or zipf (a few pages "
+                  "hot: --zipf-s)", check=config.choice(*ACCESS),
+        flag=Flag("--access", choices=ACCESS))
+    zipf_s: float = option(
+        1.0, "--access zipf: the exponent S; the page of popularity rank r (of the working set, or of the "
+             "union of --key-prefix's) is drawn with probability proportional to 1/r^S; which pages are hot "
+             "is fixed by --seed", check=_zipf_s, flag=Flag("--zipf-s", default=None, type=float, metavar="S",
+                                                            shown="1.0"))
+    key_prefix: tuple = option(
+        (), "working-set key prefix: keys pc/P/<i> instead of pc/<i>", check=_key_prefixes,
+        flag=Flag("--key-prefix", default=None, type=prefix_list, metavar="P", shown="none: keys pc/<i>"))
+    join: bool = option(
+        False, "register with and publish into the embedded directory another process hosts at "
+               "--discovery-addr (or --directory HOST:PORT), e.g. `peercache-bench meta`, instead of hosting "
+               "it; needs --readers 0 (drivers tell the directory's host, not this serve, they are done: serve "
+               "runs until SIGTERM/SIGINT or --max-wait) and --bind unless the directory is on loopback",
+        flag=Flag("--join"))
     seed: int = option(1, "random seed", check=config.whole(0, (1 << 63) - 1), flag=Flag("--seed"))
     ready_timeout: float = option(
         30.0, "seconds to wait for serve and the working set", unit="s", check=config.seconds(),
@@ -200,7 +258,9 @@ def auth_secret(args) -> bytes | None:
 def serve_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``serve``."""
     add_common(p)
-    _add(p, "readers", "bind", "max_wait", "heartbeat_timeout", "dir_table_entries")
+    _add(p, "readers", "bind", "max_wait", "heartbeat_timeout", "dir_table_entries", "join")
+    _add(p, "key_prefix", help="publish the working set under key prefix P: keys pc/P/<i> (mha: pc/P/<i>/k and "
+                               "/v) instead of pc/<i>, so several serves can share one directory")
     _add(p, "out", help="write serve's JSON summary here")
 
 
@@ -208,8 +268,12 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``drive``."""
     add_common(p)
     _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
-         "recv_buffer", "access", "seed", "ready_timeout", "start_at", "start_file", "time_scale", "gpu", "gpu_device", "metrics_scrapes",
-         "out")
+         "recv_buffer", "access", "zipf_s", "seed", "ready_timeout", "start_at", "start_file", "time_scale", "gpu",
+         "gpu_device", "metrics_scrapes")
+    _add(p, "key_prefix", help="read the union of the working sets serves published under these key prefixes "
+                               "(P1,P2,...; --working-set pages each): every batch is drawn from the union, so "
+                               "one batch spans several producers")
+    _add(p, "out")
 
 
 def meta_parser(p: argparse.ArgumentParser) -> None:
@@ -261,6 +325,10 @@ def validate(args, mode: str) -> None:
         raise ConfigError("give either --device-name or --devices, not both")
     objs = objects_per_page(args.layout)
     if mode == "serve":
+        check_join(args)
+        if len(key_prefixes(args)) > 1:
+            raise ConfigError(f"serve publishes one working set under one prefix, but --key-prefix names "
+                              f"{len(key_prefixes(args))}; give one (drive takes several, comma-separated)")
         entries = getattr(args, "dir_table_entries", 0)
         objects = args.working_set * objs
         pool = objects * slot_bytes(args.page_size)
@@ -278,21 +346,57 @@ def validate(args, mode: str) -> None:
     if getattr(args, "start_at", None) is not None and getattr(args, "start_file", None):
         raise ConfigError("give either --start-at (a start time known in advance) or --start-file (a start "
                           "time written once every driver is ready), not both")
-    if args.batch_size > args.working_set:
+    if getattr(args, "zipf_s", None) is not None and args.access != "zipf":
+        raise ConfigError(f"--zipf-s is the exponent of --access zipf, but --access is {args.access}; "
+                          "give --access zipf with it, or drop --zipf-s")
+    pages = union_pages(args)
+    if args.batch_size > pages:
+        union = f" x {len(key_prefixes(args))} --key-prefix's" if len(key_prefixes(args)) > 1 else ""
         raise ConfigError(f"--batch-size {args.batch_size} is larger than --working-set "
-                          f"{args.working_set}; a batch would repeat keys")
+                          f"{args.working_set}{union}; a batch would repeat keys")
     need = args.batch_size * objs * args.page_size * max(args.concurrencies)
     if need > args.recv_buffer:
         raise ConfigError(
             f"a batch of {args.batch_size} x {objs} x {args.page_size} B for "
             f"each of {max(args.concurrencies)} threads needs {need} B, more than the "
             f"{args.recv_buffer} B receive buffer; lower --batch-size or raise --recv-buffer")
-    objects = args.working_set * objs
+    objects = pages * objs
     _fits(args.processes * (DRIVE_BYTES_PER_PROCESS + need + objects * DRIVE_BYTES_PER_OBJECT),
           f"--processes {args.processes} x (a {human_bytes(need)} receive buffer of --batch-size "
           f"{args.batch_size} x --page-size {args.page_size} x {max(args.concurrencies)} threads "
-          f"+ the {objects} keys of --working-set {args.working_set})",
+          f"+ the {objects} keys of --working-set {args.working_set}"
+          + (f" x {len(key_prefixes(args))} prefixes" if len(key_prefixes(args)) > 1 else "") + ")",
           "lower --processes, --working-set, --batch-size or --page-size")
+
+
+def check_join(args) -> None:
+    """serve --join: an embedded directory another process hosts, a data address drivers can reach, and no
+    readers to wait for (ConfigError saying what to give)."""
+    if not getattr(args, "join", False):
+        return
+    spec = directory(args)
+    if is_redis(spec):
+        raise ConfigError("--join joins an embedded directory another process hosts (`peercache-bench meta` at "
+                          "--discovery-addr or --directory HOST:PORT); with a Redis --directory serve hosts "
+                          "nothing anyway and publishes into Redis: drop --join")
+    if args.readers:
+        raise ConfigError(f"--join with --readers {args.readers}: drivers say they are done to the node that "
+                          f"hosts the directory ({spec}), not to this serve, so it would never hear from them; "
+                          "give --readers 0 (serve then serves until SIGTERM/SIGINT or --max-wait)")
+    if not getattr(args, "bind", None) and not is_loopback(host_of(args.discovery_addr)):
+        raise ConfigError(f"--join: the directory at {spec} is another host's address, which serve's data "
+                          "server cannot bind; give --bind with an address of this host that the drivers "
+                          "reach (e.g. --bind 10.0.0.2)")
+
+
+def key_prefixes(args) -> tuple:
+    """The --key-prefix's of a run (() when none: the keys pc/<i>)."""
+    return tuple(getattr(args, "key_prefix", None) or ())
+
+
+def union_pages(args) -> int:
+    """Pages drive reads from: --working-set, times the number of --key-prefix's when several."""
+    return args.working_set * max(1, len(key_prefixes(args)))
 
 
 def validate_meta(args) -> None:
@@ -327,9 +431,15 @@ def _fits(need: int, what: str, hint: str) -> None:
         raise ConfigError(f"{what} needs {human_bytes(need)}; this host has {human_bytes(total)}; {hint}")
 
 
-def page_keys(n: int, layout: str) -> list[bytes]:
-    """Object keys of the bench working set: page i -> one (mla) or two (mha) keys."""
-    return [f"pc/{i}{sfx}".encode() for i in range(n) for sfx in LAYOUTS[layout]]
+def page_keys(n: int, layout: str, prefixes: str | Sequence[str] = "") -> list[bytes]:
+    """Object keys of the bench working set: page i -> one (mla) or two (mha) keys, ``pc/<i>`` (and
+    ``/k`` ``/v``), or ``pc/<P>/<i>`` under the prefix P (a string; "" or none: no prefix).
+
+    With several prefixes, the union of their working sets of ``n`` pages each, prefix by prefix: page j
+    of the union is page ``j % n`` of prefix ``prefixes[j // n]`` (its keys at ``j * objects per page``)."""
+    heads = [prefixes] if isinstance(prefixes, str) else list(prefixes) or [""]
+    return [(f"pc/{p}/{i}{sfx}" if p else f"pc/{i}{sfx}").encode()
+            for p in heads for i in range(n) for sfx in LAYOUTS[layout]]
 
 
 def slot_bytes(page_size: int) -> int:

@@ -2,6 +2,12 @@
 
 With ``--directory redis://...`` serve hosts no discovery: it registers and
 publishes in Redis, and drivers' ``reader_done`` reaches it through Redis.
+
+With ``--join`` serve hosts nothing either: it registers with, and publishes into, the embedded
+directory another process hosts at ``--discovery-addr`` (``peercache-bench meta``), beside other
+serves (each its own ``--key-prefix``). Drivers' ``reader_done`` then reaches the directory's host,
+not serve, so serve takes ``--readers 0`` and serves until SIGTERM/SIGINT or ``--max-wait``; on
+either signal it leaves the directory before it exits.
 """
 from __future__ import annotations
 
@@ -47,8 +53,10 @@ def run(args) -> int:
     if low:
         print(f"serve: {low}" + (f" (raised from {before})" if soft != before else ""), file=sys.stderr,
               flush=True)
-    keys = options.page_keys(args.working_set, args.layout)
-    bind = args.bind or split(args.discovery_addr)[0]
+    prefix = options.key_prefixes(args)[0] if options.key_prefixes(args) else ""
+    keys = options.page_keys(args.working_set, args.layout, prefix)
+    bind = args.bind or split(args.discovery_addr)[0]     # --join checked it: given, or the directory's loopback
+    joined = bool(getattr(args, "join", False))
     start = meta.now_iso()
     done = threading.Event()
     readers_done: list[dict] = []
@@ -66,8 +74,8 @@ def run(args) -> int:
                 done.set()
             return {"readers_done": len(readers_done)}
 
-    # the node of the flags, hosting discovery, with a pool of one slot per object
-    cfg = dataclasses.replace(options.node_config(args), bind=bind, host_discovery=True,
+    # the node of the flags, hosting discovery (unless it joins another's), with a pool of one slot per object
+    cfg = dataclasses.replace(options.node_config(args), bind=bind, host_discovery=not joined,
                               pool_bytes=len(keys) * options.slot_bytes(args.page_size))
     node = Node(**cfg.node_kwargs(name="serve"))
     endpoint = None
@@ -75,8 +83,13 @@ def run(args) -> int:
         if cfg.metrics_addr:
             endpoint = metrics.serve_node(cfg.metrics_addr, node)
             print(f"serve: metrics at {endpoint.url}", flush=True)
-        node.add_handler("reader_done", reader_done)
-        node.add_handler(METRICS_TEXT_OP, lambda msg: metrics_reply(endpoint))
+        if joined:
+            # the directory's host answers the control ops: drivers' reader_done and metrics requests go there
+            print(f"serve: joined the directory at {node.directory_addr} as node {node.node_id}; data on "
+                  f"{bind}", flush=True)
+        else:
+            node.add_handler("reader_done", reader_done)
+            node.add_handler(METRICS_TEXT_OP, lambda msg: metrics_reply(endpoint))
         t0 = time.monotonic()
         for i in range(0, len(keys), PUBLISH_BATCH):
             node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)
@@ -87,6 +100,7 @@ def run(args) -> int:
             signal.signal(sig, lambda *_: done.set())
         print(f"{READY_LINE} on {node.discovery.address} protocol={args.protocol} layout={args.layout} "
               f"objects={len(keys)} page_size={args.page_size} B integrity={'on' if args.integrity else 'off'} "
+              + (f"key_prefix={prefix} " if prefix else "") +
               f"({total / 2**20:.1f} MiB, "
               f"published in {pub_s:.2f} s)", flush=True)
         if args.readers == 0:
@@ -105,12 +119,16 @@ def run(args) -> int:
                            rails=(node.transport.rail_info()
                                   if hasattr(node.transport, "rail_info") else None),
                            metrics=endpoint.url if endpoint is not None else None,
-                           git_revision=meta.git_revision()),
+                           git_revision=meta.git_revision(), key_prefix=prefix or None,
+                           joined=node.directory_addr if joined else None),
             readers_done=readers_done,
-            refused_ops=getattr(node.transport, "refused", None))
+            refused_ops=getattr(node.transport, "refused", None),
+            data_server=node.transport.server_stats() or None)
         if args.out:
             meta.write_document(args.out, summary.to_dict())
-        print(f"serve: {len(readers_done)} of {args.readers} readers done; exiting", flush=True)
+        served = summary.data_server.get("served") if summary.data_server else None
+        print(f"serve: {len(readers_done)} of {args.readers} readers done"
+              + (f", {served} data requests served" if served is not None else "") + "; exiting", flush=True)
         return 0 if len(readers_done) >= args.readers else 1
     finally:
         if endpoint is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from ...config import NodeConfig
 from ...directory.redis.url import is_redis, parse_url
@@ -22,7 +23,7 @@ class DriveConfig:
     layout: str
     #: bytes per object
     page_size: int
-    #: pages serve published
+    #: pages serve published (under each of key_prefixes)
     working_set: int
     #: pages per batch
     batch_size: int
@@ -35,9 +36,13 @@ class DriveConfig:
     #: get or exists
     op: str
     verify: bool
-    #: random or sequential
+    #: random, sequential or zipf
     access: str
     seed: int
+    #: --access zipf: the exponent S (None with another access)
+    zipf_s: Optional[float]
+    #: the --key-prefix's whose working sets drive reads, as their union (() : the keys pc/<i>)
+    key_prefixes: tuple
     #: seconds a driver waits for serve's working set
     ready_timeout: float
     gpu: bool
@@ -60,10 +65,24 @@ class DriveConfig:
             page_size=args.page_size, working_set=args.working_set, batch_size=args.batch_size,
             concurrencies=tuple(args.concurrencies), processes=args.processes, duration=args.duration,
             warmup=args.warmup, op=args.op, verify=args.verify, access=args.access, seed=args.seed,
+            zipf_s=zipf_s(args), key_prefixes=options.key_prefixes(args),
             ready_timeout=args.ready_timeout, gpu=args.gpu, gpu_device=args.gpu_device,
             time_scale=args.time_scale, metrics_scrapes=bool(getattr(args, "metrics_scrapes", False)),
             node=replace(options.node_config(args), directory=spec, auth_key=options.auth_secret(args)),
             worker=worker)
+
+    @property
+    def pages(self) -> int:
+        """Pages drive reads from: the working set, of each prefix when it reads several (their union)."""
+        return self.working_set * max(1, len(self.key_prefixes))
+
+
+def zipf_s(args) -> Optional[float]:
+    """The Zipf exponent of a drive's flags: --zipf-s (default 1.0) with --access zipf, else None."""
+    if args.access != "zipf":
+        return None
+    s = getattr(args, "zipf_s", None)
+    return float(s if s is not None else options.FLAGS["zipf_s"].default)
 
 
 def safe_directory(spec: str) -> str:

@@ -63,7 +63,8 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
         ib_port=args.ib_port if args.protocol == "rdma" else None,
         gid_index=args.gid_index if args.protocol == "rdma" else None,
         metrics=[], metrics_scrapes=cfg.metrics_scrapes,
-        versions=meta.versions(), git_revision=meta.git_revision()))
+        versions=meta.versions(), git_revision=meta.git_revision(),
+        key_prefixes=list(cfg.key_prefixes) or None, zipf_s=cfg.zipf_s))
     ctx = mp.get_context("spawn")
     procs, conns, lives = [], [], []
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))

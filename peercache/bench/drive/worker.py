@@ -20,6 +20,7 @@ from ...node import Get, Node
 from .. import options
 from ..processes import die_with_parent
 from ..serve import METRICS_TEXT_OP
+from .access import ZipfPages
 from .bounds import (DATA_TIMEOUT_S, DIRECTORY_SILENCE_S, IO_TIMEOUT_S, POINT_GRACE_S, RDMA_COMPLETION_S,
                      RDMA_CONNECT_S, SCRAPE_TIMEOUT_S, STUCK_GRACE_S, WATCH_S)
 from .config import DriveConfig, safe_directory
@@ -73,7 +74,9 @@ class Worker:
         self.cfg, self.pidx, self.live = cfg, pidx, live
         self.live_lock = threading.Lock()
         self.objs = options.objects_per_page(cfg.layout)
-        self.keys = options.page_keys(cfg.working_set, cfg.layout)
+        self.keys = options.page_keys(cfg.working_set, cfg.layout, cfg.key_prefixes)
+        #: --access zipf: the popularity of the pages (built once per process, shared by its threads)
+        self.zipf = ZipfPages(cfg.pages, cfg.zipf_s, cfg.seed) if cfg.access == "zipf" else None
         self.keys_arr = np.empty(len(self.keys), dtype=object)
         self.keys_arr[:] = self.keys
         self.khash = np.fromiter((tags.key_hash(k) for k in self.keys), np.uint64, len(self.keys))
@@ -97,18 +100,29 @@ class Worker:
         return self.metrics.url if self.metrics is not None else None
 
     def wait_ready(self) -> None:
-        """Wait (bounded by --ready-timeout) until serve's working set is published."""
+        """Wait (bounded by --ready-timeout) until serve's working set (each prefix's) is published."""
         deadline = time.monotonic() + self.cfg.ready_timeout
+        per = len(self.keys) // max(1, len(self.cfg.key_prefixes))
+        # a sample of every prefix's keys and the last of each: each producer must have published
+        sample = self.keys[:: max(1, len(self.keys) // 256)] + self.keys[per - 1:: per]
         while True:
-            present = self.node.exists_batch(self.keys[:: max(1, len(self.keys) // 256)] + self.keys[-1:])
+            present = self.node.exists_batch(sample)
             if all(present):
                 return
             if time.monotonic() > deadline:
+                missing = sorted({self._prefix_of(k) for k, ok in zip(sample, present) if not ok})
                 raise PeerCacheError(
                     f"the working set ({len(self.keys)} objects) is not published at "
-                    f"{self.node.discovery.address} after {self.cfg.ready_timeout:.0f} s; start "
-                    "`peercache-bench serve` with the same --working-set/--layout/--page-size")
+                    f"{self.node.discovery.address} after {self.cfg.ready_timeout:.0f} s"
+                    + (f" (none or part of prefix {', '.join(missing)})" if self.cfg.key_prefixes else "")
+                    + "; start `peercache-bench serve` with the same --working-set/--layout/--page-size"
+                    + ("/--key-prefix" if self.cfg.key_prefixes else ""))
             time.sleep(0.2)
+
+    @staticmethod
+    def _prefix_of(key: bytes) -> str:
+        """The prefix of a prefixed working-set key (pc/P/<i>...)."""
+        return key.decode().split("/")[1]
 
     def rail_stats(self) -> list[dict]:
         """The rails' cumulative counters (Transport.rail_stats; [] for tcp and shm)."""
@@ -220,7 +234,7 @@ class Worker:
 
     def _run_loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
         cfg = self.cfg
-        ws, batch, objs, page = cfg.working_set, cfg.batch_size, self.objs, cfg.page_size
+        ws, batch, objs, page = cfg.pages, cfg.batch_size, self.objs, cfg.page_size
         rng = np.random.default_rng(cfg.seed * 7919 + self.pidx * 131 + tid)
         rnd = random.Random(cfg.seed * 7919 + self.pidx * 131 + tid)
         base = tid * self.slice_bytes
@@ -231,6 +245,7 @@ class Worker:
         # Per-batch Python work is the driver's own overhead, not PeerCache's:
         # page indices come from pre-drawn blocks and keys from an object array.
         keys_arr = self.keys_arr
+        zipf = self.zipf if cfg.access == "zipf" else None
         obj_off = np.arange(objs)
         block, bi = None, 0
         pending, next_flush = 0, 0.0
@@ -241,9 +256,11 @@ class Worker:
             if now >= win_end:
                 self._add_live(pending)
                 return
-            if cfg.access == "random":
+            if cfg.access != "sequential":
+                # random: uniform; zipf: by popularity. Both draw independently (a batch may repeat a page).
                 if block is None or bi == len(block):
-                    block, bi = rng.integers(0, ws, (256, batch)), 0
+                    block, bi = (rng.integers(0, ws, (256, batch)) if zipf is None
+                                 else zipf.draw(rng, (256, batch))), 0
                 pages = block[bi]
                 bi += 1
             else:

@@ -126,6 +126,9 @@ def run(args) -> tuple[int, dict]:
     """drive's run with HiCache workers; returns (exit status, result document)."""
     if args.gpu:
         raise ConfigError("--gpu: hicache_drive reads into SGLang's host KV pool (host memory); drop --gpu")
+    if options.key_prefixes(args):
+        raise ConfigError("--key-prefix: hicache_drive's store maps its pages onto serve's unprefixed keys "
+                          "(pc/<i>); read prefixed working sets with peercache-bench drive, or drop --key-prefix")
     rc, out = drive_run(args, worker=HiCacheWorker)
     doc = DriveDocument.from_dict(out)      # drive's document, under its own mode and with its read path
     doc.mode = HICACHE_DRIVE_MODE

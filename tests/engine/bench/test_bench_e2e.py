@@ -166,3 +166,50 @@ def test_two_network_namespaces(procs, tmp_path):
         assert p["verified"] and p["hit_rate"] == 1.0 and p["errors"] == 0 and p["bytes"] > 0
         assert doc["meta"]["discovery_addr"].startswith("198.18.200.1:")
         assert serve.wait(timeout=10) == 0
+
+
+def _serve_names(addr: str) -> list[str]:
+    """The names of the serve nodes the directory at ``addr`` lists now (asked by a node that stores nothing)."""
+    from peercache.node import Node
+    with Node(addr, name="probe") as probe:
+        return sorted(i["name"] for i in probe.members().values() if i["name"] != "probe")
+
+
+def test_cluster_two_serves_join_one_meta_directory_and_drive_reads_their_union(procs, port, tmp_path):
+    """The lab's cluster scenario in small: `meta` hosts the directory; two `serve --join`, each publishing its
+    own --key-prefix; one drive reads the union of both working sets with Zipf popularity (a batch spans both
+    producers), every page verified; then SIGTERM ends each serve: it leaves the directory and exits 0."""
+    addr = f"127.0.0.1:{port}"
+    # a long heartbeat timeout: a serve gone from the directory right after it exits has left, not expired
+    meta = procs.start([*BENCH, "meta", "--discovery-addr", addr, "--heartbeat-timeout", "120"])
+    procs.wait_line(meta, "peercache-bench meta: ready")
+    serves = {p: procs.start([*BENCH, "serve", "--join", "--discovery-addr", addr, *SMALL, "--readers", "0",
+                              "--key-prefix", p, "--out", str(tmp_path / f"serve-{p}.json")]) for p in ("pA", "pB")}
+    for p, s in serves.items():
+        assert f"key_prefix={p}" in procs.wait_line(s, READY_LINE)
+    assert _serve_names(addr) == ["serve", "serve"]
+    out = tmp_path / "drive.json"
+    r = subprocess.run(drive_argv(addr, out, "--key-prefix", "pA,pB", "--access", "zipf", "--zipf-s", "0.8"),
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "ok", doc["error"]
+    m = doc["meta"]
+    assert (m["access"], m["zipf_s"], m["key_prefixes"], m["working_set"]) == ("zipf", 0.8, ["pA", "pB"], 64)
+    p = doc["points"][0]
+    assert p["verified"] and p["hit_rate"] == 1.0 and p["verify_failures"] == 0 and p["errors"] == 0
+    assert p["bytes"] > 0
+    for s in serves.values():
+        s.send_signal(signal.SIGTERM)
+    for s in serves.values():
+        assert s.wait(timeout=20) == 0
+    assert _serve_names(addr) == []           # both left the directory on their way out
+    served = {}
+    for prefix in ("pA", "pB"):
+        sdoc = json.loads((tmp_path / f"serve-{prefix}.json").read_text())
+        assert sdoc["meta"]["joined"] == addr and sdoc["meta"]["key_prefix"] == prefix
+        assert sdoc["readers_done"] == [] and sdoc["refused_ops"] == 0
+        served[prefix] = sdoc["data_server"]["served"]
+    # both producers answered the drive's reads: its batches spanned both
+    assert min(served.values()) > 0, served
+    assert meta.poll() is None                # the directory's host outlives its members

@@ -27,7 +27,7 @@ DRIVE_POINT_KEYS = [
     "gb_per_s", "pages_per_s", "objects_per_s", "latency_us", "latency_samples", "latency_batches", "hit_rate",
     "keys", "errors", "verify_failures", "redirected", "verified", "rails", "status", "reason",
     "window_start", "window_end"]
-SERVE_KEYS = ["schema_version", "mode", "meta", "readers_done", "refused_ops"]
+SERVE_KEYS = ["schema_version", "mode", "meta", "readers_done", "refused_ops", "data_server"]
 SERVE_META_KEYS = ["host", "kernel", "machine", "cpu", "cpus", "command", "start", "end", "protocol", "layout",
                    "page_size", "objects", "integrity", "devices", "versions", "rails", "metrics", "git_revision"]
 
