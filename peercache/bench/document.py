@@ -270,6 +270,8 @@ class DrivePoint(_Record):
     reason: Optional[str]
     #: --metrics-scrapes: every process's metrics text (and serve's) at the window's edges
     metrics_scrapes: Optional[list] = field(default=None, metadata=OMIT_IF_NONE)
+    #: several --key-prefix's: the bytes hit under each (B; which producer served them)
+    bytes_by_prefix: Optional[dict] = field(default=None, metadata=OMIT_IF_NONE)
     #: the window's start (epoch s; set once the point is placed in time)
     window_start: Optional[float] = field(default=None, metadata=OMIT_IF_NONE)
     #: the window's end (epoch s)

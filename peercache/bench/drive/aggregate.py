@@ -63,6 +63,8 @@ def aggregate(conc: int, cfg: DriveConfig, results: list[dict]) -> DrivePoint:
         hit_rate=round(total.hits / total.keys, 6) if total.keys else None,
         keys=total.keys, errors=total.errors, verify_failures=total.verify_failures,
         redirected=total.redirected,
+        bytes_by_prefix=(dict(zip(cfg.key_prefixes, total.bytes_by_prefix))
+                         if total.bytes_by_prefix else None),
         verified=bool(cfg.verify and get),
         # per rail over the window (rdma; [] otherwise): bytes and share, READs, errors, downs and ups
         rails=merge_rails([r.get("rails", []) for r in results]),

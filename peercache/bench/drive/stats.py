@@ -33,6 +33,8 @@ class ThreadStats:
     first_error: str | None = None
     #: why the first redirected entry was a miss, in or out of the window (it fails the point)
     first_redirect: str | None = None
+    #: bytes hit per --key-prefix, in their order (empty when drive reads one working set)
+    bytes_by_prefix: list = field(default_factory=list)
 
     def add(self, other: "ThreadStats") -> None:
         """Add another thread's counters to these (latencies pooled, the first reasons kept)."""
@@ -40,6 +42,9 @@ class ThreadStats:
                   "latency_seen"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.latencies.extend(other.latencies)
+        if other.bytes_by_prefix:
+            mine = self.bytes_by_prefix or [0] * len(other.bytes_by_prefix)
+            self.bytes_by_prefix = [a + b for a, b in zip(mine, other.bytes_by_prefix)]
         self.first_error = self.first_error or other.first_error
         self.first_redirect = self.first_redirect or other.first_redirect
 

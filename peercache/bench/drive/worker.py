@@ -245,6 +245,11 @@ class Worker:
         # Per-batch Python work is the driver's own overhead, not PeerCache's:
         # page indices come from pre-drawn blocks and keys from an object array.
         keys_arr = self.keys_arr
+        # objects per prefix of a union of --key-prefix's (0: one working set, nothing to count apart)
+        per_prefix = 0
+        if len(cfg.key_prefixes) > 1:
+            per_prefix = len(self.keys) // len(cfg.key_prefixes)
+            st.bytes_by_prefix = [0] * len(cfg.key_prefixes)
         zipf = self.zipf if cfg.access == "zipf" else None
         obj_off = np.arange(objs)
         block, bi = None, 0
@@ -310,6 +315,9 @@ class Worker:
                 st.redirected += red
                 b = n_hit * page if get else 0
                 st.bytes += b
+                if get and per_prefix:      # which producer each hit came from: its key's prefix
+                    counts = np.bincount(idx[hits] // per_prefix, minlength=len(st.bytes_by_prefix))
+                    st.bytes_by_prefix = [x + int(c) * page for x, c in zip(st.bytes_by_prefix, counts)]
                 st.sample_latency(lat, rnd)
                 pending += b if get else n_hit
                 if done >= next_flush:   # progress counter: a few lock takes a second, not one per batch

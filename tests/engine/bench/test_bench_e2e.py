@@ -199,6 +199,9 @@ def test_cluster_two_serves_join_one_meta_directory_and_drive_reads_their_union(
     p = doc["points"][0]
     assert p["verified"] and p["hit_rate"] == 1.0 and p["verify_failures"] == 0 and p["errors"] == 0
     assert p["bytes"] > 0
+    # drive counts each producer's bytes by its prefix: both served some, and they add up to the whole
+    assert set(p["bytes_by_prefix"]) == {"pA", "pB"} and min(p["bytes_by_prefix"].values()) > 0
+    assert sum(p["bytes_by_prefix"].values()) == p["bytes"]
     for s in serves.values():
         s.send_signal(signal.SIGTERM)
     for s in serves.values():
