@@ -2,7 +2,8 @@
 # mode, its python with PeerCache at this checkout's revision, the tools, the RDMA
 # devices, ports and GIDs, reachability); a failing host stops the pipeline here
 # with one line per problem. Stage 1: each host's testbed block (NICs, GID table,
-# NUMA, CPU, versions).
+# NUMA, CPU, versions): producer.json and consumer.json, and on a testbed that lists
+# its hosts one <name>.json per listed host (Plan.capture_names).
 #
 # Every value in a shell command below is quoted (`:q`): the paths come from the
 # testbed file and the folder the checkout lives in, and a space, `;` or `$(...)`
@@ -32,7 +33,7 @@ rule capture_host:
     output:
         f"{RAW}/testbed/{{role}}.json",
     wildcard_constraints:
-        role="producer|consumer",
+        role=PLAN.capture_pattern(),
     params:
         py=PY,
         testbed=PLAN.testbed_path,

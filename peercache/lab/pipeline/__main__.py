@@ -20,20 +20,35 @@ CAPTURE_S = 120.0
 
 
 def capture(testbed_path: str, role: str, out: str) -> int:
-    """Capture one host's testbed block (hostinfo) into ``out``."""
+    """Capture one host's testbed block (hostinfo) into ``out``: ``role`` is producer or consumer (the pair), or
+    the name of a host of a testbed that lists its hosts."""
     tb = experiments.load_testbed(testbed_path)
+    known = [*ROLES, *(h.name for h in tb.cluster if tb.is_cluster)]
+    if role not in known:
+        print(f"capture: {role!r} is no host of testbed {tb.name}; use one of {', '.join(dict.fromkeys(known))}",
+              file=sys.stderr)
+        return 2
     with runpoint.testbed_hosts(tb) as th:
-        host = th.host(role)
-        argv = [*runpoint._python_tool(th, role, "peercache.lab.cli"), "hostinfo"]
+        names = [h.name for h in tb.cluster]
+        if role in ROLES:
+            host, address = th.host(role), th.producer_addr if role == "producer" else th.consumer_addr
+            name = tb.pair[ROLES.index(role)].name
+            roles = [role]
+            argv = [*runpoint._python_tool(th, role, "peercache.lab.cli"), "hostinfo"]
+        else:
+            m = th.member(role)
+            host, address, name, roles = m.host, m.address, m.name, list(m.roles)
+            argv = [*m.python, "-m", "peercache.lab.cli", "hostinfo"]
+        field = f"hosts.{names.index(name)}" if tb.is_cluster else f"hosts.{role}"
         r = host.run(argv, timeout=scaled(CAPTURE_S))
         if r.rc != 0:
             print(f"capture on {role} ({host}): `{' '.join(argv)}` exited {r.rc}: {r.stderr.strip()[-400:]}; "
-                  f"check that PeerCache is installed there (the testbed's hosts.{role}.python names the "
+                  f"check that PeerCache is installed there (the testbed's {field}.python names the "
                   "interpreter that has it)", file=sys.stderr)
             return 1
         doc = json.loads(r.stdout)
-        block = {"role": role, "host_spec": str(host), "address": th.producer_addr if role == "producer"
-                 else th.consumer_addr, "note": th.note, "summary": hostinfo.summary(doc), "capture": doc}
+        block = {"role": role if role in ROLES else None, "name": name, "roles": roles, "host_spec": str(host),
+                 "address": address, "note": th.note, "summary": hostinfo.summary(doc), "capture": doc}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out, json.dumps(block, indent=1, default=str))
     print(f"captured {role}: {block['summary'].get('host')} ({block['summary'].get('cpu_model')}), "
@@ -42,10 +57,10 @@ def capture(testbed_path: str, role: str, out: str) -> int:
 
 
 def measure(testbed_path: str, scenarios_path: str | None = None) -> int:
-    """Capture both hosts, then run every point and repetition in order (the guest's whole job)."""
+    """Capture every host, then run every point and repetition in order (the guest's whole job)."""
     plan = Plan(testbed_path, scenarios_path)
     rc = 0
-    for role, out in zip(ROLES, plan.capture_paths()):
+    for role, out in zip(plan.capture_names(), plan.capture_paths()):
         rc |= capture(testbed_path, role, out)
     todo = [(pt, k) for pt in plan.points for k in plan.reps]
     for i, (pt, k) in enumerate(todo, 1):
@@ -73,7 +88,9 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture", help="capture a host's testbed block")
     c.add_argument("--testbed", required=True)
-    c.add_argument("--role", choices=ROLES, required=True)
+    c.add_argument("--role", required=True,
+                   help="producer or consumer (testbed/<role>.json), or the name of a host of a testbed that "
+                        "lists its hosts (testbed/<name>.json)")
     c.add_argument("--out", required=True)
     v = sub.add_parser("validate", help="validate a testbed and list its points (--connect: check its hosts too)")
     v.add_argument("--testbed", required=True)
@@ -89,7 +106,7 @@ def main(argv=None) -> int:
     f.add_argument("--out", default=None, help="write the check's results here (JSON)")
     sub.add_parser("kinds", help="list the point kinds, their knobs (type, default, meaning) and metrics")
     sub.add_parser("schema", help="print the JSON schema of a scenario file (generated from the kinds)")
-    m = sub.add_parser("measure", help="capture both hosts and run every point (what the guest runs)")
+    m = sub.add_parser("measure", help="capture every host and run every point (what the guest runs)")
     m.add_argument("--testbed", required=True)
     m.add_argument("--scenarios", default=None)
     a = p.parse_args(argv)

@@ -1,6 +1,7 @@
 """Testbed and scenario definitions: load, validate, expand into points.
 
-A testbed (``experiments/testbeds/*.yaml``) names the two hosts, their
+A testbed (``experiments/testbeds/*.yaml``) names its hosts (two by role, or a
+list of named hosts with roles: a cluster, :class:`ClusterHost`), their
 devices and what hardware they have; ``experiments/scenarios.yaml`` holds
 each scenario's parameter grid in an ``rdma`` form and a ``local`` form.
 :func:`expand` turns the pair into :class:`Point` s, one per measurement,
@@ -17,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from peercache.lab.launch import hosts
+from peercache.lab.launch import hosts, netns
 from peercache.lab.pipeline import kinds
 from peercache.lab.pipeline.kinds import Point  # noqa: F401 (the point type, re-exported)
 
@@ -30,10 +31,48 @@ SCENARIOS_FILE = EXPERIMENTS_DIR / "scenarios.yaml"
 FORMS = ("rdma", "local")
 #: capabilities a scenario may require -> what the testbed then needs.
 HARDWARE = {"gpu": "a CUDA GPU on the consumer", "rdma": "an RDMA NIC on both hosts"}
+#: The roles a host of a host list may have.
+CLUSTER_ROLES = ("producer", "consumer", "directory")
+#: Names a listed host may not have: its capture (testbed/<name>.json) would be another file's.
+RESERVED_HOST_NAMES = ("preflight",)
 
 
 class DefinitionError(ValueError):
     """A testbed or scenario file is invalid; the message names file and field."""
+
+
+@dataclass(frozen=True)
+class ClusterHost:
+    """One host of a testbed as its definition names it (a host of the list, or producer/consumer of a pair)."""
+
+    name: str
+    host: str                          #: host spec: local, netns:<name>, ssh:[user@]host[:port]
+    address: str
+    roles: tuple[str, ...]
+    python: str | None = None          #: the definition's ``python`` field
+    devices: tuple[str, ...] | None = None   #: the definition's ``devices`` field (this host's device names)
+
+    @classmethod
+    def from_def(cls, name: str, d: dict[str, Any], roles: tuple[str, ...] | None = None) -> "ClusterHost":
+        own = d.get("devices")
+        return cls(name, d["host"], d["address"], tuple(roles if roles is not None else d["roles"]),
+                   d.get("python"), tuple(own) if own is not None else None)
+
+    def as_host_def(self) -> dict[str, Any]:
+        """The host's fields as a ``#/$defs/host`` block (what ``hosts.<role>`` holds)."""
+        d: dict[str, Any] = {"host": self.host, "address": self.address}
+        if self.python is not None:
+            d["python"] = self.python
+        if self.devices is not None:
+            d["devices"] = list(self.devices)
+        return d
+
+
+def _pick_pair(cluster: list[ClusterHost]) -> tuple[ClusterHost | None, ClusterHost | None]:
+    """(the first host with role producer, the first other host with role consumer); None where there is none."""
+    prod = next((h for h in cluster if "producer" in h.roles), None)
+    cons = next((h for h in cluster if "consumer" in h.roles and h is not prod), None)
+    return prod, cons
 
 
 @dataclass
@@ -62,6 +101,39 @@ class Testbed:
         if not own:
             return list(devices)
         return [own[self.devices.index(d)] for d in devices]
+
+    def host_devices(self, host: ClusterHost, devices: list[str]) -> list[str]:
+        """``devices`` (consumer names) as the listed ``host`` names them (its ``devices`` field)."""
+        if not host.devices:
+            return list(devices)
+        return [host.devices[self.devices.index(d)] for d in devices]
+
+    @property
+    def is_cluster(self) -> bool:
+        """True when the definition lists its hosts (``hosts`` was a list)."""
+        return "cluster" in self.doc
+
+    @property
+    def cluster(self) -> list[ClusterHost]:
+        """Every host, in definition order: the listed hosts, or producer and consumer of a two-host testbed
+        (named by their role, one role each)."""
+        if self.is_cluster:
+            return [ClusterHost.from_def(d["name"], d) for d in self.doc["cluster"]]
+        return [ClusterHost.from_def(role, self.doc["hosts"][role], (role,)) for role in ("producer", "consumer")]
+
+    @property
+    def pair(self) -> tuple[ClusterHost, ClusterHost]:
+        """(producer, consumer): the hosts every two-host scenario runs on (``hosts.producer``/``consumer``)."""
+        if not self.is_cluster:
+            prod, cons = self.cluster
+            return prod, cons
+        prod, cons = _pick_pair(self.cluster)
+        assert prod is not None and cons is not None, "load_testbed checks the pair"
+        return prod, cons
+
+    def netns_bridge(self) -> netns.NetnsBridge | None:
+        """The namespace set of ``netns_bridge`` (not created), or None when the testbed has none."""
+        return bridge_of(self.doc, self.cluster) if self.doc.get("netns_bridge") else None
 
     @property
     def guest(self) -> dict[str, Any] | None:
@@ -112,6 +184,11 @@ def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None) -> T
     if doc["form"] == "rdma" and not doc["capabilities"]["rdma"]:
         raise DefinitionError(f"{path}: field 'form': rdma form on a testbed whose "
                               "capabilities.rdma is false; use form: local")
+    if isinstance(doc["hosts"], list):
+        _normalise_cluster(path, doc)
+    elif doc.get("netns_bridge"):
+        raise DefinitionError(f"{path}: field 'netns_bridge': a bridge joins the hosts of a host list; this "
+                              "testbed's hosts are a producer/consumer pair (use netns_pair, or list the hosts)")
     # The host specs by the rule the runs open them with, so a bad one (ssh:-oProxyCommand=...) stops
     # the plan before any rule runs, naming its field.
     for block in ("hosts", "fallback_hosts"):
@@ -126,6 +203,92 @@ def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None) -> T
             raise DefinitionError(f"{path}: field 'hosts.{role}.devices': {len(own)} names for the "
                                   f"{len(doc.get('devices') or [])} devices of field 'devices' (one each, same order)")
     return Testbed(path, doc)
+
+
+def _normalise_cluster(path: Path, doc: dict[str, Any]) -> None:
+    """Check a host list (names, addresses, specs, devices, roles, its bridge) and normalise the document: the
+    list moves to ``doc["cluster"]``, ``doc["hosts"]`` becomes the producer/consumer pair; DefinitionError
+    names the field."""
+    listed = doc["hosts"]
+
+    def fail(where: str, msg: str) -> None:
+        raise DefinitionError(f"{path}: field '{where}': {msg}")
+
+    for key in ("name", "address"):
+        first: dict[str, int] = {}
+        for i, h in enumerate(listed):
+            if h[key] in first:
+                fail(f"hosts.{i}.{key}", f"{h[key]!r} is the {key} of hosts.{first[h[key]]} too; each host's "
+                     f"{key} must be unique")
+            first[h[key]] = i
+    n_devices = len(doc.get("devices") or [])
+    for i, h in enumerate(listed):
+        if h["name"] in RESERVED_HOST_NAMES:
+            fail(f"hosts.{i}.name", f"{h['name']!r} is reserved (testbed/{h['name']}.json is another file); "
+                 "choose another name")
+        try:
+            hosts.check_spec(h["host"])
+        except hosts.HostError as e:
+            fail(f"hosts.{i}.host", str(e))
+        own = h.get("devices")
+        if own is not None and len(own) != n_devices:
+            fail(f"hosts.{i}.devices", f"{len(own)} names for the {n_devices} devices of field 'devices' "
+                 "(one each, same order)")
+    for key in ("netns_pair", "fallback_hosts"):
+        if doc.get(key):
+            fail(key, "applies to a producer/consumer pair of hosts; a host list uses netns_bridge for namespace "
+                 "hosts, and falls back to every host on this machine's loopback without root")
+    cluster = [ClusterHost.from_def(h["name"], h) for h in listed]
+    prod, cons = _pick_pair(cluster)
+    if prod is None:
+        fail("hosts", "no host has role producer; give one the role (roles: [producer, ...])")
+    if cons is None:
+        fail("hosts", f"no host other than {prod.name} (the producer) has role consumer; give another host the "
+             "role consumer")
+    for i, h in enumerate(cluster):
+        picked = {"producer": prod, "consumer": cons}.get(h.name)
+        if picked is not None and picked is not h:
+            fail(f"hosts.{i}.name", f"a host named {h.name!r} must be the testbed's {h.name} (the first host with "
+                 f"that role{', other than the producer' if h.name == 'consumer' else ''}: here "
+                 f"{picked.name}); rename it")
+    _check_bridge(path, doc, cluster)
+    doc["cluster"] = listed
+    doc["hosts"] = {"producer": prod.as_host_def(), "consumer": cons.as_host_def()}
+
+
+def _check_bridge(path: Path, doc: dict[str, Any], cluster: list[ClusterHost]) -> None:
+    """The namespace hosts of a host list against its ``netns_bridge`` (there must be one when there are any)."""
+    br = doc.get("netns_bridge")
+    ns = [(i, h) for i, h in enumerate(cluster) if h.host.startswith("netns:")]
+    if ns and not br:
+        i, h = ns[0]
+        raise DefinitionError(f"{path}: field 'hosts.{i}.host': {h.host} is a network-namespace host; a host "
+                              "list creates its namespaces on a bridge: add netns_bridge: {tag, index}")
+    if not br:
+        return
+    if not ns:
+        raise DefinitionError(f"{path}: field 'netns_bridge': no host of the list is a netns:<name> host, so the "
+                              "bridge would join nothing; drop it or name namespace hosts")
+    for i, h in ns:
+        name = h.host.partition(":")[2]
+        if not name.startswith(br["tag"]):
+            raise DefinitionError(f"{path}: field 'hosts.{i}.host': namespace {name!r} must start with the "
+                                  f"netns_bridge tag {br['tag']!r} (the tag's lock guards what the bridge removes)")
+        try:
+            netns.check_bench_address(h.address, br["index"])
+        except netns.NetnsError as e:
+            raise DefinitionError(f"{path}: field 'hosts.{i}.address': {e} (netns_bridge.index)") from None
+    try:
+        bridge_of(doc, cluster).check()
+    except netns.NetnsError as e:
+        raise DefinitionError(f"{path}: field 'netns_bridge': {e}") from None
+
+
+def bridge_of(doc: dict[str, Any], cluster: list[ClusterHost]) -> netns.NetnsBridge:
+    """The :class:`netns.NetnsBridge` of a host list's ``netns_bridge``: one member per netns:<name> host."""
+    br = doc["netns_bridge"]
+    members = [(h.host.partition(":")[2], h.address) for h in cluster if h.host.startswith("netns:")]
+    return netns.NetnsBridge(br["tag"], br["index"], members)
 
 
 def _schema_errors(schema: dict[str, Any], doc: Any) -> list[str]:

@@ -56,8 +56,20 @@ class Plan:
         """Every point's result.json, in run order."""
         return [f"{self.raw}/{p.scenario}/{p.name}/rep{k}/result.json" for p in self.points for k in self.reps]
 
+    def capture_names(self) -> list[str]:
+        """What the capture rule captures, each into ``testbed/<name>.json``: producer and consumer (the pair
+        every two-host scenario runs on), then, for a testbed that lists its hosts, every listed host by name."""
+        names = list(ROLES)
+        if self.testbed.is_cluster:
+            names += [h.name for h in self.testbed.cluster if h.name not in names]
+        return names
+
     def capture_paths(self) -> list[str]:
-        return [f"{self.raw}/testbed/{role}.json" for role in ROLES]
+        return [f"{self.raw}/testbed/{name}.json" for name in self.capture_names()]
+
+    def capture_pattern(self) -> str:
+        """Regex alternation of :meth:`capture_names` (the capture rule's wildcard constraint)."""
+        return "|".join(self.capture_names())
 
     def expected(self) -> list[str]:
         """'scenario/point/rep<k>' of every result of the plan: what collect reads and checks (a result the

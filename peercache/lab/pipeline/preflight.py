@@ -5,7 +5,7 @@ prints the result; the pipeline's first rule (``preflight``, rules/capture.smk)
 runs it through ``python -m peercache.lab.pipeline preflight`` and stops there
 when a host fails, so no capture and no point starts on a broken testbed.
 
-Per host (producer, consumer):
+Per host (producer and consumer; every listed host of a testbed that lists its hosts):
 
 1. SSH logs in with BatchMode (an SSH host; a failed login is one line).
 2. The host's Python (its ``python`` field, :func:`runpoint.host_python`)
@@ -17,15 +17,15 @@ Per host (producer, consumer):
 4. On an rdma testbed, each device the testbed names for the host exists,
    its port is ACTIVE, and the GID at ``gid_index`` is a RoCE v2
    IPv4-mapped entry; the active MTU is reported.
-5. The hosts reach each other: each pings the other's ``address`` and, on an
-   rdma testbed, the IPv4 of the other's GID on each rail (a second command).
+5. The hosts reach each other: each pings every other host's ``address`` and,
+   on an rdma testbed, the IPv4 of the other's GID on each rail (a second command).
 
 Hosts on this machine need no SSH and run this interpreter: only the tools
 (and devices) are checked there, with the lab's own needs (perftest on rdma
 testbeds, perf where a point runs perf stat; a missing numactl is noted, the
 lab then runs unbound and records why). Network-namespace hosts are created
 per point, so nothing can be pinged before: their reachability is skipped
-with a note. Every failure is one line ``role (host spec): what; fix``.
+with a note. Every failure is one line ``role (host spec): what; fix`` (a listed host: its name).
 
 Builders (:func:`probe_script`, :func:`ping_script`) and parsers
 (:func:`parse_probe`, :func:`parse_pings`, :func:`probe_findings`) are pure
@@ -51,7 +51,7 @@ from peercache.lab.launch import netns
 from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, parse_host
 from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline.plan import Plan
-from peercache.lab.pipeline.runpoint import ROLES, host_python
+from peercache.lab.pipeline.runpoint import host_python
 from peercache.lab.system.hostinfo import _iboe_mtu
 from peercache.lab.system.slowness import scaled
 
@@ -68,6 +68,8 @@ REMOTE_MODULES = ("peercache.lab.cli", "peercache.lab.system.cpusample", "peerca
 PROBE_TIMEOUT_S = 60.0
 PING_TIMEOUT_S = 30.0
 MTU_CODES = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+#: Hosts probed (and pinging) at once.
+MAX_PARALLEL = 16
 
 # The one Python run of the probe: version, PeerCache's location and revision, the lab's modules.
 # Kept to what any Python 3 parses, so an old interpreter still answers with its version.
@@ -246,7 +248,7 @@ def _mtu_text(info: dict[str, str]) -> str | None:
 class Expect:
     """What one host must have (from the testbed), and how its lines name it."""
 
-    role: str
+    role: str                                    #: producer/consumer, or the name of a listed host
     spec: str
     tools: tuple[str, ...] = ()                  #: required on PATH
     optional_tools: tuple[str, ...] = ()         #: noted when missing
@@ -256,6 +258,11 @@ class Expect:
     gid_index: int | None = None
     python: str | None = None                    #: the interpreter checked there (None: not checked)
     revision: str | None = None                  #: this checkout's revision
+    field: str | None = None                     #: the host's block in the testbed (default hosts.<role>)
+
+    @property
+    def host_field(self) -> str:
+        return self.field or f"hosts.{self.role}"
 
     @property
     def who(self) -> str:
@@ -270,7 +277,7 @@ def _one_line(text: str, n: int = 300) -> str:
 def python_findings(e: Expect, p: Probe) -> tuple[list[str], dict[str, Any]]:
     """(failure lines, summary) of the Python part of a probe."""
     fail, who = [], e.who
-    fix_py = (f"set hosts.{e.role}.python in the testbed to the interpreter that has PeerCache installed there "
+    fix_py = (f"set {e.host_field}.python in the testbed to the interpreter that has PeerCache installed there "
               "(absolute, or relative to this checkout for a shared install)")
     if p.python_rc is None:
         return [f"{who}: the probe printed no Python result; check the host's shell"], {}
@@ -479,35 +486,42 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
         return rep
     root = Path(sysfs_root) if sysfs_root is not None else sysfs.get_root()
     probe_s, ping_s = scaled(PROBE_TIMEOUT_S), scaled(PING_TIMEOUT_S)
-    defs = tb["hosts"]
+    cluster = tb.cluster
+    names = [h.name for h in cluster]     # producer, consumer; or the listed hosts' names
+    defs = {h.name: h.as_host_def() for h in cluster}
+    fields = {h.name: f"hosts.{i}" if tb.is_cluster else f"hosts.{h.name}" for i, h in enumerate(cluster)}
     hosts: dict[str, Host] = {}
     try:
-        for role in ROLES:
+        for name in names:
             try:
-                hosts[role] = parse_host(defs[role]["host"])
+                hosts[name] = parse_host(defs[name]["host"])
             except HostError as e:
-                rep.failures.append(f"{role} ({defs[role]['host']}): {e}")
-        if len(hosts) < len(ROLES):
+                rep.failures.append(f"{name} ({defs[name]['host']}): {e}")
+        if len(hosts) < len(names):
             return rep
-        if tb.get("netns_pair") and any(h.created_per_point for h in hosts.values()):
+        if any(h.created_per_point for h in hosts.values()):
             ok, why = netns.available()
-            if not ok:
+            if not ok and tb.get("netns_pair"):
                 fb = tb.get("fallback_hosts") or {}
                 rep.notes.append(f"network namespaces unavailable ({why}): the points will run on the fallback "
-                                 "hosts " + ", ".join(f"{r} {fb[r]['host']}" for r in ROLES if r in fb))
+                                 "hosts " + ", ".join(f"{r} {fb[r]['host']}" for r in names if r in fb))
+            elif not ok and tb.get("netns_bridge"):
+                rep.notes.append(f"network namespaces unavailable ({why}): all {len(names)} hosts will run on this "
+                                 "machine's loopback 127.0.0.1")
         rep.revision = bench_meta.git_revision()
         if tb.form == "rdma" and tb.get("gid_index") is None:
             rep.notes.append("gid_index is not set: the GIDs and the rails' addresses are not checked")
         expects: dict[str, Expect] = {}
-        for role, h in hosts.items():
+        for ch in cluster:
+            role, h = ch.name, hosts[ch.name]
             req, opt = required_tools(tb, points, remote=not h.on_this_machine)
-            own = defs[role].get("devices")
             expects[role] = Expect(
                 role=role, spec=h.spec, tools=req, optional_tools=opt,
-                devices=tuple(tb.role_devices(role, tb.devices)) if tb.form == "rdma" else (),
-                devices_field=f"hosts.{role}.devices" if own else "devices", port=int(tb.get("ib_port", 1)),
+                devices=tuple(tb.host_devices(ch, tb.devices)) if tb.form == "rdma" else (),
+                devices_field=f"{fields[role]}.devices" if ch.devices else "devices", port=int(tb.get("ib_port", 1)),
                 gid_index=tb.get("gid_index"),
-                python=None if h.on_this_machine else host_python(h, defs[role])[0], revision=rep.revision)
+                python=None if h.on_this_machine else host_python(h, defs[role])[0], revision=rep.revision,
+                field=fields[role])
             rep.hosts[role] = {"spec": h.spec, "on_this_machine": h.on_this_machine}
             if h.on_this_machine and defs[role].get("python"):
                 rep.notes.append(f"{expects[role].who}: python {defs[role]['python']} ignored: hosts on this "
@@ -538,10 +552,10 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                                      "revision": rep.revision}
             return fail, notes, summary, p
 
-        with ThreadPoolExecutor(len(ROLES)) as pool:
-            results = dict(zip(ROLES, pool.map(probe, ROLES)))
+        with ThreadPoolExecutor(min(len(names), MAX_PARALLEL)) as pool:
+            results = dict(zip(names, pool.map(probe, names)))
         probes: dict[str, Probe | None] = {}
-        for role in ROLES:
+        for role in names:
             fail, notes, summary, p = results[role]
             rep.failures += fail
             rep.notes += notes
@@ -559,7 +573,7 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
 
 def _reach(tb: experiments.Testbed, hosts: dict[str, Host], expects: dict[str, Expect],
            probes: dict[str, Probe | None], rep: Report, ping_s: float) -> None:
-    """Each host pings the other's address and (rdma) the other's GID address of every rail, within
+    """Each host pings every other host's address and (rdma) the other's GID address of every rail, within
     ``ping_s`` seconds (:data:`PING_TIMEOUT_S`, scaled)."""
     if any(h.created_per_point for h in hosts.values()):
         why = ("skipped: network-namespace hosts are created for each point (and removed after it), so there is "
@@ -567,18 +581,22 @@ def _reach(tb: experiments.Testbed, hosts: dict[str, Host], expects: dict[str, E
         for role in hosts:
             rep.hosts[role]["reach"] = why
         return
-    defs = tb["hosts"]
+    address = {h.name: h.address for h in tb.cluster}
     targets: dict[str, list[tuple[str, str]]] = {}
-    for role, peer in (("consumer", "producer"), ("producer", "consumer")):
+    for role in hosts:
         if probes.get(role) is None:
             continue                      # not logged in there: its line says so
-        t = [(f"the {peer}'s address", defs[peer]["address"])]
-        pp = probes.get(peer)
-        for i, d in enumerate(expects[peer].devices if pp is not None and expects[peer].gid_index is not None
-                              else ()):
-            ip = gid_ipv4((pp.devices.get(d) or {}).get("gid"))
-            if ip:
-                t.append((f"rail {i} ({expects[role].devices[i]} -> {d}): the {peer}'s GID address", ip))
+        t = []
+        for peer in hosts:
+            if peer == role:
+                continue
+            t.append((f"{peer}'s address" if tb.is_cluster else f"the {peer}'s address", address[peer]))
+            pp = probes.get(peer)
+            for i, d in enumerate(expects[peer].devices if pp is not None and expects[peer].gid_index is not None
+                                  else ()):
+                ip = gid_ipv4((pp.devices.get(d) or {}).get("gid"))
+                if ip:
+                    t.append((f"rail {i} ({expects[role].devices[i]} -> {d}): the {peer}'s GID address", ip))
         targets[role] = t
 
     def ping(role: str) -> tuple[list[str], Any]:
@@ -608,7 +626,7 @@ def _reach(tb: experiments.Testbed, hosts: dict[str, Host], expects: dict[str, E
     roles = list(targets)
     if not roles:
         return
-    with ThreadPoolExecutor(len(roles)) as pool:
+    with ThreadPoolExecutor(min(len(roles), MAX_PARALLEL)) as pool:
         for role, (fail, ok) in zip(roles, pool.map(ping, roles)):
             rep.failures += fail
             if ok is not None:

@@ -72,8 +72,21 @@ def host_python(host: Host, host_def: dict[str, Any] | None = None) -> list[str]
 
 
 @dataclass
+class ClusterMember:
+    """One host of a point's testbed, opened: its name, :class:`Host`, address, roles and Python."""
+
+    name: str
+    host: Host
+    address: str
+    roles: tuple[str, ...]
+    #: the argv prefix that runs Python with PeerCache there (:func:`host_python`)
+    python: list[str]
+
+
+@dataclass
 class TestbedHosts:
-    """The two hosts of a point, their addresses, and why they differ from the definition."""
+    """The hosts of a point: the producer/consumer pair, their addresses, why they differ from the definition,
+    and every host of the testbed (``cluster``: a host list's hosts, or the pair)."""
 
     producer: Host
     consumer: Host
@@ -84,6 +97,8 @@ class TestbedHosts:
     python: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     #: the testbed's ``bench_command`` (runs peercache-bench on remote hosts instead of python -m)
     bench_command: list[str] | None = None
+    #: every host, in definition order (the pair's Host objects are among them)
+    cluster: list[ClusterMember] = dataclasses.field(default_factory=list)
 
     def host(self, role: str) -> Host:
         """The host of ``role`` (producer or consumer)."""
@@ -95,33 +110,82 @@ class TestbedHosts:
         """The argv prefix that runs Python with PeerCache on the ``role`` host."""
         return list(self.python.get(role) or host_python(self.host(role)))
 
+    def members(self, role: str) -> list[ClusterMember]:
+        """The hosts with ``role`` (producer, consumer or directory), in definition order."""
+        if role not in experiments.CLUSTER_ROLES:
+            raise ValueError(f"role {role!r} is not one of {', '.join(experiments.CLUSTER_ROLES)}")
+        return [m for m in self.cluster if role in m.roles]
+
+    def member(self, name: str) -> ClusterMember:
+        """The host called ``name``."""
+        for m in self.cluster:
+            if m.name == name:
+                return m
+        raise ValueError(f"no host {name!r}; the testbed's hosts: {', '.join(m.name for m in self.cluster)}")
+
 
 #: Both sides on this host over 127.0.0.1 (a part with ``place: loopback``: same-host shm figures).
 LOOPBACK_HOSTS = {"producer": {"host": "local", "address": "127.0.0.1"},
                   "consumer": {"host": "local", "address": "127.0.0.1"}}
 
 
+def _on_loopback(cluster: list[experiments.ClusterHost]) -> list[experiments.ClusterHost]:
+    """``cluster`` with every host on this machine's loopback (names and roles kept)."""
+    return [dataclasses.replace(h, **LOOPBACK_HOSTS["producer"], python=None) for h in cluster]
+
+
 @contextlib.contextmanager
 def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[TestbedHosts]:
-    """Hosts of ``tb`` (or this host twice, ``loopback``); creates and always removes its netns pair if it has one,
-    and closes the hosts (an ssh host's master connection) on leaving."""
-    hosts, pair, note = (LOOPBACK_HOSTS if loopback else tb["hosts"]), None, None
-    if tb.get("netns_pair") and not loopback:
+    """Hosts of ``tb`` (or this host for every one, ``loopback``); creates and always removes its netns pair or
+    bridge if it has one, and closes the hosts (an ssh host's master connection) on leaving.
+
+    Without namespaces (no root) a pair falls back to ``fallback_hosts``, and a host list to this machine's
+    loopback for every host; ``note`` says so."""
+    hosts, pair, bridge, note = (LOOPBACK_HOSTS if loopback else tb["hosts"]), None, None, None
+    cluster = tb.cluster
+    if loopback:
+        cluster = _on_loopback(cluster)
+    elif tb.get("netns_pair"):
         ok, why = netns.available()
         if ok:
             pair = netns.NetnsPair(tb["netns_pair"]["tag"], tb["netns_pair"]["index"]).create()
         else:
             hosts = tb.get("fallback_hosts") or hosts
+            cluster = [experiments.ClusterHost.from_def(r, hosts[r], (r,)) for r in ROLES]
             note = f"network namespaces unavailable ({why}); producer and consumer share loopback"
+    elif tb.get("netns_bridge"):
+        ok, why = netns.available()
+        if ok:
+            bridge = tb.netns_bridge()
+            bridge.create()
+        else:
+            cluster = _on_loopback(cluster)
+            note = (f"network namespaces unavailable ({why}); all {len(cluster)} hosts of the testbed run on this "
+                    "machine's loopback 127.0.0.1, so nothing crosses a network between them")
+    if tb.is_cluster:
+        prod_name, cons_name = (h.name for h in tb.pair)
+        hosts = {"producer": next(h for h in cluster if h.name == prod_name).as_host_def(),
+                 "consumer": next(h for h in cluster if h.name == cons_name).as_host_def()}
     opened: list[Host] = []
     try:
-        for role in ROLES:
-            opened.append(parse_host(hosts[role]["host"]))
-        prod, cons = opened
+        if tb.is_cluster:
+            members = []
+            for h in cluster:
+                opened.append(parse_host(h.host))
+                members.append(ClusterMember(h.name, opened[-1], h.address, h.roles,
+                                             host_python(opened[-1], h.as_host_def())))
+            by_name = {m.name: m for m in members}
+            prod, cons = (by_name[h.name].host for h in tb.pair)
+        else:
+            for role in ROLES:
+                opened.append(parse_host(hosts[role]["host"]))
+            prod, cons = opened
+            members = [ClusterMember(role, h, hosts[role]["address"], (role,), host_python(h, hosts[role]))
+                       for role, h in zip(ROLES, opened)]
         yield TestbedHosts(prod, cons, hosts["producer"]["address"], hosts["consumer"]["address"], note,
                            python={"producer": host_python(prod, hosts["producer"]),
                                    "consumer": host_python(cons, hosts["consumer"])},
-                           bench_command=list(tb.get("bench_command") or []) or None)
+                           bench_command=list(tb.get("bench_command") or []) or None, cluster=members)
     finally:
         for h in opened:
             try:
@@ -130,6 +194,8 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
                 print(f"{h}: closing the connection failed: {e}", file=sys.stderr)
         if pair is not None:
             pair.remove()
+        if bridge is not None:
+            bridge.remove()
 
 
 #: The redis-server the Redis points of one bench run share (see :func:`shared_redis`); None outside one.
