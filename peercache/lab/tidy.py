@@ -37,6 +37,7 @@ UNITS: dict[str, tuple[str, float]] = {
     "pages/s": ("pages_rate", 1.0), "tokens/s": ("tokens_rate", 1.0), "ops/s": ("ops_rate", 1.0),
     "ns": ("time", 1e-9), "us": ("time", 1e-6), "ms": ("time", 1e-3), "s": ("time", 1.0),
     "B": ("bytes", 1.0), "count": ("count", 1.0), "ratio": ("ratio", 1.0), "%": ("ratio", 0.01),
+    "s/GiB": ("cpu_time_per_bytes", 1.0),     # CPU seconds per GiB moved
 }
 
 

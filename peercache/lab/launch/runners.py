@@ -483,12 +483,23 @@ def aggregate_window(per_group: Mapping[str, WindowBytes], tolerance_s: float | 
 
 @dataclass
 class GroupSpec:
-    """One NIC's processes: an optional server and one or more clients (readers)."""
+    """One NIC's (or one host's) processes: an optional server and clients (readers); a group without
+    clients has a server (a producer that only serves, as in a cluster's incast)."""
 
-    name: str                          #: usually the NIC, e.g. "mlx5_0"
+    name: str                          #: usually the NIC, e.g. "mlx5_0"; a cluster's host name
     clients: list[SideSpec]
     server: SideSpec | None = None
     ready: Readiness | None = None     #: required when there is a server
+
+
+@dataclass
+class FirstSpec:
+    """A process every group needs up before its own start (a cluster's shared directory): started and
+    awaited before any group's server, stopped after all of them."""
+
+    name: str
+    side: SideSpec
+    ready: Readiness
 
 
 @dataclass
@@ -523,6 +534,8 @@ class GroupRunResult:
     windows: dict[str, WindowBytes] = field(default_factory=dict)
     aggregate: Aggregate | None = None
     flags: list[str] = field(default_factory=list)
+    #: the processes started before the groups (:class:`FirstSpec`), by name
+    first: dict[str, SideResult] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -547,13 +560,15 @@ class GroupRunner:
                  client_ready: Readiness | None = None,
                  measure: Callable[[GroupResult], WindowBytes] | None = None,
                  window_tolerance_s: float | None = None,
-                 log_dir: str | os.PathLike | None = None):
+                 log_dir: str | os.PathLike | None = None, first: Sequence[FirstSpec] = ()):
         names = [g.name for g in groups]
         if not groups or len(set(names)) != len(names):
             raise ValueError(f"group names must be present and distinct, got {names}")
+        if not any(g.clients for g in groups):
+            raise ValueError(f"no group has a client: {names}")
         for g in groups:
-            if not g.clients:
-                raise ValueError(f"group {g.name!r} has no client")
+            if not g.clients and g.server is None:
+                raise ValueError(f"group {g.name!r} has neither a server nor a client")
             if g.server is not None and g.ready is None:
                 raise ValueError(f"group {g.name!r} has a server but no Readiness")
         self.groups = list(groups)
@@ -572,6 +587,7 @@ class GroupRunner:
         self.measure = measure                #: group result -> WindowBytes (bytes and window)
         self.window_tolerance_s = window_tolerance_s
         self.log_dir = Path(log_dir) if log_dir else None
+        self.first = list(first)
 
     def run(self) -> GroupRunResult:
         """Run every group; return the complete result or raise GroupFailed with the partial one."""
@@ -582,7 +598,13 @@ class GroupRunner:
         barrier: float | None = None
         error: str | None = None
         start_file, start_hosts = "", []
+        firsts: dict[str, _Side] = {}
         try:
+            for f in self.first:
+                firsts[f.name] = _Side(f.name, f.side, self.log_dir)
+                firsts[f.name].start()
+                started.append(firsts[f.name])
+                _await_ready(firsts[f.name], f.ready, time.monotonic() + f.ready.timeout)
             for g in self.groups:
                 gdir = self.log_dir / g.name if self.log_dir else None
                 if gdir:
@@ -624,11 +646,13 @@ class GroupRunner:
                 barrier = time.time() + self.barrier_lead
                 start_hosts = list({c.spec.host.spec: c.spec.host for c in all_clients}.values())
                 _release(start_hosts, start_file, barrier, self.barrier_lead)
-            error = _wait_clients(list(servers.values()), all_clients, self.client_timeout,
+            error = _wait_clients([*firsts.values(), *servers.values()], all_clients, self.client_timeout,
                                   self.server_exits)
             if error is None:
                 error = _finish_servers(list(servers.values()), self.server_timeout,
                                         self.server_exits, self.grace)
+            if error is None:
+                error = _finish_servers(list(firsts.values()), self.server_timeout, False, self.grace)
         except HostError as e:
             error = str(e)
         finally:
@@ -641,10 +665,11 @@ class GroupRunner:
             clients=[c.result() for c in clients.get(g.name, []) if c.handle is not None])
             for g in self.groups}
         result = GroupRunResult(groups=results, barrier=barrier, ok=error is None, error=error,
-                                start=t0, end=time.time())
+                                start=t0, end=time.time(),
+                                first={n: f.result() for n, f in firsts.items() if f.handle is not None})
         if error is None and self.measure is not None:
             try:
-                result.windows = {n: self.measure(r) for n, r in results.items()}
+                result.windows = {n: self.measure(r) for n, r in results.items() if r.clients}
                 result.aggregate = aggregate_window(result.windows, self.window_tolerance_s)
             except WindowMismatch as e:
                 result.flags.append("window_mismatch")

@@ -375,6 +375,15 @@ def missing_hardware(testbed: Testbed, scenario: dict) -> str | None:
     return None
 
 
+def too_few_hosts(testbed: Testbed, point: Point) -> str | None:
+    """Why the testbed has too few hosts for ``point`` (None when it has enough; see Kind.hosts_needed)."""
+    need, have = point.spec.hosts_needed(point.params), len(testbed.cluster)
+    if need <= have:
+        return None
+    return (f"testbed {testbed.name!r} has {have} hosts; this point spans {need} "
+            "(a cluster testbed names them as a list under hosts:, e.g. experiments/testbeds/local-cluster.yaml)")
+
+
 def expand(testbed: Testbed, scenarios: dict[str, Any] | None = None) -> list[Point]:
     """Every point of every scenario the testbed runs, in run order."""
     scenarios = scenarios or load_scenarios()
@@ -404,6 +413,8 @@ def expand(testbed: Testbed, scenarios: dict[str, Any] | None = None) -> list[Po
         why = missing_hardware(testbed, sc)
         if why:
             pts = [dataclasses.replace(p, skip_reason=why) for p in pts]
+        pts = [dataclasses.replace(p, skip_reason=too_few_hosts(testbed, p)) if too_few_hosts(testbed, p)
+               and not p.skipped else p for p in pts]
         points += pts
     names = [(p.scenario, p.name) for p in points]
     dup = {n for n in names if names.count(n) > 1}

@@ -363,9 +363,14 @@ class PointRun:
     def cpu_wrap(self, label: str, th: TestbedHosts, role: str, argv: list[str]) -> list[str]:
         """``argv`` under the CPU sampler on the ``role`` host of ``th``; its samples (kept under ``label``)
         are read back by :meth:`cpu_usage`."""
+        return self.cpu_wrap_on(label, th.host(role), th.python_of(role), argv)
+
+    def cpu_wrap_on(self, label: str, host: Host, python: list[str], argv: list[str]) -> list[str]:
+        """``argv`` under the CPU sampler on ``host``, whose Python (with PeerCache) ``python`` runs; its
+        samples (kept under ``label``) are read back by :meth:`cpu_usage` (a cluster's hosts)."""
         path = f"/tmp/pclab-cpu-{uuid.uuid4().hex[:10]}.jsonl"
-        self.cpu_files[label] = (th.host(role), path)
-        return cpusample.wrap(argv, path, _python_tool(th, role, "peercache.lab.system.cpusample"))
+        self.cpu_files[label] = (host, path)
+        return cpusample.wrap(argv, path, [*python, "-m", "peercache.lab.system.cpusample"])
 
     def cpu_usage(self, roles: dict[str, str], start: float | None, end: float | None) -> dict[str, Any]:
         """{label: usage over [start, end]} for the wrapped ``roles`` ({label: role}); files kept in raw_dir."""

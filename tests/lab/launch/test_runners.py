@@ -15,7 +15,7 @@ import pytest
 
 from peercache.lab.launch import netns
 from peercache.lab.launch.hosts import LocalHost, parse_host
-from peercache.lab.launch.runners import (GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner,
+from peercache.lab.launch.runners import (FirstSpec, GroupFailed, GroupRunner, GroupSpec, PairFailed, PairRunner,
                                   PortAllocator, Readiness, SideSpec, WindowBytes,
                                   WindowMismatch, aggregate_window)
 
@@ -389,6 +389,49 @@ def test_group_runner_fails_when_a_client_never_gets_ready():
         GroupRunner(groups, client_timeout=10, client_ready=Readiness(pattern="^ready$", timeout=2)).run()
     assert time.monotonic() - t < 8
     assert_none_left(m)
+
+
+# A long-lived process that writes a file once it is up (sys.argv[2]) and says so, then sleeps.
+UP_AND_WAIT = ("import sys, time; open(sys.argv[2], 'w').write('up'); print('up', flush=True); time.sleep(60)")
+# A client that prints whether the file (sys.argv[2]) is there when it starts.
+SEES = "import os, sys; print(os.path.exists(sys.argv[2]))"
+
+
+def test_group_runner_starts_first_processes_before_any_group_and_stops_them_last(tmp_path):
+    """A cluster's directory: up before every group's server and client, stopped after them; a group
+    with only a server (a producer nobody in its group reads) is allowed and measured by no one."""
+    m = marker()
+    h = LocalHost()
+    flag = str(tmp_path / "directory-up")
+    groups = [GroupSpec("reader", [SideSpec(h, py(SEES, m) + [flag])]),
+              GroupSpec("producer", [], SideSpec(h, py(UP_AND_WAIT, m) + [str(tmp_path / "p")]),
+                        Readiness(pattern="^up$", timeout=10))]
+    measured = []
+    res = GroupRunner(groups, client_timeout=10, server_exits=False, log_dir=tmp_path,
+                      measure=lambda gr: measured.append(gr.name) or WindowBytes(1, 1.0, 2.0),
+                      first=[FirstSpec("directory", SideSpec(h, py(UP_AND_WAIT, m) + [flag]),
+                                       Readiness(pattern="^up$", timeout=10))]).run()
+    assert res.ok, res.error
+    assert res.groups["reader"].clients[0].stdout.strip() == "True"      # the directory was up first
+    assert measured == ["reader"] and res.groups["producer"].clients == []
+    assert res.first["directory"].stopped and (tmp_path / "directory.log").exists()
+    assert_none_left(m)
+
+
+def test_group_runner_fails_when_a_first_process_never_gets_ready():
+    m = marker()
+    h = LocalHost()
+    with pytest.raises(GroupFailed, match="did not print"):
+        GroupRunner([GroupSpec("g", [SideSpec(h, py("print('x')", m))])], client_timeout=5,
+                    first=[FirstSpec("directory", SideSpec(h, py("import time; time.sleep(30)", m)),
+                                     Readiness(pattern="^up$", timeout=1))]).run()
+    assert_none_left(m)
+
+
+def test_group_runner_refuses_groups_without_any_client():
+    h = LocalHost()
+    with pytest.raises(ValueError, match="no group has a client"):
+        GroupRunner([GroupSpec("g", [], SideSpec(h, ["true"]), Readiness(pattern="x"))])
 
 
 # --- peercache-bench across two netns hosts (last: the bench tool is new) -----

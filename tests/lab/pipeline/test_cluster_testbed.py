@@ -114,7 +114,7 @@ def test_the_local_cluster_testbed_and_its_captures():
     plan = Plan(str(LOCAL_CLUSTER))
     tb = plan.testbed
     assert [h.name for h in tb.cluster] == [f"pcclu{i}" for i in range(1, 9)]
-    assert [h.address for h in tb.cluster] == [f"198.18.78.{i}" for i in range(1, 9)]
+    assert [h.address for h in tb.cluster] == [f"198.18.79.{i}" for i in range(1, 9)]
     assert all(set(h.roles) >= {"producer", "consumer"} for h in tb.cluster)
     assert [h.name for h in tb.cluster if "directory" in h.roles] == ["pcclu1"]
     assert tb["hosts"]["producer"]["host"] == "netns:pcclu1" and tb["hosts"]["consumer"]["host"] == "netns:pcclu2"
@@ -157,12 +157,12 @@ def test_testbed_hosts_of_the_local_cluster_opens_eight_working_members_and_clea
         assert [m.name for m in th.members("directory")] == ["pcclu1"]
         assert len(th.members("producer")) == len(th.members("consumer")) == 8
         assert th.producer is th.member("pcclu1").host and th.consumer is th.member("pcclu2").host
-        assert (th.producer_addr, th.consumer_addr) == ("198.18.78.1", "198.18.78.2")
+        assert (th.producer_addr, th.consumer_addr) == ("198.18.79.1", "198.18.79.2")
         for m in th.cluster:
             r = m.host.run(["ip", "-o", "-4", "addr"], timeout=10)
             assert r.rc == 0 and f"inet {m.address}/24" in r.stdout, (m.name, r.stdout)
             assert m.python and m.python[0]
-        r = th.member("pcclu8").host.run(["ping", "-c1", "-W1", "198.18.78.1"], timeout=10)
+        r = th.member("pcclu8").host.run(["ping", "-c1", "-W1", "198.18.79.1"], timeout=10)
         assert r.rc == 0, r.stdout + r.stderr
         with pytest.raises(ValueError, match="not one of producer, consumer, directory"):
             th.members("cache")

@@ -209,6 +209,11 @@ class Kind:
         return []
 
     @classmethod
+    def hosts_needed(cls, params: dict[str, Any]) -> int:
+        """Hosts a point of this kind spans: 2 (a producer and a consumer) unless the kind says more."""
+        return 2
+
+    @classmethod
     def windows(cls, params: dict[str, Any]) -> int:
         """How many measured windows (warm-up + duration each) one point runs one after another: 1, unless
         the kind sweeps inside its tool (the harness's waits scale with it)."""

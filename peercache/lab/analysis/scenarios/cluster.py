@@ -1,0 +1,217 @@
+"""cluster: the traffic patterns of a shared KV cache (pairwise, incast, fan-out, shared) against hosts.
+
+One figure per pattern: PeerCache's aggregate GB/s (blue) beside the raw pattern's (grey) at each host
+count, with every consumer host's own figure as a dot over its bar; the table gives per point the
+aggregate, raw, the share of raw, the per-host range, Jain's fairness index, p99 batch latency, the hit
+rate, wrong pages and CPU seconds per GiB; the overview has a row per pattern (its largest host count);
+the conclusions say how each pattern scaled from its smallest to its largest host count and what
+limited it (the raw pattern, or the CPU every host shares).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from peercache.lab.analysis.format import fmt_number, short_run, throughput_text, why_empty
+from peercache.lab.analysis.metablock import meta_block
+from peercache.lab.analysis.references import TestbedRefs, row_extra
+from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits, NotDrawn, Scenario, Table, gbs,
+                                                      ok_rows, overview_row)
+from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig, raw_legend
+from peercache.lab.pipeline.points.cluster import PATTERNS
+
+#: A figure at or above this share of its raw pattern is limited by what the raw pattern is limited by.
+RAW_BOUND_SHARE = 0.8
+#: CPU seconds per second at or above this share of the machine's logical CPUs: the CPU limited the run.
+CPU_BOUND_SHARE = 0.8
+#: Aggregates grown by less than this share of the hosts' growth have stopped scaling.
+SCALING_SHARE = 0.7
+
+
+def points(sub: pd.DataFrame) -> list[dict[str, Any]]:
+    """One record per cluster point (run): its pattern, hosts, aggregates, per-host figures and evidence."""
+    recs: dict[str, dict[str, Any]] = {}
+    for _, r in sub.iterrows():
+        ex = row_extra(r)
+        if ex.get("pattern") is None:
+            continue
+        rec = recs.setdefault(r["run_id"], {"run": r["run_id"], "pattern": ex["pattern"], "hosts": ex["hosts"],
+                                            "zipf_s": ex.get("zipf_s"),
+                                            "directory": ex.get("directory") or "embedded", "per_host": {}, "raw_per_host": {},
+                                            "p99": [], "failed": []})
+        if r["status"] == "failed":
+            rec["failed"].append(f"{r['tool']}: {r['reason']}")
+            continue
+        if r["status"] != "ok" or pd.isna(r["value"]):
+            continue
+        key = (r["tool"], r["metric"], r["side"])
+        if key == ("peercache-bench", "get_throughput", "aggregate"):
+            rec.update(agg=gbs(r), row=r, cpu_s=ex.get("cpu_s"), machine_cpus=ex.get("machine_cpus"),
+                       window_s=(ex["window_end"] - ex["window_start"]) if ex.get("window_end") else None)
+        elif key == ("peercache-bench", "get_throughput", "per_host"):
+            rec["per_host"][r["devices"]] = gbs(r)
+        elif key[0] == "iperf3" and key[2] == "aggregate":
+            rec["raw"] = gbs(r)
+        elif key[0] == "iperf3" and key[2] == "per_host":
+            rec["raw_per_host"][r["devices"]] = gbs(r)
+        elif key == ("peercache-bench", "jain_index", "aggregate"):
+            rec["jain"] = float(r["value"])
+        elif key == ("peercache-bench", "latency_p99", "per_host"):
+            rec["p99"].append(float(r["value"]))
+        elif key == ("peercache-bench", "hit_rate", "aggregate"):
+            rec["hit_rate"] = float(r["value"])
+        elif key == ("peercache-bench", "verify_failures", "aggregate"):
+            rec["wrong"] = int(r["value"])
+        elif key == ("peercache-bench", "cpu_s_per_gib", "aggregate"):
+            rec["cpu_per_gib"] = float(r["value"])
+    return sorted(recs.values(), key=lambda x: (PATTERNS.index(x["pattern"]) if x["pattern"] in PATTERNS else 99,
+                                                 x["zipf_s"] or 0, x["directory"], x["hosts"]))
+
+
+def label(rec: dict[str, Any]) -> str:
+    """'shared (Zipf s=0.8)', 'incast' ..."""
+    return (rec["pattern"] + (f" (Zipf s={rec['zipf_s']:g})" if rec.get("zipf_s") is not None else "")
+            + ("" if rec.get("directory", "embedded") == "embedded" else f", {rec['directory']} directory"))
+
+
+def series_key(rec: dict[str, Any]) -> tuple:
+    """What a pattern's curve against hosts is drawn for: the pattern, Zipf exponent and directory."""
+    return rec["pattern"], rec["zipf_s"], rec.get("directory", "embedded")
+
+
+def limited_by(rec: dict[str, Any]) -> str:
+    """What limited one point, with its evidence: the CPU every host shares (hosts on one machine), the raw
+    pattern, or unknown."""
+    cpus = rec.get("machine_cpus")
+    busy = (rec["cpu_s"] / rec["window_s"]) if rec.get("cpu_s") and rec.get("window_s") else None
+    if busy is not None and cpus and busy >= CPU_BOUND_SHARE * cpus:
+        return f"CPU: the hosts' processes kept {busy:.1f} of the machine's {cpus} logical CPUs busy"
+    if rec.get("raw") and rec.get("agg") and rec["agg"] >= RAW_BOUND_SHARE * rec["raw"]:
+        return f"the raw pattern's links: {100 * rec['agg'] / rec['raw']:.0f}% of its {fmt_number(rec['raw'])} GB/s"
+    why = []
+    if busy is not None:
+        why.append(f"{busy:.1f} CPUs busy" + (f" of {cpus}" if cpus else ""))
+    if rec.get("raw") and rec.get("agg"):
+        why.append(f"{100 * rec['agg'] / rec['raw']:.0f}% of raw")
+    return "unknown (" + ", ".join(why) + ")" if why else "unknown (no CPU or raw evidence)"
+
+
+def figure_of(pattern: str):
+    """The figure builder of one pattern."""
+
+    def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+        recs = [r for r in points(rows) if r["pattern"] == pattern]
+        drawn = [r for r in recs if r.get("agg") is not None]
+        if not drawn:
+            failed = "; ".join(f for r in recs for f in r["failed"])
+            return NotDrawn(f"cluster_{pattern}", failed or why_empty(rows, f"a {pattern} aggregate"))
+        fig, axes = new_fig(w=7.5)
+        ax = axes[0][0]
+        table, x, ticks = [], 0.0, []
+        for rec in drawn:
+            ax.bar(x - 0.2, rec["agg"], 0.4, color=PEERCACHE_COLOR)
+            ax.annotate(f"{rec['agg']:.2f}", (x - 0.2, rec["agg"]), ha="center", va="bottom", fontsize=7)
+            if rec.get("raw") is not None:
+                ax.bar(x + 0.2, rec["raw"], 0.4, color=RAW_COLOR)
+                ax.annotate(f"{rec['raw']:.2f}", (x + 0.2, rec["raw"]), ha="center", va="bottom", fontsize=7)
+            vals = list(rec["per_host"].values())
+            ax.scatter([x - 0.2] * len(vals), vals, s=12, color="black", zorder=3)
+            ticks.append((x, f"{rec['hosts']} hosts" + (f"\ns={rec['zipf_s']:g}" if rec.get("zipf_s") else "")
+                          + ("" if rec["directory"] == "embedded" else f"\n{rec['directory']}")))
+            table.append(record(rec))
+            x += 1.0
+        ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=8)
+        ax.set_ylabel("GB/s (bars: aggregate; dots: each consumer host)")
+        ax.set_ylim(bottom=0)
+        raw_legend(ax)
+        notes = [f"raw: iperf3 -R, one flow per link of the pattern"
+                 + (" (a ring: each host sends to the next)" if pattern == "shared" else "")
+                 + ", all released together and summed over one window"]
+        missing = [f for r in recs for f in r["failed"]]
+        if missing:
+            notes.append("failed: " + "; ".join(missing))
+        return Chart(f"cluster_{pattern}", f"Cluster, {pattern}: aggregate and per-host GET throughput against hosts",
+                     fig, table, meta_block(ok_rows(rows[rows["run_id"].isin([r["run"] for r in drawn])]), runs),
+                     notes)
+
+    return figure
+
+
+def record(rec: dict[str, Any]) -> dict[str, Any]:
+    """One point's table record."""
+    per = list(rec["per_host"].values())
+    return {"pattern": label(rec), "hosts": rec["hosts"],
+            "aggregate (GB/s)": fmt_number(rec.get("agg")),
+            "raw (GB/s)": fmt_number(rec.get("raw")) if rec.get("raw") is not None else "not measured",
+            "% of raw": f"{100 * rec['agg'] / rec['raw']:.0f}%" if rec.get("raw") and rec.get("agg") else "—",
+            "per host (GB/s)": f"{fmt_number(min(per))} – {fmt_number(max(per))}" if per else "—",
+            "Jain": f"{rec['jain']:.3f}" if rec.get("jain") is not None else "—",
+            "p99 (µs, worst host)": fmt_number(max(rec["p99"])) if rec["p99"] else "—",
+            "hit rate": f"{rec['hit_rate']:.3f}" if rec.get("hit_rate") is not None else "—",
+            "wrong pages": rec.get("wrong", "—"),
+            "CPU s/GiB": fmt_number(rec.get("cpu_per_gib")) if rec.get("cpu_per_gib") is not None else "—",
+            "limited by": limited_by(rec), "run": short_run(rec["run"])}
+
+
+def scaling(recs: list[dict[str, Any]]) -> tuple[dict, dict, float] | None:
+    """(smallest, largest, aggregate growth / host growth) of one pattern's points with an aggregate."""
+    got = [r for r in recs if r.get("agg")]
+    if len(got) < 2:
+        return None
+    lo, hi = min(got, key=lambda r: r["hosts"]), max(got, key=lambda r: r["hosts"])
+    if hi["hosts"] == lo["hosts"]:
+        return None
+    return lo, hi, (hi["agg"] / lo["agg"]) / (hi["hosts"] / lo["hosts"])
+
+
+class Cluster(Scenario):
+    """The cluster scenario's report."""
+
+    figures = {f"cluster_{p}": figure_of(p) for p in PATTERNS}
+
+    def tables(self, sub: pd.DataFrame, limits: Limits) -> list[Table]:
+        recs = [record(r) for r in points(sub) if r.get("agg") is not None]
+        return [("", recs)] if recs else []
+
+    def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:
+        """A row per pattern (and Zipf exponent): its largest host count, against its raw pattern."""
+        out = []
+        recs = points(rows[rows["scenario"] == scenario])
+        for key in dict.fromkeys(series_key(r) for r in recs):
+            mine = [r for r in recs if series_key(r) == key and r.get("agg") is not None]
+            if not mine:
+                continue
+            top = max(mine, key=lambda r: r["hosts"])
+            row = overview_row(scenario, f"{label(top)} at {top['hosts']} hosts", top["row"], limits)
+            notes = [f"per host {record(top)['per host (GB/s)']} GB/s",
+                     f"Jain {top['jain']:.3f}" if top.get("jain") is not None else "",
+                     f"{top.get('wrong', '?')} wrong pages"]
+            sc = scaling(mine)
+            if sc:
+                notes.append(f"{sc[1]['agg'] / sc[0]['agg']:.2f}x the {sc[0]['hosts']}-host aggregate")
+            row["% of single-NIC raw limit"] = (f"{100 * top['agg'] / top['raw']:.0f}% of the raw pattern"
+                                                if top.get("raw") else "—")
+            row["limited by"] = limited_by(top)
+            row["notes"] = "; ".join(n for n in notes if n)
+            out.append(row)
+        return out
+
+    def conclusions(self, sub: pd.DataFrame, limits: Limits) -> list[Conclusion]:
+        """Per pattern: how its aggregate grew with hosts and, where it stopped growing, at what."""
+        out = []
+        recs = points(sub)
+        for key in dict.fromkeys(series_key(r) for r in recs):
+            mine = [r for r in recs if series_key(r) == key]
+            sc = scaling(mine)
+            if sc is None:
+                continue
+            lo, hi, eff = sc
+            grew = "kept scaling" if eff >= SCALING_SHARE else "stopped scaling"
+            text = (f"Cluster, {label(hi)}: from {lo['hosts']} to {hi['hosts']} hosts the aggregate went from "
+                    f"{throughput_text(lo['agg'])} to {throughput_text(hi['agg'])} "
+                    f"({hi['agg'] / lo['agg']:.2f}x for {hi['hosts'] / lo['hosts']:.0f}x the hosts): it {grew}"
+                    + (f"; at {hi['hosts']} hosts limited by {limited_by(hi)}" if eff < SCALING_SHARE else "")
+                    + (f"; Jain's index {hi['jain']:.3f}" if hi.get("jain") is not None else "") + ".")
+            out.append(Conclusion(text, [lo["run"], hi["run"]]))
+        return out

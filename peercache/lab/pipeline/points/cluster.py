@@ -1,0 +1,454 @@
+"""The ``cluster`` kind: a traffic pattern of a shared KV cache over N hosts of a cluster testbed.
+
+Each point places one pattern on the testbed's first ``hosts`` members (:func:`place`):
+
+- **pairwise**: hosts 1, 3, 5 ... serve, hosts 2, 4, 6 ... each read from the host before them;
+- **incast** (many -> one): host 1 reads batches spread over every other host's pages;
+- **fanout** (one -> many, the hot prefix): every other host reads host 1's pages, the same pages;
+- **shared**: every host serves its pages and reads every other host's, with Zipf popularity
+  (``zipf_s``), as a shared prefix cache is read.
+
+One ``peercache-bench meta`` on the directory host (the first member with the ``directory`` role) is
+the cluster's directory; every ``serve --join`` publishes its own key prefix (its host's name) there
+and every ``drive`` reads the prefixes the pattern gives it, verifying every page. All drives measure
+one shared, barrier-aligned window (the group runner's start file). Beside it, in the same point,
+the raw limit of the same pattern: one ``iperf3 -R`` flow per producer -> consumer link of the
+pattern (shared: a ring, each host sending to the next, so every host's link carries one flow each
+way), all released together and summed over one window.
+
+Rows: per consumer host (side ``per_host``, ``devices`` = the host's name) its GB/s, batch latency,
+hit rate and wrong pages; per host its CPU seconds per GiB it moved; the aggregate over the shared
+window with Jain's fairness index over the consumers; and the raw pattern's ``bw`` rows.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from peercache import atomic
+from peercache.bench.document import DRIVE_READY_WORDS
+from peercache.lab.launch import redis as redis_launch
+from peercache.lab.launch.runners import (FirstSpec, GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec,
+                                          WindowBytes)
+from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S
+from peercache.lab.pipeline.points.declare import (POSITIVE_INT, Point, SECONDS, Timed, one_of, parameter, sizes,
+                                                   timing, variable)
+from peercache.lab.pipeline.points.group import GROUP_DRIVE_READY_S, start_lead
+from peercache.lab.pipeline.points.peercache import DIR_CACHE_TTL_S, READY_LINE, read_drive_document
+from peercache.lab.tidy import Row
+from peercache.lab.tools import iperf3 as iperf3_tool
+
+if TYPE_CHECKING:
+    from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
+
+PATTERNS = ("pairwise", "incast", "fanout", "shared")
+#: The directories a cluster point can run with.
+DIRECTORIES = ("embedded", "redis")
+#: What meta prints once its directory listens.
+META_READY = r"peercache-bench meta: ready on "
+#: Bytes in a GiB (the unit of CPU seconds per GiB moved).
+GIB = 1 << 30
+
+
+class PlacementError(ValueError):
+    """A pattern cannot be placed on the testbed's hosts (too few, or a host lacks the role it needs)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Who does what in one point: the hosts used, who serves, who reads whose pages, the directory and
+    the raw pattern's flows (producer, consumer)."""
+
+    hosts: tuple[str, ...]
+    producers: tuple[str, ...]
+    reads: dict[str, tuple[str, ...]]        #: consumer -> the producers whose pages it reads
+    directory: str
+    flows: tuple[tuple[str, str], ...]
+
+    @property
+    def consumers(self) -> tuple[str, ...]:
+        return tuple(self.reads)
+
+
+def place(pattern: str, members: list[tuple[str, tuple[str, ...]]], n: int) -> Placement:
+    """The placement of ``pattern`` on the first ``n`` of ``members`` ((name, roles), testbed order) (pure).
+
+    The directory is the first member (of all) with the ``directory`` role, else the first host used.
+    """
+    if pattern not in PATTERNS:
+        raise PlacementError(f"pattern {pattern!r} is not one of {', '.join(PATTERNS)}")
+    if n < 2:
+        raise PlacementError(f"a cluster point needs at least 2 hosts, got {n}")
+    if len(members) < n:
+        raise PlacementError(f"the {pattern} point needs {n} hosts; the testbed has {len(members)}")
+    used = members[:n]
+    names = tuple(m[0] for m in used)
+    roles = dict(used)
+    if pattern == "pairwise":
+        producers = names[0:2 * (n // 2):2]
+        reads = {c: (p,) for p, c in zip(producers, names[1::2])}
+        flows = tuple((p, c) for c, (p,) in reads.items())
+    elif pattern == "incast":
+        producers = names[1:]
+        reads = {names[0]: producers}
+        flows = tuple((p, names[0]) for p in producers)
+    elif pattern == "fanout":
+        producers = names[:1]
+        reads = {c: producers for c in names[1:]}
+        flows = tuple((names[0], c) for c in names[1:])
+    else:
+        producers = names
+        reads = {c: tuple(p for p in names if p != c) for c in names}
+        flows = tuple((names[i], names[(i + 1) % n]) for i in range(n))
+    for p in producers:
+        if "producer" not in roles[p]:
+            raise PlacementError(f"host {p} serves pages in the {pattern} pattern but has roles "
+                                 f"{', '.join(roles[p])}; give it the producer role")
+    for c in reads:
+        if "consumer" not in roles[c]:
+            raise PlacementError(f"host {c} reads pages in the {pattern} pattern but has roles "
+                                 f"{', '.join(roles[c])}; give it the consumer role")
+    directory = next((name for name, r in members if "directory" in r), names[0])
+    return Placement(names, producers, reads, directory, flows)
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when every host got the same, 1/n when one got all."""
+    sq = sum(v * v for v in values)
+    return (sum(values) ** 2) / (len(values) * sq) if values and sq > 0 else None
+
+
+class ClusterRun(Timed):
+    """A traffic pattern of a shared KV cache over N hosts, beside the raw limit of the same pattern."""
+
+    name = "cluster"
+    metrics = {"get_throughput": "GB/s", "latency_p50": "us", "latency_p99": "us", "hit_rate": "ratio",
+               "verify_failures": "count", "jain_index": "ratio", "cpu_s_per_gib": "s/GiB", "bw": "B/s"}
+    primary = "get_throughput"
+    is_get = True
+    tool_column = "peercache-bench"
+
+    #: the traffic pattern (str, swept)
+    pattern = parameter(one_of(*PATTERNS), doc="pairwise, incast (many->one), fanout (one->many) or shared")
+    #: hosts the pattern spans (int, swept): the testbed's first N members
+    hosts = parameter(dict(POSITIVE_INT, minimum=2), doc="hosts the pattern spans (the testbed's first N)")
+    #: Zipf exponents of the shared pattern's key popularity (list of numbers; one point each)
+    zipf_s = variable({"type": "array", "minItems": 1, "items": SECONDS}, [0.8, 1.2],
+                      "Zipf exponents of the shared pattern (one point each)")
+    #: the cluster's directory (str, swept): peercache-bench meta (embedded) or one redis-server, either on
+    #: the directory host
+    directory = parameter(one_of(*DIRECTORIES), ["embedded"], "the directory: embedded (meta) or redis")
+    #: data transport (str)
+    protocol = variable(one_of("rdma", "tcp"), doc="transport (--protocol)")
+    #: page geometry (str)
+    layout = variable(one_of("mla", "mha"), "mla", "page layout (--layout)")
+    #: bytes per object (int)
+    page_size = variable(POSITIVE_INT, 131072, "bytes per object (--page-size)")
+    #: keys per GET batch (int)
+    batch_size = variable(POSITIVE_INT, 16, "keys per batch (--batch-size)")
+    #: pages each producer publishes (int)
+    working_set = variable(POSITIVE_INT, 512, "pages each producer publishes (--working-set)")
+    #: drive processes per consumer host (int)
+    processes = variable(POSITIVE_INT, 1, "drive processes per consumer host (--processes)")
+    #: threads per drive process (int)
+    threads = variable(POSITIVE_INT, 1, "threads per drive process (--concurrencies)")
+
+    @classmethod
+    def expand(cls, scenario, part, devices):
+        vals = cls.values(part)
+        pts = []
+        for directory in vals["directory"]:
+            for pattern in vals["pattern"]:
+                for s in (vals["zipf_s"] if pattern == "shared" else [None]):
+                    for n in vals["hosts"]:
+                        name = (f"cluster_{pattern}" + (f"_z{s:g}" if s is not None else "")
+                                + f"_h{n}_{vals['protocol']}_s{sizes(vals['page_size'])}_b{vals['batch_size']}"
+                                + ("" if directory == "embedded" else f"_{directory}"))
+                        params = {k: vals[k] for k in ("protocol", "layout", "page_size", "batch_size",
+                                                       "working_set", "processes", "threads")}
+                        pts.append(Point(scenario, name, cls.name, dict(
+                            params, pattern=pattern, hosts=n, directory=directory,
+                            **({"zipf_s": s} if s is not None else {}), **timing(vals)),
+                            loopback=part.get("place") == "loopback"))
+        return pts
+
+    @classmethod
+    def hosts_needed(cls, params: dict[str, Any]) -> int:
+        return int(params["hosts"])
+
+    @classmethod
+    def run(cls, pr: PointRun, th: TestbedHosts) -> None:
+        p = pr.point.params
+        members = {m.name: m for m in th.cluster}
+        ctx = pr.ctx(tool="peercache-bench", protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
+                     batch=p["batch_size"], threads=p["threads"], processes=p["processes"],
+                     extra={"pattern": p["pattern"], "hosts": p["hosts"], "zipf_s": p.get("zipf_s"),
+                            "directory": p.get("directory", "embedded")})
+        try:
+            pl = place(p["pattern"], [(m.name, tuple(m.roles)) for m in th.cluster], p["hosts"])
+        except PlacementError as e:
+            pr.fail("get_throughput", "GB/s", str(e), side="aggregate", **_fail_ctx(ctx))
+            return
+        pr.notes.append(f"placement: directory on {pl.directory}; producers {', '.join(pl.producers)}; "
+                        + "; ".join(f"{c} reads {'+'.join(ps)}" for c, ps in pl.reads.items()))
+        raw = run_raw(pr, th, members, pl, ctx)
+        pr.rows += raw
+        pr.rows += run_peercache(pr, th, members, pl, ctx)
+
+
+def _fail_ctx(ctx: dict[str, Any]) -> dict[str, Any]:
+    return {k: ctx[k] for k in ("tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes",
+                                "extra")}
+
+
+def _bench(th: TestbedHosts, m) -> list[str]:
+    """argv that runs peercache-bench on member ``m``."""
+    if th.bench_command and not m.host.on_this_machine:
+        return list(th.bench_command)
+    return [*m.python, "-m", "peercache.bench.cli"]
+
+
+def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port: int,
+             outs: dict[str, str]) -> tuple[FirstSpec, list[GroupSpec]]:
+    """The directory, and per host its serve and/or drive, of one point (each under the CPU sampler)."""
+    p = pr.point.params
+    d = members[pl.directory]
+    if p.get("directory", "embedded") == "redis":
+        server = redis_launch.server_command(port, "/tmp", bind=d.address)
+        first = FirstSpec("directory", SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/directory", d.host, d.python, server)),
+                          Readiness(port=port, addr=d.address, timeout=pr.scaled(PORT_READY_S)))
+        where, join = ["--directory", redis_launch.url_for(port, host=d.address)], []
+    else:
+        meta = [*_bench(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
+        first = FirstSpec("directory", SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/directory", d.host, d.python, meta)),
+                          Readiness(pattern=META_READY, timeout=pr.scaled(READY_S)))
+        where, join = ["--discovery-addr", f"{d.address}:{port}"], ["--join"]
+    common = [*where, "--protocol", p["protocol"], "--layout", p["layout"],
+              "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"])]
+    groups = []
+    for name in pl.hosts:
+        m = members[name]
+        devs = ["--devices", ",".join(m.devices)] if p["protocol"] == "rdma" and m.devices else []
+        server = client = None
+        if name in pl.producers:
+            serve = [*_bench(th, m), "serve", *common, *devs, *join, "--bind", m.address, "--key-prefix", name,
+                     "--readers", "0", "--max-wait", str(int(pr.timeout)), "--quiet"]
+            server = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/producer", m.host, m.python, serve))
+        if name in pl.reads:
+            drive = [*_bench(th, m), "drive", *common, *devs, "--key-prefix", ",".join(pl.reads[name]),
+                     "--batch-size", str(p["batch_size"]), "--concurrencies", str(p["threads"]),
+                     "--processes", str(p["processes"]), "--duration", str(pr.duration),
+                     "--warmup", str(pr.warmup), "--dir-cache-ttl", str(pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)),
+                     "--seed", "1", "--start-file", "{start_file}", "--out", outs[name],
+                     *(["--access", "zipf", "--zipf-s", f"{p['zipf_s']:g}"] if p.get("zipf_s") else [])]
+            if pr.slow > 1:
+                drive += ["--ready-timeout", f"{pr.scaled(GROUP_DRIVE_READY_S):.0f}", "--time-scale", f"{pr.slow:.1f}"]
+            client = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/consumer", m.host, m.python, drive))
+        groups.append(GroupSpec(name, [client] if client else [], server,
+                                Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)) if server else None))
+    return first, groups
+
+
+def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: dict) -> list[Row]:
+    """The pattern through PeerCache: one shared window, every page verified; its rows."""
+    outs = {c: f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json" for c in pl.consumers}
+    first, groups = commands(pr, th, members, pl, pr.ports.allocate(), outs)
+    docs: dict[str, dict] = {}
+
+    def measure(gr) -> WindowBytes:
+        (pr.raw_dir / gr.name).mkdir(exist_ok=True)
+        doc = read_drive_document(pr.fetch(members[gr.name].host, outs[gr.name]))
+        atomic.write_text(pr.raw_dir / gr.name / "drive.json", json.dumps(doc, indent=1))
+        docs[gr.name] = doc
+        pt = doc["points"][0]
+        if pt["status"] != "ok":
+            raise RuntimeError(f"{gr.name}: drive failed: {pt['reason']}")
+        return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
+
+    runner = GroupRunner(groups, first=[first], server_exits=False,
+                         client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
+                         barrier_lead=start_lead(pr.slow),
+                         client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),
+                                                timeout=pr.scaled(GROUP_DRIVE_READY_S)),
+                         log_dir=pr.raw_dir, window_tolerance_s=max(0.05, 0.02 * pr.slow))
+    try:
+        res, err = runner.run(), None
+    except GroupFailed as e:
+        res, err = e.result, str(e)
+    for name, gr in res.groups.items():
+        pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+    for name, f in res.first.items():
+        pr.commands[f"{pl.directory}/{name}"] = f.argv
+    if err:
+        pr.fail("get_throughput", "GB/s", err, side="aggregate", **_fail_ctx(ctx))
+        return []
+    agg = res.aggregate
+    labels = {f"{h}/{r}": h for h in pl.hosts for r in ("producer", "consumer")}
+    labels[f"{pl.directory}/directory"] = pl.directory
+    cpu = pr.cpu_usage({lab: lab for lab in labels}, agg.window_start, agg.window_end)
+    one_machine = all(members[n].host.on_this_machine for n in pl.hosts)
+    return peercache_rows(pl, docs, agg, cpu, {n: str(members[n].host) for n in pl.hosts}, ctx,
+                          os.cpu_count() if one_machine else None)
+
+
+def measured(metric: str, value: float | None, unit: str, why: str, **kw: Any) -> Row:
+    """A row of ``value``, or not measured with ``why`` when there is none."""
+    if value is None:
+        return Row(metric=metric, value=None, unit=unit, status="not_measured", reason=why, **kw)
+    return Row(metric=metric, value=value, unit=unit, **kw)
+
+
+def served_bytes(pl: Placement, docs: dict[str, dict]) -> dict[str, float | None]:
+    """Bytes each producer served in the window: drive's bytes per key prefix (a prefix is its producer's
+    name); None for a producer no drive counted per prefix."""
+    out: dict[str, float | None] = {p: 0.0 for p in pl.producers}
+    for c, doc in docs.items():
+        pt = doc["points"][0]
+        by = pt.get("bytes_by_prefix")
+        if by is None and len(pl.reads[c]) == 1:
+            by = {pl.reads[c][0]: pt["bytes"]}
+        for p in pl.reads[c]:
+            if by is None or out[p] is None:
+                out[p] = None
+            else:
+                out[p] += float(by.get(p, 0))
+    return out
+
+
+def host_cpu_seconds(cpu: dict[str, Any], host: str) -> float | None:
+    """CPU seconds of every process the point ran on ``host`` over the window (None: no samples)."""
+    total, seen = 0.0, False
+    for label, use in cpu.items():
+        if label.split("/")[0] == host and isinstance(use, dict) and use.get("cores") is not None:
+            total += use["cores"] * use["seconds"]
+            seen = True
+    return total if seen else None
+
+
+def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any], specs: dict[str, str],
+                   ctx: dict[str, Any], machine_cpus: int | None = None) -> list[Row]:
+    """Per consumer host and aggregate rows of one pattern run (pure); ``machine_cpus``: the logical CPUs of
+    the one machine every host runs on (network namespaces), None when they are machines of their own."""
+    rows: list[Row] = []
+    rates: dict[str, float] = {}
+    served = served_bytes(pl, docs)
+    wrong = 0
+    hits = keys = 0
+    for c in pl.consumers:
+        pt = docs[c]["points"][0]
+        g = agg.groups[c]
+        rates[c] = g["bytes"] / g["seconds"] / 1e9
+        wrong += int(pt.get("verify_failures") or 0)
+        hits += (pt.get("hit_rate") or 0) * pt.get("keys", 0)
+        keys += pt.get("keys", 0)
+        host = dict(ctx, side="per_host", devices=c, host=specs[c], peer="+".join(pl.reads[c]))
+        extra = dict(ctx["extra"], window_start=g["start"], window_end=g["end"], verified=bool(pt.get("verified")))
+        rows.append(Row(metric="get_throughput", value=rates[c], unit="GB/s", **dict(host, extra=extra)))
+        lat = pt.get("latency_us") or {}
+        for key, metric in (("p50", "latency_p50"), ("p99", "latency_p99")):
+            rows.append(measured(metric, lat.get(key), "us", "no batch latency was kept", **host))
+        rows.append(measured("hit_rate", pt.get("hit_rate"), "ratio", "drive asked for no key", **host))
+        rows.append(Row(metric="verify_failures", value=int(pt.get("verify_failures") or 0), unit="count", **host))
+    for h in pl.hosts:
+        moved = (docs[h]["points"][0]["bytes"] if h in docs else 0.0)
+        srv = served.get(h, 0.0)
+        secs = host_cpu_seconds({k: v for k, v in cpu.items()}, h)
+        base = dict(ctx, side="per_host", devices=h, host=specs[h], peer="")
+        if srv is None or secs is None or moved + srv <= 0:
+            why = ("no CPU samples in the window" if secs is None else
+                   "drive did not count the bytes it read from this host" if srv is None else "the host moved nothing")
+            rows.append(Row(metric="cpu_s_per_gib", value=None, unit="s/GiB", status="not_measured", reason=why, **base))
+            continue
+        rows.append(Row(metric="cpu_s_per_gib", value=secs / ((moved + srv) / GIB), unit="s/GiB",
+                        **dict(base, extra=dict(ctx["extra"], cpu_s=secs, read_bytes=moved, served_bytes=srv))))
+    agg_ctx = dict(ctx, side="aggregate", devices=",".join(pl.consumers), host="+".join(pl.consumers),
+                   peer="+".join(pl.producers))
+    total_cpu = sum(s for s in (host_cpu_seconds(cpu, h) for h in pl.hosts) if s is not None)
+    rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s", **dict(agg_ctx, extra=dict(
+        ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
+        end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), producers=len(pl.producers),
+        directory=pl.directory, verified=all(d["points"][0].get("verified") for d in docs.values()),
+        per_host_GBps=rates, served_bytes=served, machine_cpus=machine_cpus, cpu=cpu,
+        cpu_s=total_cpu))))
+    rows.append(measured("jain_index", jain(list(rates.values())), "ratio", "no consumer moved a byte", **agg_ctx))
+    rows.append(measured("hit_rate", hits / keys if keys else None, "ratio", "no drive asked for a key", **agg_ctx))
+    rows.append(Row(metric="verify_failures", value=wrong, unit="count", **agg_ctx))
+    gib = agg.total_bytes / GIB
+    rows.append(measured("cpu_s_per_gib", total_cpu / gib if gib > 0 and total_cpu > 0 else None, "s/GiB",
+                         "no CPU samples in the window, or nothing moved", **agg_ctx))
+    return rows
+
+
+def run_raw(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: dict) -> list[Row]:
+    """The raw limit of the pattern: one ``iperf3 -R`` flow per (producer, consumer) of ``pl.flows``,
+    released together and summed over one window; rows ``bw`` per consumer host and aggregate."""
+    p = pr.point.params
+    if p["protocol"] != "tcp":
+        return [Row(metric="bw", value=None, unit="B/s", status="not_measured", side="aggregate",
+                    reason="the raw pattern of an rdma cluster point (ib_read_bw pairs) is not built yet; "
+                           "run the tcp form for a raw limit beside PeerCache",
+                    **dict(ctx, tool="ib_read_bw"))]
+    secs, omit = max(1, math.ceil(pr.duration)), max(0, math.ceil(pr.warmup))
+    specs, flows = [], {}
+    for i, (prod, cons) in enumerate(pl.flows):
+        port = pr.ports.allocate()
+        name = f"raw{i}_{prod}_to_{cons}"
+        pm, cm = members[prod], members[cons]
+        flows[name] = (prod, cons)
+        server = pr.cpu_wrap_on(f"{name}/producer", pm.host, pm.python,
+                                iperf3_tool.server_command(port, bind=pm.address))
+        client = pr.cpu_wrap_on(f"{name}/consumer", cm.host, cm.python, iperf3_tool.client_command(
+            pm.address, port, length=min(p["page_size"] * p["batch_size"], iperf3_tool.MAX_LENGTH),
+            streams=1, duration=secs + omit, reverse=True) + ["-O", str(omit)])
+        specs.append(GroupSpec(name, [SideSpec(cm.host, client)], SideSpec(pm.host, server),
+                               Readiness(port=port, addr=pm.address, timeout=pr.scaled(PORT_READY_S))))
+    results: dict[str, Any] = {}
+
+    def measure(gr) -> WindowBytes:
+        c = gr.clients[0]
+        r = iperf3_tool.parse_json(c.stdout, source=f"{pr.run_id}/{gr.name}", host=c.host)
+        results[gr.name] = r
+        start = c.start + omit
+        return WindowBytes(r.received_bytes, start, start + r.received_seconds)
+
+    runner = GroupRunner(specs, client_timeout=pr.timeout, measure=measure, log_dir=pr.raw_dir / "raw",
+                         window_tolerance_s=max(0.5, 0.1 * pr.slow))
+    raw_ctx = dict(ctx, tool="iperf3", protocol="tcp", size_bytes=None, batch=None, threads=None, processes=None)
+    try:
+        res, err = runner.run(), None
+    except GroupFailed as e:
+        res, err = e.result, str(e)
+    for name, gr in res.groups.items():
+        pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+    cpu_labels = {f"{n}/{r}": f"{n}/{r}" for n in flows for r in ("producer", "consumer")}
+    if err:
+        pr.cpu_usage(cpu_labels, None, None)      # read back (and remove) the samples of the failed run
+        return [Row(metric="bw", value=None, unit="B/s", status="failed", reason=f"raw pattern: {err}",
+                    side="aggregate", **raw_ctx)]
+    agg = res.aggregate
+    pr.cpu_usage(cpu_labels, agg.window_start, agg.window_end)
+    return raw_rows(pl, flows, agg, {n: str(members[n].host) for n in pl.hosts}, raw_ctx)
+
+
+def raw_rows(pl: Placement, flows: dict[str, tuple[str, str]], agg, specs: dict[str, str],
+             ctx: dict[str, Any]) -> list[Row]:
+    """The raw pattern's rows (pure): each consumer host's bytes over the shared window, and the aggregate."""
+    per: dict[str, float] = {}
+    for name, (_, cons) in flows.items():
+        per[cons] = per.get(cons, 0.0) + agg.groups[name]["bytes"]
+    rows = [Row(metric="bw", value=b / agg.window_s, unit="B/s", side="per_host", devices=c, host=specs[c],
+                peer="+".join(p for p, cc in flows.values() if cc == c), **ctx)
+            for c, b in per.items()]
+    rows.append(Row(metric="bw", value=agg.rate_Bps, unit="B/s", side="aggregate", devices=",".join(per),
+                    host="+".join(per), peer="+".join(pl.producers),
+                    **dict(ctx, extra=dict(ctx["extra"], window_start=agg.window_start, window_end=agg.window_end,
+                                           flows=len(flows), start_skew_s=agg.start_skew_s,
+                                           end_skew_s=agg.end_skew_s,
+                                           shape="ring" if pl.reads and len(pl.flows) == len(pl.hosts)
+                                           and len(pl.producers) == len(pl.hosts) else "the pattern's links"))))
+    return rows

@@ -1,0 +1,68 @@
+"""The cluster scenario's report from rows the cluster kind makes (its pure row builders, from reconstructed
+drive documents and windows: tests/lab/pipeline/points/test_cluster.py says which fields): a figure per
+pattern, a table row per point with its evidence, a row per pattern in the overview, and where scaling
+stopped."""
+import pandas as pd
+import pytest
+
+from peercache.lab.analysis import charts, collect
+from peercache.lab.analysis.scenarios import REPORTS
+from peercache.lab.launch.runners import WindowBytes, aggregate_window
+from peercache.lab.pipeline.points import cluster
+
+HOSTS = [("h1", ("producer", "consumer", "directory"))] + [(f"h{i}", ("producer", "consumer")) for i in range(2, 9)]
+
+
+def point_rows(pattern: str, n: int, per_host_gbs: float, raw_gbs: float, cpu_cores: float) -> list[dict]:
+    """One point's rows: every consumer moved ``per_host_gbs`` over [0, 1] s; the raw pattern ``raw_gbs`` in all."""
+    pl = cluster.place(pattern, HOSTS, n)
+    run = f"lc/cluster/cluster_{pattern}_h{n}/rep0"
+    ctx = {"experiment": "lc", "testbed": "lc", "scenario": "cluster", "run_id": run, "repetition": 0,
+           "tool": "peercache-bench", "protocol": "tcp", "layout": "mla", "size_bytes": 131072, "batch": 16,
+           "threads": 1, "processes": 1, "extra": {"pattern": pattern, "hosts": n, "zipf_s": None}}
+    b = per_host_gbs * 1e9
+    docs = {c: {"points": [{"status": "ok", "bytes": b, "keys": 10, "hit_rate": 1.0, "verify_failures": 0,
+                            "verified": True, "latency_us": {"p50": 50.0, "p99": 200.0},
+                            "bytes_by_prefix": {p: b / len(pl.reads[c]) for p in pl.reads[c]}}]} for c in pl.consumers}
+    agg = aggregate_window({c: WindowBytes(b, 0.0, 1.0) for c in pl.consumers})
+    cpu = {f"{h}/consumer": {"cores": cpu_cores / n, "seconds": 1.0} for h in pl.hosts}
+    rows = cluster.peercache_rows(pl, docs, agg, cpu, {h: f"netns:{h}" for h in pl.hosts}, ctx, machine_cpus=2)
+    flows = {f"raw{i}": f for i, f in enumerate(pl.flows)}
+    ragg = aggregate_window({k: WindowBytes(raw_gbs * 1e9 / len(flows), 0.0, 1.0) for k in flows})
+    rows += cluster.raw_rows(pl, flows, ragg, {h: h for h in pl.hosts}, dict(ctx, tool="iperf3"))
+    return [r.to_dict() for r in rows]
+
+
+@pytest.fixture
+def rows() -> pd.DataFrame:
+    recs = (point_rows("pairwise", 2, 1.0, 2.0, 0.6) + point_rows("pairwise", 4, 1.0, 4.0, 1.2)
+            + point_rows("incast", 2, 1.0, 2.0, 0.6) + point_rows("incast", 4, 1.2, 2.0, 1.9))
+    return collect.normalize_rows(pd.DataFrame(recs))
+
+
+def test_a_figure_per_pattern_with_a_table_row_per_point(rows):
+    built = charts.build_scenario("cluster", rows, pd.DataFrame(columns=["run_id"]), None)
+    drawn = {c.name: c for c in built if hasattr(c, "fig")}
+    assert set(drawn) == {"cluster_pairwise", "cluster_incast"}
+    assert {c.name for c in built} >= {"cluster_fanout", "cluster_shared"}     # not drawn, with the reason
+    table = drawn["cluster_pairwise"].table
+    assert [(t["hosts"], t["aggregate (GB/s)"], t["raw (GB/s)"], t["% of raw"]) for t in table] == [
+        (2, "1", "2", "50%"), (4, "2", "4", "50%")]
+
+
+def test_what_limited_each_point_and_where_scaling_stopped(rows):
+    rep = REPORTS["cluster"]
+    recs = rep.tables(rows, {})[0][1]
+    incast4 = next(r for r in recs if r["pattern"] == "incast" and r["hosts"] == 4)
+    assert incast4["limited by"].startswith("CPU: the hosts' processes kept 1.9 of the machine's 2")
+    text = " ".join(c.text for c in rep.conclusions(rows, {}))
+    assert "pairwise: from 2 to 4 hosts the aggregate went from" in text and "kept scaling" in text
+    assert "incast: from 2 to 4 hosts" in text and "stopped scaling" in text and "CPU" in text
+
+
+def test_the_overview_has_a_row_per_pattern_against_its_raw_pattern(rows):
+    bw = rows[(rows["status"] == "ok") & rows["metric"].isin(["get_throughput", "bw"])]
+    over = REPORTS["cluster"].overview("cluster", rows, rows, bw, {})
+    assert [o["scenario"] for o in over] == ["cluster: pairwise at 4 hosts", "cluster: incast at 4 hosts"]
+    assert over[0]["% of single-NIC raw limit"] == "50% of the raw pattern"
+    assert "2.00x the 2-host aggregate" in over[0]["notes"] and "0 wrong pages" in over[0]["notes"]

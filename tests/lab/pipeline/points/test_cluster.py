@@ -1,0 +1,126 @@
+"""The cluster kind's pure parts: where each pattern puts its hosts, Jain's index, and its rows.
+
+The drive documents here are reconstructed (the fields the kind reads, as drive writes them), not captures:
+the end-to-end run on namespace hosts is tests/lab/pipeline/test_cluster_run.py.
+"""
+import pytest
+
+from peercache.lab.launch.runners import aggregate_window, WindowBytes
+from peercache.lab.pipeline import kinds
+from peercache.lab.pipeline.points import cluster
+
+BOTH = ("producer", "consumer")
+HOSTS = [("h1", BOTH + ("directory",))] + [(f"h{i}", BOTH) for i in range(2, 9)]
+
+
+def test_pairwise_pairs_each_reader_with_the_host_before_it():
+    pl = cluster.place("pairwise", HOSTS, 4)
+    assert pl.producers == ("h1", "h3") and pl.reads == {"h2": ("h1",), "h4": ("h3",)}
+    assert pl.flows == (("h1", "h2"), ("h3", "h4")) and pl.directory == "h1"
+
+
+def test_incast_fanout_and_shared():
+    inc = cluster.place("incast", HOSTS, 4)
+    assert inc.reads == {"h1": ("h2", "h3", "h4")} and inc.flows == (("h2", "h1"), ("h3", "h1"), ("h4", "h1"))
+    fan = cluster.place("fanout", HOSTS, 3)
+    assert fan.producers == ("h1",) and fan.reads == {"h2": ("h1",), "h3": ("h1",)}
+    sh = cluster.place("shared", HOSTS, 3)
+    assert sh.reads == {"h1": ("h2", "h3"), "h2": ("h1", "h3"), "h3": ("h1", "h2")}
+    assert sh.flows == (("h1", "h2"), ("h2", "h3"), ("h3", "h1"))         # a ring
+
+
+def test_the_directory_is_the_first_host_with_its_role_even_outside_the_hosts_used():
+    hosts = [("a", BOTH), ("b", BOTH), ("dir", ("directory",))]
+    assert cluster.place("pairwise", hosts, 2).directory == "dir"
+    assert cluster.place("pairwise", hosts[:2], 2).directory == "a"
+
+
+@pytest.mark.parametrize("pattern,hosts,n,words", [
+    ("incast", HOSTS, 9, "needs 9 hosts; the testbed has 8"),
+    ("fanout", [("a", ("consumer",)), ("b", BOTH)], 2, "host a serves pages"),
+    ("incast", [("a", ("producer",)), ("b", BOTH)], 2, "host a reads pages"),
+    ("ring", HOSTS, 2, "not one of"),
+])
+def test_a_pattern_that_does_not_fit_says_why(pattern, hosts, n, words):
+    with pytest.raises(cluster.PlacementError, match=words):
+        cluster.place(pattern, hosts, n)
+
+
+def test_jain_index():
+    assert cluster.jain([1.0, 1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert cluster.jain([4.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert cluster.jain([2.0, 1.0]) == pytest.approx(0.9)
+    assert cluster.jain([0.0, 0.0]) is None
+
+
+def test_points_per_pattern_host_count_and_zipf_exponent():
+    pts = kinds.kind_of("cluster").expand("cluster", {"kind": "cluster", "protocol": "tcp", "hosts": [2, 4],
+                                                      "pattern": ["incast", "shared"], "zipf_s": [0.8, 1.2]}, [])
+    assert [p.name for p in pts] == ["cluster_incast_h2_tcp_s128K_b16", "cluster_incast_h4_tcp_s128K_b16",
+                                     "cluster_shared_z0.8_h2_tcp_s128K_b16", "cluster_shared_z0.8_h4_tcp_s128K_b16",
+                                     "cluster_shared_z1.2_h2_tcp_s128K_b16", "cluster_shared_z1.2_h4_tcp_s128K_b16"]
+    assert pts[3].params["zipf_s"] == 0.8 and "zipf_s" not in pts[0].params
+    assert kinds.kind_of("cluster").hosts_needed(pts[1].params) == 4
+    redis = kinds.kind_of("cluster").expand("cluster", {"kind": "cluster", "protocol": "tcp", "hosts": [2],
+                                                        "pattern": ["fanout"], "directory": ["embedded", "redis"]}, [])
+    assert [(p.name, p.params["directory"]) for p in redis] == [("cluster_fanout_h2_tcp_s128K_b16", "embedded"),
+                                                                 ("cluster_fanout_h2_tcp_s128K_b16_redis", "redis")]
+
+
+def drive_doc(nbytes, start, end, by_prefix=None, wrong=0):
+    pt = {"status": "ok", "bytes": nbytes, "window_start": start, "window_end": end, "keys": 100,
+          "hit_rate": 1.0, "verify_failures": wrong, "verified": True, "latency_us": {"p50": 90.0, "p99": 400.0}}
+    if by_prefix is not None:
+        pt["bytes_by_prefix"] = by_prefix
+    return {"points": [pt]}
+
+
+CTX = {"experiment": "t", "testbed": "t", "scenario": "cluster", "run_id": "t/cluster/p/rep0", "repetition": 0,
+       "tool": "peercache-bench", "protocol": "tcp", "layout": "mla", "size_bytes": 131072, "batch": 16,
+       "threads": 1, "processes": 1, "extra": {"pattern": "incast", "hosts": 3, "zipf_s": None}}
+
+
+def test_incast_rows_count_each_producer_by_its_prefix_and_cpu_per_gib_per_host():
+    pl = cluster.place("incast", HOSTS, 3)
+    docs = {"h1": drive_doc(3 << 30, 10.0, 12.0, {"h2": 2 << 30, "h3": 1 << 30})}
+    agg = aggregate_window({"h1": WindowBytes(3 << 30, 10.0, 12.0)})
+    cpu = {"h1/consumer": {"cores": 1.0, "seconds": 2.0}, "h1/directory": {"cores": 0.5, "seconds": 2.0},
+           "h2/producer": {"cores": 0.5, "seconds": 2.0}, "h3/producer": {"reason": "fewer than two CPU samples"}}
+    rows = cluster.peercache_rows(pl, docs, agg, cpu, {h: f"netns:{h}" for h in pl.hosts}, CTX, machine_cpus=2)
+    by = {(r.metric, r.side, r.devices): r for r in rows}
+    assert by[("get_throughput", "aggregate", "h1")].value == pytest.approx(3 * 2**30 / 2 / 1e9)
+    assert by[("get_throughput", "aggregate", "h1")].extra["machine_cpus"] == 2
+    assert by[("get_throughput", "per_host", "h1")].peer == "h2+h3"
+    assert by[("cpu_s_per_gib", "per_host", "h1")].value == pytest.approx(3.0 / 3)      # 3 CPU s over 3 GiB read
+    assert by[("cpu_s_per_gib", "per_host", "h2")].value == pytest.approx(1.0 / 2)      # 1 CPU s over 2 GiB served
+    assert by[("cpu_s_per_gib", "per_host", "h3")].status == "not_measured"
+    assert by[("jain_index", "aggregate", "h1")].value == pytest.approx(1.0)
+    assert by[("verify_failures", "aggregate", "h1")].value == 0
+
+
+def test_without_bytes_per_prefix_a_producer_several_read_from_is_not_guessed():
+    pl = cluster.place("incast", HOSTS, 3)
+    served = cluster.served_bytes(pl, {"h1": drive_doc(100, 0.0, 1.0)})
+    assert served == {"h2": None, "h3": None}
+    fan = cluster.place("fanout", HOSTS, 3)
+    assert cluster.served_bytes(fan, {"h2": drive_doc(100, 0.0, 1.0), "h3": drive_doc(50, 0.0, 1.0)}) == {"h1": 150.0}
+
+
+def test_fairness_and_wrong_pages_over_consumers():
+    pl = cluster.place("fanout", HOSTS, 3)
+    docs = {"h2": drive_doc(2000, 0.0, 1.0), "h3": drive_doc(1000, 0.0, 1.0, wrong=2)}
+    agg = aggregate_window({c: WindowBytes(d["points"][0]["bytes"], 0.0, 1.0) for c, d in docs.items()})
+    rows = cluster.peercache_rows(pl, docs, agg, {}, {h: h for h in pl.hosts}, CTX)
+    by = {(r.metric, r.side): r for r in rows if r.side == "aggregate"}
+    assert by[("jain_index", "aggregate")].value == pytest.approx(0.9)
+    assert by[("verify_failures", "aggregate")].value == 2
+    assert by[("cpu_s_per_gib", "aggregate")].status == "not_measured"
+
+
+def test_raw_rows_sum_each_consumers_flows_over_the_shared_window():
+    pl = cluster.place("incast", HOSTS, 3)
+    flows = {"raw0_h2_to_h1": ("h2", "h1"), "raw1_h3_to_h1": ("h3", "h1")}
+    agg = aggregate_window({"raw0_h2_to_h1": WindowBytes(1e9, 0.0, 1.0), "raw1_h3_to_h1": WindowBytes(3e9, 0.0, 1.0)})
+    rows = cluster.raw_rows(pl, flows, agg, {h: h for h in pl.hosts}, dict(CTX, tool="iperf3"))
+    assert [(r.side, r.devices, r.value) for r in rows] == [("per_host", "h1", 4e9), ("aggregate", "h1", 4e9)]
+    assert rows[1].extra["flows"] == 2

@@ -1,0 +1,57 @@
+"""The cluster scenario end to end on four network-namespace hosts on one bridge (local-cluster's first four):
+each pattern once, a second's window, every page verified, the raw pattern measured in the same point.
+This is make test's reduced cluster run; `make run TESTBED=experiments/testbeds/local-cluster.yaml` runs the
+whole grid (2, 4 and 8 hosts)."""
+from pathlib import Path
+
+import pytest
+
+from peercache.lab.launch import netns
+from peercache.lab.pipeline import experiments, runpoint
+from peercache.lab.pipeline.points import cluster
+
+ROOT = Path(__file__).resolve().parents[3]
+ok, why = netns.available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"the cluster's hosts are network namespaces: {why}")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Run one reduced point of a pattern on the four hosts (one bridge set for the module)."""
+    sc = experiments.load_scenarios()
+    tb = experiments.load_testbed(ROOT / "experiments/testbeds/local-cluster.yaml", sc)
+    out = tmp_path_factory.mktemp("cluster")
+    with runpoint.testbed_hosts(tb) as th:
+        def one(pattern: str):
+            part = {"kind": "cluster", "protocol": "tcp", "pattern": [pattern], "hosts": [4], "zipf_s": [0.8],
+                    "working_set": 64, "batch_size": 8, "duration": 1, "warmup": 0.3}
+            pt, = experiments.expand_part("cluster", "patterns", part, [])
+            rows = runpoint.run_point(tb, pt, 0, out / pt.name / "result.json", hosts=th, quiet=True)
+            return pt, rows, out / pt.name
+        yield one
+
+
+@pytest.mark.parametrize("pattern", cluster.PATTERNS)
+def test_each_pattern_on_four_hosts_is_verified_and_has_its_raw_pattern_beside_it(run, pattern):
+    pt, rows, folder = run(pattern)
+    failed = [f"{r.tool} {r.metric}: {r.reason}" for r in rows if r.status == "failed"]
+    assert not failed, failed
+    pl = cluster.place(pattern, [(f"pcclu{i}", ("producer", "consumer")) for i in range(1, 5)], 4)
+    got = {(r.tool, r.metric, r.side, r.devices): r for r in rows}
+    agg = next(r for r in rows if (r.tool, r.metric, r.side) == ("peercache-bench", "get_throughput", "aggregate"))
+    assert agg.value > 0 and agg.extra["verified"] and agg.extra["consumers"] == len(pl.consumers)
+    assert got[("peercache-bench", "verify_failures", "aggregate", agg.devices)].value == 0
+    assert got[("peercache-bench", "hit_rate", "aggregate", agg.devices)].value == 1.0
+    per = [r for r in rows if (r.tool, r.metric, r.side) == ("peercache-bench", "get_throughput", "per_host")]
+    assert sorted(r.devices for r in per) == sorted(pl.consumers) and all(r.value > 0 for r in per)
+    # every producer served bytes, counted by its prefix (incast and shared read several at once)
+    assert all(v and v > 0 for v in agg.extra["served_bytes"].values()), agg.extra["served_bytes"]
+    jain = got[("peercache-bench", "jain_index", "aggregate", agg.devices)].value
+    assert 1 / len(pl.consumers) <= jain <= 1.0
+    raw = next(r for r in rows if (r.tool, r.metric, r.side) == ("iperf3", "bw", "aggregate"))
+    assert raw.value > 0 and raw.extra["flows"] == len(pl.flows)
+    cpu = [r for r in rows if r.metric == "cpu_s_per_gib" and r.side == "per_host"]
+    assert sorted(r.devices for r in cpu) == [f"pcclu{i}" for i in range(1, 5)]
+    assert any(r.status == "ok" and r.value > 0 for r in cpu)
+    # every host's drive document and the directory's log are kept
+    assert all((folder / c / "drive.json").exists() for c in pl.consumers) and (folder / "directory.log").exists()
