@@ -12,8 +12,9 @@ schema version and the mode first, then that every field is there and nothing el
 
 Change a field's name, meaning or unit and SCHEMA_VERSION goes up by one, with the lab's reader in the same
 commit. A new ``OMIT_IF_NONE`` field, absent from every document that does not use it, keeps the version:
-the documents of earlier runs, and of runs without it, read as before (drive's ``key_prefixes`` and
-``zipf_s``, serve's ``key_prefix``, ``joined`` and ``data_server``).
+the documents of earlier runs, and of runs without it, read as before (drive's ``key_prefixes``,
+``zipf_s``, ``timeline_ms`` and ``faults_expected``, a point's ``timeline`` and ``first_error``, serve's
+``key_prefix``, ``joined`` and ``data_server``).
 """
 from __future__ import annotations
 
@@ -216,6 +217,10 @@ class DriveMeta(_RunBlock):
     zipf_s: Optional[float] = field(default=None, metadata=OMIT_IF_NONE)
     #: hicache-drive only: the read path its workers take (words)
     read_path: Optional[str] = field(default=None, metadata=OMIT_IF_NONE)
+    #: --timeline-ms: width of a point's timeline bucket (ms; absent without a timeline)
+    timeline_ms: Optional[int] = field(default=None, metadata=OMIT_IF_NONE)
+    #: --faults-expected: read errors do not fail a point (true; absent without the flag)
+    faults_expected: Optional[bool] = field(default=None, metadata=OMIT_IF_NONE)
 
 
 @dataclass
@@ -276,6 +281,13 @@ class DrivePoint(_Record):
     window_start: Optional[float] = field(default=None, metadata=OMIT_IF_NONE)
     #: the window's end (epoch s)
     window_end: Optional[float] = field(default=None, metadata=OMIT_IF_NONE)
+    #: --faults-expected: the text of the first read error, when the point counted errors (it stays ok)
+    first_error: Optional[str] = field(default=None, metadata=OMIT_IF_NONE)
+    #: --timeline-ms: ``bucket_ms``, ``start`` (epoch s, the window's start), ``buckets`` (one per bucket_ms
+    #: of the window: ``t``, s from the start; the batches, keys, hits, misses, errors, verify_failures and
+    #: bytes completed in it; with several --key-prefix's ``hits_by_prefix``, in meta.key_prefixes' order)
+    #: and ``max_stall_s`` (the longest gap between two completed batches of any one driver thread, s)
+    timeline: Optional[dict] = field(default=None, metadata=OMIT_IF_NONE)
 
 
 @dataclass

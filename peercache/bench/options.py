@@ -43,6 +43,16 @@ KEY_PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,32}")
 MAX_KEY_PREFIXES = 64
 #: --access zipf: the exponent S is positive; beyond this every draw is the hottest page anyway.
 MAX_ZIPF_S = 100.0
+#: --timeline-ms: the buckets of one point's timeline at most (each driver thread keeps TIMELINE_COUNTERS
+#: int64 counters per bucket, plus one per --key-prefix): --timeline-ms over --duration beyond it is refused.
+MAX_TIMELINE_BUCKETS = 100_000
+#: --timeline-ms: counters per bucket of a thread (batches, keys, hits, misses, errors, verify failures, bytes).
+TIMELINE_COUNTERS = 7
+
+
+def timeline_buckets(duration_s: float, bucket_ms: int) -> int:
+    """Buckets of ``bucket_ms`` that cover a window of ``duration_s`` (the last may be partial)."""
+    return max(1, math.ceil(round(duration_s * 1000.0 / bucket_ms, 9)))
 
 
 def int_list(text: str) -> list[int]:
@@ -205,6 +215,16 @@ class BenchOptions:
         False, "keep each driver process's metrics text (what its --metrics-addr endpoint answers) and serve's "
                "at the start and end of every point's measured window, in the result document "
                "(points[].metrics_scrapes)", flag=Flag("--metrics-scrapes"))
+    timeline_ms: int = option(
+        0, "count, per bucket of N ms from the window's start, the batches, keys, hits (and hits per "
+           "--key-prefix), misses, errors, verify failures and bytes every driver thread completed, and each "
+           "thread's longest gap between two completed batches (points[].timeline; 0 = off)", unit="ms",
+        check=config.whole(0, 3_600_000), flag=Flag("--timeline-ms", metavar="N"))
+    faults_expected: bool = option(
+        False, "producers are expected to go away during the window (membership churn): read errors are "
+               "counted and reported (points[].errors, points[].first_error) and each driver thread goes on, "
+               "but they do not fail the point; a verify failure, a redirected entry or an aborted thread "
+               "still does", flag=Flag("--faults-expected"))
     out: Optional[str] = option(
         None, "write the JSON result document here", check=checks.writable_file, flag=Flag("--out"))
 
@@ -269,7 +289,7 @@ def drive_parser(p: argparse.ArgumentParser) -> None:
     add_common(p)
     _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
          "recv_buffer", "access", "zipf_s", "seed", "ready_timeout", "start_at", "start_file", "time_scale", "gpu",
-         "gpu_device", "metrics_scrapes")
+         "gpu_device", "metrics_scrapes", "timeline_ms", "faults_expected")
     _add(p, "key_prefix", help="read the union of the working sets serves published under these key prefixes "
                                "(P1,P2,...; --working-set pages each): every batch is drawn from the union, so "
                                "one batch spans several producers")
@@ -349,6 +369,7 @@ def validate(args, mode: str) -> None:
     if getattr(args, "zipf_s", None) is not None and args.access != "zipf":
         raise ConfigError(f"--zipf-s is the exponent of --access zipf, but --access is {args.access}; "
                           "give --access zipf with it, or drop --zipf-s")
+    buckets = _timeline_buckets(args)
     pages = union_pages(args)
     if args.batch_size > pages:
         union = f" x {len(key_prefixes(args))} --key-prefix's" if len(key_prefixes(args)) > 1 else ""
@@ -361,12 +382,32 @@ def validate(args, mode: str) -> None:
             f"each of {max(args.concurrencies)} threads needs {need} B, more than the "
             f"{args.recv_buffer} B receive buffer; lower --batch-size or raise --recv-buffer")
     objects = pages * objs
-    _fits(args.processes * (DRIVE_BYTES_PER_PROCESS + need + objects * DRIVE_BYTES_PER_OBJECT),
+    # --timeline-ms: each thread's counters, and a process's merge of them
+    per_prefix = len(key_prefixes(args)) if len(key_prefixes(args)) > 1 else 0
+    tl = (max(args.concurrencies) + 1) * buckets * (TIMELINE_COUNTERS + per_prefix) * 8
+    _fits(args.processes * (DRIVE_BYTES_PER_PROCESS + need + objects * DRIVE_BYTES_PER_OBJECT + tl),
           f"--processes {args.processes} x (a {human_bytes(need)} receive buffer of --batch-size "
           f"{args.batch_size} x --page-size {args.page_size} x {max(args.concurrencies)} threads "
           f"+ the {objects} keys of --working-set {args.working_set}"
-          + (f" x {len(key_prefixes(args))} prefixes" if len(key_prefixes(args)) > 1 else "") + ")",
-          "lower --processes, --working-set, --batch-size or --page-size")
+          + (f" x {len(key_prefixes(args))} prefixes" if len(key_prefixes(args)) > 1 else "")
+          + (f" + {human_bytes(tl)} of --timeline-ms counters ({buckets} buckets per thread)" if tl else "") + ")",
+          "lower --processes, --working-set, --batch-size or --page-size"
+          + (", or raise --timeline-ms" if tl else ""))
+
+
+def _timeline_buckets(args) -> int:
+    """The buckets of drive's --timeline-ms over --duration (0 when off); ConfigError beyond
+    MAX_TIMELINE_BUCKETS."""
+    ms = getattr(args, "timeline_ms", 0) or 0
+    if not ms:
+        return 0
+    n = timeline_buckets(args.duration, ms)
+    if n > MAX_TIMELINE_BUCKETS:
+        least = math.ceil(args.duration * 1000 / MAX_TIMELINE_BUCKETS)
+        raise ConfigError(f"--timeline-ms {ms} over --duration {args.duration:g} s makes {n} buckets, more than "
+                          f"{MAX_TIMELINE_BUCKETS} (each thread keeps counters for every bucket); give "
+                          f"--timeline-ms {least} or more, or a shorter --duration")
+    return n
 
 
 def check_join(args) -> None:

@@ -8,6 +8,7 @@ that one window, never a sum of rates measured over different windows.
 - :mod:`.bounds`: every time bound of a driver (the fault bounds --time-scale stretches);
 - :mod:`.worker`: one driver process (its node, receive buffer and thread loop);
 - :mod:`.stats`: what a thread counts in the window, and a process's rail readings;
+- :mod:`.timeline`: --timeline-ms, a thread's counts per bucket of the window and its longest stall;
 - :mod:`.supervisor`: :func:`run`, which starts and watches the processes and places each point's window;
 - :mod:`.aggregate`: one DrivePoint (peercache.bench.document) from every process's counters;
 - :mod:`.table`: the console table.

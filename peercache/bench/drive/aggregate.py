@@ -7,6 +7,7 @@ from .. import options
 from ..document import DrivePoint
 from .config import DriveConfig
 from .stats import ThreadStats, percentiles
+from .timeline import document as timeline_document
 
 
 def merge_rails(per_process: list[list[dict]]) -> list[dict]:
@@ -41,9 +42,12 @@ def aggregate(conc: int, cfg: DriveConfig, results: list[dict]) -> DrivePoint:
     get = cfg.op == "get"
     # A directory entry that points at another key's slot is a miss, never those bytes; but the
     # directory is corrupt (or written by someone who should not), so nothing it measured stands.
-    failed = bool(aborts) or total.errors > 0 or total.verify_failures > 0 or total.batches == 0 \
+    # --faults-expected: errors (producers going away) are counted and reported, not a failure; a wrong
+    # page, a redirected entry, an aborted thread or nothing measured still fails the point.
+    errors_fail = total.errors > 0 and not cfg.faults_expected
+    failed = bool(aborts) or errors_fail or total.verify_failures > 0 or total.batches == 0 \
         or total.first_redirect is not None
-    reason = aborts[0] if aborts else total.first_error
+    reason = aborts[0] if aborts else total.first_error if not cfg.faults_expected else None
     if reason is None and total.verify_failures:
         reason = f"{total.verify_failures} page(s) read as hits had wrong contents"
     if reason is None and total.first_redirect is not None:
@@ -69,4 +73,6 @@ def aggregate(conc: int, cfg: DriveConfig, results: list[dict]) -> DrivePoint:
         # per rail over the window (rdma; [] otherwise): bytes and share, READs, errors, downs and ups
         rails=merge_rails([r.get("rails", []) for r in results]),
         status="failed" if failed else "ok", reason=reason if failed else None,
+        first_error=total.first_error if cfg.faults_expected and total.errors else None,
+        timeline=timeline_document(total.timeline),
     )

@@ -55,6 +55,10 @@ class DriveConfig:
     node: NodeConfig
     #: the class each driver process runs: drive's Worker or a subclass (pickled by its import path)
     worker: type
+    #: --timeline-ms: width of a timeline bucket (ms; 0 = no timeline)
+    timeline_ms: int = 0
+    #: --faults-expected: read errors are counted, and neither stop a thread nor fail the point
+    faults_expected: bool = False
 
     @classmethod
     def from_args(cls, args, worker: type) -> "DriveConfig":
@@ -69,7 +73,8 @@ class DriveConfig:
             ready_timeout=args.ready_timeout, gpu=args.gpu, gpu_device=args.gpu_device,
             time_scale=args.time_scale, metrics_scrapes=bool(getattr(args, "metrics_scrapes", False)),
             node=replace(options.node_config(args), directory=spec, auth_key=options.auth_secret(args)),
-            worker=worker)
+            worker=worker, timeline_ms=int(getattr(args, "timeline_ms", 0) or 0),
+            faults_expected=bool(getattr(args, "faults_expected", False)))
 
     @property
     def pages(self) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...transport.base import Transport
+from . import timeline
 
 #: Per-batch latencies one driver thread keeps for the percentiles: beyond this many, a uniform
 #: sample of the window's batches (reservoir sampling), so memory stays bounded on long points.
@@ -35,6 +36,9 @@ class ThreadStats:
     first_redirect: str | None = None
     #: bytes hit per --key-prefix, in their order (empty when drive reads one working set)
     bytes_by_prefix: list = field(default_factory=list)
+    #: --timeline-ms: counters per bucket of the window and the longest stall (timeline.ThreadTimeline.part;
+    #: None without one)
+    timeline: dict | None = None
 
     def add(self, other: "ThreadStats") -> None:
         """Add another thread's counters to these (latencies pooled, the first reasons kept)."""
@@ -45,6 +49,8 @@ class ThreadStats:
         if other.bytes_by_prefix:
             mine = self.bytes_by_prefix or [0] * len(other.bytes_by_prefix)
             self.bytes_by_prefix = [a + b for a, b in zip(mine, other.bytes_by_prefix)]
+        if other.timeline is not None:
+            self.timeline = timeline.merge([self.timeline, other.timeline])
         self.first_error = self.first_error or other.first_error
         self.first_redirect = self.first_redirect or other.first_redirect
 

@@ -64,7 +64,8 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
         gid_index=args.gid_index if args.protocol == "rdma" else None,
         metrics=[], metrics_scrapes=cfg.metrics_scrapes,
         versions=meta.versions(), git_revision=meta.git_revision(),
-        key_prefixes=list(cfg.key_prefixes) or None, zipf_s=cfg.zipf_s))
+        key_prefixes=list(cfg.key_prefixes) or None, zipf_s=cfg.zipf_s,
+        timeline_ms=cfg.timeline_ms or None, faults_expected=cfg.faults_expected or None))
     ctx = mp.get_context("spawn")
     procs, conns, lives = [], [], []
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -23,6 +23,12 @@ def format_table(doc: dict) -> str:
         lines.append(f"{p['threads']:>7} {gbs:>8} {p['pages_per_s']:>11.0f} {fmt(lat['p50']):>9} "
                      f"{fmt(lat['p99']):>9} {fmt(lat['p999']):>9} {hit:>7} {p['errors']:>6}  "
                      f"{p['status']}{' (' + p['reason'] + ')' if p['reason'] else ''}")
+        if p.get("first_error"):
+            lines.append(f"{'':>7} errors counted, expected (--faults-expected); the first: {p['first_error']}")
+        if p.get("timeline"):
+            tl = p["timeline"]
+            lines.append(f"{'':>7} timeline: {len(tl['buckets'])} buckets of {tl['bucket_ms']} ms, longest stall of "
+                         f"a thread {tl['max_stall_s']:.3f} s")
         if p.get("rails"):
             lines.append(f"{'':>7} rails: " + ", ".join(_rail_text(r) for r in p["rails"]))
     return "\n".join(lines)

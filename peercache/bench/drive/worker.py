@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import tags
-from ...errors import PeerCacheError
+from ...errors import ConfigError, PeerCacheError
 from ...node import Get, Node
 from .. import options
 from ..processes import die_with_parent
@@ -25,6 +25,7 @@ from .bounds import (DATA_TIMEOUT_S, DIRECTORY_SILENCE_S, IO_TIMEOUT_S, POINT_GR
                      RDMA_CONNECT_S, SCRAPE_TIMEOUT_S, STUCK_GRACE_S, WATCH_S)
 from .config import DriveConfig, safe_directory
 from .stats import ThreadStats, rail_delta
+from .timeline import ThreadTimeline
 
 
 class Worker:
@@ -136,7 +137,12 @@ class Worker:
         stop = threading.Event()
         abort: list[str] = []
         stats = [ThreadStats() for _ in range(conc)]
-        threads = [threading.Thread(target=self._loop, args=(i, t0, win_start, win_end, stop, abort, stats[i]),
+        # --timeline-ms: each thread's counters per bucket of the window, allocated here, once
+        prefixes = len(cfg.key_prefixes)
+        timelines = [ThreadTimeline(win_start, cfg.timeline_ms, cfg.duration, prefixes) if cfg.timeline_ms
+                     else None for _ in range(conc)]
+        threads = [threading.Thread(target=self._loop,
+                                    args=(i, t0, win_start, win_end, stop, abort, stats[i], timelines[i]),
                                     daemon=True) for i in range(conc)]
         # The rails' counters when the window opens and after its threads stopped: what each carried;
         # with --metrics-scrapes, the metrics text at the same two moments.
@@ -159,6 +165,10 @@ class Worker:
         rails = rail_delta(at_start[0], self.rail_stats()) if at_start else []
         if scraping and at_start:
             scrapes.extend(self.scrape("end"))
+        for s, tl in zip(stats, timelines):
+            if tl is not None:
+                tl.completed(min(time.time(), win_end))   # a thread stopped inside a batch: its stall so far
+                s.timeline = tl.part()
         total = ThreadStats()
         for s in stats:
             total.add(s)
@@ -225,15 +235,19 @@ class Worker:
         with self.live_lock:
             self.live.value += n
 
-    def _loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
+    def _loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats,
+              tl: ThreadTimeline | None = None):
         try:
-            self._run_loop(tid, t0, win_start, win_end, stop, abort, st)
+            self._run_loop(tid, t0, win_start, win_end, stop, abort, st, tl)
         except Exception as e:  # a dead thread must fail the point, not leave it "ok" with 0 batches
             abort.append(f"driver thread {tid} of process {self.pidx} failed: {type(e).__name__}: {e}")
             stop.set()
 
-    def _run_loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats):
+    def _run_loop(self, tid: int, t0: float, win_start: float, win_end: float, stop, abort, st: ThreadStats,
+                  tl: ThreadTimeline | None = None):
         cfg = self.cfg
+        # --faults-expected: a read error (a producer gone) is counted for its keys, and the thread goes on
+        tolerate = cfg.faults_expected
         ws, batch, objs, page = cfg.pages, cfg.batch_size, self.objs, cfg.page_size
         rng = np.random.default_rng(cfg.seed * 7919 + self.pidx * 131 + tid)
         rnd = random.Random(cfg.seed * 7919 + self.pidx * 131 + tid)
@@ -274,6 +288,7 @@ class Worker:
             idx = pages if objs == 1 else (pages[:, None] * objs + obj_off).reshape(-1)
             keys = keys_arr[idx].tolist()
             t_s = time.perf_counter()
+            r = None
             try:
                 if get:
                     r = self.node.get_batch_into(keys, self.dest, offsets, caps,
@@ -286,17 +301,27 @@ class Worker:
                     present = self.node.exists_batch(keys)
                     status = np.where(present, int(Get.HIT), int(Get.MISS)).astype(np.int8)
                     err, red = None, 0
-            except PeerCacheError as e:
+            except ConfigError as e:     # a mistake, not a fault: never tolerated
                 abort.append(str(e))
                 stop.set()
                 return
+            except PeerCacheError as e:
+                if not tolerate:
+                    abort.append(str(e))
+                    stop.set()
+                    return
+                # the whole batch failed (a transport or directory error): each of its keys is an error
+                status = np.full(len(keys), int(Get.ERROR), dtype=np.int8)
+                err, red = f"{type(e).__name__}: {e}", 0
             lat = time.perf_counter() - t_s
             done = time.time()
+            if tl is not None:
+                tl.completed(done)
             hits = status == Get.HIT
             n_hit = int(np.count_nonzero(hits))
             n_err = 0 if n_hit == len(keys) else int(np.count_nonzero(status == Get.ERROR))
             vfail = 0
-            if get and self.fused_verify:
+            if get and self.fused_verify and r is not None:
                 vfail = len(r.content_mismatch)
             elif get and cfg.verify and n_hit:
                 if self.gpu is not None:
@@ -315,9 +340,15 @@ class Worker:
                 st.redirected += red
                 b = n_hit * page if get else 0
                 st.bytes += b
+                counts = None
                 if get and per_prefix:      # which producer each hit came from: its key's prefix
                     counts = np.bincount(idx[hits] // per_prefix, minlength=len(st.bytes_by_prefix))
                     st.bytes_by_prefix = [x + int(c) * page for x, c in zip(st.bytes_by_prefix, counts)]
+                if tl is not None:      # --timeline-ms: the same counts, in the bucket of this moment
+                    if per_prefix and n_hit and counts is None:     # --op exists: hits by prefix here only
+                        counts = np.bincount(idx[hits] // per_prefix, minlength=len(cfg.key_prefixes))
+                    tl.add(done, len(keys), n_hit, len(keys) - n_hit - n_err, n_err, vfail, b,
+                           counts if n_hit else None)
                 st.sample_latency(lat, rnd)
                 pending += b if get else n_hit
                 if done >= next_flush:   # progress counter: a few lock takes a second, not one per batch
@@ -327,7 +358,8 @@ class Worker:
                 st.first_error = err or f"{n_err} key(s) of a batch failed"
             if red and st.first_redirect is None:
                 st.first_redirect = r.miss_reason
-            if n_err and err and ("unreachable" in err or "connection" in err or "no endpoint" in err):
+            if n_err and err and not tolerate and ("unreachable" in err or "connection" in err
+                                                   or "no endpoint" in err):
                 abort.append(err)
                 stop.set()
                 return
