@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import secrets
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -219,10 +220,14 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
     p = pr.point.params
     d = members[pl.directory]
     if p.get("directory", "embedded") == "redis":
-        server = redis_launch.server_command(port, "/tmp", bind=d.address)
+        # Bound to the directory host's cluster address, so Redis's protected mode wants a password: one
+        # for this point only (the stored commands and logs have it masked: peercache.redact).
+        password = secrets.token_hex(16)
+        server = redis_launch.server_command(port, "/tmp", bind=d.address) + ["--requirepass", password]
         first = FirstSpec("directory", SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/directory", d.host, d.python, server)),
                           Readiness(port=port, addr=d.address, timeout=pr.scaled(PORT_READY_S)))
-        where, join = ["--directory", redis_launch.url_for(port, host=d.address)], []
+        url = redis_launch.url_for(port, host=d.address).replace("redis://", f"redis://:{password}@", 1)
+        where, join = ["--directory", url], []
     else:
         meta = [*_bench(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
         first = FirstSpec("directory", SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/directory", d.host, d.python, meta)),
