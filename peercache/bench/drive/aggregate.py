@@ -7,6 +7,7 @@ from .. import options
 from ..document import DrivePoint
 from .config import DriveConfig
 from .stats import ThreadStats, percentiles
+from .bounds import IO_TIMEOUT_S, RDMA_COMPLETION_S
 from .timeline import document as timeline_document
 
 
@@ -28,6 +29,12 @@ def merge_rails(per_process: list[list[dict]]) -> list[dict]:
     for m in merged.values():
         m["share"] = round(m["bytes_read"] / total, 4) if total else None
     return list(merged.values())
+
+
+def get_bound(cfg: DriveConfig) -> float:
+    """The longest one GET may take before it fails (the worker gives the node this bound): a thread stalls
+    no longer than this on a fault (--faults-expected)."""
+    return IO_TIMEOUT_S * cfg.time_scale + (RDMA_COMPLETION_S if cfg.node.protocol == "rdma" else 0.0)
 
 
 def aggregate(conc: int, cfg: DriveConfig, results: list[dict]) -> DrivePoint:
@@ -74,5 +81,5 @@ def aggregate(conc: int, cfg: DriveConfig, results: list[dict]) -> DrivePoint:
         rails=merge_rails([r.get("rails", []) for r in results]),
         status="failed" if failed else "ok", reason=reason if failed else None,
         first_error=total.first_error if cfg.faults_expected and total.errors else None,
-        timeline=timeline_document(total.timeline),
+        timeline=timeline_document(total.timeline, fault_bound_s=get_bound(cfg)),
     )

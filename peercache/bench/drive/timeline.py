@@ -118,10 +118,11 @@ def merge(parts: list) -> dict | None:
             "max_stall_s": stall}
 
 
-def document(merged: dict | None) -> dict | None:
+def document(merged: dict | None, fault_bound_s: float | None = None) -> dict | None:
     """The point's ``timeline`` record: ``bucket_ms``, ``start`` (epoch s), ``buckets`` (one per bucket:
     ``t``, s from the start, then the counters of FIELDS, and ``hits_by_prefix`` with several
-    --key-prefix's) and ``max_stall_s``. None without a timeline."""
+    --key-prefix's), ``max_stall_s`` and the ``fault_bound_s`` a thread's stall stays under (one GET's
+    bound; given by the caller). None without a timeline."""
     if merged is None:
         return None
     width = merged["bucket_ms"] / 1000.0
@@ -134,4 +135,5 @@ def document(merged: dict | None) -> dict | None:
             b["hits_by_prefix"] = by[i]
         buckets.append(b)
     return {"bucket_ms": merged["bucket_ms"], "start": round(merged["start"], 6), "buckets": buckets,
-            "max_stall_s": round(merged["max_stall_s"], 6)}
+            "max_stall_s": round(merged["max_stall_s"], 6),
+            **({"fault_bound_s": round(fault_bound_s, 3)} if fault_bound_s is not None else {})}

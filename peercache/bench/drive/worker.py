@@ -40,7 +40,7 @@ class Worker:
         # such wait beside the directory's, or a rail going down fails the GETs under way instead of
         # moving them (test_twohost's rail-down test: 'the call has 3 s in all ... the directory table
         # read failed after 5.06 s').
-        get_bound = IO_TIMEOUT_S * scale + (RDMA_COMPLETION_S if cfg.node.protocol == "rdma" else 0.0)
+        get_bound = IO_TIMEOUT_S * scale + (RDMA_COMPLETION_S if cfg.node.protocol == "rdma" else 0.0)  # as aggregate.get_bound
         node = replace(cfg.node, timeout=get_bound)
         # rdma's completion bound stays: a READ with no completion for it is a path fault (failover),
         # and stretched by 40 on the loaded emulated pair it held a thread past its window for minutes

@@ -297,6 +297,23 @@ class Handle:
         self._finish()
         return self.proc.returncode
 
+    def _remote_kill(self) -> None:
+        """Hook for hosts whose processes live elsewhere (SSH): SIGKILL their remote group."""
+
+    def kill(self) -> int | None:
+        """End the whole process group with SIGKILL at once, as a crash would (no handler of it runs)."""
+        if self.proc.poll() is None:
+            self.stopped = True
+        self._remote_kill()
+        if self._group_alive():
+            self._signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (D state); returncode stays None and says so
+        self._finish()
+        return self.proc.returncode
+
     def completed(self, timed_out: bool = False) -> Completed:
         """Snapshot of this process as a :class:`Completed` record."""
         return Completed(host=self.host.spec, command=self.command, argv=self.argv,
@@ -505,6 +522,18 @@ class SshHandle(Handle):
                            timeout=grace + self.host.connect_timeout + 5)
         except subprocess.TimeoutExpired:
             pass  # closing stdin below makes the remote watchdog kill the group
+
+
+    def _remote_kill(self) -> None:
+        pgid = self.remote_pgid(timeout=0.5) if self.proc.poll() in (None, 255) else None
+        if pgid is None:
+            return
+        try:
+            subprocess.run(self.host.ssh_argv(["kill", "-KILL", "--", f"-{pgid}"]), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=self.host.connect_timeout + 5)
+        except subprocess.TimeoutExpired:
+            pass  # closing stdin makes the remote watchdog kill the group
 
 
 #: Environment variable naming a folder where SSH hosts share one master connection per host.

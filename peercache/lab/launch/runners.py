@@ -147,6 +147,8 @@ class _Side:
         self.prefix, self.binding = numa_binding(node, available, spec.device)
         self.log_path = (log_dir / f"{role}.log") if log_dir else None
         self.handle: Handle | None = None
+        #: ended on purpose during the run (a churn event): its exit breaks nothing
+        self.expected_exit = False
 
     def start(self) -> Handle:
         self.handle = self.spec.host.start([*self.prefix, *self.command], self.log_path)
@@ -271,7 +273,10 @@ def _wait_clients(servers: Sequence[_Side], clients: Sequence[_Side], timeout: f
                 return err
         for s in servers:
             # A server that dies with an error, or a long-lived one that
-            # exits at all, while clients still run has broken the run.
+            # exits at all, while clients still run has broken the run
+            # (unless the run ended it on purpose).
+            if s.expected_exit:
+                continue
             rc = s.handle.returncode
             if rc not in (None, 0) or (rc == 0 and not server_exits):
                 if any(c.handle.running for c in clients):
@@ -293,6 +298,8 @@ def _finish_servers(servers: Sequence[_Side], timeout: float, server_exits: bool
     """Let one-shot servers exit (bounded) or stop long-lived ones; first failure or None."""
     deadline = time.monotonic() + timeout
     for s in servers:
+        if s.expected_exit:
+            continue
         if server_exits:
             try:
                 s.handle.wait(max(0.0, deadline - time.monotonic()))
@@ -536,6 +543,8 @@ class GroupRunResult:
     flags: list[str] = field(default_factory=list)
     #: the processes started before the groups (:class:`FirstSpec`), by name
     first: dict[str, SideResult] = field(default_factory=dict)
+    #: what the run's events did, when (:class:`EventControl`)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -551,6 +560,56 @@ class GroupFailed(RuntimeError):
         self.result = result
 
 
+class EventControl:
+    """What a run's events (membership churn) may do to its servers during the shared window, each logged
+    with its time: a server that leaves (SIGTERM: it leaves the directory on its way out), one that
+    crashes (SIGKILL, no handler runs) and a new one that starts (and is stopped with the rest)."""
+
+    def __init__(self, barrier: float, servers: dict[str, "_Side"], started: list["_Side"],
+                 log_dir: Path | None, grace: float):
+        self.barrier = barrier                 #: epoch s of the shared start
+        self._servers, self._started, self._log_dir, self._grace = servers, started, log_dir, grace
+        self.log: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def at(self, t: float, stop: threading.Event) -> bool:
+        """Sleep until epoch ``t``; False when the run ended first."""
+        return not stop.wait(max(0.0, t - time.time()))
+
+    def _note(self, event: str, group: str, **kw: Any) -> None:
+        with self._lock:
+            self.log.append({"t": time.time(), "event": event, "group": group, **kw})
+
+    def leave(self, group: str) -> None:
+        """SIGTERM ``group``'s server (a clean leave)."""
+        side = self._servers[group]
+        side.expected_exit = True
+        self._note("leave", group, host=side.spec.host.spec)
+        side.handle.stop(self._grace)
+
+    def crash(self, group: str) -> None:
+        """SIGKILL ``group``'s server (a crash)."""
+        side = self._servers[group]
+        side.expected_exit = True
+        self._note("crash", group, host=side.spec.host.spec)
+        side.handle.kill()
+
+    def join(self, group: str, spec: SideSpec, ready: Readiness) -> None:
+        """Start a server for ``group`` (a new member) and wait until it is ready (the time it took, logged)."""
+        gdir = self._log_dir / group if self._log_dir else None
+        if gdir:
+            gdir.mkdir(parents=True, exist_ok=True)
+        side = _Side("server", spec, gdir)
+        t0 = time.time()
+        side.start()
+        with self._lock:
+            self._servers[group] = side
+            self._started.append(side)
+        self._note("join", group, host=spec.host.spec)
+        _await_ready(side, ready, time.monotonic() + ready.timeout)
+        self._note("ready", group, host=spec.host.spec, seconds=round(time.time() - t0, 3))
+
+
 class GroupRunner:
     """Per-NIC groups in parallel, clients released together after one barrier."""
 
@@ -560,7 +619,8 @@ class GroupRunner:
                  client_ready: Readiness | None = None,
                  measure: Callable[[GroupResult], WindowBytes] | None = None,
                  window_tolerance_s: float | None = None,
-                 log_dir: str | os.PathLike | None = None, first: Sequence[FirstSpec] = ()):
+                 log_dir: str | os.PathLike | None = None, first: Sequence[FirstSpec] = (),
+                 events: Callable[[EventControl, threading.Event], None] | None = None):
         names = [g.name for g in groups]
         if not groups or len(set(names)) != len(names):
             raise ValueError(f"group names must be present and distinct, got {names}")
@@ -588,6 +648,8 @@ class GroupRunner:
         self.window_tolerance_s = window_tolerance_s
         self.log_dir = Path(log_dir) if log_dir else None
         self.first = list(first)
+        #: what happens to the servers during the shared window (run in a thread from the shared start)
+        self.events = events
 
     def run(self) -> GroupRunResult:
         """Run every group; return the complete result or raise GroupFailed with the partial one."""
@@ -599,6 +661,8 @@ class GroupRunner:
         error: str | None = None
         start_file, start_hosts = "", []
         firsts: dict[str, _Side] = {}
+        control: EventControl | None = None
+        event_thread, event_stop, event_error = None, threading.Event(), []
         try:
             for f in self.first:
                 firsts[f.name] = _Side(f.name, f.side, self.log_dir)
@@ -646,8 +710,23 @@ class GroupRunner:
                 barrier = time.time() + self.barrier_lead
                 start_hosts = list({c.spec.host.spec: c.spec.host for c in all_clients}.values())
                 _release(start_hosts, start_file, barrier, self.barrier_lead)
+            if self.events is not None:
+                control = EventControl(barrier, servers, started, self.log_dir, self.grace)
+
+                def play() -> None:
+                    try:
+                        self.events(control, event_stop)
+                    except Exception as e:  # noqa: BLE001 - an event that failed fails the run, said so
+                        event_error.append(f"an event of the run failed: {type(e).__name__}: {e}")
+
+                event_thread = threading.Thread(target=play, daemon=True, name="group-events")
+                event_thread.start()
             error = _wait_clients([*firsts.values(), *servers.values()], all_clients, self.client_timeout,
                                   self.server_exits)
+            if event_thread is not None:
+                event_stop.set()
+                event_thread.join(self.client_timeout)
+                error = error or (event_error[0] if event_error else None)
             if error is None:
                 error = _finish_servers(list(servers.values()), self.server_timeout,
                                         self.server_exits, self.grace)
@@ -656,6 +735,9 @@ class GroupRunner:
         except HostError as e:
             error = str(e)
         finally:
+            event_stop.set()
+            if event_thread is not None:
+                event_thread.join(self.client_timeout)
             _stop_all(started, self.grace)
             for h in start_hosts:
                 _remove(h, start_file)
@@ -664,9 +746,13 @@ class GroupRunner:
             server=servers[g.name].result() if g.name in servers else None,
             clients=[c.result() for c in clients.get(g.name, []) if c.handle is not None])
             for g in self.groups}
+        for name, side in servers.items():      # a server an event started for a group of its own
+            if name not in results and side.handle is not None:
+                results[name] = GroupResult(name=name, server=side.result(), clients=[])
         result = GroupRunResult(groups=results, barrier=barrier, ok=error is None, error=error,
                                 start=t0, end=time.time(),
-                                first={n: f.result() for n, f in firsts.items() if f.handle is not None})
+                                first={n: f.result() for n, f in firsts.items() if f.handle is not None},
+                                events=list(control.log) if control else [])
         if error is None and self.measure is not None:
             try:
                 result.windows = {n: self.measure(r) for n, r in results.items() if r.clients}

@@ -66,3 +66,38 @@ def test_the_overview_has_a_row_per_pattern_against_its_raw_pattern(rows):
     assert [o["scenario"] for o in over] == ["cluster: pairwise at 4 hosts", "cluster: incast at 4 hosts"]
     assert over[0]["% of single-NIC raw limit"] == "50% of the raw pattern"
     assert "2.00x the 2-host aggregate" in over[0]["notes"] and "0 wrong pages" in over[0]["notes"]
+
+
+def churn_rows_fixture() -> pd.DataFrame:
+    """A churn run's rows from reconstructed timelines: 1.0, a leave at 2 s down to 0.8, a crash at 4 s down
+    to 0.5, a join at 6 s back to 0.8 (two consumers, 100 ms buckets)."""
+    pl = cluster.place("churn", HOSTS, 4)
+    level = [(0, 1.0), (2.0, 0.8), (4.0, 0.5), (6.0, 0.8)]
+    def tl():
+        return {"bucket_ms": 100, "start": 0.0, "max_stall_s": 0.2, "fault_bound_s": 3.0,
+                "buckets": [{"t": i / 10, "keys": 100, "hits": int(100 * next(v for t, v in reversed(level) if t <= i / 10)),
+                             "misses": 0, "errors": 0, "verify_failures": 0, "bytes": 0} for i in range(80)]}
+    docs = {c: {"points": [{"status": "ok", "bytes": 1e9, "keys": 10, "hit_rate": 0.8, "verify_failures": 0,
+                            "errors": 7, "verified": True, "latency_us": {"p50": 1.0, "p99": 2.0}, "timeline": tl()}]}
+            for c in pl.consumers}
+    agg = aggregate_window({c: WindowBytes(1e9, 0.0, 8.0) for c in pl.consumers})
+    ctx = {"experiment": "lc", "testbed": "lc", "scenario": "cluster", "run_id": "lc/cluster/churn/rep0", "repetition": 0,
+           "tool": "peercache-bench", "protocol": "tcp", "layout": "mla", "size_bytes": 131072, "batch": 16,
+           "threads": 1, "processes": 1, "extra": {"pattern": "churn", "hosts": 4, "zipf_s": 0.8}}
+    events = [{"event": e, "t": t} for e, t in (("leave", 2.0), ("crash", 4.0), ("join", 6.0), ("ready", 6.3))]
+    rows = cluster.peercache_rows(pl, docs, agg, {}, {h: h for h in pl.hosts}, ctx)
+    rows += cluster.churn_rows(pl, docs, agg, events, ctx, 8.0)
+    return collect.normalize_rows(pd.DataFrame([r.to_dict() for r in rows]))
+
+
+def test_churn_has_its_figure_table_and_conclusion():
+    rows = churn_rows_fixture()
+    built = {c.name: c for c in charts.build_scenario("cluster", rows, pd.DataFrame(columns=["run_id"]), None)}
+    chart = built["cluster_churn"]
+    assert hasattr(chart, "fig"), chart
+    assert [t["phase"] for t in chart.table] == ["before any event", "h3 leaves (SIGTERM)", "h2 crashes (SIGKILL)",
+                                                 "h4 joins with h2's pages"]
+    assert [t["settled hit rate"] for t in chart.table] == ["1.000", "0.800", "0.500", "0.800"]
+    assert "0 wrong pages, 21 read errors" in chart.notes[0]
+    text = " ".join(c.text for c in REPORTS["cluster"].conclusions(rows, {}))
+    assert "a crash cost 0.30 of the hit rate" in text and "0 wrong pages" in text and "(its bound 3 s)" in text

@@ -428,6 +428,44 @@ def test_group_runner_fails_when_a_first_process_never_gets_ready():
     assert_none_left(m)
 
 
+def test_group_runner_events_leave_crash_and_join_during_the_window_without_failing_it(tmp_path):
+    """Membership churn: during the shared window one server leaves (SIGTERM), one crashes (SIGKILL) and a
+    new one joins; the run stays ok, each event is logged with its time, and the joiner is stopped at the end."""
+    m = marker()
+    h = LocalHost()
+    up = Readiness(pattern="^up$", timeout=10)
+    groups = [GroupSpec("reader", [SideSpec(h, py("import time; time.sleep(2)", m))]),
+              *(GroupSpec(n, [], SideSpec(h, py(UP_AND_WAIT, m) + [str(tmp_path / f"up-{n}")]), up)
+                for n in ("a", "b"))]
+
+    def churn(ctl, stop):
+        assert ctl.at(ctl.barrier + 0.3, stop)
+        ctl.leave("a")
+        ctl.crash("b")
+        ctl.join("c", SideSpec(h, py(UP_AND_WAIT, m) + [str(tmp_path / "up-c")]), up)
+
+    res = GroupRunner(groups, client_timeout=10, server_exits=False, log_dir=tmp_path, events=churn).run()
+    assert res.ok, res.error
+    assert [e["event"] for e in res.events] == ["leave", "crash", "join", "ready"]
+    assert all(e["t"] >= res.barrier + 0.3 for e in res.events)
+    assert res.groups["b"].server.rc == -9 and res.groups["a"].server.stopped
+    assert res.groups["c"].server.stopped and (tmp_path / "up-c").exists() and (tmp_path / "c" / "server.log").exists()
+    assert_none_left(m)
+
+
+def test_group_runner_an_event_that_fails_fails_the_run():
+    m = marker()
+    h = LocalHost()
+    groups = [GroupSpec("reader", [SideSpec(h, py("import time; time.sleep(1)", m))])]
+
+    def bad(ctl, stop):
+        ctl.leave("nobody")
+
+    with pytest.raises(GroupFailed, match="an event of the run failed: KeyError"):
+        GroupRunner(groups, client_timeout=10, events=bad).run()
+    assert_none_left(m)
+
+
 def test_group_runner_refuses_groups_without_any_client():
     h = LocalHost()
     with pytest.raises(ValueError, match="no group has a client"):

@@ -22,16 +22,16 @@ def run(tmp_path_factory):
     tb = experiments.load_testbed(ROOT / "experiments/testbeds/local-cluster.yaml", sc)
     out = tmp_path_factory.mktemp("cluster")
     with runpoint.testbed_hosts(tb) as th:
-        def one(pattern: str):
+        def one(pattern: str, duration: float = 1):
             part = {"kind": "cluster", "protocol": "tcp", "pattern": [pattern], "hosts": [4], "zipf_s": [0.8],
-                    "working_set": 64, "batch_size": 8, "duration": 1, "warmup": 0.3}
+                    "working_set": 64, "batch_size": 8, "duration": duration, "warmup": 0.3}
             pt, = experiments.expand_part("cluster", "patterns", part, [])
             rows = runpoint.run_point(tb, pt, 0, out / pt.name / "result.json", hosts=th, quiet=True)
             return pt, rows, out / pt.name
         yield one
 
 
-@pytest.mark.parametrize("pattern", cluster.PATTERNS)
+@pytest.mark.parametrize("pattern", [p for p in cluster.PATTERNS if p != "churn"])
 def test_each_pattern_on_four_hosts_is_verified_and_has_its_raw_pattern_beside_it(run, pattern):
     pt, rows, folder = run(pattern)
     failed = [f"{r.tool} {r.metric}: {r.reason}" for r in rows if r.status == "failed"]
@@ -55,3 +55,22 @@ def test_each_pattern_on_four_hosts_is_verified_and_has_its_raw_pattern_beside_i
     assert any(r.status == "ok" and r.value > 0 for r in cpu)
     # every host's drive document and the directory's log are kept
     assert all((folder / c / "drive.json").exists() for c in pl.consumers) and (folder / "directory.log").exists()
+
+
+def test_churn_on_four_hosts_reads_through_a_leave_a_crash_and_a_join_without_a_wrong_page(run):
+    """Hosts 1-3 read each other's pages; host 3 leaves, host 2 crashes, host 4 joins with host 2's pages."""
+    pt, rows, folder = run("churn", duration=5)
+    failed = [f"{r.tool} {r.metric}: {r.reason}" for r in rows if r.status == "failed"]
+    assert not failed, failed
+    by = {(r.metric, r.side): r for r in rows if r.side != "per_host"}
+    assert by[("verify_failures", "aggregate")].value == 0
+    assert [s for m, s in by if m == "hit_rate" and s.startswith("phase:")] == [
+        "phase:steady", "phase:after_leave", "phase:after_crash", "phase:after_join"]
+    assert by[("hit_rate", "phase:steady")].value > 0.9
+    # the crash took pages away: the hit rate dipped, as errors or misses
+    assert by[("hit_rate_dip", "event:crash")].value > 0
+    ev = by[("errors", "aggregate")].extra["events"]
+    assert 0 < ev["leave"] < ev["crash"] < ev["join"] < 5
+    stalls = [r for r in rows if r.metric == "max_stall_s"]
+    assert len(stalls) == 3 and all(r.extra["within_bound"] for r in stalls), [(r.value, r.extra) for r in stalls]
+    assert (folder / "pcclu4" / "server.log").exists()          # the joiner's log is kept

@@ -165,14 +165,90 @@ def scaling(recs: list[dict[str, Any]]) -> tuple[dict, dict, float] | None:
     return lo, hi, (hi["agg"] / lo["agg"]) / (hi["hosts"] / lo["hosts"])
 
 
+def churn_records(sub: pd.DataFrame) -> list[dict[str, Any]]:
+    """One record per churn run: its summed hit-rate timeline, the events' times, each phase's settled hit
+    rate, each event's dip and recovery, the longest stall against its bound, errors and wrong pages."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, r in ok_rows(sub).iterrows():
+        ex = row_extra(r)
+        if ex.get("pattern") != "churn":
+            continue
+        rec = out.setdefault(r["run_id"], {"run": r["run_id"], "hosts": ex.get("hosts"), "phases": {},
+                                            "stalls": [], "wrong": None})
+        side = str(r["side"])
+        if r["metric"] == "errors" and side == "aggregate":
+            rec.update(errors=int(r["value"]), timeline=ex.get("timeline") or [], events=ex.get("events") or {},
+                       roles=ex.get("roles") or {})
+        elif r["metric"] == "verify_failures" and side == "aggregate":
+            rec["wrong"] = int(r["value"])
+        elif r["metric"] == "hit_rate" and side.startswith("phase:"):
+            rec["phases"].setdefault(side[6:], {})["settled"] = float(r["value"])
+        elif r["metric"] in ("hit_rate_dip", "recovery_s") and side.startswith("event:"):
+            phase = row_extra(r).get("phase")
+            rec["phases"].setdefault(phase, {})[r["metric"]] = float(r["value"])
+        elif r["metric"] == "max_stall_s":
+            rec["stalls"].append((float(r["value"]), ex.get("bound_s")))
+    return [r for r in out.values() if "timeline" in r]
+
+
+def churn_text(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The churn table: a row per phase."""
+    roles = rec.get("roles") or {}
+    who = {"after_leave": f"{roles.get('leaves', '?')} leaves (SIGTERM)",
+           "after_crash": f"{roles.get('crashes', '?')} crashes (SIGKILL)",
+           "after_join": f"{roles.get('joins', '?')} joins with {roles.get('prefix', '?')}'s pages",
+           "steady": "before any event"}
+    ev = {"after_leave": "leave", "after_crash": "crash", "after_join": "join"}
+    rows = []
+    for name, ph in rec["phases"].items():
+        at = rec["events"].get(ev.get(name, ""), 0.0)
+        rows.append({"phase": who.get(name, name), "from (s)": fmt_number(at),
+                     "settled hit rate": f"{ph['settled']:.3f}" if "settled" in ph else "—",
+                     "dip": f"{ph['hit_rate_dip']:.3f}" if "hit_rate_dip" in ph else "—",
+                     "back to steady (s)": (fmt_number(ph["recovery_s"]) if "recovery_s" in ph
+                                            else "—" if name == "steady" else "did not settle"),
+                     "run": short_run(rec["run"])})
+    return rows
+
+
+def churn_figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Membership churn: the consumers' hit rate against time, each event marked."""
+    recs = churn_records(rows)
+    if not recs:
+        return NotDrawn("cluster_churn", why_empty(rows[rows.apply(lambda r: row_extra(r).get("pattern") == "churn",
+                                                                   axis=1)] if not rows.empty else rows,
+                                                   "a churn timeline"))
+    fig, axes = new_fig(w=7.5)
+    ax = axes[0][0]
+    table, notes = [], []
+    for rec in recs:
+        pts = [(t, v) for t, v in rec["timeline"] if v is not None]
+        ax.plot([t for t, _ in pts], [v for _, v in pts], color=PEERCACHE_COLOR, linewidth=1,
+                label=f"{rec['hosts']} hosts: hit rate per 100 ms")
+        for name, t in rec["events"].items():
+            ax.axvline(t, color=RAW_COLOR, linestyle="--", linewidth=1)
+            ax.annotate(name, (t, 1.02), fontsize=7, ha="left", xycoords=("data", "axes fraction"))
+        table += churn_text(rec)
+        worst = max(rec["stalls"], default=(None, None))
+        notes.append(f"{short_run(rec['run'])}: {rec['wrong']} wrong pages, {rec['errors']} read errors; longest "
+                     f"stall of a consumer {fmt_number(worst[0])} s (bound {fmt_number(worst[1])} s)")
+    ax.set_xlabel("s into the measured window")
+    ax.set_ylabel("hit rate (all consumers)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, loc="lower left")
+    return Chart("cluster_churn", "Cluster: hit rate through a leave, a crash and a join", fig, table,
+                 meta_block(ok_rows(rows[rows["run_id"].isin([r["run"] for r in recs])]), runs), notes)
+
+
 class Cluster(Scenario):
     """The cluster scenario's report."""
 
-    figures = {f"cluster_{p}": figure_of(p) for p in PATTERNS}
+    figures = {**{f"cluster_{p}": figure_of(p) for p in PATTERNS if p != "churn"}, "cluster_churn": churn_figure}
 
     def tables(self, sub: pd.DataFrame, limits: Limits) -> list[Table]:
-        recs = [record(r) for r in points(sub) if r.get("agg") is not None]
-        return [("", recs)] if recs else []
+        recs = [record(r) for r in points(sub) if r.get("agg") is not None and r["pattern"] != "churn"]
+        churn = [row for rec in churn_records(sub) for row in churn_text(rec)]
+        return ([("", recs)] if recs else []) + ([("membership churn under the shared read", churn)] if churn else [])
 
     def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:
         """A row per pattern (and Zipf exponent): its largest host count, against its raw pattern."""
@@ -180,7 +256,7 @@ class Cluster(Scenario):
         recs = points(rows[rows["scenario"] == scenario])
         for key in dict.fromkeys(series_key(r) for r in recs):
             mine = [r for r in recs if series_key(r) == key and r.get("agg") is not None]
-            if not mine:
+            if not mine or key[0] == "churn":
                 continue
             top = max(mine, key=lambda r: r["hosts"])
             row = overview_row(scenario, f"{label(top)} at {top['hosts']} hosts", top["row"], limits)
@@ -214,4 +290,18 @@ class Cluster(Scenario):
                     + (f"; at {hi['hosts']} hosts limited by {limited_by(hi)}" if eff < SCALING_SHARE else "")
                     + (f"; Jain's index {hi['jain']:.3f}" if hi.get("jain") is not None else "") + ".")
             out.append(Conclusion(text, [lo["run"], hi["run"]]))
+        for rec in churn_records(sub):
+            ph = rec["phases"]
+            parts = []
+            for name, what in (("after_leave", "a clean leave"), ("after_crash", "a crash"), ("after_join", "a join")):
+                p = ph.get(name) or {}
+                if "hit_rate_dip" in p:
+                    back = (f"settled at {p['settled']:.2f} after {fmt_number(p['recovery_s'])} s"
+                            if "recovery_s" in p else f"had not settled when the next phase began")
+                    parts.append(f"{what} cost {p['hit_rate_dip']:.2f} of the hit rate and it {back}")
+            worst = max(rec["stalls"], default=(None, None))
+            out.append(Conclusion(
+                f"Cluster, membership churn over {rec['hosts']} hosts: " + "; ".join(parts)
+                + f"; {rec['wrong']} wrong pages; no consumer stopped longer than {fmt_number(worst[0])} s "
+                  f"(its bound {fmt_number(worst[1])} s).", [rec["run"]]))
         return out

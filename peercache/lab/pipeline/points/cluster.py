@@ -36,6 +36,7 @@ from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.launch.runners import (FirstSpec, GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec,
                                           WindowBytes)
+from peercache.lab.pipeline.points import churn as churn_
 from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S
 from peercache.lab.pipeline.points.declare import (POSITIVE_INT, Point, SECONDS, Timed, one_of, parameter, sizes,
                                                    timing, variable)
@@ -47,7 +48,7 @@ from peercache.lab.tools import iperf3 as iperf3_tool
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
 
-PATTERNS = ("pairwise", "incast", "fanout", "shared")
+PATTERNS = ("pairwise", "incast", "fanout", "shared", "churn")
 #: The directories a cluster point can run with.
 DIRECTORIES = ("embedded", "redis")
 #: What meta prints once its directory listens.
@@ -70,6 +71,8 @@ class Placement:
     reads: dict[str, tuple[str, ...]]        #: consumer -> the producers whose pages it reads
     directory: str
     flows: tuple[tuple[str, str], ...]
+    #: the churn pattern's roles (who leaves, crashes and joins), None in the others
+    churn: churn_.Roles | None = None
 
     @property
     def consumers(self) -> tuple[str, ...]:
@@ -78,6 +81,9 @@ class Placement:
 
 def place(pattern: str, members: list[tuple[str, tuple[str, ...]]], n: int) -> Placement:
     """The placement of ``pattern`` on the first ``n`` of ``members`` ((name, roles), testbed order) (pure).
+
+    churn: the shared pattern over the first n−1 hosts, whose last two leave and crash during the window,
+    and the n-th joins, publishing the crashed host's pages (:mod:`.churn`).
 
     The directory is the first member (of all) with the ``directory`` role, else the first host used.
     """
@@ -102,10 +108,21 @@ def place(pattern: str, members: list[tuple[str, tuple[str, ...]]], n: int) -> P
         producers = names[:1]
         reads = {c: producers for c in names[1:]}
         flows = tuple((names[0], c) for c in names[1:])
-    else:
+    elif pattern == "shared":
         producers = names
         reads = {c: tuple(p for p in names if p != c) for c in names}
         flows = tuple((names[i], names[(i + 1) % n]) for i in range(n))
+    else:
+        try:
+            who = churn_.roles(names)
+        except ValueError as e:
+            raise PlacementError(str(e)) from None
+        producers = names[:-1]
+        reads = {c: tuple(p for p in producers if p != c) for c in producers}
+        flows = ()
+        if "producer" not in roles[who.joins]:
+            raise PlacementError(f"host {who.joins} joins as a producer in the churn pattern but has roles "
+                                 f"{', '.join(roles[who.joins])}; give it the producer role")
     for p in producers:
         if "producer" not in roles[p]:
             raise PlacementError(f"host {p} serves pages in the {pattern} pattern but has roles "
@@ -115,7 +132,7 @@ def place(pattern: str, members: list[tuple[str, tuple[str, ...]]], n: int) -> P
             raise PlacementError(f"host {c} reads pages in the {pattern} pattern but has roles "
                                  f"{', '.join(roles[c])}; give it the consumer role")
     directory = next((name for name, r in members if "directory" in r), names[0])
-    return Placement(names, producers, reads, directory, flows)
+    return Placement(names, producers, reads, directory, flows, who if pattern == "churn" else None)
 
 
 def jain(values: list[float]) -> float | None:
@@ -129,18 +146,20 @@ class ClusterRun(Timed):
 
     name = "cluster"
     metrics = {"get_throughput": "GB/s", "latency_p50": "us", "latency_p99": "us", "hit_rate": "ratio",
-               "verify_failures": "count", "jain_index": "ratio", "cpu_s_per_gib": "s/GiB", "bw": "B/s"}
+               "verify_failures": "count", "jain_index": "ratio", "cpu_s_per_gib": "s/GiB", "bw": "B/s",
+               "hit_rate_dip": "ratio", "recovery_s": "s", "max_stall_s": "s", "errors": "count"}
     primary = "get_throughput"
     is_get = True
     tool_column = "peercache-bench"
 
     #: the traffic pattern (str, swept)
-    pattern = parameter(one_of(*PATTERNS), doc="pairwise, incast (many->one), fanout (one->many) or shared")
+    pattern = parameter(one_of(*PATTERNS), doc="pairwise, incast (many->one), fanout (one->many), shared, or churn "
+                                               "(shared while producers leave, crash and join)")
     #: hosts the pattern spans (int, swept): the testbed's first N members
     hosts = parameter(dict(POSITIVE_INT, minimum=2), doc="hosts the pattern spans (the testbed's first N)")
     #: Zipf exponents of the shared pattern's key popularity (list of numbers; one point each)
     zipf_s = variable({"type": "array", "minItems": 1, "items": SECONDS}, [0.8, 1.2],
-                      "Zipf exponents of the shared pattern (one point each)")
+                      "Zipf exponents of the shared pattern (one point each; churn reads with the first)")
     #: the cluster's directory (str, swept): peercache-bench meta (embedded) or one redis-server, either on
     #: the directory host
     directory = parameter(one_of(*DIRECTORIES), ["embedded"], "the directory: embedded (meta) or redis")
@@ -165,7 +184,8 @@ class ClusterRun(Timed):
         pts = []
         for directory in vals["directory"]:
             for pattern in vals["pattern"]:
-                for s in (vals["zipf_s"] if pattern == "shared" else [None]):
+                for s in (vals["zipf_s"] if pattern == "shared" else vals["zipf_s"][:1] if pattern == "churn"
+                          else [None]):
                     for n in vals["hosts"]:
                         name = (f"cluster_{pattern}" + (f"_z{s:g}" if s is not None else "")
                                 + f"_h{n}_{vals['protocol']}_s{sizes(vals['page_size'])}_b{vals['batch_size']}"
@@ -197,8 +217,8 @@ class ClusterRun(Timed):
             return
         pr.notes.append(f"placement: directory on {pl.directory}; producers {', '.join(pl.producers)}; "
                         + "; ".join(f"{c} reads {'+'.join(ps)}" for c, ps in pl.reads.items()))
-        raw = run_raw(pr, th, members, pl, ctx)
-        pr.rows += raw
+        if pl.flows:
+            pr.rows += run_raw(pr, th, members, pl, ctx)
         pr.rows += run_peercache(pr, th, members, pl, ctx)
 
 
@@ -215,8 +235,9 @@ def _bench(th: TestbedHosts, m) -> list[str]:
 
 
 def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port: int,
-             outs: dict[str, str]) -> tuple[FirstSpec, list[GroupSpec]]:
-    """The directory, and per host its serve and/or drive, of one point (each under the CPU sampler)."""
+             outs: dict[str, str]) -> tuple[FirstSpec, list[GroupSpec], SideSpec | None]:
+    """The directory, per host its serve and/or drive, and the churn pattern's joining serve (None in the
+    others) of one point (each under the CPU sampler)."""
     p = pr.point.params
     d = members[pl.directory]
     if p.get("directory", "embedded") == "redis":
@@ -235,35 +256,64 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
         where, join = ["--discovery-addr", f"{d.address}:{port}"], ["--join"]
     common = [*where, "--protocol", p["protocol"], "--layout", p["layout"],
               "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"])]
+    def serve_argv(name: str, devs: list[str], prefix: str | None = None) -> list[str]:
+        return [*_bench(th, members[name]), "serve", *common, *devs, *join, "--bind", members[name].address,
+                "--key-prefix", prefix or name, "--readers", "0", "--max-wait", str(int(pr.timeout)), "--quiet"]
+
+    churning = pl.churn is not None
+    ttl = churn_.DIR_CACHE_TTL_S if churning else pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)
     groups = []
     for name in pl.hosts:
         m = members[name]
+        if churning and name == pl.churn.joins:
+            continue
         devs = ["--devices", ",".join(m.devices)] if p["protocol"] == "rdma" and m.devices else []
         server = client = None
         if name in pl.producers:
-            serve = [*_bench(th, m), "serve", *common, *devs, *join, "--bind", m.address, "--key-prefix", name,
-                     "--readers", "0", "--max-wait", str(int(pr.timeout)), "--quiet"]
-            server = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/producer", m.host, m.python, serve))
+            server = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/producer", m.host, m.python,
+                                                     serve_argv(name, devs)))
         if name in pl.reads:
             drive = [*_bench(th, m), "drive", *common, *devs, "--key-prefix", ",".join(pl.reads[name]),
                      "--batch-size", str(p["batch_size"]), "--concurrencies", str(p["threads"]),
                      "--processes", str(p["processes"]), "--duration", str(pr.duration),
-                     "--warmup", str(pr.warmup), "--dir-cache-ttl", str(pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)),
+                     "--warmup", str(pr.warmup), "--dir-cache-ttl", str(ttl),
                      "--seed", "1", "--start-file", "{start_file}", "--out", outs[name],
-                     *(["--access", "zipf", "--zipf-s", f"{p['zipf_s']:g}"] if p.get("zipf_s") else [])]
+                     *(["--access", "zipf", "--zipf-s", f"{p['zipf_s']:g}"] if p.get("zipf_s") else []),
+                     *(["--faults-expected", "--timeline-ms", str(churn_.TIMELINE_MS)] if churning else [])]
             if pr.slow > 1:
                 drive += ["--ready-timeout", f"{pr.scaled(GROUP_DRIVE_READY_S):.0f}", "--time-scale", f"{pr.slow:.1f}"]
             client = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/consumer", m.host, m.python, drive))
         groups.append(GroupSpec(name, [client] if client else [], server,
                                 Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)) if server else None))
-    return first, groups
+    joiner = None
+    if churning:
+        j = members[pl.churn.joins]
+        devs = ["--devices", ",".join(j.devices)] if p["protocol"] == "rdma" and j.devices else []
+        joiner = SideSpec(j.host, pr.cpu_wrap_on(f"{j.name}/producer", j.host, j.python,
+                                                 serve_argv(j.name, devs, pl.churn.prefix)))
+    return first, groups, joiner
 
 
 def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: dict) -> list[Row]:
     """The pattern through PeerCache: one shared window, every page verified; its rows."""
     outs = {c: f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json" for c in pl.consumers}
-    first, groups = commands(pr, th, members, pl, pr.ports.allocate(), outs)
+    first, groups, joiner = commands(pr, th, members, pl, pr.ports.allocate(), outs)
     docs: dict[str, dict] = {}
+    ready = Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S))
+
+    def churn_events(ctl, stop) -> None:
+        """Leave, crash and join at their moments of the measured window (drive's window opens after its
+        warm-up from the shared start)."""
+        w0 = ctl.barrier + pr.warmup
+        for event in ("leave", "crash", "join"):
+            if not ctl.at(w0 + churn_.EVENT_AT[event] * pr.duration, stop):
+                return
+            if event == "leave":
+                ctl.leave(pl.churn.leaves)
+            elif event == "crash":
+                ctl.crash(pl.churn.crashes)
+            else:
+                ctl.join(pl.churn.joins, joiner, ready)
 
     def measure(gr) -> WindowBytes:
         (pr.raw_dir / gr.name).mkdir(exist_ok=True)
@@ -280,7 +330,8 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
                          barrier_lead=start_lead(pr.slow),
                          client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),
                                                 timeout=pr.scaled(GROUP_DRIVE_READY_S)),
-                         log_dir=pr.raw_dir, window_tolerance_s=max(0.05, 0.02 * pr.slow))
+                         log_dir=pr.raw_dir, window_tolerance_s=max(0.05, 0.02 * pr.slow),
+                         events=churn_events if pl.churn else None)
     try:
         res, err = runner.run(), None
     except GroupFailed as e:
@@ -297,8 +348,53 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
     labels[f"{pl.directory}/directory"] = pl.directory
     cpu = pr.cpu_usage({lab: lab for lab in labels}, agg.window_start, agg.window_end)
     one_machine = all(members[n].host.on_this_machine for n in pl.hosts)
-    return peercache_rows(pl, docs, agg, cpu, {n: str(members[n].host) for n in pl.hosts}, ctx,
+    rows = peercache_rows(pl, docs, agg, cpu, {n: str(members[n].host) for n in pl.hosts}, ctx,
                           os.cpu_count() if one_machine else None)
+    if pl.churn:
+        pr.notes.append("churn events: " + "; ".join(f"{e['event']} {e['group']} at +{e['t'] - agg.window_start:.2f} s"
+                                                     for e in res.events))
+        rows += churn_rows(pl, docs, agg, res.events, ctx, pr.duration)
+    return rows
+
+
+def churn_rows(pl: Placement, docs: dict[str, dict], agg, events: list[dict], ctx: dict[str, Any],
+               window_s: float) -> list[Row]:
+    """The churn pattern's rows (pure): each phase's settled hit rate, each event's dip and recovery, each
+    consumer's longest stall against its fault bound (one GET's bound, as its drive says), and the errors
+    the faults caused."""
+    lines = [docs[c]["points"][0].get("timeline") for c in pl.consumers]
+    base = dict(ctx, devices=",".join(pl.consumers), host="+".join(pl.consumers), peer="+".join(pl.producers))
+    if not all(lines):
+        return [Row(metric="hit_rate_dip", value=None, unit="ratio", status="not_measured", side="event",
+                    reason="a drive wrote no timeline (is the consumer's peercache-bench older than the lab?)",
+                    **base)]
+    buckets = churn_.summed(lines)
+    at = {e["event"]: e["t"] - agg.window_start for e in events if e["event"] in churn_.EVENT_AT}
+    phases = churn_.analyse(buckets, at, window_s)
+    series = [[b["t"], round(b["hits"] / b["keys"], 4) if b["keys"] else None] for b in buckets]
+    rows = []
+    for name, ph in phases.items():
+        extra = dict(ctx["extra"], phase=name, **{k: v for k, v in ph.items() if k != "settled_hit_rate"})
+        rows.append(Row(metric="hit_rate", value=ph["settled_hit_rate"], unit="ratio", **dict(
+            base, side=f"phase:{name}", extra=extra)))
+        if "event" in ph:
+            ev = dict(base, side=f"event:{ph['event']}", extra=extra)
+            rows.append(measured("hit_rate_dip", ph["dip"], "ratio", "no level before the event", **ev))
+            rows.append(measured("recovery_s", ph["recovery_s"], "s",
+                                 f"the hit rate did not settle within {churn_.SETTLED:g} before the phase ended", **ev))
+    for c in pl.consumers:
+        tl = docs[c]["points"][0]["timeline"]
+        bound = tl.get("fault_bound_s")
+        rows.append(Row(metric="max_stall_s", value=tl["max_stall_s"], unit="s", **dict(
+            ctx, side="per_host", devices=c, host=c, peer="+".join(pl.reads[c]),
+            extra=dict(ctx["extra"], bound_s=bound,
+                       within_bound=None if bound is None else tl["max_stall_s"] <= bound))))
+    rows.append(Row(metric="errors", value=sum(int(docs[c]["points"][0].get("errors") or 0) for c in pl.consumers),
+                    unit="count", **dict(base, side="aggregate", extra=dict(
+                        ctx["extra"], timeline=series, events=at, roles=vars(pl.churn),
+                        first_errors=[docs[c]["points"][0].get("first_error") for c in pl.consumers
+                                      if docs[c]["points"][0].get("first_error")][:3]))))
+    return rows
 
 
 def measured(metric: str, value: float | None, unit: str, why: str, **kw: Any) -> Row:
@@ -364,6 +460,11 @@ def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any
         srv = served.get(h, 0.0)
         secs = host_cpu_seconds({k: v for k, v in cpu.items()}, h)
         base = dict(ctx, side="per_host", devices=h, host=specs[h], peer="")
+        if pl.churn and h == pl.churn.joins:
+            rows.append(Row(metric="cpu_s_per_gib", value=None, unit="s/GiB", status="not_measured",
+                            reason=f"it joined during the window; the bytes it served are counted under the "
+                                   f"prefix it took over ({pl.churn.prefix})", **base))
+            continue
         if srv is None or secs is None or moved + srv <= 0:
             why = ("no CPU samples in the window" if secs is None else
                    "drive did not count the bytes it read from this host" if srv is None else "the host moved nothing")

@@ -7,7 +7,7 @@ import pytest
 
 from peercache.lab.launch.runners import aggregate_window, WindowBytes
 from peercache.lab.pipeline import kinds
-from peercache.lab.pipeline.points import cluster
+from peercache.lab.pipeline.points import churn, cluster
 
 BOTH = ("producer", "consumer")
 HOSTS = [("h1", BOTH + ("directory",))] + [(f"h{i}", BOTH) for i in range(2, 9)]
@@ -124,3 +124,46 @@ def test_raw_rows_sum_each_consumers_flows_over_the_shared_window():
     rows = cluster.raw_rows(pl, flows, agg, {h: h for h in pl.hosts}, dict(CTX, tool="iperf3"))
     assert [(r.side, r.devices, r.value) for r in rows] == [("per_host", "h1", 4e9), ("aggregate", "h1", 4e9)]
     assert rows[1].extra["flows"] == 2
+
+
+# -- churn -------------------------------------------------------------------------------------------
+
+def test_churn_places_a_shared_read_over_all_but_the_last_host_which_joins_for_the_crashed_one():
+    pl = cluster.place("churn", HOSTS, 5)
+    assert pl.producers == ("h1", "h2", "h3", "h4") and "h5" not in pl.reads
+    assert pl.reads["h1"] == ("h2", "h3", "h4") and pl.flows == ()
+    assert (pl.churn.leaves, pl.churn.crashes, pl.churn.joins, pl.churn.prefix) == ("h4", "h3", "h5", "h3")
+    with pytest.raises(cluster.PlacementError, match="at least 4 hosts"):
+        cluster.place("churn", HOSTS, 3)
+
+
+def bucket(t, hits, keys=100):
+    return {"t": t, "keys": keys, "hits": hits, "misses": keys - hits, "errors": 0, "verify_failures": 0,
+            "bytes": hits}
+
+
+def test_churn_phases_dips_and_recovery_times():
+    # 1.0 until the leave at 2 s; a dip to 0.4 that recovers to 0.8 by 3 s; the crash at 4 s drops to 0.5
+    # for good; the join at 6 s brings it back to 0.8 by 7 s
+    level = [(0, 1.0), (2.0, 0.4), (2.5, 0.6), (3.0, 0.8), (4.0, 0.5), (6.0, 0.6), (7.0, 0.8)]
+    buckets = [bucket(i / 10, int(100 * next(v for t, v in reversed(level) if t <= i / 10))) for i in range(80)]
+    ph = churn.analyse(buckets, {"leave": 2.0, "crash": 4.0, "join": 6.0}, 8.0)
+    assert list(ph) == ["steady", "after_leave", "after_crash", "after_join"]
+    assert ph["steady"]["settled_hit_rate"] == pytest.approx(1.0)
+    assert ph["after_leave"]["dip"] == pytest.approx(0.6) and ph["after_leave"]["settled_hit_rate"] == pytest.approx(0.8)
+    assert ph["after_leave"]["recovery_s"] == pytest.approx(1.2)     # 3.0 s + two buckets of the running mean
+    assert ph["after_crash"]["dip"] == pytest.approx(0.3) and ph["after_crash"]["recovery_s"] == 0.0   # a step: settled at once
+    assert ph["after_join"]["settled_hit_rate"] == pytest.approx(0.8) and ph["after_join"]["recovery_s"] == pytest.approx(1.2)
+
+
+def test_a_phase_that_never_settles_has_no_recovery_time():
+    buckets = [bucket(i / 10, 100 if i < 20 else (20 if i % 2 else 90)) for i in range(40)]
+    ph = churn.analyse(buckets, {"leave": 2.0}, 4.0)
+    assert ph["after_leave"]["recovery_s"] is None and ph["after_leave"]["dip"] == pytest.approx(0.8)
+
+
+def test_the_consumers_timelines_are_summed_bucket_by_bucket():
+    a = {"buckets": [bucket(0.0, 10, 10), bucket(0.1, 5, 10)]}
+    b = {"buckets": [bucket(0.0, 0, 10), bucket(0.1, 5, 10), bucket(0.2, 1, 1)]}
+    s = churn.summed([a, b])
+    assert [(x["t"], x["hits"], x["keys"]) for x in s] == [(0.0, 10, 20), (0.1, 10, 20)]
