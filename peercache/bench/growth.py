@@ -364,30 +364,36 @@ def curve_directory(a, say, budget: Budget) -> tuple[list[dict], dict]:
         import redis   # only for a redis:// directory
         r = redis.Redis.from_url(a.directory, socket_timeout=30)
         info["redis_version"] = r.info("server").get("redis_version")
+    try:
+        return _directory_sizes(a, say, budget, backend, r), info
+    finally:
+        if r is not None:
+            r.close()
+
+
+def _directory_sizes(a, say, budget: Budget, backend: str, r) -> list[dict]:
     points: list[dict] = []
     for n in a.sizes:
         need, avail = NEED_PER_KEY[backend] * n, mem_available()
         if avail is not None and need > 0.8 * avail:
             return _skip_rest(a.sizes, points, f"{n} keys would need about {need / 2**30:.1f} GiB here, more "
-                              f"than 80% of the {avail / 2**30:.1f} GiB available"), info
+                              f"than 80% of the {avail / 2**30:.1f} GiB available")
         if budget.left() < 10:
-            return _skip_rest(a.sizes, points, f"the run's bound of {a.max_seconds:g} s was used up"), info
+            return _skip_rest(a.sizes, points, f"the run's bound of {a.max_seconds:g} s was used up")
         bound = min(a.size_seconds, budget.left())
         say(f"growth directory ({backend}): {n} keys, publishing (bound {bound:.0f} s)")
         try:
             p = _directory_size(a, n, backend, r, bound, say)
         except PeerCacheError as e:
             if "passed its bound" in str(e):
-                return _skip_rest(a.sizes, points, f"not measured: {e} (this size and the larger ones)"), info
+                return _skip_rest(a.sizes, points, f"not measured: {e} (this size and the larger ones)")
             p = {"x": n, "status": "failed", "reason": str(e), "metrics": {}, "detail": {}}
         points.append(p)
         if p["status"] == "ok":
             m = p["metrics"]
             say(f"growth directory ({backend}): {n} keys: {m['dir_bytes_per_key']:.0f} B/key, publish "
                 f"{m['publish_keys_per_s']:.0f} keys/s, lookup {m['lookup_keys_per_s']:.0f} keys/s")
-    if r is not None:
-        r.close()
-    return points, info
+    return points
 
 
 def _directory_size(a, n: int, backend: str, r, bound: float, say) -> dict:
