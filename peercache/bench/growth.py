@@ -386,7 +386,7 @@ def _directory_sizes(a, say, budget: Budget, backend: str, r) -> list[dict]:
             p = _directory_size(a, n, backend, r, bound, say)
         except PeerCacheError as e:
             if "passed its bound" in str(e):
-                return _skip_rest(a.sizes, points, f"not measured: {e} (this size and the larger ones)")
+                return _skip_rest(a.sizes, points, f"{e} (this size and the larger ones)")
             p = {"x": n, "status": "failed", "reason": str(e), "metrics": {}, "detail": {}}
         points.append(p)
         if p["status"] == "ok":

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from peercache.lab.analysis.format import fmt_number, fmt_size, short_run, why_empty
 from peercache.lab.analysis.metablock import meta_block
@@ -41,6 +42,14 @@ def x_text(x: Any, unit: str | None) -> str:
     return f"{int(x):,} {unit or ''}".strip() if float(x).is_integer() else f"{fmt_number(x)} {unit or ''}".strip()
 
 
+def _tick(v: float, unit: str | None) -> str:
+    """A compact x tick: sizes for bytes, 1e6 for powers of ten from 10^4, else the number."""
+    if unit == "B":
+        return fmt_size(int(v))
+    e = np.log10(v) if v > 0 else 0
+    return f"1e{int(round(e))}" if v >= 1e4 and abs(e - round(e)) < 1e-9 else f"{v:g}"
+
+
 def _fits(rows: pd.DataFrame, curve: str | None = None) -> list[tuple[pd.Series, dict[str, Any]]]:
     """The measured fit rows (of ``curve``), each with its extra."""
     ok = ok_rows(rows[rows["metric"] == "fit_exponent"])
@@ -64,7 +73,7 @@ def figure(curve: str, rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs
     costs = list(dict.fromkeys(ex["cost"] for _, ex in fits))
     backends = list(dict.fromkeys(ex["backend"] for _, ex in fits))
     colors = dict(zip(backends, series_colors(len(backends), raw=False)))
-    ncols = min(3, len(costs))
+    ncols = 2 if len(costs) == 4 else min(3, len(costs))
     nrows = -(-len(costs) // ncols)
     fig, axes = new_fig(ncols=ncols, nrows=nrows, w=4.2 * ncols, h=3.4 * nrows)
     table, notes = [], []
@@ -83,9 +92,18 @@ def figure(curve: str, rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs
                           "growth": "faster than linear" if ex["superlinear"] else "linear" if ex["linear"]
                           else "sublinear" if ex["b"] < 1 else "slightly above linear",
                           "run": short_run(r["run_id"])})
+        xs_all = sorted({x for _, ex in fits if ex["cost"] == cost for x in ex["xs"]})
+        unit = fits[0][1].get("x_unit")
+        ax.set_xticks(xs_all)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos, u=unit: _tick(v, u)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_title(COST_TEXT.get(cost, cost), fontsize=9)
         ax.set_xlabel(fits[0][1].get("x_unit", "x"))
         ax.set_ylabel(next(ex["cost_unit"] for _, ex in fits if ex["cost"] == cost))
+        lo, hi = ax.get_ylim()
+        if hi >= 10 * lo:   # a decade's major tick is in view: the minor labels would only crowd it
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.legend(fontsize=7)
     for k in range(len(costs), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
