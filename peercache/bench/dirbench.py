@@ -61,6 +61,8 @@ PUBLISH_BATCH = 512
 DRAWN_BATCHES = 256
 #: How long after its window a client may take to report before it counts as lost.
 GRACE_S = 20.0
+#: Key counts above which a client draws its batches without permuting every key (10^7 keys)
+LARGE_DRAW = 1 << 20
 #: Upper bound on one client's batches in one window (the loop also ends with the window).
 MAX_BATCHES = 50_000_000
 SCHEMA_VERSION = 1
@@ -83,17 +85,24 @@ def backend_of(spec: str) -> str:
 class Producer:
     """A registered node that published the bench keys (hosting the embedded directory when asked)."""
 
-    def __init__(self, spec: str, keys: list[bytes], heartbeat_timeout: float = 5.0):
+    def __init__(self, spec: str, keys: list[bytes], heartbeat_timeout: float = 5.0, *, host: bool = True,
+                 max_seconds: float | None = None):
+        """``host`` (embedded only): this node hosts the directory at ``spec`` (False: another process
+        does, e.g. one whose memory is measured alone); ``max_seconds``: a bound on publishing (a
+        PeerCacheError saying how far it got when passed)."""
         self.spec, self.backend = spec, backend_of(spec)
         # Embedded: this node hosts the directory at HOST:PORT, as serve's node does; Redis: it talks to it.
         conf = NodeConfig(discovery_addr=spec, directory=spec, protocol="tcp",
-                          host_discovery=self.backend == "embedded", page_bytes=SLOT_BYTES,
+                          host_discovery=self.backend == "embedded" and host, page_bytes=SLOT_BYTES,
                           heartbeat_timeout=heartbeat_timeout)
         self.node = Node(**conf.node_kwargs(pool_slots=len(keys), name="dirbench"))
         try:
             t0 = time.monotonic()
             for i in range(0, len(keys), PUBLISH_BATCH):
                 self.node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)
+                if max_seconds is not None and time.monotonic() - t0 > max_seconds:
+                    raise PeerCacheError(f"publishing {len(keys)} keys passed its bound of {max_seconds:g} s "
+                                         f"after {min(len(keys), i + PUBLISH_BATCH)} keys")
             self.publish_s = time.monotonic() - t0
         except BaseException:
             self.node.close()
@@ -176,6 +185,16 @@ def _die_with_parent(parent_pid: int) -> None:
 def draw_batches(n_keys: int, batch: int, count: int, seed: int) -> np.ndarray:
     """``count`` batches of ``batch`` distinct key indices in [0, n_keys), reproducible from ``seed``."""
     rng = np.random.default_rng(seed)
+    if n_keys > LARGE_DRAW:
+        # rng.choice(replace=False) permutes all n_keys each time: draw with replacement and redraw
+        # the few duplicates instead (the same distinct uniform batches, in O(batch) each)
+        out = np.empty((count, batch), np.int64)
+        for j in range(count):
+            b = np.unique(rng.integers(0, n_keys, batch))
+            while len(b) < batch:
+                b = np.unique(np.concatenate([b, rng.integers(0, n_keys, batch - len(b))]))
+            out[j] = rng.permutation(b)
+        return out
     return np.stack([rng.choice(n_keys, batch, replace=False) for _ in range(count)])
 
 
@@ -192,12 +211,17 @@ def check_locations(keys: list[bytes], locs: list, node_id: str) -> list[str]:
     return bad
 
 
+def keys_at(indices) -> list[bytes]:
+    """The bench keys at ``indices`` of ``options.page_keys(n, "mla")`` (any n above them), without
+    building the whole list (a client of 10^7 published keys needs only the ones it draws)."""
+    (sfx,) = options.LAYOUTS["mla"]
+    return [f"pc/{int(i)}{sfx}".encode() for i in indices]
+
+
 def client_loop(cfg: dict, idx: int, t0: float) -> dict:
     """One client: lookups back to back until the window ends (counting the keys not found)."""
-    keys = np.empty(cfg["keys"], dtype=object)
-    keys[:] = options.page_keys(cfg["keys"], "mla")
-    drawn = [keys[b].tolist() for b in draw_batches(cfg["keys"], cfg["batch"], DRAWN_BATCHES,
-                                                     cfg["seed"] * 7919 + idx)]
+    drawn = [keys_at(b) for b in draw_batches(cfg["keys"], cfg["batch"], DRAWN_BATCHES,
+                                              cfg["seed"] * 7919 + idx)]
     win_start, win_end = t0 + cfg["warmup"], t0 + cfg["warmup"] + cfg["duration"]
     cli = CLIENTS[cfg.get("path", "rpc")](cfg["directory"])
     lat: list[float] = []
@@ -311,32 +335,13 @@ def run(a, say=lambda msg: None) -> dict:
            "result": None}
     keys = options.page_keys(a.keys, "mla")
     producer = None
-    ctx = mp.get_context("spawn")
-    procs, conns = [], []
     try:
         producer = Producer(a.directory, keys)
         cfg["node_id"] = producer.node_id
         doc["meta"].update(publish_s=round(producer.publish_s, 3), producer_node=producer.node_id)
         say(f"dirbench: published {len(keys)} keys to the {producer.backend} directory at "
             f"{redact(a.directory)} in {producer.publish_s:.2f} s")
-        for i in range(a.clients):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_client_main, args=(child, cfg, i, os.getpid()), daemon=True)
-            p.start()
-            child.close()
-            procs.append(p), conns.append(parent)
-        for i, c in enumerate(conns):
-            msg = recv(c, a.ready_timeout, f"client {i} did not get ready")
-            if msg[0] == "error":
-                raise PeerCacheError(msg[1])
-        t0 = time.time() + 0.3
-        for c in conns:
-            c.send(("go", t0))
-        say(f"dirbench: {a.clients} client(s), batch {a.batch}: {a.warmup:g} s warm-up, then {a.duration:g} s "
-            "measured")
-        results = _collect(conns, t0, a, say)
-        res = summarise(results, cfg)
-        res.update(window_start=round(t0 + a.warmup, 6), window_end=round(t0 + a.warmup + a.duration, 6))
+        res = measure(cfg, say)
         bad = producer.verify(keys, a.batch)   # after the window: every published key, checked
         res.update(verified_keys=len(keys), verify_failures=len(bad))
         doc["result"] = res
@@ -353,18 +358,46 @@ def run(a, say=lambda msg: None) -> dict:
     except PeerCacheError as e:
         doc["status"], doc["error"] = "failed", str(e)
     finally:
-        end_all(procs, 5.0, terminate=False, last=5.0)
-        for c in conns:
-            c.close()
         if producer is not None:
             producer.close()
     doc["meta"]["end"] = meta.now_iso()
     return doc
 
 
-def _collect(conns, t0: float, a, say) -> list[dict]:
+def measure(cfg: dict, say=lambda msg: None) -> dict:
+    """The lookup window over keys already published (``cfg``: directory, batch, keys, clients, duration,
+    warmup, seed, ready_timeout, path): ``clients`` client processes, one shared window; the summary
+    (:func:`summarise`) with the window's bounds. A PeerCacheError when a client fails or is lost."""
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    try:
+        for i in range(cfg["clients"]):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_client_main, args=(child, cfg, i, os.getpid()), daemon=True)
+            p.start()
+            child.close()
+            procs.append(p), conns.append(parent)
+        for i, c in enumerate(conns):
+            msg = recv(c, cfg["ready_timeout"], f"client {i} did not get ready")
+            if msg[0] == "error":
+                raise PeerCacheError(msg[1])
+        t0 = time.time() + 0.3
+        for c in conns:
+            c.send(("go", t0))
+        say(f"dirbench: {cfg['clients']} client(s), batch {cfg['batch']}: {cfg['warmup']:g} s warm-up, then "
+            f"{cfg['duration']:g} s measured")
+        res = summarise(_collect(conns, t0, cfg["warmup"], cfg["duration"], say), cfg)
+        res.update(window_start=round(t0 + cfg["warmup"], 6), window_end=round(t0 + cfg["warmup"] + cfg["duration"], 6))
+        return res
+    finally:
+        end_all(procs, 5.0, terminate=False, last=5.0)
+        for c in conns:
+            c.close()
+
+
+def _collect(conns, t0: float, warmup: float, duration: float, say) -> list[dict]:
     """Every client's result, with a progress line a second until the window ends (bounded by GRACE_S)."""
-    end = t0 + a.warmup + a.duration
+    end = t0 + warmup + duration
     results: list = [None] * len(conns)
     last = 0.0
     while any(r is None for r in results):
@@ -374,8 +407,8 @@ def _collect(conns, t0: float, a, say) -> list[dict]:
             raise PeerCacheError(f"client(s) {lost} did not report their window within {GRACE_S:.0f} s after it")
         if now - last >= 1.0 and now < end:
             last = now
-            phase = "warm-up" if now < t0 + a.warmup else "measure"
-            say(f"dirbench: {max(0.0, now - t0):4.1f}/{a.warmup + a.duration:g} s {phase}")
+            phase = "warm-up" if now < t0 + warmup else "measure"
+            say(f"dirbench: {max(0.0, now - t0):4.1f}/{warmup + duration:g} s {phase}")
         for i, c in enumerate(conns):
             if results[i] is None and c.poll(0.05):
                 try:

@@ -19,7 +19,7 @@ What every scenario's report is made of (and the default a scenario without a mo
 from __future__ import annotations
 
 from peercache.lab.analysis.scenarios import engines, gpudirect, hicache, msgsize_sweep, multi_rail, single_nic
-from peercache.lab.analysis.scenarios import cluster, whole_machine
+from peercache.lab.analysis.scenarios import cluster, growth, whole_machine
 from peercache.lab.analysis.scenarios.declare import Scenario
 
 #: scenario name (experiments/scenarios.yaml) -> its report
@@ -32,6 +32,7 @@ REPORTS: dict[str, Scenario] = {
     "engines": engines.Engines(),
     "hicache": hicache.HiCache(),
     "cluster": cluster.Cluster(),
+    "growth": growth.Growth(),
 }
 #: What a scenario without a module of its own gets (one in the data but not in the scenario file).
 DEFAULT = Scenario()
