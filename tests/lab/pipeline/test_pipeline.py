@@ -37,8 +37,9 @@ def test_dry_run_every_scenario_on_the_rdma_testbed():
     listed = list(plan.testbed["scenarios"])
     for sc in listed:
         assert f"wildcards: scenario={sc}, point=" in out, sc
-    # every scenario of the file but growth (one host, selected by a testbed file of its own) is in its list
-    assert set(experiments.scenario_names()) - set(listed) == {"growth"}
+    # every scenario of the file is in its list but growth (one host) and cluster (N hosts), each selected by a
+    # testbed file of its own (local-growth, local-cluster)
+    assert set(experiments.scenario_names()) - set(listed) == {"growth", "cluster"}
     assert "wildcards: scenario=growth" not in out
     assert "run_point" in out and "capture_host" in out and "report" in out
     assert len(plan.result_paths()) == len(plan.points) * 3          # repetitions: 3
