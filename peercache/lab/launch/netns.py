@@ -122,6 +122,20 @@ class _Locked:
             os.close(self._lock)          # closing drops the flock
             self._lock = None
 
+    def remove(self) -> None:
+        """Remove everything the set made (idempotent: its ``_remove``); release the lock.
+
+        A set another live process holds is left alone (:class:`NetnsError`).
+        """
+        self._acquire()
+        try:
+            self._remove()
+        finally:
+            self._release()
+
+    def _remove(self) -> None:
+        raise NotImplementedError
+
 
 def _quiet_ip(*args: str) -> None:
     """``ip ARGS`` whose failure is expected (removing what may not exist)."""
@@ -184,17 +198,6 @@ class NetnsPair(_Locked):
     def veth(self) -> tuple[str, str]:
         """Names of the two veth ends (15 characters at most, the kernel's limit)."""
         return f"{self.tag}va"[:15], f"{self.tag}vb"[:15]
-
-    def remove(self) -> None:
-        """Remove both namespaces, and a veth end left in the root namespace (idempotent); release the lock.
-
-        A pair another live process holds is left alone (:class:`NetnsError`).
-        """
-        self._acquire()
-        try:
-            self._remove()
-        finally:
-            self._release()
 
     def _remove(self) -> None:
         for ns in (self.ns_a, self.ns_b):
@@ -334,17 +337,6 @@ class NetnsBridge(_Locked):
                 f"{ns} -> {addr} failed). Accept them for this bridge (iptables -I FORWARD -m physdev "
                 f"--physdev-is-bridged -i {self.bridge} -j ACCEPT, or the nftables equivalent) or set "
                 "net.bridge.bridge-nf-call-iptables=0 for the run; the lab changes neither")
-
-    def remove(self) -> None:
-        """Remove every veth, the bridge and every namespace (idempotent); release the lock.
-
-        A set another live process holds is left alone (:class:`NetnsError`).
-        """
-        self._acquire()
-        try:
-            self._remove()
-        finally:
-            self._release()
 
     def _remove(self) -> None:
         # The veths go first and explicitly: deleting a namespace frees its interfaces only later, in

@@ -41,7 +41,8 @@ from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
 from peercache.lab.launch.hosts import Host, parse_host
 from peercache.lab.system.slowness import HOST_COMMAND_S, scaled, slowness
-from peercache.lab.launch.runners import PairFailed, PairRunner, PortAllocator, Readiness, SideSpec
+from peercache.lab.launch.runners import (GroupFailed, GroupRunner, PairFailed, PairRunner, PortAllocator, Readiness,
+                                          SideSpec)
 from peercache.lab.tidy import Row, RunMeta, convert, redact_folder, write_result
 from peercache.bench import meta as bench_meta
 
@@ -599,6 +600,17 @@ class PointRun:
             return runner.run(), None
         except PairFailed as e:
             return e.result, str(e)
+
+    def run_group(self, runner: GroupRunner) -> tuple[Any, str | None]:
+        """Run ``runner``: (its result, None), or (what there is, why it failed); every group's commands are
+        kept for the meta block either way."""
+        try:
+            res, err = runner.run(), None
+        except GroupFailed as e:
+            res, err = e.result, str(e)
+        for name, gr in res.groups.items():
+            self.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+        return res, err
 
     def run_pair(self, kind, th: TestbedHosts) -> None:
         """Run this point of the pair kind ``kind`` (its launch, read and rows) on ``th`` through the one path

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from peercache import atomic
 from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch import redis as redis_launch
-from peercache.lab.launch.runners import (FirstSpec, GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec,
+from peercache.lab.launch.runners import (FirstSpec, GroupRunner, GroupSpec, Readiness, SideSpec,
                                           WindowBytes)
 from peercache.lab.pipeline.points import churn as churn_
 from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S
@@ -332,12 +332,7 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
                                                 timeout=pr.scaled(GROUP_DRIVE_READY_S)),
                          log_dir=pr.raw_dir, window_tolerance_s=max(0.05, 0.02 * pr.slow),
                          events=churn_events if pl.churn else None)
-    try:
-        res, err = runner.run(), None
-    except GroupFailed as e:
-        res, err = e.result, str(e)
-    for name, gr in res.groups.items():
-        pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+    res, err = pr.run_group(runner)
     for name, f in res.first.items():
         pr.commands[f"{pl.directory}/{name}"] = f.argv
     if err:
@@ -525,12 +520,7 @@ def run_raw(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: d
     runner = GroupRunner(specs, client_timeout=pr.timeout, measure=measure, log_dir=pr.raw_dir / "raw",
                          window_tolerance_s=max(0.5, 0.1 * pr.slow))
     raw_ctx = dict(ctx, tool="iperf3", protocol="tcp", size_bytes=None, batch=None, threads=None, processes=None)
-    try:
-        res, err = runner.run(), None
-    except GroupFailed as e:
-        res, err = e.result, str(e)
-    for name, gr in res.groups.items():
-        pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+    res, err = pr.run_group(runner)
     cpu_labels = {f"{n}/{r}": f"{n}/{r}" for n in flows for r in ("producer", "consumer")}
     if err:
         pr.cpu_usage(cpu_labels, None, None)      # read back (and remove) the samples of the failed run

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
+from peercache.lab.launch.runners import GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points.bounds import PORT_READY_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, PERF_STAT, POSITIVE_INT, Timed, parameter,
                                                    sizes, timing, variable)
@@ -178,12 +178,7 @@ def run_processes(pr: PointRun, th: TestbedHosts) -> list[Row] | None:
                          window_tolerance_s=0.5)
     ctx = pr.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"], processes=n,
                  host=str(th.consumer), peer=str(th.producer), side="client")
-    try:
-        res, err = runner.run(), None
-    except GroupFailed as e:
-        res, err = e.result, str(e)
-    for name, gr in res.groups.items():
-        pr.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+    res, err = pr.run_group(runner)
     if err:
         pr.fail("bw", "B/s", err, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "qps",
                                                           "processes")})
