@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -47,7 +46,7 @@ from ..config import NodeConfig
 from ..directory.client import connect_directory
 from ..errors import ConfigError, PeerCacheError
 from ..node import Node
-from ..redact import redact, redact_doc
+from ..redact import redact
 from ..transport.base import ABSENT
 from . import meta, options
 from .processes import end_all, recv   # a worker's reply, bounded in time; its death an error
@@ -444,20 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = build_parser().parse_args(argv)
-    say = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    try:
-        doc = run(a, say)
-    except ConfigError as e:
-        print(f"dirbench: invalid options: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(redact_doc(doc)), flush=True)
-    if a.out:
-        meta.write_document(a.out, doc, indent=None)
-    if doc["status"] != "ok":
-        print(f"dirbench: FAILED: {doc['error']}", file=sys.stderr)
-        return 1
-    return 0
+    return meta.one_document_main("dirbench", build_parser().parse_args(argv), run, indent=None)
 
 
 if __name__ == "__main__":

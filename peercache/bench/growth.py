@@ -52,7 +52,6 @@ meta block.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -71,7 +70,7 @@ from ..directory.client import connect_directory
 from ..errors import ConfigError, PeerCacheError
 from ..node import Node
 from ..pool import Pool
-from ..redact import redact, redact_doc
+from ..redact import redact
 from ..transport import make_transport
 from . import dirbench, meta, options
 from .fit import power_fit
@@ -732,20 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = build_parser().parse_args(argv)
-    say = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    try:
-        doc = run(a, say)
-    except ConfigError as e:
-        print(f"growth: invalid options: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(redact_doc(doc)), flush=True)
-    if a.out:
-        meta.write_document(a.out, doc, indent=1)
-    if doc["status"] != "ok":
-        print(f"growth: FAILED: {doc['error']}", file=sys.stderr)
-        return 1
-    return 0
+    return meta.one_document_main("growth", build_parser().parse_args(argv), run, indent=1)
 
 
 if __name__ == "__main__":

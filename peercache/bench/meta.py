@@ -12,6 +12,7 @@ import sys
 from importlib import metadata
 
 from .. import atomic
+from ..errors import ConfigError
 from ..redact import redact, redact_doc
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,3 +89,22 @@ def write_document(path: str, doc: dict, indent: int | None = 1) -> None:
     """Write a result document as JSON, every secret in it masked (:func:`peercache.redact.redact_doc`)."""
     text = json.dumps(redact_doc(doc), indent=indent)
     atomic.write_text(path, text + ("\n" if indent is None else ""))
+
+
+def one_document_main(tool: str, args, run, indent: int | None = 1) -> int:
+    """The tail of a tool that prints one JSON document (dirbench, growth): ``run(args, say)`` with progress to
+    stderr unless ``args.quiet``; the document, secrets masked, on stdout and in ``args.out``; exit 2 for
+    options it refused (ConfigError), 1 when the document says it failed, else 0."""
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        doc = run(args, say)
+    except ConfigError as e:
+        print(f"{tool}: invalid options: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(redact_doc(doc)), flush=True)
+    if args.out:
+        write_document(args.out, doc, indent=indent)
+    if doc["status"] != "ok":
+        print(f"{tool}: FAILED: {doc['error']}", file=sys.stderr)
+        return 1
+    return 0
