@@ -54,7 +54,7 @@ def test_what_limited_each_point_and_where_scaling_stopped(rows):
     rep = REPORTS["cluster"]
     recs = rep.tables(rows, {})[0][1]
     incast4 = next(r for r in recs if r["pattern"] == "incast" and r["hosts"] == 4)
-    assert incast4["limited by"].startswith("CPU: the hosts' processes kept 1.9 of the machine's 2")
+    assert incast4["limited by"].startswith("CPU: 1.9 of the machine's 2 logical CPUs busy")
     text = " ".join(c.text for c in rep.conclusions(rows, {}))
     assert "pairwise: from 2 to 4 hosts the aggregate went from" in text and "kept scaling" in text
     assert "incast: from 2 to 4 hosts" in text and "stopped scaling" in text and "CPU" in text

@@ -48,6 +48,7 @@ def points(sub: pd.DataFrame) -> list[dict[str, Any]]:
         key = (r["tool"], r["metric"], r["side"])
         if key == ("peercache-bench", "get_throughput", "aggregate"):
             rec.update(agg=gbs(r), row=r, cpu_s=ex.get("cpu_s"), machine_cpus=ex.get("machine_cpus"),
+                       machine_busy=ex.get("machine_busy_cores"),
                        window_s=(ex["window_end"] - ex["window_start"]) if ex.get("window_end") else None)
         elif key == ("peercache-bench", "get_throughput", "per_host"):
             rec["per_host"][r["devices"]] = gbs(r)
@@ -84,9 +85,13 @@ def limited_by(rec: dict[str, Any]) -> str:
     """What limited one point, with its evidence: the CPU every host shares (hosts on one machine), the raw
     pattern, or unknown."""
     cpus = rec.get("machine_cpus")
-    busy = (rec["cpu_s"] / rec["window_s"]) if rec.get("cpu_s") and rec.get("window_s") else None
+    procs = (rec["cpu_s"] / rec["window_s"]) if rec.get("cpu_s") and rec.get("window_s") else None
+    # the machine's own reading counts the kernel's network work too, which no process of the point is charged
+    busy = rec.get("machine_busy") if rec.get("machine_busy") is not None else procs
     if busy is not None and cpus and busy >= CPU_BOUND_SHARE * cpus:
-        return f"CPU: the hosts' processes kept {busy:.1f} of the machine's {cpus} logical CPUs busy"
+        return (f"CPU: {busy:.1f} of the machine's {cpus} logical CPUs busy over the window"
+                + (f" ({procs:.1f} in the hosts' processes, the rest the kernel's network work)"
+                   if procs is not None and rec.get("machine_busy") is not None else ""))
     if rec.get("raw") and rec.get("agg") and rec["agg"] >= RAW_BOUND_SHARE * rec["raw"]:
         return f"the raw pattern's links: {100 * rec['agg'] / rec['raw']:.0f}% of its {fmt_number(rec['raw'])} GB/s"
     why = []
@@ -123,7 +128,8 @@ def figure_of(pattern: str):
             x += 1.0
         ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=8)
         ax.set_ylabel("GB/s (bars: aggregate; dots: each consumer host)")
-        ax.set_ylim(bottom=0)
+        top = max([r["agg"] for r in drawn] + [r["raw"] for r in drawn if r.get("raw") is not None])
+        ax.set_ylim(0, top * 1.3)      # room for the legend above the bars
         raw_legend(ax)
         notes = [f"raw: iperf3 -R, one flow per link of the pattern"
                  + (" (a ring: each host sends to the next)" if pattern == "shared" else "")

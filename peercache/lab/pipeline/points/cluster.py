@@ -31,6 +31,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from peercache import atomic
 from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch import redis as redis_launch
@@ -301,11 +303,18 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
     docs: dict[str, dict] = {}
     ready = Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S))
 
-    def churn_events(ctl, stop) -> None:
-        """Leave, crash and join at their moments of the measured window (drive's window opens after its
-        warm-up from the shared start)."""
+    one_machine = all(members[n].host.on_this_machine for n in pl.hosts)
+    machine: dict[str, Any] = {}
+
+    def during_window(ctl, stop) -> None:
+        """Over the measured window (drive's opens after its warm-up from the shared start): this machine's
+        CPU time, when every host is on it (namespaces: the kernel's network work is charged to no process
+        of the point), and the churn pattern's leave, crash and join at their moments."""
         w0 = ctl.barrier + pr.warmup
-        for event in ("leave", "crash", "join"):
+        if not ctl.at(w0, stop):
+            return
+        before = psutil.cpu_times() if one_machine else None
+        for event in ("leave", "crash", "join") if pl.churn else ():
             if not ctl.at(w0 + churn_.EVENT_AT[event] * pr.duration, stop):
                 return
             if event == "leave":
@@ -314,6 +323,8 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
                 ctl.crash(pl.churn.crashes)
             else:
                 ctl.join(pl.churn.joins, joiner, ready)
+        if before is not None and ctl.at(w0 + pr.duration, stop):
+            machine.update(busy_cores(before, psutil.cpu_times(), pr.duration))
 
     def measure(gr) -> WindowBytes:
         (pr.raw_dir / gr.name).mkdir(exist_ok=True)
@@ -331,7 +342,7 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
                          client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),
                                                 timeout=pr.scaled(GROUP_DRIVE_READY_S)),
                          log_dir=pr.raw_dir, window_tolerance_s=max(0.05, 0.02 * pr.slow),
-                         events=churn_events if pl.churn else None)
+                         events=during_window)
     res, err = pr.run_group(runner)
     for name, f in res.first.items():
         pr.commands[f"{pl.directory}/{name}"] = f.argv
@@ -342,9 +353,8 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
     labels = {f"{h}/{r}": h for h in pl.hosts for r in ("producer", "consumer")}
     labels[f"{pl.directory}/directory"] = pl.directory
     cpu = pr.cpu_usage({lab: lab for lab in labels}, agg.window_start, agg.window_end)
-    one_machine = all(members[n].host.on_this_machine for n in pl.hosts)
     rows = peercache_rows(pl, docs, agg, cpu, {n: str(members[n].host) for n in pl.hosts}, ctx,
-                          os.cpu_count() if one_machine else None)
+                          os.cpu_count() if one_machine else None, machine.get("busy_cores"))
     if pl.churn:
         pr.notes.append("churn events: " + "; ".join(f"{e['event']} {e['group']} at +{e['t'] - agg.window_start:.2f} s"
                                                      for e in res.events))
@@ -392,6 +402,14 @@ def churn_rows(pl: Placement, docs: dict[str, dict], agg, events: list[dict], ct
     return rows
 
 
+def busy_cores(before, after, seconds: float) -> dict[str, float]:
+    """This machine's busy CPUs (everything but idle and iowait, the kernel's network work included) between
+    two ``psutil.cpu_times()`` readings ``seconds`` apart."""
+    def busy(t) -> float:
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return {"busy_cores": round((busy(after) - busy(before)) / seconds, 3)}
+
+
 def measured(metric: str, value: float | None, unit: str, why: str, **kw: Any) -> Row:
     """A row of ``value``, or not measured with ``why`` when there is none."""
     if value is None:
@@ -427,7 +445,8 @@ def host_cpu_seconds(cpu: dict[str, Any], host: str) -> float | None:
 
 
 def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any], specs: dict[str, str],
-                   ctx: dict[str, Any], machine_cpus: int | None = None) -> list[Row]:
+                   ctx: dict[str, Any], machine_cpus: int | None = None,
+                   machine_busy: float | None = None) -> list[Row]:
     """Per consumer host and aggregate rows of one pattern run (pure); ``machine_cpus``: the logical CPUs of
     the one machine every host runs on (network namespaces), None when they are machines of their own."""
     rows: list[Row] = []
@@ -474,7 +493,7 @@ def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any
         ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
         end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), producers=len(pl.producers),
         directory=pl.directory, verified=all(d["points"][0].get("verified") for d in docs.values()),
-        per_host_GBps=rates, served_bytes=served, machine_cpus=machine_cpus, cpu=cpu,
+        per_host_GBps=rates, served_bytes=served, machine_cpus=machine_cpus, machine_busy_cores=machine_busy, cpu=cpu,
         cpu_s=total_cpu))))
     rows.append(measured("jain_index", jain(list(rates.values())), "ratio", "no consumer moved a byte", **agg_ctx))
     rows.append(measured("hit_rate", hits / keys if keys else None, "ratio", "no drive asked for a key", **agg_ctx))

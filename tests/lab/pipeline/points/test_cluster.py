@@ -167,3 +167,9 @@ def test_the_consumers_timelines_are_summed_bucket_by_bucket():
     b = {"buckets": [bucket(0.0, 0, 10), bucket(0.1, 5, 10), bucket(0.2, 1, 1)]}
     s = churn.summed([a, b])
     assert [(x["t"], x["hits"], x["keys"]) for x in s] == [(0.0, 10, 20), (0.1, 10, 20)]
+
+
+def test_busy_cores_count_everything_but_idle_between_two_readings():
+    from collections import namedtuple
+    T = namedtuple("T", "user system idle iowait softirq")
+    assert cluster.busy_cores(T(10, 5, 100, 1, 0), T(13, 6, 101, 2, 2), 2.0) == {"busy_cores": 3.0}
