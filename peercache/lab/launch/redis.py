@@ -16,12 +16,15 @@ temporary directory.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,10 +53,11 @@ class RedisLaunchError(RuntimeError):
 
 def server_command(port: int, workdir: str | os.PathLike, *, bind: str = LOOPBACK,
                    cluster: bool = False, cluster_port: int | None = None,
-                   node_timeout_ms: int = 2000, binary: str = "redis-server") -> list[str]:
+                   node_timeout_ms: int = 2000, binary: str = "redis-server",
+                   cluster_config: str = "nodes.conf") -> list[str]:
     """argv of one redis-server: ``port`` on ``bind``, no RDB/AOF, files under ``workdir``.
 
-    With ``cluster`` the node keeps its cluster state in ``workdir/nodes.conf``
+    With ``cluster`` the node keeps its cluster state in ``workdir/<cluster_config>``
     and its cluster bus on ``cluster_port`` (default ``port + 10000``, which
     must itself be a valid, free port).
     """
@@ -61,7 +65,7 @@ def server_command(port: int, workdir: str | os.PathLike, *, bind: str = LOOPBAC
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
             "--protected-mode", "yes"]
     if cluster:
-        argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", cluster_config,
                  "--cluster-node-timeout", str(node_timeout_ms)]
         if cluster_port is not None:
             argv += ["--cluster-port", str(cluster_port)]
@@ -414,33 +418,14 @@ class RedisCluster:
         return self
 
     def _create(self, deadline: float) -> None:
-        self.create_argv = cluster_create_command(self.ports)
-        try:
-            r = subprocess.run(self.create_argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                               timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired as e:
-            raise RedisLaunchError(f"`{' '.join(self.create_argv)}` did not finish within the "
-                                   f"{self.start_timeout:.0f}s start budget") from e
-        if r.returncode != 0 or "[OK] All 16384 slots covered" not in r.stdout:
-            raise RedisLaunchError(f"`{' '.join(self.create_argv)}` failed (status {r.returncode}): "
-                                   f"{(r.stdout + r.stderr)[-1200:]!r}")
+        self.create_argv = create_cluster(self.ports, deadline)
 
     def cluster_info(self, port: int) -> dict[str, str]:
         """``CLUSTER INFO`` of the node on ``port``."""
-        return parse_info(_cli(port, "cluster", "info").stdout)
+        return cluster_info(port)
 
     def _wait_ok(self, deadline: float) -> None:
-        last: dict[int, dict[str, str]] = {}
-        while time.monotonic() < deadline:
-            last = {p: self.cluster_info(p) for p in self.ports}
-            if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_assigned") == str(CLUSTER_SLOTS)
-                   and i.get("cluster_known_nodes") == str(self.masters) for i in last.values()):
-                return
-            time.sleep(_POLL_S * 2)
-        states = {p: (i.get("cluster_state"), i.get("cluster_slots_assigned"), i.get("cluster_known_nodes"))
-                  for p, i in last.items()}
-        raise RedisLaunchError(f"Redis Cluster on ports {self.ports} not ok within {self.start_timeout:.0f}s "
-                               f"(port: (state, slots assigned, known nodes) = {states})")
+        wait_cluster_ok(self.ports, deadline)
 
     def stop(self) -> None:
         """End every node and remove the cluster's directory."""
@@ -458,3 +443,91 @@ class RedisCluster:
 
     def __repr__(self) -> str:
         return f"RedisCluster(ports={self.ports})"
+
+
+# --- a cluster on another host (a cluster testbed's directory host) ------------------------------------
+
+#: What ``create-cluster`` prints once every node says its cluster is ok (the lab's readiness pattern).
+CLUSTER_READY = "peercache redis cluster: ready"
+
+
+def _auth(password: str | None) -> list[str]:
+    return ["-a", password, "--no-auth-warning"] if password else []
+
+
+def create_cluster(ports: list[int], deadline: float, *, host: str = LOOPBACK,
+                   password: str | None = None) -> list[str]:
+    """Join the cluster-enabled servers on ``host``:``ports`` into a cluster of masters (the argv it ran;
+    RedisLaunchError, with redis-cli's words, when it did not finish in time or failed)."""
+    argv = cluster_create_command(ports, host=host) + _auth(password)
+    shown = " ".join(cluster_create_command(ports, host=host))
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                           timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as e:
+        raise RedisLaunchError(f"`{shown}` did not finish in its start budget") from e
+    if r.returncode != 0 or "[OK] All 16384 slots covered" not in r.stdout:
+        raise RedisLaunchError(f"`{shown}` failed (status {r.returncode}): {(r.stdout + r.stderr)[-1200:]!r}")
+    return argv[:len(argv) - len(_auth(password))]
+
+
+def cluster_info(port: int, *, host: str = LOOPBACK, password: str | None = None) -> dict[str, str]:
+    """``CLUSTER INFO`` of the node on ``host``:``port`` (empty when it does not answer)."""
+    r = subprocess.run(cli_command(port, *_auth(password), "cluster", "info", host=host), capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=5.0)
+    return parse_info(r.stdout)
+
+
+def wait_cluster_ok(ports: list[int], deadline: float, *, host: str = LOOPBACK, password: str | None = None) -> None:
+    """Wait until every node says ``cluster_state:ok`` with every slot assigned and every master known."""
+    last: dict[int, dict[str, str]] = {}
+    while time.monotonic() < deadline:
+        last = {p: cluster_info(p, host=host, password=password) for p in ports}
+        if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_assigned") == str(CLUSTER_SLOTS)
+               and i.get("cluster_known_nodes") == str(len(ports)) for i in last.values()):
+            return
+        time.sleep(_POLL_S * 2)
+    states = {p: (i.get("cluster_state"), i.get("cluster_slots_assigned"), i.get("cluster_known_nodes"))
+              for p, i in last.items()}
+    raise RedisLaunchError(f"Redis Cluster on {host} ports {ports} not ok in its start budget "
+                           f"(port: (state, slots assigned, known nodes) = {states})")
+
+
+def create_cluster_command(python: list[str], host: str, ports: list[int], password: str | None,
+                           timeout: float) -> list[str]:
+    """argv of :func:`main`'s ``create-cluster`` run with ``python`` (the lab starts it on the directory host)."""
+    return [*python, "-m", "peercache.lab.launch.redis", "create-cluster", "--host", host,
+            "--ports", ",".join(map(str, ports)), "--timeout", f"{timeout:g}",
+            *(["--password", password] if password else [])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m peercache.lab.launch.redis create-cluster --host H --ports P1,P2,P3 [--password PW]``: join
+    the cluster-enabled servers the lab started on a cluster testbed's directory host, wait until every node
+    is ok, print CLUSTER_READY, then hold until SIGTERM or SIGINT (the group runner stops it with the servers)."""
+    p = argparse.ArgumentParser(prog="python -m peercache.lab.launch.redis")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("create-cluster", help="join cluster-enabled servers into one cluster, then hold")
+    c.add_argument("--host", required=True, help="the servers' address")
+    c.add_argument("--ports", required=True, help="P1,P2,P3: the servers' ports (3 or more)")
+    c.add_argument("--password", default=None, help="their requirepass")
+    c.add_argument("--timeout", type=float, default=30.0, help="seconds to create and see it ok [%(default)s]")
+    a = p.parse_args(argv)
+    ports = [int(x) for x in a.ports.split(",") if x]
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    deadline = time.monotonic() + a.timeout
+    try:
+        create_cluster(ports, deadline, host=a.host, password=a.password)
+        wait_cluster_ok(ports, deadline, host=a.host, password=a.password)
+    except (RedisLaunchError, OSError, subprocess.SubprocessError) as e:
+        print(f"create-cluster: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"{CLUSTER_READY} on {a.host} ports {','.join(map(str, ports))}", flush=True)
+    stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

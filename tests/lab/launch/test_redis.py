@@ -199,3 +199,11 @@ def test_server_dies_with_its_launcher(tmp_path):
     while time.monotonic() < deadline and not (gone(pid) and not listening(port)):
         time.sleep(0.05)
     assert gone(pid) and not listening(port)
+
+
+def test_a_cluster_node_can_name_its_own_config_file_so_several_share_one_folder():
+    argv = rl.server_command(7001, "/tmp/d", bind="198.18.79.1", cluster=True, cluster_config="nodes-7001.conf")
+    assert argv[argv.index("--cluster-config-file") + 1] == "nodes-7001.conf"
+    assert argv[argv.index("--bind") + 1] == "198.18.79.1"
+    cmd = rl.create_cluster_command(["python"], "198.18.79.1", [7001, 7002, 7003], "pw", 30)
+    assert cmd[:3] == ["python", "-m", "peercache.lab.launch.redis"] and cmd[cmd.index("--ports") + 1] == "7001,7002,7003"

@@ -22,18 +22,21 @@ def run(tmp_path_factory):
     tb = experiments.load_testbed(ROOT / "experiments/testbeds/local-cluster.yaml", sc)
     out = tmp_path_factory.mktemp("cluster")
     with runpoint.testbed_hosts(tb) as th:
-        def one(pattern: str, duration: float = 1):
+        def one(pattern: str, duration: float = 1, directory: str = "embedded"):
             part = {"kind": "cluster", "protocol": "tcp", "pattern": [pattern], "hosts": [4], "zipf_s": [0.8],
-                    "working_set": 64, "batch_size": 8, "duration": duration, "warmup": 0.3}
+                    "working_set": 64, "batch_size": 8, "duration": duration, "warmup": 0.3,
+                    "directory": [directory]}
             pt, = experiments.expand_part("cluster", "patterns", part, [])
             rows = runpoint.run_point(tb, pt, 0, out / pt.name / "result.json", hosts=th, quiet=True)
             return pt, rows, out / pt.name
         yield one
 
 
-@pytest.mark.parametrize("pattern", [p for p in cluster.PATTERNS if p != "churn"])
-def test_each_pattern_on_four_hosts_is_verified_and_has_its_raw_pattern_beside_it(run, pattern):
-    pt, rows, folder = run(pattern)
+@pytest.mark.parametrize("pattern,directory", [*((p, "embedded") for p in cluster.PATTERNS if p != "churn"),
+                                               ("incast", "redis-cluster")])
+def test_each_pattern_on_four_hosts_is_verified_and_has_its_raw_pattern_beside_it(run, pattern, directory):
+    """Each pattern with the embedded directory (meta), and incast with a Redis Cluster of 3 masters."""
+    pt, rows, folder = run(pattern, directory=directory)
     failed = [f"{r.tool} {r.metric}: {r.reason}" for r in rows if r.status == "failed"]
     assert not failed, failed
     pl = cluster.place(pattern, [(f"pcclu{i}", ("producer", "consumer")) for i in range(1, 5)], 4)
@@ -53,8 +56,14 @@ def test_each_pattern_on_four_hosts_is_verified_and_has_its_raw_pattern_beside_i
     cpu = [r for r in rows if r.metric == "cpu_s_per_gib" and r.side == "per_host"]
     assert sorted(r.devices for r in cpu) == [f"pcclu{i}" for i in range(1, 5)]
     assert any(r.status == "ok" and r.value > 0 for r in cpu)
-    # every host's drive document and the directory's log are kept
-    assert all((folder / c / "drive.json").exists() for c in pl.consumers) and (folder / "directory.log").exists()
+    # every host's drive document and the directory's logs are kept
+    assert all((folder / c / "drive.json").exists() for c in pl.consumers)
+    if directory == "embedded":
+        assert (folder / "directory.log").exists()
+    else:     # three masters, and the cluster's creation, on the directory host
+        assert [f.name for f in sorted(folder.glob("directory*.log"))] == [
+            "directory-create.log", "directory0.log", "directory1.log", "directory2.log"]
+        assert "redis cluster: ready" in (folder / "directory-create.log").read_text()
 
 
 def test_churn_on_four_hosts_reads_through_a_leave_a_crash_and_a_join_without_a_wrong_page(run):

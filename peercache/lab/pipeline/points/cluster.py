@@ -40,6 +40,7 @@ from peercache.lab.launch.runners import (FirstSpec, GroupRunner, GroupSpec, Rea
                                           WindowBytes)
 from peercache.lab.pipeline.points import churn as churn_
 from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S
+from peercache.lab.system.slowness import HOST_COMMAND_S
 from peercache.lab.pipeline.points.declare import (POSITIVE_INT, Point, SECONDS, Timed, one_of, parameter, sizes,
                                                    timing, variable)
 from peercache.lab.pipeline.points.group import GROUP_DRIVE_READY_S, start_lead
@@ -52,7 +53,9 @@ if TYPE_CHECKING:
 
 PATTERNS = ("pairwise", "incast", "fanout", "shared", "churn")
 #: The directories a cluster point can run with.
-DIRECTORIES = ("embedded", "redis")
+DIRECTORIES = ("embedded", "redis", "redis-cluster")
+#: Masters of the redis-cluster directory (all on the directory host; no replicas).
+CLUSTER_MASTERS = 3
 #: What meta prints once its directory listens.
 META_READY = r"peercache-bench meta: ready on "
 #: Bytes in a GiB (the unit of CPU seconds per GiB moved).
@@ -162,9 +165,10 @@ class ClusterRun(Timed):
     #: Zipf exponents of the shared pattern's key popularity (list of numbers; one point each)
     zipf_s = variable({"type": "array", "minItems": 1, "items": SECONDS}, [0.8, 1.2],
                       "Zipf exponents of the shared pattern (one point each; churn reads with the first)")
-    #: the cluster's directory (str, swept): peercache-bench meta (embedded) or one redis-server, either on
-    #: the directory host
-    directory = parameter(one_of(*DIRECTORIES), ["embedded"], "the directory: embedded (meta) or redis")
+    #: the cluster's directory (str, swept): peercache-bench meta (embedded), one redis-server, or a Redis
+    #: Cluster of 3 masters, on the directory host
+    directory = parameter(one_of(*DIRECTORIES), ["embedded"],
+                          "the directory: embedded (meta), redis (one server) or redis-cluster (3 masters)")
     #: data transport (str)
     protocol = variable(one_of("rdma", "tcp"), doc="transport (--protocol)")
     #: page geometry (str)
@@ -191,7 +195,7 @@ class ClusterRun(Timed):
                     for n in vals["hosts"]:
                         name = (f"cluster_{pattern}" + (f"_z{s:g}" if s is not None else "")
                                 + f"_h{n}_{vals['protocol']}_s{sizes(vals['page_size'])}_b{vals['batch_size']}"
-                                + ("" if directory == "embedded" else f"_{directory}"))
+                                + ("" if directory == "embedded" else "_" + directory.replace("-", "")))
                         params = {k: vals[k] for k in ("protocol", "layout", "page_size", "batch_size",
                                                        "working_set", "processes", "threads")}
                         pts.append(Point(scenario, name, cls.name, dict(
@@ -236,26 +240,46 @@ def _bench(th: TestbedHosts, m) -> list[str]:
     return [*m.python, "-m", "peercache.bench.cli"]
 
 
+def directory_specs(pr: PointRun, th: TestbedHosts, d, kind: str, port: int,
+                    workdir: str) -> tuple[list[FirstSpec], list[str], list[str]]:
+    """The directory's processes on its host ``d`` (in start order), the flags every serve and drive give
+    to reach it, and serve's extra flags (--join for the embedded one)."""
+    def wrapped(label: str, argv: list[str]) -> SideSpec:
+        return SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/{label}", d.host, d.python, argv))
+
+    if kind == "embedded":
+        meta = [*_bench(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
+        return ([FirstSpec("directory", wrapped("directory", meta),
+                           Readiness(pattern=META_READY, timeout=pr.scaled(READY_S)))],
+                ["--discovery-addr", f"{d.address}:{port}"], ["--join"])
+    # Bound to the directory host's cluster address, so Redis's protected mode wants a password: one for
+    # this point only (the stored commands and logs have it masked: peercache.redact).
+    password = secrets.token_hex(16)
+    url = redis_launch.url_for(port, host=d.address).replace("redis://", f"redis://:{password}@", 1)
+    if kind == "redis":
+        server = redis_launch.server_command(port, workdir, bind=d.address) + ["--requirepass", password]
+        return ([FirstSpec("directory", wrapped("directory", server),
+                           Readiness(port=port, addr=d.address, timeout=pr.scaled(PORT_READY_S)))],
+                ["--directory", url], [])
+    ports = [port] + [pr.ports.allocate() for _ in range(CLUSTER_MASTERS - 1)]
+    firsts = [FirstSpec(f"directory{i}", wrapped(f"directory{i}", redis_launch.server_command(
+                  p, workdir, bind=d.address, cluster=True, cluster_config=f"nodes-{p}.conf")
+                  + ["--requirepass", password]),
+                        Readiness(port=p, addr=d.address, timeout=pr.scaled(PORT_READY_S)))
+              for i, p in enumerate(ports)]
+    budget = pr.scaled(READY_S)
+    firsts.append(FirstSpec("directory-create", SideSpec(d.host, redis_launch.create_cluster_command(
+        d.python, d.address, ports, password, budget)), Readiness(pattern=re.escape(redis_launch.CLUSTER_READY),
+                                                                  timeout=budget + 5)))
+    return firsts, ["--directory", url], []
+
+
 def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port: int,
-             outs: dict[str, str]) -> tuple[FirstSpec, list[GroupSpec], SideSpec | None]:
+             outs: dict[str, str], workdir: str) -> tuple[list[FirstSpec], list[GroupSpec], SideSpec | None]:
     """The directory, per host its serve and/or drive, and the churn pattern's joining serve (None in the
     others) of one point (each under the CPU sampler)."""
     p = pr.point.params
-    d = members[pl.directory]
-    if p.get("directory", "embedded") == "redis":
-        # Bound to the directory host's cluster address, so Redis's protected mode wants a password: one
-        # for this point only (the stored commands and logs have it masked: peercache.redact).
-        password = secrets.token_hex(16)
-        server = redis_launch.server_command(port, "/tmp", bind=d.address) + ["--requirepass", password]
-        first = FirstSpec("directory", SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/directory", d.host, d.python, server)),
-                          Readiness(port=port, addr=d.address, timeout=pr.scaled(PORT_READY_S)))
-        url = redis_launch.url_for(port, host=d.address).replace("redis://", f"redis://:{password}@", 1)
-        where, join = ["--directory", url], []
-    else:
-        meta = [*_bench(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
-        first = FirstSpec("directory", SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/directory", d.host, d.python, meta)),
-                          Readiness(pattern=META_READY, timeout=pr.scaled(READY_S)))
-        where, join = ["--discovery-addr", f"{d.address}:{port}"], ["--join"]
+    first, where, join = directory_specs(pr, th, members[pl.directory], p.get("directory", "embedded"), port, workdir)
     common = [*where, "--protocol", p["protocol"], "--layout", p["layout"],
               "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"])]
     def serve_argv(name: str, devs: list[str], prefix: str | None = None) -> list[str]:
@@ -299,7 +323,19 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
 def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: dict) -> list[Row]:
     """The pattern through PeerCache: one shared window, every page verified; its rows."""
     outs = {c: f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json" for c in pl.consumers}
-    first, groups, joiner = commands(pr, th, members, pl, pr.ports.allocate(), outs)
+    d = members[pl.directory]
+    # redis-server's --dir on the directory host (a cluster's nodes-<port>.conf go there), removed after
+    workdir = f"/tmp/pclab-directory-{uuid.uuid4().hex[:10]}"
+    d.host.run(["mkdir", "-p", workdir], timeout=pr.scaled(HOST_COMMAND_S))
+    try:
+        return _run_peercache(pr, th, members, pl, ctx, outs, workdir)
+    finally:
+        d.host.run(["rm", "-rf", workdir], timeout=pr.scaled(HOST_COMMAND_S))
+
+
+def _run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: dict, outs: dict[str, str],
+                   workdir: str) -> list[Row]:
+    first, groups, joiner = commands(pr, th, members, pl, pr.ports.allocate(), outs, workdir)
     docs: dict[str, dict] = {}
     ready = Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S))
 
@@ -336,7 +372,7 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
             raise RuntimeError(f"{gr.name}: drive failed: {pt['reason']}")
         return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
 
-    runner = GroupRunner(groups, first=[first], server_exits=False,
+    runner = GroupRunner(groups, first=first, server_exits=False,
                          client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
                          barrier_lead=start_lead(pr.slow),
                          client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),

@@ -62,9 +62,11 @@ def test_points_per_pattern_host_count_and_zipf_exponent():
     assert pts[3].params["zipf_s"] == 0.8 and "zipf_s" not in pts[0].params
     assert kinds.kind_of("cluster").hosts_needed(pts[1].params) == 4
     redis = kinds.kind_of("cluster").expand("cluster", {"kind": "cluster", "protocol": "tcp", "hosts": [2],
-                                                        "pattern": ["fanout"], "directory": ["embedded", "redis"]}, [])
-    assert [(p.name, p.params["directory"]) for p in redis] == [("cluster_fanout_h2_tcp_s128K_b16", "embedded"),
-                                                                 ("cluster_fanout_h2_tcp_s128K_b16_redis", "redis")]
+                                                        "pattern": ["fanout"],
+                                                        "directory": ["embedded", "redis", "redis-cluster"]}, [])
+    assert [(p.name, p.params["directory"]) for p in redis] == [
+        ("cluster_fanout_h2_tcp_s128K_b16", "embedded"), ("cluster_fanout_h2_tcp_s128K_b16_redis", "redis"),
+        ("cluster_fanout_h2_tcp_s128K_b16_rediscluster", "redis-cluster")]
 
 
 def drive_doc(nbytes, start, end, by_prefix=None, wrong=0):
