@@ -100,4 +100,4 @@ def test_churn_has_its_figure_table_and_conclusion():
     assert [t["settled hit rate"] for t in chart.table] == ["1.000", "0.800", "0.500", "0.800"]
     assert "0 wrong pages, 21 read errors" in chart.notes[0]
     text = " ".join(c.text for c in REPORTS["cluster"].conclusions(rows, {}))
-    assert "a crash cost 0.30 of the hit rate" in text and "0 wrong pages" in text and "(its bound 3 s)" in text
+    assert "after a crash the hit rate dipped by 0.30, then settled at 0.50" in text and "0 wrong pages" in text and "(its bound 3 s)" in text

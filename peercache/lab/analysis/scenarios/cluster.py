@@ -208,10 +208,10 @@ def churn_text(rec: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name, ph in rec["phases"].items():
         at = rec["events"].get(ev.get(name, ""), 0.0)
-        rows.append({"phase": who.get(name, name), "from (s)": fmt_number(at),
+        rows.append({"phase": who.get(name, name), "from (s)": f"{at:.1f}",
                      "settled hit rate": f"{ph['settled']:.3f}" if "settled" in ph else "—",
                      "dip": f"{ph['hit_rate_dip']:.3f}" if "hit_rate_dip" in ph else "—",
-                     "back to steady (s)": (fmt_number(ph["recovery_s"]) if "recovery_s" in ph
+                     "back to steady (s)": (f"{ph['recovery_s']:.1f}" if "recovery_s" in ph
                                             else "—" if name == "steady" else "did not settle"),
                      "run": short_run(rec["run"])})
     return rows
@@ -301,10 +301,12 @@ class Cluster(Scenario):
             parts = []
             for name, what in (("after_leave", "a clean leave"), ("after_crash", "a crash"), ("after_join", "a join")):
                 p = ph.get(name) or {}
-                if "hit_rate_dip" in p:
-                    back = (f"settled at {p['settled']:.2f} after {fmt_number(p['recovery_s'])} s"
-                            if "recovery_s" in p else f"had not settled when the next phase began")
-                    parts.append(f"{what} cost {p['hit_rate_dip']:.2f} of the hit rate and it {back}")
+                if "settled" not in p or name == "steady":
+                    continue
+                back = (f"settled at {p['settled']:.2f} after {p['recovery_s']:.1f} s" if "recovery_s" in p
+                        else f"had not settled at {p['settled']:.2f} when the next phase began")
+                dip = f"dipped by {p['hit_rate_dip']:.2f}, then " if p.get("hit_rate_dip") else ""
+                parts.append(f"after {what} the hit rate {dip}{back}")
             worst = max(rec["stalls"], default=(None, None))
             out.append(Conclusion(
                 f"Cluster, membership churn over {rec['hosts']} hosts: " + "; ".join(parts)

@@ -73,13 +73,17 @@ def analyse(buckets: list[dict[str, float]], events: dict[str, float], window_s:
     ``buckets``: the summed timeline (t in s from the window's start); ``events``: event -> s from the
     window's start when it happened. A phase with no bucket of keys is left out, and so is its event."""
     bounds = [0.0] + [events.get(e, float("inf")) for _, e in PHASES[1:]] + [window_s]
+    width = buckets[1]["t"] - buckets[0]["t"] if len(buckets) > 1 else window_s
     phases: dict[str, Any] = {}
     before = None
     for i, (name, event) in enumerate(PHASES):
         lo, hi = bounds[i], bounds[i + 1]
         if event is not None and event not in events:
             continue
-        raw = [(b["t"], rate(b)) for b in buckets if lo <= b["t"] < hi and rate(b) is not None]
+        # a phase's buckets lie wholly inside it; one an event falls in counts only towards that event's dip
+        raw = [(b["t"], rate(b)) for b in buckets
+               if lo - 1e-9 <= b["t"] and b["t"] + width <= hi + 1e-9 and rate(b) is not None]
+        touching = [rate(b) for b in buckets if lo < b["t"] + width <= hi + 1e-9 and rate(b) is not None]
         if not raw:
             continue
         mine = [(t, sum(r for _, r in raw[max(0, j - SMOOTH + 1): j + 1]) / len(raw[max(0, j - SMOOTH + 1): j + 1]))
@@ -89,7 +93,7 @@ def analyse(buckets: list[dict[str, float]], events: dict[str, float], window_s:
         rec: dict[str, Any] = {"from_s": round(lo, 3), "to_s": round(min(hi, window_s), 3),
                                "settled_hit_rate": settled, "buckets": len(mine)}
         if event is not None:
-            lowest = min(r for _, r in raw)
+            lowest = min(touching)
             rec["event"] = event
             rec["dip"] = max(0.0, before - lowest) if before is not None else None
             back = None
