@@ -272,8 +272,9 @@ class Cluster(Scenario):
             sc = scaling(mine)
             if sc:
                 notes.append(f"{sc[1]['agg'] / sc[0]['agg']:.2f}x the {sc[0]['hosts']}-host aggregate")
-            row["% of single-NIC raw limit"] = (f"{100 * top['agg'] / top['raw']:.0f}% of the raw pattern"
-                                                if top.get("raw") else "—")
+            pct = 100 * top["agg"] / top["raw"] if top.get("raw") else None
+            row["% of single-NIC raw limit"] = ("—" if pct is None else f"{pct:.0f}% of the raw pattern"
+                                                + (" (above raw)" if pct > 100 else ""))
             row["limited by"] = limited_by(top)
             row["notes"] = "; ".join(n for n in notes if n)
             out.append(row)
