@@ -45,6 +45,22 @@ def load_captures(folder) -> tuple[dict[str, dict[str, Any]], str | None]:
     return caps, None
 
 
+def cluster_members(folder) -> list[dict[str, Any]]:
+    """The listed hosts of a cluster testbed's captures (``<folder>/<name>.json`` with a ``name``), in name
+    order: name, host spec, address and roles; none for a two-host testbed."""
+    if folder is None or str(folder) == "" or not Path(folder).is_dir():
+        return []
+    out = []
+    for p in sorted(Path(folder).glob("*.json")):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("name") and doc.get("roles"):
+            out.append({k: doc.get(k) for k in ("name", "host_spec", "address", "roles")})
+    return out
+
+
 def _missing(section: dict[str, Any] | None, key: str) -> str | None:
     return ((section or {}).get("_missing") or {}).get(key) or ((section or {}).get("_missing") or {}).get("*")
 
@@ -221,10 +237,18 @@ _HOST_FIELDS: list[tuple[str, Callable[[dict], tuple[str | None, str | None]]]] 
 ]
 
 
-def environment_fields(caps: dict[str, dict], runs: pd.DataFrame, why_none: str | None = None) -> list[Field]:
-    """The test-environment table: one Field per published line, None with a reason where unreadable."""
+def environment_fields(caps: dict[str, dict], runs: pd.DataFrame, why_none: str | None = None,
+                       members: list[dict[str, Any]] | None = None) -> list[Field]:
+    """The test-environment table: one Field per published line, None with a reason where unreadable;
+    ``members``: a cluster testbed's hosts (:func:`cluster_members`), listed in the topology line."""
     out: list[Field] = []
-    if caps:
+    if caps and members:
+        same = len({(d.get("summary") or {}).get("host") for d in caps.values()}) == 1
+        out.append(Field("topology", f"{len(members)} hosts (a cluster): " + " / ".join(
+            f"{m['name']} {m['host_spec']} ({m['address']}; {', '.join(m['roles'])})" for m in members)
+            + ("; all on one machine" if same and all(str(m["host_spec"]).startswith(("netns:", "local"))
+                                                     for m in members) else "")))
+    elif caps:
         out.append(Field("topology", *_topology(caps)))
     else:
         hosts = {}

@@ -216,7 +216,8 @@ def build_report(tidy_dir, figures_dir, testbed: str, references=None,
     caps, why = environment.load_captures(cap_dir)
     counts = rows["verdict"].value_counts().to_dict()
     return Report(testbed, overview_table(rows), sections, {k: int(v) for k, v in counts.items()}, notes,
-                  environment.environment_fields(caps, runs, why), environment.capture_commands(caps),
+                  environment.environment_fields(caps, runs, why, environment.cluster_members(cap_dir)),
+                  environment.capture_commands(caps),
                   environment.why_no_commands(caps, cap_dir), conclusions(rows), rows,
                   f"PeerCache performance baseline: {testbed}")
 

@@ -52,3 +52,24 @@ def test_a_new_capture_format_is_captured_again():
     assert hostinfo.SCHEMA_VERSION >= 2 and "sources" in hostinfo.capture()
     assert Plan("experiments/testbeds/local.yaml").capture_schema == hostinfo.SCHEMA_VERSION
     assert "capture_schema=PLAN.capture_schema" in (ROOT / "rules" / "capture.smk").read_text()
+
+
+def test_a_cluster_testbeds_topology_lists_every_host_from_its_captures(tmp_path):
+    """A cluster testbed's capture folder holds one NAME.json per listed host beside producer/consumer.json."""
+    import json as _json
+    import pandas as _pd
+    from peercache.lab.analysis import environment as env
+    summary = {"host": "vm"}
+    for role, spec in (("producer", "netns:c1"), ("consumer", "netns:c2")):
+        (tmp_path / f"{role}.json").write_text(_json.dumps({"role": role, "host_spec": spec, "summary": summary}))
+    for i, roles in ((1, ["producer", "consumer", "directory"]), (2, ["producer", "consumer"]), (3, ["consumer"])):
+        (tmp_path / f"c{i}.json").write_text(_json.dumps({"role": None, "name": f"c{i}", "roles": roles,
+                                                          "host_spec": f"netns:c{i}", "address": f"198.18.79.{i}",
+                                                          "summary": summary}))
+    caps, why = env.load_captures(tmp_path)
+    members = env.cluster_members(tmp_path)
+    assert [m["name"] for m in members] == ["c1", "c2", "c3"]
+    topo = env.environment_fields(caps, _pd.DataFrame(), why, members)[0]
+    assert topo.value.startswith("3 hosts (a cluster): c1 netns:c1 (198.18.79.1; producer, consumer, directory) / ")
+    assert topo.value.endswith("; all on one machine")
+    assert env.environment_fields(caps, _pd.DataFrame(), why)[0].value.startswith("2 hosts: producer netns:c1")
