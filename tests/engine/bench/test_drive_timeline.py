@@ -304,7 +304,11 @@ def test_producer_killed_mid_window_with_faults_expected_keeps_the_point_and_sho
     before = [b for b in tl["buckets"] if b["t"] + 0.1 <= kill_t - 0.05]
     after = [b for b in tl["buckets"] if b["t"] >= kill_t + 0.3]
     assert before and after, kill_t
-    assert all(b["hits_by_prefix"][0] > 0 and b["hits_by_prefix"][1] > 0 for b in before), before
+    # before the kill, every bucket that completed batches read both producers (a loaded machine may leave a
+    # bucket without any: make test's four workers stalled one for 100 ms once)
+    busy = [b for b in before if b["batches"] >= 4]
+    assert len(busy) >= len(before) / 2, before
+    assert all(b["hits_by_prefix"][0] > 0 and b["hits_by_prefix"][1] > 0 for b in busy), before
     assert all(b["hits_by_prefix"][1] == 0 for b in after), after
     # pA's producer goes on answering: hits of its keys in most buckets after the kill
     assert sum(b["hits_by_prefix"][0] > 0 for b in after) >= len(after) * 0.8, after
