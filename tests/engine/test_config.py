@@ -31,7 +31,7 @@ def test_every_option_has_a_one_line_doc_a_check_and_a_surface():
         assert o.doc and "\n" not in o.doc, o.name
         assert o.flag or o.key or o.name in ("heartbeat_interval",), f"{o.name} is on no surface"
         assert o.check is not None or o.type == "bool", f"{o.name} has no check"
-        assert o.unit in ("", "s", "B", "µs", "pages", "threads", "entries"), (o.name, o.unit)
+        assert o.unit in ("", "s", "ms", "B", "µs", "pages", "threads", "entries"), (o.name, o.unit)
 
 
 #: What Node takes beside a NodeConfig: the node's name and pool size in slots, and transport options
