@@ -135,7 +135,7 @@ $(NIXL_VENV)/.installed: $(VENV)/.installed Makefile
 # rxe devices on both ends of two veth pairs; a missing device fails.
 GUEST_TIMEOUT ?= 1200
 test-rdma: setup
-	$(PY) -m peercache.lab.launch.guest --timeout $(GUEST_TIMEOUT) $(GUEST_FLAGS) -- \
+	$(PY) -m peercache.lab.launch.guest --cluster-hosts 3 --timeout $(GUEST_TIMEOUT) $(GUEST_FLAGS) -- \
 	  env PEERCACHE_REQUIRE_RDMA=1 $(PY) -m pytest -m 'rdma and not slow' -p no:cacheprovider
 
 # The lab on two real kernels: two QEMU guests as two machines over SSH, RDMA across two

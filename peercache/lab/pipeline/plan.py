@@ -47,7 +47,8 @@ class Plan:
         g = self.guest or {}
         scen = ["--scenarios", self.scenarios_path] if self.scenarios_path else []
         argv = [sys.executable, "-m", "peercache.lab.launch.guest", "--rails", str(g.get("rails", 2)),
-                "--mtu", str(g.get("mtu", 1500)), "--cpus", str(g.get("cpus", 2)),
+                "--mtu", str(g.get("mtu", 1500)), "--cluster-hosts", str(g.get("cluster_hosts", 0)),
+                "--cpus", str(g.get("cpus", 2)),
                 "--memory", str(g.get("memory_mib", 4096)), "--timeout", str(g.get("timeout_s", 3600)), "--",
                 sys.executable, "-m", "peercache.lab.pipeline", "measure", "--testbed", self.testbed_path, *scen]
         return shlex.join(argv)

@@ -82,6 +82,8 @@ class ClusterMember:
     roles: tuple[str, ...]
     #: the argv prefix that runs Python with PeerCache there (:func:`host_python`)
     python: list[str]
+    #: its RDMA devices, as it names them (a host list's ``devices``; the pair's: the testbed's for its role)
+    devices: tuple[str, ...] = ()
 
 
 @dataclass
@@ -174,14 +176,15 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
             for h in cluster:
                 opened.append(parse_host(h.host))
                 members.append(ClusterMember(h.name, opened[-1], h.address, h.roles,
-                                             host_python(opened[-1], h.as_host_def())))
+                                             host_python(opened[-1], h.as_host_def()), tuple(h.devices or ())))
             by_name = {m.name: m for m in members}
             prod, cons = (by_name[h.name].host for h in tb.pair)
         else:
             for role in ROLES:
                 opened.append(parse_host(hosts[role]["host"]))
             prod, cons = opened
-            members = [ClusterMember(role, h, hosts[role]["address"], (role,), host_python(h, hosts[role]))
+            members = [ClusterMember(role, h, hosts[role]["address"], (role,), host_python(h, hosts[role]),
+                                     tuple(tb.role_devices(role, tb.devices)))
                        for role, h in zip(ROLES, opened)]
         yield TestbedHosts(prod, cons, hosts["producer"]["address"], hosts["consumer"]["address"], note,
                            python={"producer": host_python(prod, hosts["producer"]),

@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rails", type=int, default=2, choices=range(0, MAX_RAILS + 1), metavar=f"0..{MAX_RAILS}",
                    help="veth pairs with an rxe device on each end (default 2)")
     p.add_argument("--mtu", type=int, default=1500, help="netdev MTU of the rails (default 1500: rxe MTU 1024)")
+    p.add_argument("--cluster-hosts", type=int, default=0, metavar="N",
+                   help="N hosts on one bridge, host i with rxe_h<i> at 198.18.100.<i> (0: none; 2..16)")
     p.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
     p.add_argument("--memory", type=int, default=4096, help="guest memory in MiB (default 4096)")
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus < 1 or args.memory < 512 or args.timeout <= 0:
         build_parser().error("--cpus must be >= 1, --memory >= 512 MiB and --timeout > 0")
     try:
-        topo = Topology(rails=args.rails, mtu=args.mtu)
+        topo = Topology(rails=args.rails, mtu=args.mtu, cluster_hosts=args.cluster_hosts)
     except ValueError as e:
         build_parser().error(str(e))
     spec = runner.GuestSpec(cpus=args.cpus, memory_mib=args.memory, accel=args.accel)

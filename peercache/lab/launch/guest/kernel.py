@@ -27,10 +27,10 @@ META_PACKAGE = "linux-image-amd64"
 #: Modules the guest loads (their dependencies come along): Soft-RoCE and the
 #: verbs user interface, the crc32 rxe asks the crypto API for at run time,
 #: rdma_cm for tools that use it, the 9p/virtio root, overlay, and the netdevs
-#: the RDMA topology is built from (veth pairs in one guest; virtio-net NICs when two guests are two
-#: machines, peercache.lab.launch.guest.machines).
+#: the RDMA topology is built from (veth pairs in one guest, and a bridge joining a cluster's hosts;
+#: virtio-net NICs when two guests are two machines, peercache.lab.launch.guest.machines).
 GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "crc32_generic", "ib_uverbs", "rdma_ucm",
-                 "rdma_rxe", "veth", "dummy", "virtio_net")
+                 "rdma_rxe", "veth", "dummy", "virtio_net", "bridge")
 
 #: Stage 1 of the guest: runs from the initramfs as /init.
 INIT_SCRIPT = Path(__file__).with_name("init.sh")

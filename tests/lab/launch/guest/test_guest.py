@@ -90,6 +90,23 @@ def test_topology_script_builds_both_ends_of_every_rail():
         T.Topology(mtu=100)
 
 
+def test_topology_script_puts_a_clusters_hosts_on_one_bridge_each_with_its_rxe_device():
+    t = T.Topology(rails=0, cluster_hosts=3)
+    script = T.setup_script(t)
+    assert "ip link add pcbr type bridge" in script and "ip rule del pref 0 lookup local" in script
+    for i in (1, 2, 3):
+        assert f"ip link set pcp{i} master pcbr" in script
+        assert f"rdma link add rxe_h{i} type rxe netdev pch{i}" in script
+        assert f"ip rule add pref {200 + i} oif pch{i} lookup {200 + i}" in script
+        for j in {1, 2, 3} - {i}:     # a route and a static neighbour to every other host, from this host's end
+            assert f"ip route add 198.18.100.{j} dev pch{i} src 198.18.100.{i} table {200 + i}" in script
+    assert T.environment(t) == {"PEERCACHE_CLUSTER_HOSTS": "rxe_h1@198.18.100.1,rxe_h2@198.18.100.2,rxe_h3@198.18.100.3"}
+    both = T.environment(T.Topology(rails=2, cluster_hosts=3))
+    assert both["PEERCACHE_RDMA_PRODUCER"] == "rxe_a0,rxe_a1" and "PEERCACHE_CLUSTER_HOSTS" in both
+    with pytest.raises(ValueError, match="cluster_hosts=1 is neither 0 nor in 2..16"):
+        T.Topology(cluster_hosts=1)
+
+
 # --- when it cannot run ----------------------------------------------------------------------
 
 def test_missing_qemu_and_not_root_are_named(monkeypatch):

@@ -1,0 +1,53 @@
+"""The cluster scenario over rxe: three hosts on one bridge in the Soft-RoCE guest, each with its own rxe device
+(experiments/testbeds/softroce-cluster.yaml; the guest builds them with --cluster-hosts 3, as `make test-rdma`
+does). Incast and fan-out, every page verified, RDMA READs between the hosts' devices."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from peercache.lab.pipeline import experiments, runpoint
+from peercache.lab.pipeline.points import cluster
+
+ROOT = Path(__file__).resolve().parents[3]
+TESTBED = ROOT / "experiments/testbeds/softroce-cluster.yaml"
+pytestmark = pytest.mark.rdma
+
+
+def guest_hosts() -> list[tuple[str, str]]:
+    """The guest's cluster hosts (device, address), or a skip (a failure where rdma is required) saying why."""
+    spec = os.environ.get("PEERCACHE_CLUSTER_HOSTS", "")
+    if not spec:
+        why = ("no cluster hosts here: run it in the Soft-RoCE guest with --cluster-hosts 3 "
+               "(`make test-rdma` does)")
+        if os.environ.get("PEERCACHE_REQUIRE_RDMA"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return [tuple(h.split("@", 1)) for h in spec.split(",")]
+
+
+@pytest.mark.parametrize("pattern", ["incast", "fanout"])
+def test_three_soft_roce_hosts_read_each_others_pages_over_rxe_verified(tmp_path, pattern):
+    tb = experiments.load_testbed(TESTBED, experiments.load_scenarios())
+    assert [(h.devices[0], h.address) for h in tb.cluster] == guest_hosts()[:3]
+    part = {"kind": "cluster", "protocol": "rdma", "pattern": [pattern], "hosts": [3], "working_set": 64,
+            "batch_size": 8, "duration": 2, "warmup": 0.5}
+    pt, = experiments.expand_part("cluster", "patterns", part, [])
+    with runpoint.testbed_hosts(tb) as th:
+        rows = runpoint.run_point(tb, pt, 0, tmp_path / "result.json", hosts=th, quiet=True)
+    failed = [f"{r.tool} {r.metric}: {r.reason}" for r in rows if r.status == "failed"]
+    assert not failed, failed
+    pl = cluster.place(pattern, [(h.name, h.roles) for h in tb.cluster], 3)
+    agg = next(r for r in rows if (r.tool, r.metric, r.side) == ("peercache-bench", "get_throughput", "aggregate"))
+    assert agg.value > 0 and agg.extra["verified"] and agg.protocol == "rdma"
+    assert next(r for r in rows if r.metric == "verify_failures" and r.side == "aggregate").value == 0
+    per = [r for r in rows if (r.metric, r.side) == ("get_throughput", "per_host")]
+    assert sorted(r.devices for r in per) == sorted(pl.consumers) and all(r.value > 0 for r in per)
+    print(f"{pattern} over rxe, 3 hosts: aggregate {agg.value:.4f} GB/s; per host "
+          + ", ".join(f"{r.devices} {r.value:.4f}" for r in per) + "; 0 wrong pages")
+    # each consumer read over its own host's rxe device: drive's rails name it
+    for c in pl.consumers:
+        doc = json.loads((tmp_path / c / "drive.json").read_text())
+        rails = [r["rail"] for r in doc["points"][0]["rails"]]
+        assert rails == [dict((h.name, h.devices[0]) for h in tb.cluster)[c]], (c, rails)
