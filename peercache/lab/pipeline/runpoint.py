@@ -32,7 +32,7 @@ from typing import Any, Iterator
 from peercache import atomic
 from peercache.lab.system import cpusample, crosscheck
 from peercache.lab.pipeline import experiments, outcome
-from peercache.lab.pipeline.points.bounds import point_bound
+from peercache.lab.pipeline.points.bounds import SERVER_EXIT_S, point_bound
 from peercache.lab.pipeline.points.memcpy import parse_nodelist  # noqa: F401 (its home was here)
 from peercache.lab.tools import perfstat
 from peercache.lab.launch import netns
@@ -598,6 +598,7 @@ class PointRun:
         client = self.cpu_wrap("consumer", th, "consumer", client)
         runner = PairRunner(SideSpec(th.producer, server, pnode, pdev), SideSpec(th.consumer, client, cnode, dev),
                             ready, client_timeout=self.timeout, server_exits=server_exits,
+                            server_timeout=self.scaled(SERVER_EXIT_S),
                             log_dir=self.raw_dir, name=self.point.name)
         try:
             return runner.run(), None

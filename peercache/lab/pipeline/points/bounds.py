@@ -14,6 +14,10 @@ READY_S = 60.0
 PORT_READY_S = 15.0
 #: Seconds drive (and the HiCache suite) waits for serve's published pages on an emulated host (--ready-timeout).
 DRIVE_READY_S = 30.0
+#: Seconds a one-shot server (serve once its readers are done, perftest, iperf3) may take to exit after its
+#: clients finished: serve leaves the directory and closes its node first (the runners' own default, now
+#: stretched: on the emulated two-machine pair, slowness about 23, serve once took longer than 10 s).
+SERVER_EXIT_S = 10.0
 #: Seconds of a point's client bound beyond its measured windows.
 POINT_BASE_S = 60.0
 #: How many times over a client may take each of its measured windows (warm-up + duration).

@@ -39,7 +39,7 @@ from peercache.lab.launch import redis as redis_launch
 from peercache.lab.launch.runners import (FirstSpec, GroupRunner, GroupSpec, Readiness, SideSpec,
                                           WindowBytes)
 from peercache.lab.pipeline.points import churn as churn_
-from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S
+from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S, SERVER_EXIT_S
 from peercache.lab.system.slowness import HOST_COMMAND_S
 from peercache.lab.pipeline.points.declare import (POSITIVE_INT, Point, SECONDS, Timed, one_of, parameter, sizes,
                                                    timing, variable)
@@ -372,7 +372,7 @@ def _run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement,
             raise RuntimeError(f"{gr.name}: drive failed: {pt['reason']}")
         return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
 
-    runner = GroupRunner(groups, first=first, server_exits=False,
+    runner = GroupRunner(groups, first=first, server_exits=False, server_timeout=pr.scaled(SERVER_EXIT_S),
                          client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
                          barrier_lead=start_lead(pr.slow),
                          client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),
@@ -573,6 +573,7 @@ def run_raw(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: d
         return WindowBytes(r.received_bytes, start, start + r.received_seconds)
 
     runner = GroupRunner(specs, client_timeout=pr.timeout, measure=measure, log_dir=pr.raw_dir / "raw",
+                         server_timeout=pr.scaled(SERVER_EXIT_S),
                          window_tolerance_s=max(0.5, 0.1 * pr.slow))
     raw_ctx = dict(ctx, tool="iperf3", protocol="tcp", size_bytes=None, batch=None, threads=None, processes=None)
     res, err = pr.run_group(runner)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from peercache import atomic
 from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch.runners import GroupFailed, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
-from peercache.lab.pipeline.points.bounds import READY_S
+from peercache.lab.pipeline.points.bounds import READY_S, SERVER_EXIT_S
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Point, sizes, timing, variable
 from peercache.lab.pipeline.points.peercache import (READY_LINE, PeerCacheKnobs, keep_scrapes,
                                                     read_drive_document, serve_drive)
@@ -103,6 +103,7 @@ class PeerCacheGroupRun(PeerCacheKnobs):
             return sanity(gr.name, doc["points"][0])
 
         runner = GroupRunner(specs, client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
+                             server_timeout=pr.scaled(SERVER_EXIT_S),
                              barrier_lead=start_lead(pr.slow),
                              client_ready=Readiness(pattern=re.escape(DRIVE_READY_WORDS),
                                                     timeout=pr.scaled(GROUP_DRIVE_READY_S)),

@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from peercache.lab.launch.runners import GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
-from peercache.lab.pipeline.points.bounds import PORT_READY_S
+from peercache.lab.pipeline.points.bounds import PORT_READY_S, SERVER_EXIT_S
 from peercache.lab.pipeline.points.declare import (BOOL, NULLABLE_INT, PERF_STAT, POSITIVE_INT, Timed, parameter,
                                                    sizes, timing, variable)
 from peercache.lab.system import cpusample
@@ -175,6 +175,7 @@ def run_processes(pr: PointRun, th: TestbedHosts) -> list[Row] | None:
         return WindowBytes(r.received_bytes, start, start + r.received_seconds)
 
     runner = GroupRunner(specs, client_timeout=pr.timeout, measure=measure, log_dir=pr.raw_dir,
+                         server_timeout=pr.scaled(SERVER_EXIT_S),
                          window_tolerance_s=0.5)
     ctx = pr.ctx(tool="iperf3", protocol="tcp", size_bytes=p["length"], qps=p["streams"], processes=n,
                  host=str(th.consumer), peer=str(th.producer), side="client")

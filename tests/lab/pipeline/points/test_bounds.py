@@ -65,3 +65,12 @@ def test_drive_on_an_emulated_host_waits_its_scaled_bound(emulated, tmp_path):
     assert drive[drive.index("--ready-timeout") + 1] == f"{bounds.DRIVE_READY_S * SLOW:.0f}"
     assert drive[drive.index("--time-scale") + 1] == f"{SLOW:.1f}"
     assert serve[serve.index("--max-wait") + 1] == str(int(pr.timeout))
+
+
+def test_a_one_shot_servers_exit_is_waited_for_longer_on_slow_hosts():
+    """serve leaves the directory and closes its node before it exits: on the emulated pair (slowness ~23)
+    it once took longer than the runners' plain 10 s, failing whole_machine's group run."""
+    from peercache.lab.pipeline.points import bounds
+    from peercache.lab.system.slowness import scaled
+    assert bounds.SERVER_EXIT_S == 10.0 and scaled(bounds.SERVER_EXIT_S, 23.0) > 10.0 * 20
+    assert scaled(bounds.SERVER_EXIT_S, 1.0) == 10.0
