@@ -459,16 +459,16 @@ def create_cluster(ports: list[int], deadline: float, *, host: str = LOOPBACK,
                    password: str | None = None) -> list[str]:
     """Join the cluster-enabled servers on ``host``:``ports`` into a cluster of masters (the argv it ran;
     RedisLaunchError, with redis-cli's words, when it did not finish in time or failed)."""
-    argv = cluster_create_command(ports, host=host) + _auth(password)
-    shown = " ".join(cluster_create_command(ports, host=host))
+    argv = cluster_create_command(ports, host=host)
+    shown = " ".join(argv)
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        r = subprocess.run(argv + _auth(password), capture_output=True, text=True, stdin=subprocess.DEVNULL,
                            timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired as e:
         raise RedisLaunchError(f"`{shown}` did not finish in its start budget") from e
     if r.returncode != 0 or "[OK] All 16384 slots covered" not in r.stdout:
         raise RedisLaunchError(f"`{shown}` failed (status {r.returncode}): {(r.stdout + r.stderr)[-1200:]!r}")
-    return argv[:len(argv) - len(_auth(password))]
+    return argv
 
 
 def cluster_info(port: int, *, host: str = LOOPBACK, password: str | None = None) -> dict[str, str]:

@@ -505,10 +505,11 @@ def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any
             rows.append(measured(metric, lat.get(key), "us", "no batch latency was kept", **host))
         rows.append(measured("hit_rate", pt.get("hit_rate"), "ratio", "drive asked for no key", **host))
         rows.append(Row(metric="verify_failures", value=int(pt.get("verify_failures") or 0), unit="count", **host))
+    host_cpu = {h: host_cpu_seconds(cpu, h) for h in pl.hosts}
     for h in pl.hosts:
         moved = (docs[h]["points"][0]["bytes"] if h in docs else 0.0)
         srv = served.get(h, 0.0)
-        secs = host_cpu_seconds({k: v for k, v in cpu.items()}, h)
+        secs = host_cpu[h]
         base = dict(ctx, side="per_host", devices=h, host=specs[h], peer="")
         if pl.churn and h == pl.churn.joins:
             rows.append(Row(metric="cpu_s_per_gib", value=None, unit="s/GiB", status="not_measured",
@@ -524,7 +525,7 @@ def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any
                         **dict(base, extra=dict(ctx["extra"], cpu_s=secs, read_bytes=moved, served_bytes=srv))))
     agg_ctx = dict(ctx, side="aggregate", devices=",".join(pl.consumers), host="+".join(pl.consumers),
                    peer="+".join(pl.producers))
-    total_cpu = sum(s for s in (host_cpu_seconds(cpu, h) for h in pl.hosts) if s is not None)
+    total_cpu = sum(s for s in host_cpu.values() if s is not None)
     rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s", **dict(agg_ctx, extra=dict(
         ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
         end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), producers=len(pl.producers),
