@@ -8,7 +8,7 @@ import pytest
 from peercache.lab.analysis import charts, collect
 from peercache.lab.analysis.scenarios import REPORTS
 from peercache.lab.launch.runners import WindowBytes, aggregate_window
-from peercache.lab.pipeline.points import cluster
+from peercache.lab.pipeline.points import cluster, cluster_raw
 
 HOSTS = [("h1", ("producer", "consumer", "directory"))] + [(f"h{i}", ("producer", "consumer")) for i in range(2, 9)]
 
@@ -29,7 +29,7 @@ def point_rows(pattern: str, n: int, per_host_gbs: float, raw_gbs: float, cpu_co
     rows = cluster.peercache_rows(pl, docs, agg, cpu, {h: f"netns:{h}" for h in pl.hosts}, ctx, machine_cpus=2)
     flows = {f"raw{i}": f for i, f in enumerate(pl.flows)}
     ragg = aggregate_window({k: WindowBytes(raw_gbs * 1e9 / len(flows), 0.0, 1.0) for k in flows})
-    rows += cluster.raw_rows(pl, flows, ragg, {h: h for h in pl.hosts}, dict(ctx, tool="iperf3"))
+    rows += cluster_raw.raw_rows(pl, flows, ragg, {h: h for h in pl.hosts}, dict(ctx, tool="iperf3"))
     return [r.to_dict() for r in rows]
 
 

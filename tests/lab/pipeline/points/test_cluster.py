@@ -7,7 +7,7 @@ import pytest
 
 from peercache.lab.launch.runners import aggregate_window, WindowBytes
 from peercache.lab.pipeline import kinds
-from peercache.lab.pipeline.points import churn, cluster
+from peercache.lab.pipeline.points import churn, cluster, cluster_raw
 
 BOTH = ("producer", "consumer")
 HOSTS = [("h1", BOTH + ("directory",))] + [(f"h{i}", BOTH) for i in range(2, 9)]
@@ -123,7 +123,7 @@ def test_raw_rows_sum_each_consumers_flows_over_the_shared_window():
     pl = cluster.place("incast", HOSTS, 3)
     flows = {"raw0_h2_to_h1": ("h2", "h1"), "raw1_h3_to_h1": ("h3", "h1")}
     agg = aggregate_window({"raw0_h2_to_h1": WindowBytes(1e9, 0.0, 1.0), "raw1_h3_to_h1": WindowBytes(3e9, 0.0, 1.0)})
-    rows = cluster.raw_rows(pl, flows, agg, {h: h for h in pl.hosts}, dict(CTX, tool="iperf3"))
+    rows = cluster_raw.raw_rows(pl, flows, agg, {h: h for h in pl.hosts}, dict(CTX, tool="iperf3"))
     assert [(r.side, r.devices, r.value) for r in rows] == [("per_host", "h1", 4e9), ("aggregate", "h1", 4e9)]
     assert rows[1].extra["flows"] == 2
 
