@@ -282,10 +282,22 @@ def numa_choice(tb: experiments.Testbed, devices: list[str], role: str = "consum
     """
     if not devices:
         return None, "the point uses no NIC"
-    static = tb.get("numa") or {}
-    nics, path = _captured_nics(tb, role)
+    return _node_of_devices(tb.get("numa") or {}, tb.role_devices(role, devices), *_captured_nics(tb, role))
+
+
+def member_numa_choice(tb: experiments.Testbed, member: ClusterMember) -> tuple[int | None, str]:
+    """(NUMA node, its source or why none) of the processes a cluster point runs on ``member``: the node its
+    devices share (the testbed's ``numa:`` map, else its own capture ``testbed/<name>.json``)."""
+    if not member.devices:
+        return None, f"host {member.name} lists no devices"
+    return _node_of_devices(tb.get("numa") or {}, list(member.devices), *_captured_nics(tb, member.name))
+
+
+def _node_of_devices(static: dict[str, int], names: list[str], nics: dict[str, dict],
+                     path: str) -> tuple[int | None, str]:
+    """The node devices ``names`` share: the static map first, else their capture ``nics`` (read from ``path``)."""
     nodes, sources = set(), []
-    for name in tb.role_devices(role, devices):
+    for name in names:
         if name in static:
             nodes.add(static[name])
             sources.append(f"{name}: testbed numa map")
@@ -415,11 +427,13 @@ class PointRun:
         spec = getattr(host, "spec", str(host))
         if self._captures is None:
             self._captures = []
-            for role in ("producer", "consumer"):
+            # the pair's producer.json and consumer.json, and a cluster testbed's <name>.json per host
+            order = {"producer.json": 0, "consumer.json": 1}
+            for path in sorted((Path(self.tb["results"]) / "testbed").glob("*.json"),
+                               key=lambda f: (order.get(f.name, 2), f.name)):
                 try:
-                    self._captures.append(json.loads((Path(self.tb["results"]) / "testbed" / f"{role}.json")
-                                                     .read_text()) | {"_file": f"{role}.json"})
-                except (OSError, ValueError):
+                    self._captures.append(json.loads(path.read_text()) | {"_file": path.name})
+                except (OSError, ValueError, TypeError):
                     continue
         for cap in self._captures:
             nodes = ((cap.get("capture") or {}).get("numa") or {}).get("nodes")
@@ -542,6 +556,13 @@ class PointRun:
         self._numa_choices[side] = (node, source)
         return node
 
+    def numa_member(self, side: str, member: ClusterMember) -> int | None:
+        """The node the binding ``side`` (h1/server, h1/client, h1/directory ...) of a cluster point is for, on
+        ``member`` (:func:`member_numa_choice`); the choice and its source go beside that side's record."""
+        node, source = member_numa_choice(self.tb, member)
+        self._numa_choices[side] = (node, source)
+        return node
+
     def redis_server(self):
         """The point's redis-server on 127.0.0.1, emptied (:func:`redis_server`)."""
         return redis_server()
@@ -614,6 +635,8 @@ class PointRun:
             res, err = e.result, str(e)
         for name, gr in res.groups.items():
             self.commands.update({f"{name}/{k}": v for k, v in gr.commands().items()})
+            self.numa.update({f"{name}/{k}": v for k, v in gr.numa_bindings().items()})
+        self.merge_numa_choices()
         return res, err
 
     def run_pair(self, kind, th: TestbedHosts) -> None:

@@ -13,13 +13,15 @@ from peercache.lab.pipeline.points import cluster, cluster_raw
 HOSTS = [("h1", ("producer", "consumer", "directory"))] + [(f"h{i}", ("producer", "consumer")) for i in range(2, 9)]
 
 
-def point_rows(pattern: str, n: int, per_host_gbs: float, raw_gbs: float, cpu_cores: float) -> list[dict]:
+def point_rows(pattern: str, n: int, per_host_gbs: float, raw_gbs: float, cpu_cores: float,
+               directory: str = "embedded") -> list[dict]:
     """One point's rows: every consumer moved ``per_host_gbs`` over [0, 1] s; the raw pattern ``raw_gbs`` in all."""
     pl = cluster.place(pattern, HOSTS, n)
     run = f"lc/cluster/cluster_{pattern}_h{n}/rep0"
     ctx = {"experiment": "lc", "testbed": "lc", "scenario": "cluster", "run_id": run, "repetition": 0,
            "tool": "peercache-bench", "protocol": "tcp", "layout": "mla", "size_bytes": 131072, "batch": 16,
-           "threads": 1, "processes": 1, "extra": {"pattern": pattern, "hosts": n, "zipf_s": None}}
+           "threads": 1, "processes": 1, "extra": {"pattern": pattern, "hosts": n, "zipf_s": None,
+                                                   "directory": directory}}
     b = per_host_gbs * 1e9
     docs = {c: {"points": [{"status": "ok", "bytes": b, "keys": 10, "hit_rate": 1.0, "verify_failures": 0,
                             "verified": True, "latency_us": {"p50": 50.0, "p99": 200.0},
@@ -101,3 +103,39 @@ def test_churn_has_its_figure_table_and_conclusion():
     assert "0 wrong pages, 21 read errors" in chart.notes[0]
     text = " ".join(c.text for c in REPORTS["cluster"].conclusions(rows, {}))
     assert "after a crash the hit rate dipped by 0.30, then settled at 0.50" in text and "0 wrong pages" in text and "(its bound 3 s)" in text
+
+
+def lookup_point_rows(directory: str, n: int, keys_per_host: float, dir_cores: float) -> list[dict]:
+    """One op: exists point of fan-out on ``n`` hosts: each client looked ``keys_per_host`` keys up over [0, 1] s."""
+    pl = cluster.place("fanout", HOSTS, n)
+    run = f"lc/cluster/cluster_fanout_h{n}_{directory}_exists/rep0"
+    ctx = {"experiment": "lc", "testbed": "lc", "scenario": "cluster", "run_id": run, "repetition": 0,
+           "tool": "peercache-bench", "protocol": "tcp", "layout": "mla", "size_bytes": 131072, "batch": 16,
+           "threads": 1, "processes": 1,
+           "extra": {"pattern": "fanout", "hosts": n, "zipf_s": None, "directory": directory, "op": "exists"}}
+    docs = {c: {"points": [{"status": "ok", "bytes": 0, "keys": keys_per_host, "threads": 1, "hit_rate": 1.0,
+                            "latency_us": {"p50": 100.0, "p99": 300.0 * n}}]} for c in pl.consumers}
+    agg = aggregate_window({c: WindowBytes(keys_per_host, 0.0, 1.0) for c in pl.consumers})
+    cpu = {f"{pl.directory}/directory": {"cores": dir_cores, "seconds": 1.0}}
+    rows = cluster.lookup_rows(pl, docs, agg, cpu, {h: h for h in pl.hosts}, ctx, [f"{pl.directory}/directory"],
+                               machine_cpus=2, machine_busy=1.0)
+    return [r.to_dict() for r in rows]
+
+
+def test_the_directory_section_says_which_directory_limits_uncached_reads_from_how_many_hosts():
+    # fan-out GETs read 1 GB/s per consumer host (7629 keys/s of 128 KiB each)
+    gets = point_rows("fanout", 2, 1.0, 2.0, 0.6, "redis") + point_rows("fanout", 4, 1.0, 4.0, 1.2, "redis")
+    looks = lookup_point_rows("redis", 2, 20000, 0.5) + lookup_point_rows("redis", 4, 5000, 0.95)
+    rows = collect.normalize_rows(pd.DataFrame(gets + looks))
+    built = {c.name: c for c in charts.build_scenario("cluster", rows, pd.DataFrame(columns=["run_id"]), None)}
+    fig = built["cluster_directory"]
+    assert hasattr(fig, "fig"), getattr(fig, "reason", fig)
+    by_hosts = {t["hosts"]: t for t in fig.table}
+    assert by_hosts[2]["lookups/s (keys)"] == "2e+04" and by_hosts[2]["clients"] == 1
+    assert by_hosts[4]["lookups/s (keys)"] == "1.5e+04" and by_hosts[4]["clients"] == 3
+    assert by_hosts[4]["limited by"] == "the directory: its process directory at 0.95 of a core"
+    assert by_hosts[2]["GET keys/s, same pattern"].endswith("(262% covered)")
+    text = " ".join(c.text for c in REPORTS["cluster"].conclusions(rows, {}))
+    assert "Directory redis under fanout: from 4 hosts on it would limit reads that miss the location cache" in text
+    # lookup points add no GET figure of their own
+    assert [t["hosts"] for t in built["cluster_fanout"].table] == [2, 4]

@@ -6,6 +6,12 @@ aggregate, raw, the share of raw, the per-host range, Jain's fairness index, p99
 rate, wrong pages and CPU seconds per GiB; the overview has a row per pattern (its largest host count);
 the conclusions say how each pattern scaled from its smallest to its largest host count and what
 limited it (the raw pattern, or the CPU every host shares).
+
+The directory under the patterns (points with ``op: exists``: the consumers only look their keys up, with
+no location cache): lookups/s and the worst host's p99 batch lookup latency against the clients, per
+directory, in one figure and a table; each is set against the keys/s the same pattern's GETs read at
+the same host count (a read that misses the location cache looks up every key), which says which
+directory would limit which pattern's uncached reads, and from how many hosts on.
 """
 from __future__ import annotations
 
@@ -27,6 +33,11 @@ RAW_BOUND_SHARE = 0.8
 CPU_BOUND_SHARE = 0.8
 #: Aggregates grown by less than this share of the hosts' growth have stopped scaling.
 SCALING_SHARE = 0.7
+#: A directory process busy at or above this share of one core limited the lookups (Redis serves its
+#: commands on one thread).
+DIRECTORY_CORE_SHARE = 0.8
+#: Markers of the directories' curves in the lookup figure.
+DIRECTORY_MARKERS = {"embedded": "o", "redis": "s", "redis-cluster": "^"}
 
 
 def points(sub: pd.DataFrame) -> list[dict[str, Any]]:
@@ -34,7 +45,7 @@ def points(sub: pd.DataFrame) -> list[dict[str, Any]]:
     recs: dict[str, dict[str, Any]] = {}
     for _, r in sub.iterrows():
         ex = row_extra(r)
-        if ex.get("pattern") is None:
+        if ex.get("pattern") is None or ex.get("op", "get") != "get":
             continue
         rec = recs.setdefault(r["run_id"], {"run": r["run_id"], "pattern": ex["pattern"], "hosts": ex["hosts"],
                                             "zipf_s": ex.get("zipf_s"),
@@ -66,6 +77,8 @@ def points(sub: pd.DataFrame) -> list[dict[str, Any]]:
             rec["wrong"] = int(r["value"])
         elif key == ("peercache-bench", "cpu_s_per_gib", "aggregate"):
             rec["cpu_per_gib"] = float(r["value"])
+        if key[1:] == ("get_throughput", "aggregate"):
+            rec["size_bytes"] = r.get("size_bytes")
     return sorted(recs.values(), key=lambda x: (PATTERNS.index(x["pattern"]) if x["pattern"] in PATTERNS else 99,
                                                  x["zipf_s"] or 0, x["directory"], x["hosts"]))
 
@@ -246,15 +259,181 @@ def churn_figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | Non
                  meta_block(ok_rows(rows[rows["run_id"].isin([r["run"] for r in recs])]), runs), notes)
 
 
+def lookup_records(sub: pd.DataFrame) -> list[dict[str, Any]]:
+    """One record per ``op: exists`` point: its pattern, directory, hosts, clients, lookups/s in all and per
+    client host, the worst host's p99 batch lookup latency, the directory's CPU and the machine's."""
+    recs: dict[str, dict[str, Any]] = {}
+    for _, r in sub.iterrows():
+        ex = row_extra(r)
+        if ex.get("op") != "exists" or ex.get("pattern") is None:
+            continue
+        rec = recs.setdefault(r["run_id"], {"run": r["run_id"], "pattern": ex["pattern"], "hosts": ex["hosts"],
+                                            "zipf_s": ex.get("zipf_s"), "directory": ex.get("directory") or "embedded",
+                                            "per_host": {}, "p99": [], "failed": []})
+        if r["status"] == "failed":
+            rec["failed"].append(f"{r['tool']}: {r['reason']}")
+        if r["status"] != "ok" or pd.isna(r["value"]):
+            continue
+        if (r["metric"], r["side"]) == ("lookup_rate", "aggregate"):
+            rec.update(ops=float(r["value"]), row=r, clients=ex.get("clients"), batch=r.get("batch"),
+                       directory_cores=ex.get("directory_cores"), each=ex.get("directory_cores_each") or {},
+                       machine_cpus=ex.get("machine_cpus"), machine_busy=ex.get("machine_busy_cores"))
+        elif (r["metric"], r["side"]) == ("lookup_rate", "per_host"):
+            rec["per_host"][r["devices"]] = float(r["value"])
+        elif (r["metric"], r["side"]) == ("latency_p99", "per_host"):
+            rec["p99"].append(float(r["value"]))
+        elif (r["metric"], r["side"]) == ("hit_rate", "aggregate"):
+            rec["hit_rate"] = float(r["value"])
+    return sorted(recs.values(), key=lambda x: (x["directory"], PATTERNS.index(x["pattern"])
+                                                 if x["pattern"] in PATTERNS else 99, x["hosts"]))
+
+
+def lookup_limited_by(rec: dict[str, Any]) -> str:
+    """What limited one lookup point: a directory process at a core, the CPU the hosts share, or unknown."""
+    busiest = max(rec.get("each", {}).items(), key=lambda kv: kv[1], default=None)
+    if busiest and busiest[1] >= DIRECTORY_CORE_SHARE:
+        return f"the directory: its process {busiest[0]} at {busiest[1]:.2f} of a core"
+    cpus, busy = rec.get("machine_cpus"), rec.get("machine_busy")
+    dir_cores = rec.get("directory_cores")
+    if busy is not None and cpus and busy >= CPU_BOUND_SHARE * cpus:
+        return (f"CPU: {busy:.1f} of the machine's {cpus} logical CPUs busy, the directory's processes "
+                f"{fmt_number(dir_cores, 2)} of them, the clients the rest")
+    why = [f"{busy:.1f} CPUs busy" + (f" of {cpus}" if cpus else "")] if busy is not None else []
+    if dir_cores is not None:
+        why.append(f"directory {dir_cores:.2f} cores")
+    return "unknown (" + ", ".join(why) + ")" if why else "unknown (no CPU evidence)"
+
+
+def get_keys_per_s(rec: dict[str, Any]) -> float | None:
+    """Keys per second a GET point read (objects of ``size_bytes``): one lookup each when uncached."""
+    size = rec.get("size_bytes")
+    if rec.get("agg") is None or not size or pd.isna(size):
+        return None
+    return rec["agg"] * 1e9 / float(size)
+
+
+def directory_verdicts(lookups: list[dict[str, Any]], gets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per lookup point with a GET point of the same pattern, directory and host count: the share of that
+    GET's key rate its lookups cover (below 1: the directory would limit the pattern's uncached reads)."""
+    by = {(g["pattern"], g["directory"], g["hosts"]): g for g in gets if g.get("agg") is not None
+          and (g["pattern"] != "shared" or g.get("zipf_s") == min((x.get("zipf_s") or 0) for x in gets
+                                                                   if x["pattern"] == "shared"))}
+    out = []
+    for lk in lookups:
+        g = by.get((lk["pattern"], lk["directory"], lk["hosts"]))
+        need = get_keys_per_s(g) if g else None
+        if lk.get("ops") is None or need is None:
+            continue
+        out.append({"pattern": lk["pattern"], "directory": lk["directory"], "hosts": lk["hosts"],
+                    "cover": lk["ops"] / need, "need": need, "ops": lk["ops"], "runs": [lk["run"], g["run"]]})
+    return out
+
+
+def lookup_record(rec: dict[str, Any], verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """One lookup point's table record."""
+    per = list(rec["per_host"].values())
+    return {"directory": rec["directory"], "pattern": rec["pattern"] + (f" (Zipf s={rec['zipf_s']:g})"
+                                                                        if rec.get("zipf_s") is not None else ""),
+            "hosts": rec["hosts"], "clients": rec.get("clients", "—"),
+            "lookups/s (keys)": fmt_number(rec.get("ops"), 3),
+            "per client host": f"{fmt_number(min(per), 3)} – {fmt_number(max(per), 3)}" if per else "—",
+            "p99 batch (µs, worst host)": fmt_number(max(rec["p99"]), 3) if rec["p99"] else "—",
+            "keys/batch": rec.get("batch") if rec.get("batch") is not None else "—",
+            "directory CPU (cores)": fmt_number(rec.get("directory_cores"), 2),
+            "GET keys/s, same pattern": (f"{fmt_number(verdict['need'], 3)} ({100 * verdict['cover']:.0f}% covered)"
+                                         if verdict else "no GET point at these hosts"),
+            "limited by": lookup_limited_by(rec), "run": short_run(rec["run"])}
+
+
+def directory_figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
+    """Lookups/s and p99 batch lookup latency against clients, a curve per directory and pattern."""
+    recs = lookup_records(rows)
+    drawn = [r for r in recs if r.get("ops") is not None and r.get("clients")]
+    if not drawn:
+        failed = "; ".join(f for r in recs for f in r["failed"])
+        return NotDrawn("cluster_directory", failed or why_empty(rows, "a lookup_rate aggregate (op: exists)"))
+    fig, axes = new_fig(ncols=2, w=10)
+    left, right = axes[0][0], axes[0][1]
+    verdicts = {(v["pattern"], v["directory"], v["hosts"]): v for v in directory_verdicts(recs, points(rows))}
+    table = []
+    curves: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in drawn:
+        curves.setdefault((r["directory"], r["pattern"]), []).append(r)
+    for (directory, pattern), mine in curves.items():
+        mine.sort(key=lambda r: r["clients"])
+        lab = f"{directory}, {pattern}"
+        marker = DIRECTORY_MARKERS.get(directory, "x")
+        left.plot([r["clients"] for r in mine], [r["ops"] / 1e3 for r in mine], marker=marker, label=lab)
+        right.plot([r["clients"] for r in mine], [max(r["p99"]) / 1e3 if r["p99"] else None for r in mine],
+                   marker=marker, label=lab)
+    for rec in drawn:
+        table.append(lookup_record(rec, verdicts.get((rec["pattern"], rec["directory"], rec["hosts"]))))
+    left.set_xlabel("clients (drive threads, all hosts)")
+    left.set_ylabel("lookups/s, in thousands of keys")
+    left.set_ylim(bottom=0)
+    right.set_xlabel("clients (drive threads, all hosts)")
+    right.set_ylabel("p99 batch lookup latency, ms (worst host)")
+    right.set_ylim(bottom=0)
+    left.legend(fontsize=7)
+    notes = ["drive --op exists with no location cache: every key of every batch asks the directory; "
+             "'% covered': these lookups/s over the keys/s the same pattern's GETs read at these hosts (below "
+             "100%: the directory would limit reads that miss the location cache)"]
+    missing = [f for r in recs for f in r["failed"]]
+    if missing:
+        notes.append("failed: " + "; ".join(missing))
+    return Chart("cluster_directory", "Cluster: the directory's lookups/s and p99 against clients, per directory",
+                 fig, table, meta_block(ok_rows(rows[rows["run_id"].isin([r["run"] for r in drawn])]), runs),
+                 notes)
+
+
+def directory_conclusions(sub: pd.DataFrame) -> list[Conclusion]:
+    """Per directory: its lookups/s at its most clients and what limited them; per (pattern, directory):
+    from how many hosts on it would limit uncached reads, or that it covered them at every host count."""
+    recs = lookup_records(sub)
+    out = []
+    for directory in dict.fromkeys(r["directory"] for r in recs):
+        mine = [r for r in recs if r["directory"] == directory and r.get("ops") is not None and r.get("clients")]
+        if not mine:
+            continue
+        top = max(mine, key=lambda r: (r["clients"], r["ops"]))
+        best = max(mine, key=lambda r: r["ops"])
+        out.append(Conclusion(
+            f"Directory {directory}: at most {fmt_number(best['ops'], 3)} lookups/s ({best['clients']} clients, "
+            f"{best['pattern']}); at {top['clients']} clients {fmt_number(top['ops'], 3)} lookups/s with a p99 "
+            f"batch of {fmt_number(max(top['p99']) if top['p99'] else None, 3)} µs, limited by "
+            f"{lookup_limited_by(top)}.", [best["run"], top["run"]]))
+    verdicts = directory_verdicts(recs, points(sub))
+    for key in dict.fromkeys((v["pattern"], v["directory"]) for v in verdicts):
+        mine = sorted((v for v in verdicts if (v["pattern"], v["directory"]) == key), key=lambda v: v["hosts"])
+        short = [v for v in mine if v["cover"] < 1]
+        if short:
+            v = short[0]
+            text = (f"Directory {key[1]} under {key[0]}: from {v['hosts']} hosts on it would limit reads that miss "
+                    f"the location cache ({fmt_number(v['ops'], 3)} lookups/s for the "
+                    f"{fmt_number(v['need'], 3)} keys/s the GETs read, {100 * v['cover']:.0f}%).")
+        else:
+            text = (f"Directory {key[1]} under {key[0]}: its lookups covered the GETs' keys/s at every host count "
+                    f"measured (up to {mine[-1]['hosts']} hosts, {100 * mine[-1]['cover']:.0f}%): it limits no "
+                    "uncached read there.")
+        out.append(Conclusion(text, sorted({r for v in mine for r in v["runs"]})))
+    return out
+
+
 class Cluster(Scenario):
     """The cluster scenario's report."""
 
-    figures = {**{f"cluster_{p}": figure_of(p) for p in PATTERNS if p != "churn"}, "cluster_churn": churn_figure}
+    figures = {**{f"cluster_{p}": figure_of(p) for p in PATTERNS if p != "churn"}, "cluster_churn": churn_figure,
+               "cluster_directory": directory_figure}
 
     def tables(self, sub: pd.DataFrame, limits: Limits) -> list[Table]:
         recs = [record(r) for r in points(sub) if r.get("agg") is not None and r["pattern"] != "churn"]
         churn = [row for rec in churn_records(sub) for row in churn_text(rec)]
-        return ([("", recs)] if recs else []) + ([("membership churn under the shared read", churn)] if churn else [])
+        verdicts = {(v["pattern"], v["directory"], v["hosts"]): v for v in directory_verdicts(lookup_records(sub),
+                                                                                               points(sub))}
+        lookups = [lookup_record(r, verdicts.get((r["pattern"], r["directory"], r["hosts"])))
+                   for r in lookup_records(sub) if r.get("ops") is not None]
+        return (([("", recs)] if recs else []) + ([("membership churn under the shared read", churn)] if churn else [])
+                + ([("the directory's lookups under the patterns (op: exists)", lookups)] if lookups else []))
 
     def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:
         """A row per pattern (and Zipf exponent): its largest host count, against its raw pattern."""
@@ -313,4 +492,4 @@ class Cluster(Scenario):
                 f"Cluster, membership churn over {rec['hosts']} hosts: " + "; ".join(parts)
                 + f"; {rec['wrong']} wrong pages; no consumer stopped longer than {fmt_number(worst[0])} s "
                   f"(its bound {fmt_number(worst[1])} s).", [rec["run"]]))
-        return out
+        return out + directory_conclusions(sub)

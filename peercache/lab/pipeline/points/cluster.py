@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 PATTERNS = ("pairwise", "incast", "fanout", "shared", "churn")
 #: The directories a cluster point can run with.
 DIRECTORIES = ("embedded", "redis", "redis-cluster")
+#: What the consumers do: GET pages (verified), or only ask the directory whether their keys exist
+#: (``drive --op exists`` with no location cache: every key of every batch is a lookup), which measures
+#: the directory's lookups/s and lookup latency against the number of clients the pattern gives it.
+OPS = ("get", "exists")
 #: Masters of the redis-cluster directory (all on the directory host; no replicas).
 CLUSTER_MASTERS = 3
 #: What meta prints once its directory listens.
@@ -151,7 +155,8 @@ class ClusterRun(Timed):
     name = "cluster"
     metrics = {"get_throughput": "GB/s", "latency_p50": "us", "latency_p99": "us", "hit_rate": "ratio",
                "verify_failures": "count", "jain_index": "ratio", "cpu_s_per_gib": "s/GiB", "bw": "B/s",
-               "hit_rate_dip": "ratio", "recovery_s": "s", "max_stall_s": "s", "errors": "count"}
+               "hit_rate_dip": "ratio", "recovery_s": "s", "max_stall_s": "s", "errors": "count",
+               "lookup_rate": "ops/s"}
     primary = "get_throughput"
     is_get = True
     tool_column = "peercache-bench"
@@ -168,6 +173,9 @@ class ClusterRun(Timed):
     #: Cluster of 3 masters, on the directory host
     directory = parameter(one_of(*DIRECTORIES), ["embedded"],
                           "the directory: embedded (meta), redis (one server) or redis-cluster (3 masters)")
+    #: what the consumers do (str, swept): get (pages, verified) or exists (directory lookups only)
+    op = parameter(one_of(*OPS), ["get"], "get: read and verify pages; exists: only look the keys up (drive --op "
+                                          "exists, no location cache): the directory's lookups/s against clients")
     #: data transport (str)
     protocol = variable(one_of("rdma", "tcp"), doc="transport (--protocol)")
     #: page geometry (str)
@@ -187,18 +195,19 @@ class ClusterRun(Timed):
     def expand(cls, scenario, part, devices):
         vals = cls.values(part)
         pts = []
-        for directory in vals["directory"]:
+        for directory, op in ((d, o) for d in vals["directory"] for o in vals["op"]):
             for pattern in vals["pattern"]:
                 for s in (vals["zipf_s"] if pattern == "shared" else vals["zipf_s"][:1] if pattern == "churn"
                           else [None]):
                     for n in vals["hosts"]:
                         name = (f"cluster_{pattern}" + (f"_z{s:g}" if s is not None else "")
                                 + f"_h{n}_{vals['protocol']}_s{sizes(vals['page_size'])}_b{vals['batch_size']}"
-                                + ("" if directory == "embedded" else "_" + directory.replace("-", "")))
+                                + ("" if directory == "embedded" else "_" + directory.replace("-", ""))
+                                + ("" if op == "get" else f"_{op}"))
                         params = {k: vals[k] for k in ("protocol", "layout", "page_size", "batch_size",
                                                        "working_set", "processes", "threads")}
                         pts.append(Point(scenario, name, cls.name, dict(
-                            params, pattern=pattern, hosts=n, directory=directory,
+                            params, pattern=pattern, hosts=n, directory=directory, op=op,
                             **({"zipf_s": s} if s is not None else {}), **timing(vals)),
                             loopback=part.get("place") == "loopback"))
         return pts
@@ -214,15 +223,21 @@ class ClusterRun(Timed):
         ctx = pr.ctx(tool="peercache-bench", protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"],
                      batch=p["batch_size"], threads=p["threads"], processes=p["processes"],
                      extra={"pattern": p["pattern"], "hosts": p["hosts"], "zipf_s": p.get("zipf_s"),
-                            "directory": p.get("directory", "embedded")})
+                            "directory": p.get("directory", "embedded"), "op": p.get("op", "get")})
+        lookups = p.get("op", "get") == "exists"
+        if lookups and p["pattern"] == "churn":
+            pr.fail("lookup_rate", "ops/s", "the churn pattern reads pages (op: get); give it no op: exists",
+                    side="aggregate", **_fail_ctx(ctx))
+            return
         try:
             pl = place(p["pattern"], [(m.name, tuple(m.roles)) for m in th.cluster], p["hosts"])
         except PlacementError as e:
-            pr.fail("get_throughput", "GB/s", str(e), side="aggregate", **_fail_ctx(ctx))
+            pr.fail("lookup_rate" if lookups else "get_throughput", "ops/s" if lookups else "GB/s", str(e),
+                    side="aggregate", **_fail_ctx(ctx))
             return
         pr.notes.append(f"placement: directory on {pl.directory}; producers {', '.join(pl.producers)}; "
                         + "; ".join(f"{c} reads {'+'.join(ps)}" for c, ps in pl.reads.items()))
-        if pl.flows:
+        if pl.flows and not lookups:
             pr.rows += run_raw(pr, th, members, pl, ctx)
         pr.rows += run_peercache(pr, th, members, pl, ctx)
 
@@ -243,8 +258,11 @@ def directory_specs(pr: PointRun, th: TestbedHosts, d, kind: str, port: int,
                     workdir: str) -> tuple[list[FirstSpec], list[str], list[str]]:
     """The directory's processes on its host ``d`` (in start order), the flags every serve and drive give
     to reach it, and serve's extra flags (--join for the embedded one)."""
+    node = pr.numa_member(f"{d.name}/directory", d)
+
     def wrapped(label: str, argv: list[str]) -> SideSpec:
-        return SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/{label}", d.host, d.python, argv))
+        return SideSpec(d.host, pr.cpu_wrap_on(f"{d.name}/{label}", d.host, d.python, argv), node,
+                        next(iter(d.devices), None))
 
     if kind == "embedded":
         meta = [*_bench(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
@@ -286,7 +304,10 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
                 "--key-prefix", prefix or name, "--readers", "0", "--max-wait", str(int(pr.timeout)), "--quiet"]
 
     churning = pl.churn is not None
-    ttl = churn_.DIR_CACHE_TTL_S if churning else pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S)
+    lookups = p.get("op", "get") == "exists"
+    # exists: no location cache, so that every key of every batch asks the directory
+    ttl = (0 if lookups else churn_.DIR_CACHE_TTL_S if churning
+           else pr.tb.get("dir_cache_ttl", DIR_CACHE_TTL_S))
     groups = []
     for name in pl.hosts:
         m = members[name]
@@ -294,20 +315,23 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
             continue
         devs = ["--devices", ",".join(m.devices)] if p["protocol"] == "rdma" and m.devices else []
         server = client = None
+        dev = next(iter(m.devices), None)
         if name in pl.producers:
-            server = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/producer", m.host, m.python,
-                                                     serve_argv(name, devs)))
+            server = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/producer", m.host, m.python, serve_argv(name, devs)),
+                              pr.numa_member(f"{name}/server", m), dev)
         if name in pl.reads:
             drive = [*_bench(th, m), "drive", *common, *devs, "--key-prefix", ",".join(pl.reads[name]),
                      "--batch-size", str(p["batch_size"]), "--concurrencies", str(p["threads"]),
                      "--processes", str(p["processes"]), "--duration", str(pr.duration),
                      "--warmup", str(pr.warmup), "--dir-cache-ttl", str(ttl),
                      "--seed", "1", "--start-file", "{start_file}", "--out", outs[name],
+                     *(["--op", "exists"] if lookups else []),
                      *(["--access", "zipf", "--zipf-s", f"{p['zipf_s']:g}"] if p.get("zipf_s") else []),
                      *(["--faults-expected", "--timeline-ms", str(churn_.TIMELINE_MS)] if churning else [])]
             if pr.slow > 1:
                 drive += ["--ready-timeout", f"{pr.scaled(GROUP_DRIVE_READY_S):.0f}", "--time-scale", f"{pr.slow:.1f}"]
-            client = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/consumer", m.host, m.python, drive))
+            client = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/consumer", m.host, m.python, drive),
+                              pr.numa_member(f"{name}/client", m), dev)
         groups.append(GroupSpec(name, [client] if client else [], server,
                                 Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S)) if server else None))
     joiner = None
@@ -315,7 +339,8 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
         j = members[pl.churn.joins]
         devs = ["--devices", ",".join(j.devices)] if p["protocol"] == "rdma" and j.devices else []
         joiner = SideSpec(j.host, pr.cpu_wrap_on(f"{j.name}/producer", j.host, j.python,
-                                                 serve_argv(j.name, devs, pl.churn.prefix)))
+                                                 serve_argv(j.name, devs, pl.churn.prefix)),
+                          pr.numa_member(f"{j.name}/server", j), next(iter(j.devices), None))
     return first, groups, joiner
 
 
@@ -335,6 +360,7 @@ def run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, 
 def _run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, ctx: dict, outs: dict[str, str],
                    workdir: str) -> list[Row]:
     first, groups, joiner = commands(pr, th, members, pl, pr.ports.allocate(), outs, workdir)
+    lookups = pr.point.params.get("op", "get") == "exists"
     docs: dict[str, dict] = {}
     ready = Readiness(pattern=READY_LINE, timeout=pr.scaled(READY_S))
 
@@ -369,7 +395,8 @@ def _run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement,
         pt = doc["points"][0]
         if pt["status"] != "ok":
             raise RuntimeError(f"{gr.name}: drive failed: {pt['reason']}")
-        return WindowBytes(pt["bytes"], pt["window_start"], pt["window_end"])
+        # exists: the keys looked up stand in for bytes, so the shared window's rate is lookups/s
+        return WindowBytes(pt["keys"] if lookups else pt["bytes"], pt["window_start"], pt["window_end"])
 
     runner = GroupRunner(groups, first=first, server_exits=False, server_timeout=pr.scaled(SERVER_EXIT_S),
                          client_timeout=pr.timeout + start_lead(pr.slow), measure=measure,
@@ -381,13 +408,20 @@ def _run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement,
     res, err = pr.run_group(runner)
     for name, f in res.first.items():
         pr.commands[f"{pl.directory}/{name}"] = f.argv
+        pr.numa[f"{pl.directory}/{name}"] = f.numa_binding
+    pr.merge_numa_choices()
     if err:
-        pr.fail("get_throughput", "GB/s", err, side="aggregate", **_fail_ctx(ctx))
+        pr.fail("lookup_rate" if lookups else "get_throughput", "ops/s" if lookups else "GB/s", err,
+                side="aggregate", **_fail_ctx(ctx))
         return []
     agg = res.aggregate
-    labels = {f"{h}/{r}": h for h in pl.hosts for r in ("producer", "consumer")}
-    labels[f"{pl.directory}/directory"] = pl.directory
+    labels = [f"{h}/{r}" for h in pl.hosts for r in ("producer", "consumer")]
+    labels += [f"{pl.directory}/{name}" for name in res.first]
     cpu = pr.cpu_usage({lab: lab for lab in labels}, agg.window_start, agg.window_end)
+    if lookups:
+        return lookup_rows(pl, docs, agg, cpu, {n: str(members[n].host) for n in pl.hosts}, ctx,
+                           [f"{pl.directory}/{name}" for name in res.first],
+                           os.cpu_count() if one_machine else None, machine.get("busy_cores"))
     rows = peercache_rows(pl, docs, agg, cpu, {n: str(members[n].host) for n in pl.hosts}, ctx,
                           os.cpu_count() if one_machine else None, machine.get("busy_cores"))
     if pl.churn:
@@ -434,6 +468,45 @@ def churn_rows(pl: Placement, docs: dict[str, dict], agg, events: list[dict], ct
                         ctx["extra"], timeline=series, events=at, roles=vars(pl.churn),
                         first_errors=[docs[c]["points"][0].get("first_error") for c in pl.consumers
                                       if docs[c]["points"][0].get("first_error")][:3]))))
+    return rows
+
+
+def lookup_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any], specs: dict[str, str],
+                ctx: dict[str, Any], directory_labels: list[str], machine_cpus: int | None = None,
+                machine_busy: float | None = None) -> list[Row]:
+    """The rows of an ``op: exists`` point (pure): per consumer host its lookups/s (keys), batch lookup
+    latency and hit rate; the aggregate lookups/s over the shared window (``agg``'s "bytes" are keys here)
+    with the clients it came from, Jain's index over the clients, each directory process's CPU (cores)
+    and, where every host is on this machine, its CPUs and how many were busy."""
+    rows: list[Row] = []
+    rates: dict[str, float] = {}
+    clients = 0
+    for c in pl.consumers:
+        pt = docs[c]["points"][0]
+        g = agg.groups[c]
+        rates[c] = g["bytes"] / g["seconds"]
+        clients += int(pt.get("threads") or 1)
+        host = dict(ctx, side="per_host", devices=c, host=specs[c], peer="+".join(pl.reads[c]))
+        rows.append(Row(metric="lookup_rate", value=rates[c], unit="ops/s", **dict(host, extra=dict(
+            ctx["extra"], window_start=g["start"], window_end=g["end"], batch_size=pt.get("batch_size")))))
+        lat = pt.get("latency_us") or {}
+        for key, metric in (("p50", "latency_p50"), ("p99", "latency_p99")):
+            rows.append(measured(metric, lat.get(key), "us", "no batch latency was kept", **host))
+        rows.append(measured("hit_rate", pt.get("hit_rate"), "ratio", "drive asked for no key", **host))
+    each = {lab.split("/", 1)[1]: round(u["cores"], 3) for lab in directory_labels
+            if isinstance(u := cpu.get(lab), dict) and u.get("cores") is not None}
+    agg_ctx = dict(ctx, side="aggregate", devices=",".join(pl.consumers), host="+".join(pl.consumers),
+                   peer="+".join(pl.producers))
+    rows.append(Row(metric="lookup_rate", value=agg.rate_Bps, unit="ops/s", **dict(agg_ctx, extra=dict(
+        ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
+        end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), clients=clients, directory=pl.directory,
+        per_host_ops=rates, directory_cores=round(sum(each.values()), 3) if each else None,
+        directory_cores_each=each, machine_cpus=machine_cpus, machine_busy_cores=machine_busy, cpu=cpu))))
+    rows.append(measured("jain_index", jain(list(rates.values())), "ratio", "no client looked a key up", **agg_ctx))
+    keys = sum(docs[c]["points"][0].get("keys", 0) for c in pl.consumers)
+    hits = sum((docs[c]["points"][0].get("hit_rate") or 0) * docs[c]["points"][0].get("keys", 0)
+               for c in pl.consumers)
+    rows.append(measured("hit_rate", hits / keys if keys else None, "ratio", "no drive asked for a key", **agg_ctx))
     return rows
 
 

@@ -175,3 +175,30 @@ def test_busy_cores_count_everything_but_idle_between_two_readings():
     from collections import namedtuple
     T = namedtuple("T", "user system idle iowait softirq")
     assert cluster.busy_cores(T(10, 5, 100, 1, 0), T(13, 6, 101, 2, 2), 2.0) == {"busy_cores": 3.0}
+
+
+def test_exists_points_are_named_apart_and_never_churn():
+    pts = kinds.kind_of("cluster").expand("cluster", {"kind": "cluster", "protocol": "tcp", "hosts": [4],
+                                                      "pattern": ["fanout"], "op": ["get", "exists"],
+                                                      "directory": ["embedded", "redis"]}, [])
+    assert [(p.name, p.params["op"]) for p in pts] == [
+        ("cluster_fanout_h4_tcp_s128K_b16", "get"), ("cluster_fanout_h4_tcp_s128K_b16_exists", "exists"),
+        ("cluster_fanout_h4_tcp_s128K_b16_redis", "get"), ("cluster_fanout_h4_tcp_s128K_b16_redis_exists", "exists")]
+
+
+def test_lookup_rows_give_each_client_its_rate_and_the_directory_its_cpu():
+    pl = cluster.place("fanout", HOSTS, 3)
+    docs = {c: {"points": [dict(drive_doc(0, 0.0, 2.0)["points"][0], keys=k, threads=2, batch_size=16)]}
+            for c, k in (("h2", 40000), ("h3", 20000))}
+    # the keys stand in for bytes: the shared window's rate is lookups/s
+    agg = aggregate_window({c: WindowBytes(d["points"][0]["keys"], 0.0, 2.0) for c, d in docs.items()})
+    cpu = {"h1/directory": {"cores": 0.75, "seconds": 2.0}, "h2/consumer": {"cores": 1.0, "seconds": 2.0}}
+    rows = cluster.lookup_rows(pl, docs, agg, cpu, {h: h for h in pl.hosts}, CTX, ["h1/directory"])
+    by = {(r.metric, r.side, r.devices): r for r in rows}
+    total = by[("lookup_rate", "aggregate", "h2,h3")]
+    assert total.value == pytest.approx(30000.0) and total.unit == "ops/s"
+    assert total.extra["clients"] == 4 and total.extra["directory_cores"] == 0.75
+    assert by[("lookup_rate", "per_host", "h3")].value == pytest.approx(10000.0)
+    assert by[("jain_index", "aggregate", "h2,h3")].value == pytest.approx(0.9)
+    assert by[("latency_p99", "per_host", "h2")].value == 400.0
+    assert not any(r.metric in ("get_throughput", "verify_failures") for r in rows)
