@@ -108,8 +108,8 @@ def build_scenario(scenario: str, rows: pd.DataFrame, runs: pd.DataFrame,
         chart = builder(rows, runs, refs)
         if isinstance(chart, Chart):
             chart.notes += _extra_notes(rows)
-            limits = list(dict.fromkeys(t["limited by"] for t in chart.table
-                                        if t.get("limited by") not in (None, "", "—")))
+            limits = limit_summary([t["limited by"] for t in chart.table
+                                    if t.get("limited by") not in (None, "", "—")])
             caption = []
             if limits:
                 # the caption (in the image, above the meta block, and in the .md) says what limited the figures
@@ -120,6 +120,18 @@ def build_scenario(scenario: str, rows: pd.DataFrame, runs: pd.DataFrame,
             chart.caption = " · ".join(caption)
         out.append(chart)
     return out
+
+
+def limit_summary(limits: list[str]) -> list[str]:
+    """What limited a figure's points, once per cause (the text before a limit's first colon): a cause
+    several points share with different figures is given once, with its count and the first point's figure
+    (the table row of each point has its own)."""
+    causes: dict[str, list[str]] = {}
+    for text in limits:
+        causes.setdefault(text.split(":", 1)[0] if ":" in text else text, []).append(text)
+    return [texts[0] if len(set(texts)) == 1 else
+            f"{cause} ({len(texts)} points; e.g. {texts[0].split(':', 1)[1].strip()})"
+            for cause, texts in causes.items()]
 
 
 def build_charts(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> list[Chart | NotDrawn]:

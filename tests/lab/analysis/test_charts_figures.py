@@ -212,3 +212,12 @@ def test_integer_quantities_get_integer_ticks_and_colours_say_raw_or_peercache()
     assert all(len(line) <= 20 for lab in labels for line in lab.splitlines()), labels   # knobs go in the table
     for c in built.values():
         charts.plt.close(c.fig)
+
+
+def test_a_caption_names_each_cause_once_with_how_many_points_it_limited():
+    from peercache.lab.analysis.charts import limit_summary
+    got = limit_summary(["CPU: 2.0 of 2 busy", "the raw pattern's links: 90% of 3 GB/s", "CPU: 1.9 of 2 busy",
+                         "CPU: 2.0 of 2 busy", "unknown (1.2 CPUs busy)"])
+    assert got == ["CPU (3 points; e.g. 2.0 of 2 busy)", "the raw pattern's links: 90% of 3 GB/s",
+                   "unknown (1.2 CPUs busy)"]
+    assert limit_summary(["memcpy: 95%", "memcpy: 95%"]) == ["memcpy: 95%"]

@@ -499,7 +499,7 @@ def lookup_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any], 
                    peer="+".join(pl.producers))
     rows.append(Row(metric="lookup_rate", value=agg.rate_Bps, unit="ops/s", **dict(agg_ctx, extra=dict(
         ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
-        end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), clients=clients, directory=pl.directory,
+        end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), clients=clients, directory_host=pl.directory,
         per_host_ops=rates, directory_cores=round(sum(each.values()), 3) if each else None,
         directory_cores_each=each, machine_cpus=machine_cpus, machine_busy_cores=machine_busy, cpu=cpu))))
     rows.append(measured("jain_index", jain(list(rates.values())), "ratio", "no client looked a key up", **agg_ctx))
@@ -601,7 +601,7 @@ def peercache_rows(pl: Placement, docs: dict[str, dict], agg, cpu: dict[str, Any
     rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s", **dict(agg_ctx, extra=dict(
         ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
         end_skew_s=agg.end_skew_s, consumers=len(pl.consumers), producers=len(pl.producers),
-        directory=pl.directory, verified=all(d["points"][0].get("verified") for d in docs.values()),
+        directory_host=pl.directory, verified=all(d["points"][0].get("verified") for d in docs.values()),
         per_host_GBps=rates, served_bytes=served, machine_cpus=machine_cpus, machine_busy_cores=machine_busy, cpu=cpu,
         cpu_s=total_cpu))))
     rows.append(measured("jain_index", jain(list(rates.values())), "ratio", "no consumer moved a byte", **agg_ctx))

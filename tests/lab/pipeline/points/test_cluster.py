@@ -198,6 +198,7 @@ def test_lookup_rows_give_each_client_its_rate_and_the_directory_its_cpu():
     total = by[("lookup_rate", "aggregate", "h2,h3")]
     assert total.value == pytest.approx(30000.0) and total.unit == "ops/s"
     assert total.extra["clients"] == 4 and total.extra["directory_cores"] == 0.75
+    assert total.extra["directory_host"] == "h1" and "directory" not in total.extra   # the kind stays the ctx's
     assert by[("lookup_rate", "per_host", "h3")].value == pytest.approx(10000.0)
     assert by[("jain_index", "aggregate", "h2,h3")].value == pytest.approx(0.9)
     assert by[("latency_p99", "per_host", "h2")].value == 400.0
