@@ -47,7 +47,8 @@ def load_captures(folder) -> tuple[dict[str, dict[str, Any]], str | None]:
 
 def cluster_members(folder) -> list[dict[str, Any]]:
     """The listed hosts of a cluster testbed's captures (``<folder>/<name>.json`` with a ``name``), in name
-    order: name, host spec, address and roles; none for a two-host testbed."""
+    order: name, host spec, address and roles; none for a two-host testbed. The pair's own captures
+    (``producer.json``, ``consumer.json``) name the member they were taken on, and are not counted again."""
     if folder is None or str(folder) == "" or not Path(folder).is_dir():
         return []
     out = []
@@ -56,7 +57,7 @@ def cluster_members(folder) -> list[dict[str, Any]]:
             doc = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and doc.get("name") and doc.get("roles"):
+        if isinstance(doc, dict) and doc.get("name") == p.stem and doc.get("roles"):
             out.append({k: doc.get(k) for k in ("name", "host_spec", "address", "roles")})
     return out
 

@@ -60,8 +60,10 @@ def test_a_cluster_testbeds_topology_lists_every_host_from_its_captures(tmp_path
     import pandas as _pd
     from peercache.lab.analysis import environment as env
     summary = {"host": "vm"}
-    for role, spec in (("producer", "netns:c1"), ("consumer", "netns:c2")):
-        (tmp_path / f"{role}.json").write_text(_json.dumps({"role": role, "host_spec": spec, "summary": summary}))
+    # the pair's captures name the member they were taken on, as the pipeline writes them
+    for role, name in (("producer", "c1"), ("consumer", "c2")):
+        (tmp_path / f"{role}.json").write_text(_json.dumps({"role": role, "name": name, "roles": [role],
+                                                            "host_spec": f"netns:{name}", "summary": summary}))
     for i, roles in ((1, ["producer", "consumer", "directory"]), (2, ["producer", "consumer"]), (3, ["consumer"])):
         (tmp_path / f"c{i}.json").write_text(_json.dumps({"role": None, "name": f"c{i}", "roles": roles,
                                                           "host_spec": f"netns:c{i}", "address": f"198.18.79.{i}",
