@@ -113,6 +113,8 @@ class Handle:
         self.argv = list(argv)
         self.log_path = Path(log_path) if log_path else None
         self._buf = {"stdout": bytearray(), "stderr": bytearray()}
+        #: per stream, (epoch s, bytes read by then) of each read: when each part of the output came
+        self._arrivals: dict[str, list[tuple[float, int]]] = {"stdout": [], "stderr": []}
         self._cond = threading.Condition()
         self._log = open(self.log_path, "ab") if self.log_path else None
         self.stopped = False
@@ -156,6 +158,7 @@ class Handle:
                     break
                 with self._cond:
                     self._buf[name].extend(chunk)
+                    self._arrivals[name].append((time.time(), len(self._buf[name])))
                     if self._log:
                         self._log.write(chunk)
                         self._log.flush()
@@ -173,6 +176,12 @@ class Handle:
             raw = bytes(self._buf[name])
         text = raw.decode("utf-8", errors="replace")
         return _PGID_RE.sub("", text) if name == "stderr" else text
+
+    def arrivals(self, name: str) -> list[tuple[float, int]]:
+        """(epoch s, bytes of ``name`` read by then) of each read of that stream (stdout or stderr), in order: when
+        a line a process flushes as it prints (line-buffered) was printed, give or take the read's wake-up."""
+        with self._cond:
+            return list(self._arrivals[name])
 
     @property
     def stdout(self) -> str:

@@ -78,12 +78,21 @@ class SideResult(IsoTimes):
     end: float | None = None
     stopped: bool = False          #: ended by the runner rather than on its own
     log_path: str | None = None
+    #: (epoch s, stdout bytes read by then) of each read of its stdout (:meth:`Handle.arrivals`)
+    stdout_arrivals: list[tuple[float, int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, times also as ISO 8601."""
         d = asdict(self)
         d.update(start_iso=self.start_iso, end_iso=self.end_iso)
         return d
+
+    def stdout_line_at(self, line_no: int) -> float | None:
+        """When line ``line_no`` (1-based) of stdout had all arrived, newline included (epoch s), or None."""
+        lines = self.stdout.encode().splitlines(keepends=True)
+        if not 1 <= line_no <= len(lines):
+            return None
+        return arrival(self.stdout_arrivals, sum(len(ln) for ln in lines[:line_no]))
 
 
 @dataclass
@@ -110,6 +119,12 @@ class PairResult:
     def numa_bindings(self) -> dict[str, dict[str, Any]]:
         """side -> binding record, for RunMeta.numa_binding."""
         return {s.role: s.numa_binding for s in (self.server, self.client) if s is not None}
+
+
+def arrival(arrivals: Sequence[tuple[float, int]], size: int) -> float | None:
+    """When the first ``size`` bytes of a stream had arrived (pure): the time of the first read that brought the
+    stream to ``size`` bytes or more (``arrivals``: (epoch s, bytes by then) per read, in order), None if none."""
+    return next((t for t, n in arrivals if n >= size), None)
 
 
 class PairFailed(RuntimeError):
@@ -164,6 +179,7 @@ class _Side:
             r.argv = h.argv
             r.stdout, r.stderr, r.rc = h.stdout, h.stderr, h.returncode
             r.start, r.end, r.stopped = h.start_time, h.end, h.stopped
+            r.stdout_arrivals = h.arrivals("stdout")
         return r
 
 

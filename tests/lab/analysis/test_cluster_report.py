@@ -14,12 +14,13 @@ HOSTS = [("h1", ("producer", "consumer", "directory"))] + [(f"h{i}", ("producer"
 
 
 def point_rows(pattern: str, n: int, per_host_gbs: float, raw_gbs: float, cpu_cores: float,
-               directory: str = "embedded") -> list[dict]:
-    """One point's rows: every consumer moved ``per_host_gbs`` over [0, 1] s; the raw pattern ``raw_gbs`` in all."""
+               directory: str = "embedded", protocol: str = "tcp") -> list[dict]:
+    """One point's rows: every consumer moved ``per_host_gbs`` over [0, 1] s; the raw pattern ``raw_gbs`` in all
+    (with the protocol's raw tool)."""
     pl = cluster.place(pattern, HOSTS, n)
     run = f"lc/cluster/cluster_{pattern}_h{n}/rep0"
     ctx = {"experiment": "lc", "testbed": "lc", "scenario": "cluster", "run_id": run, "repetition": 0,
-           "tool": "peercache-bench", "protocol": "tcp", "layout": "mla", "size_bytes": 131072, "batch": 16,
+           "tool": "peercache-bench", "protocol": protocol, "layout": "mla", "size_bytes": 131072, "batch": 16,
            "threads": 1, "processes": 1, "extra": {"pattern": pattern, "hosts": n, "zipf_s": None,
                                                    "directory": directory}}
     b = per_host_gbs * 1e9
@@ -31,7 +32,8 @@ def point_rows(pattern: str, n: int, per_host_gbs: float, raw_gbs: float, cpu_co
     rows = cluster.peercache_rows(pl, docs, agg, cpu, {h: f"netns:{h}" for h in pl.hosts}, ctx, machine_cpus=2)
     flows = {f"raw{i}": f for i, f in enumerate(pl.flows)}
     ragg = aggregate_window({k: WindowBytes(raw_gbs * 1e9 / len(flows), 0.0, 1.0) for k in flows})
-    rows += cluster_raw.raw_rows(pl, flows, ragg, {h: h for h in pl.hosts}, dict(ctx, tool="iperf3"))
+    rows += cluster_raw.raw_rows(pl, flows, ragg, {h: h for h in pl.hosts},
+                                 dict(ctx, tool=cluster_raw.RAW_FORMS[protocol].tool))
     return [r.to_dict() for r in rows]
 
 
@@ -50,6 +52,17 @@ def test_a_figure_per_pattern_with_a_table_row_per_point(rows):
     table = drawn["cluster_pairwise"].table
     assert [(t["hosts"], t["aggregate (GB/s)"], t["raw (GB/s)"], t["% of raw"]) for t in table] == [
         (2, "1", "2", "50%"), (4, "2", "4", "50%")]
+
+
+def test_an_rdma_points_ib_read_bw_pairs_are_its_raw_and_the_note_says_what_ran(rows):
+    rdma = collect.normalize_rows(pd.DataFrame(point_rows("fanout", 3, 0.5, 3.0, 0.6, protocol="rdma")))
+    built = {c.name: c for c in charts.build_scenario("cluster", rdma, pd.DataFrame(columns=["run_id"]), None)}
+    chart = built["cluster_fanout"]
+    assert [(t["raw (GB/s)"], t["% of raw"]) for t in chart.table] == [("3", "33%")]
+    assert chart.notes[0].startswith("raw: ib_read_bw, one pair per link of the pattern")
+    assert "iperf3" not in chart.notes[0]
+    tcp = {c.name: c for c in charts.build_scenario("cluster", rows, pd.DataFrame(columns=["run_id"]), None)}
+    assert tcp["cluster_pairwise"].notes[0].startswith("raw: iperf3 -R, one TCP flow per link of the pattern")
 
 
 def test_what_limited_each_point_and_where_scaling_stopped(rows):

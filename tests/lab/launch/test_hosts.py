@@ -173,6 +173,18 @@ def test_handle_wait_for_and_log(tmp_path):
     assert_none_left(m)
 
 
+def test_a_line_buffered_process_lines_arrive_when_printed():
+    from peercache.lab.launch.runners import SideResult, arrival
+    h = LocalHost().start(py("import time; print('first', flush=True); time.sleep(0.5); print('second', flush=True)",
+                             marker()))
+    h.wait(10)
+    side = SideResult(role="client", host="local", command=[], argv=[], numa_binding={}, stdout=h.stdout,
+                      stdout_arrivals=h.arrivals("stdout"))
+    first, second = side.stdout_line_at(1), side.stdout_line_at(2)
+    assert h.start_time <= first and second - first == pytest.approx(0.5, abs=0.25)
+    assert side.stdout_line_at(3) is None and arrival([(1.0, 6), (2.0, 13)], 7) == 2.0
+
+
 def test_wait_for_reports_early_exit_and_timeout():
     h = LocalHost().start(["sh", "-c", "echo boom >&2; exit 4"])
     with pytest.raises(ProcessExited, match="rc 4.*boom"):

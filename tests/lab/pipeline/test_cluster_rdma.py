@@ -1,6 +1,7 @@
 """The cluster scenario over rxe: three hosts on one bridge in the Soft-RoCE guest, each with its own rxe device
 (experiments/testbeds/softroce-cluster.yaml; the guest builds them with --cluster-hosts 3, as `make test-rdma`
-does). Incast and fan-out, every page verified, RDMA READs between the hosts' devices."""
+does). Incast and fan-out, every page verified, RDMA READs between the hosts' devices; beside each, the raw
+pattern: one ib_read_bw pair per link, each side on its own host's device, summed over one window."""
 import json
 import os
 from pathlib import Path
@@ -44,8 +45,22 @@ def test_three_soft_roce_hosts_read_each_others_pages_over_rxe_verified(tmp_path
     assert next(r for r in rows if r.metric == "verify_failures" and r.side == "aggregate").value == 0
     per = [r for r in rows if (r.metric, r.side) == ("get_throughput", "per_host")]
     assert sorted(r.devices for r in per) == sorted(pl.consumers) and all(r.value > 0 for r in per)
+    raw = next(r for r in rows if (r.tool, r.metric, r.side) == ("ib_read_bw", "bw", "aggregate"))
+    raw_per = [r for r in rows if (r.tool, r.metric, r.side) == ("ib_read_bw", "bw", "per_host")]
+    assert raw.status == "ok" and raw.value > 0 and raw.protocol == "rdma" and raw.extra["flows"] == 2, raw
+    assert sorted(r.devices for r in raw_per) == sorted(pl.consumers) and all(r.value > 0 for r in raw_per)
     print(f"{pattern} over rxe, 3 hosts: aggregate {agg.value:.4f} GB/s; per host "
-          + ", ".join(f"{r.devices} {r.value:.4f}" for r in per) + "; 0 wrong pages")
+          + ", ".join(f"{r.devices} {r.value:.4f}" for r in per) + "; 0 wrong pages; raw (ib_read_bw pairs) "
+          f"{raw.value / 1e9:.4f} GB/s, per host " + ", ".join(f"{r.devices} {r.value / 1e9:.4f}" for r in raw_per)
+          + f"; skew start {raw.extra['start_skew_s']:.3f} s, end {raw.extra['end_skew_s']:.3f} s")
+    # each pair's sides ran on their own hosts' devices, the client connecting to its producer's address
+    meta = json.loads((tmp_path / "result.json").read_text())["meta"]
+    devs = {h.name: h.devices[0] for h in tb.cluster}
+    for i, (prod, cons) in enumerate(pl.flows):
+        server, client = (meta["commands"][f"raw{i}_{prod}_to_{cons}/{side}"] for side in ("server", "client"))
+        assert devs[prod] in server and devs[cons] in client
+        assert client[-1] == dict((h.name, h.address) for h in tb.cluster)[prod]
+    print("notes: " + " | ".join(n for n in meta["params"]["notes"] if "raw pattern" in n))
     # each consumer read over its own host's rxe device: drive's rails name it
     for c in pl.consumers:
         doc = json.loads((tmp_path / c / "drive.json").read_text())

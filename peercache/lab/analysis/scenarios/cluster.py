@@ -26,6 +26,7 @@ from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits,
                                                       ok_rows, overview_row)
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig, raw_legend
 from peercache.lab.pipeline.points.cluster import PATTERNS
+from peercache.lab.pipeline.points.cluster_raw import RAW_FORMS, RAW_TOOLS
 
 #: A figure at or above this share of its raw pattern is limited by what the raw pattern is limited by.
 RAW_BOUND_SHARE = 0.8
@@ -63,9 +64,9 @@ def points(sub: pd.DataFrame) -> list[dict[str, Any]]:
                        window_s=(ex["window_end"] - ex["window_start"]) if ex.get("window_end") else None)
         elif key == ("peercache-bench", "get_throughput", "per_host"):
             rec["per_host"][r["devices"]] = gbs(r)
-        elif key[0] == "iperf3" and key[2] == "aggregate":
-            rec["raw"] = gbs(r)
-        elif key[0] == "iperf3" and key[2] == "per_host":
+        elif key[0] in RAW_TOOLS and key[2] == "aggregate":
+            rec.update(raw=gbs(r), raw_tool=r["tool"])
+        elif key[0] in RAW_TOOLS and key[2] == "per_host":
             rec["raw_per_host"][r["devices"]] = gbs(r)
         elif key == ("peercache-bench", "jain_index", "aggregate"):
             rec["jain"] = float(r["value"])
@@ -144,9 +145,7 @@ def figure_of(pattern: str):
         top = max([r["agg"] for r in drawn] + [r["raw"] for r in drawn if r.get("raw") is not None])
         ax.set_ylim(0, top * 1.3)      # room for the legend above the bars
         raw_legend(ax)
-        notes = [f"raw: iperf3 -R, one flow per link of the pattern"
-                 + (" (a ring: each host sends to the next)" if pattern == "shared" else "")
-                 + ", all released together and summed over one window"]
+        notes = [raw_note(pattern, [r.get("raw_tool") for r in drawn])]
         missing = [f for r in recs for f in r["failed"]]
         if missing:
             notes.append("failed: " + "; ".join(missing))
@@ -155,6 +154,16 @@ def figure_of(pattern: str):
                      notes)
 
     return figure
+
+
+def raw_note(pattern: str, tools: list[str | None]) -> str:
+    """What the figure's raw bars are: how each raw tool its points used was run (none: not measured)."""
+    how = {f.tool: f.how for f in RAW_FORMS.values()}
+    ran = [how[t] for t in dict.fromkeys(tools) if t in how]
+    if not ran:
+        return "raw: not measured"
+    return ("raw: " + "; ".join(ran) + (" (a ring: each host sends to the next)" if pattern == "shared" else "")
+            + ", all released together and summed over one window")
 
 
 def record(rec: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ One ``peercache-bench meta`` on the directory host (the first member with the ``
 the cluster's directory; every ``serve --join`` publishes its own key prefix (its host's name) there
 and every ``drive`` reads the prefixes the pattern gives it, verifying every page. All drives measure
 one shared, barrier-aligned window (the group runner's start file). Beside it, in the same point,
-the raw limit of the same pattern: one ``iperf3 -R`` flow per producer -> consumer link of the
+the raw limit of the same pattern (:mod:`.cluster_raw`): one ``iperf3 -R`` flow (tcp) or one
+``ib_read_bw`` pair (rdma, each side on its own host's device) per producer -> consumer link of the
 pattern (shared: a ring, each host sending to the next, so every host's link carries one flow each
 way), all released together and summed over one window.
 

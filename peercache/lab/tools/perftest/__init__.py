@@ -2,7 +2,8 @@
 
 One module per job, their names re-exported here:
 
-- :mod:`.command`: :class:`PerftestParams` and the server's and client's argv;
+- :mod:`.command`: :class:`PerftestParams`, the server's and client's argv, and where a ``-D`` run's
+  sample lies in its loop (:func:`sample_window`);
 - :mod:`.results`: the parsed records (:class:`PerftestResult`, its rows; the latency ones);
 - :mod:`.text`: the text report (:func:`parse_output`, :func:`parse_latency_output`, :func:`parse_header`);
 - :mod:`.jsonout`: the ``--out_json`` file (:func:`parse_json`, :func:`parse_latency_json`,
@@ -50,7 +51,7 @@ and ``#`` stripped, a cut row) is a ParseError naming the damaged line.
 from __future__ import annotations
 
 from peercache.lab.tools.perftest.command import (SERVER_READY_PATTERN, TOOLS, PerftestParams, client_command,
-                                                  server_command, symmetric_args)
+                                                  sample_window, server_command, symmetric_args)
 from peercache.lab.tools.perftest.failures import (CLOCK_CALIBRATION, WC_TEXT, CompletionError, classify_failure,
                                                    completion_errors, wc_status_table)
 from peercache.lab.tools.perftest.jsonout import cross_check, parse_json, parse_latency_json
@@ -62,5 +63,5 @@ from peercache.lab.tools.perftest.text import LAT_TOOLS, parse_header, parse_lat
 __all__ = ["BW_UNITS", "CLOCK_CALIBRATION", "LAT_COLUMNS", "LAT_TOOLS", "SERVER_READY_PATTERN", "TOOLS", "WC_TEXT",
            "CompletionError", "PerftestLatencyResult", "PerftestLatencyRow", "PerftestParams", "PerftestResult",
            "PerftestRow", "classify_failure", "client_command", "completion_errors", "cross_check", "parse_header",
-           "parse_json", "parse_latency_json", "parse_latency_output", "parse_output", "server_command",
-           "symmetric_args", "to_rows", "wc_status_table"]
+           "parse_json", "parse_latency_json", "parse_latency_output", "parse_output", "sample_window",
+           "server_command", "symmetric_args", "to_rows", "wc_status_table"]

@@ -29,6 +29,7 @@ class PerftestParams:
     size: int | None = 65536          #: -s, message size in bytes; None together with all_sizes
     all_sizes: bool = False           #: -a, sweep 2 .. 2^23 bytes, one result row per size
     duration: int | None = None       #: -D seconds; exclusive with iterations
+    margin: int | None = None         #: -f, seconds of a -D run left out at each end; None: perftest's duration // 4
     iterations: int | None = None     #: -n iterations; None and no duration: perftest's default
     tx_depth: int | None = None       #: -t, send queue depth
     qp_timeout: int | None = None     #: -u, the QPs' ACK timeout exponent (4.096 us x 2^N); None: perftest's 14
@@ -42,6 +43,9 @@ class PerftestParams:
     rdma_cm: bool = False             #: -R, connect QPs with rdma_cm
     outs: int | None = None           #: -o, outstanding reads (ib_read_bw only)
     no_peak: bool = False             #: -N, skip the peak calculation
+    #: -F (--CPU-freq): no warning about the CPU's frequency, and a report even where perftest cannot calibrate its
+    #: cycle counter (its averages then print 0.00; without -F it exits 1, "Can't produce a report": print_report_bw)
+    ignore_cpu_freq: bool = False
     limit_bw: float | None = None     #: -w, fail (exit 1) below this average, in the report unit
     use_cuda: int | None = None       #: --use_cuda=<gpu index> (local; needs a CUDA build of perftest)
     use_cuda_dmabuf: bool = False     #: --use_cuda_dmabuf (local)
@@ -63,6 +67,11 @@ class PerftestParams:
             raise ValueError("perftest does not run all sizes (-a) in duration mode (-D)")
         if self.duration is not None and self.duration < 1:
             raise ValueError(f"duration must be >= 1 s, got {self.duration}")
+        if self.margin is not None and (self.duration is None or self.margin < 0
+                                        or not self.duration > 2 * self.margin):
+            # perftest: "please check that DURATION > 2*MARGIN" (exit 1)
+            raise ValueError(f"margin (-f) {self.margin} s needs a duration (-D) above twice it, got "
+                             f"{self.duration}")
         if self.iterations is not None and self.iterations < 5:
             raise ValueError(f"perftest needs at least 5 iterations, got {self.iterations}")
         if self.qp_timeout is not None and not 0 <= self.qp_timeout <= 31:
@@ -86,6 +95,23 @@ class PerftestParams:
         return "Gb/sec" if self.report_gbits else "MiB/sec"
 
 
+def sample_window(params: PerftestParams) -> tuple[int, int]:
+    """(lead, seconds) of a duration-mode run (pure): its sample starts ``lead`` s after its transfer loop does
+    and lasts ``seconds``; the loop runs ``params.duration`` s in all.
+
+    perftest 4.5 (src/perftest_resources.c, ``catch_alarm``; unchanged up to 26.04): on entering the loop
+    (``run_iter_bw``, after the QP exchange) it arms ``alarm(margin)``; at that alarm it takes the first
+    timestamp, counts completions from then on (the printed ``#iterations``) and arms ``alarm(duration -
+    2 * margin)``; at that one it takes the last timestamp and arms ``alarm(margin)``, after which the loop
+    ends. The printed average is ``#iterations x size`` over the two timestamps (its cycle counter); the
+    margin defaults to ``duration / 4`` (integer division, perftest_parameters.c) unless ``-f`` sets it.
+    """
+    if params.duration is None:
+        raise ValueError("a sample window exists only in duration mode (-D): set duration")
+    lead = params.margin if params.margin is not None else params.duration // 4
+    return lead, params.duration - 2 * lead
+
+
 def symmetric_args(params: PerftestParams) -> list[str]:
     """Flags that must be identical on server and client (size, QPs, mode, report unit ...)."""
     a: list[str] = []
@@ -96,6 +122,8 @@ def symmetric_args(params: PerftestParams) -> list[str]:
     a += ["-q", str(params.qps)]
     if params.duration is not None:
         a += ["-D", str(params.duration)]
+    if params.margin is not None:
+        a += ["-f", str(params.margin)]
     if params.iterations is not None:
         a += ["-n", str(params.iterations)]
     if params.tx_depth is not None:
@@ -118,6 +146,8 @@ def symmetric_args(params: PerftestParams) -> list[str]:
         a.append("--cpu_util")
     if params.no_peak:
         a.append("-N")
+    if params.ignore_cpu_freq:
+        a.append("-F")
     if params.rdma_cm:
         a.append("-R")
     if params.limit_bw is not None:

@@ -3,11 +3,16 @@
 The drive documents here are reconstructed (the fields the kind reads, as drive writes them), not captures:
 the end-to-end run on namespace hosts is tests/lab/pipeline/test_cluster_run.py.
 """
+from pathlib import Path
+
 import pytest
 
-from peercache.lab.launch.runners import aggregate_window, WindowBytes
+from peercache.lab.launch.runners import GroupResult, SideResult, aggregate_window, WindowBytes
 from peercache.lab.pipeline import kinds
 from peercache.lab.pipeline.points import churn, cluster, cluster_raw
+from peercache.lab.tools import perftest as pt
+
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "lab"
 
 BOTH = ("producer", "consumer")
 HOSTS = [("h1", BOTH + ("directory",))] + [(f"h{i}", BOTH) for i in range(2, 9)]
@@ -126,6 +131,93 @@ def test_raw_rows_sum_each_consumers_flows_over_the_shared_window():
     rows = cluster_raw.raw_rows(pl, flows, agg, {h: h for h in pl.hosts}, dict(CTX, tool="iperf3"))
     assert [(r.side, r.devices, r.value) for r in rows] == [("per_host", "h1", 4e9), ("aggregate", "h1", 4e9)]
     assert rows[1].extra["flows"] == 2
+
+
+# -- the raw pattern over rdma: ib_read_bw pairs ---------------------------------------------------------
+
+def test_ib_read_bw_rows_have_the_shape_of_iperf3s():
+    pl = cluster.place("fanout", HOSTS, 3)
+    flows = cluster_raw.flow_names(pl)
+    assert flows == {"raw0_h1_to_h2": ("h1", "h2"), "raw1_h1_to_h3": ("h1", "h3")}
+    agg = aggregate_window({"raw0_h1_to_h2": WindowBytes(1e9, 0.0, 2.0), "raw1_h1_to_h3": WindowBytes(2e9, 0.1, 2.1)},
+                           tolerance_s=0.5)
+    ctx = dict(CTX, tool="ib_read_bw", protocol="rdma", size_bytes=131072, qps=1, batch=None)
+    rows = cluster_raw.raw_rows(pl, flows, agg, {h: h for h in pl.hosts}, ctx)
+    assert [(r.side, r.devices, r.peer, r.tool, r.protocol) for r in rows] == [
+        ("per_host", "h2", "h1", "ib_read_bw", "rdma"), ("per_host", "h3", "h1", "ib_read_bw", "rdma"),
+        ("aggregate", "h2,h3", "h1", "ib_read_bw", "rdma")]
+    assert [r.value for r in rows] == pytest.approx([1e9 / 2.1, 2e9 / 2.1, 3e9 / 2.1])
+    assert rows[2].extra["start_skew_s"] == pytest.approx(0.1) and rows[2].size_bytes == 131072
+
+
+def test_every_pair_runs_one_qp_a_page_a_message_its_warm_up_as_perftests_margin():
+    p = cluster_raw.raw_perftest_params(131072, duration=2, warmup=0.5, gid_index=1, qp_timeout=None)
+    assert (p.tool, p.qps, p.size, p.duration, p.margin, p.gid_index) == ("ib_read_bw", 1, 131072, 4, 1, 1)
+    assert pt.sample_window(p) == (1, 2)                      # the sample is the point's duration
+    # whole seconds, as -D and -f take them; no warm-up: no margin
+    assert pt.sample_window(cluster_raw.raw_perftest_params(4096, 2.5, 0, None, 20)) == (0, 3)
+
+
+READ_D2 = (FIX / "perftest/softroce/read_d2_q1.client.stdout").read_text()
+
+
+def arrived(at: dict[int, float]):
+    """A stdout's line -> arrival time, as a line-buffered client's pipe gives it (the lines not named: None)."""
+    return lambda line_no: at.get(line_no)
+
+
+def test_a_pairs_window_counts_its_reads_over_its_alarm_timed_sample_from_its_loops_start():
+    # real: ib_read_bw -s 131072 -q 1 -D 2 over rxe (perftest 4.5+0.17; margin 2 // 4 = 0): 496 READs; its
+    # table header (line 23, printed as the loop starts) and its row (line 24, as it ends)
+    result = pt.parse_output(READ_D2)
+    assert result.rows[0].line_no == 24 and READ_D2.splitlines()[22].lstrip().startswith("#bytes")
+    params = pt.PerftestParams(size=131072, duration=2)
+    w = cluster_raw.perftest_window(result, params, READ_D2, arrived({23: 100.0, 24: 102.05}), "t")
+    assert w.bytes == 496 * 131072 and (w.start, w.end) == pytest.approx((100.0, 102.0))
+    # perftest's own average (its cycle counter) agrees with the alarm-timed 2 s within 0.5 %
+    assert w.bytes / (w.end - w.start) == pytest.approx(result.rows[0].bw_average_Bps, rel=5e-3)
+    # with a margin the sample starts that far into the loop and lasts duration - 2 x margin
+    w = cluster_raw.perftest_window(result, pt.PerftestParams(size=131072, duration=4, margin=1), READ_D2,
+                                    arrived({23: 100.0, 24: 104.1}), "t")
+    assert (w.start, w.end) == pytest.approx((101.0, 103.0))
+
+
+def test_a_pair_that_measured_nothing_or_whose_lines_came_together_says_so():
+    params = pt.PerftestParams(size=131072, duration=2)
+    # block-buffered (no stdbuf): every line arrives at the exit, in one read
+    with pytest.raises(ValueError, match="not line-buffered; check that stdbuf"):
+        cluster_raw.perftest_window(pt.parse_output(READ_D2), params, READ_D2, arrived({23: 103.0, 24: 103.0}), "t")
+    zero = READ_D2.replace(" 496 ", " 0 ")
+    with pytest.raises(ValueError, match="0 READs"):
+        cluster_raw.perftest_window(pt.parse_output(zero), params, zero, arrived({23: 100.0, 24: 102.0}), "t")
+
+
+def side(role: str, text: str, rc: int | None, stopped: bool = False) -> SideResult:
+    return SideResult(role=role, host="local", command=[], argv=[], numa_binding={}, stderr=text, rc=rc,
+                      stopped=stopped)
+
+
+#: real: the two-machine testbed's ib_read_bw client that could not calibrate its clock; a real Soft-RoCE client
+#: given a device that does not exist; what a server whose client went away says
+CALIBRATION = (FIX / "twohost/ib_read_bw_q4_s128K.terminated.client.log").read_text()
+NO_DEVICE = (FIX / "perftest/softroce/err_no_device_client.client.stderr").read_text()
+PEER_GONE = " Failed to exchange data between server and clients\n"
+
+
+def test_a_raw_runs_failure_is_a_clients_own_words_before_its_servers():
+    gone = {"raw0": GroupResult("raw0", side("server", PEER_GONE, 1), [side("client", NO_DEVICE, 1)]),
+            "raw1": GroupResult("raw1", side("server", "", -15, True), [side("client", "", -15, True)])}
+    te = cluster_raw.raw_failure(gone, "ib_read_bw")
+    assert te.kind == "no_device" and "raw0's client" in str(te)             # not the server's consequence
+    # a client the runner stopped (its server's exit seen first) counts by what it had said, not its signal
+    raced = {"raw0": GroupResult("raw0", side("server", PEER_GONE, 1), [side("client", NO_DEVICE, -15, True)])}
+    assert cluster_raw.raw_failure(raced, "ib_read_bw").kind == "no_device"
+    # no client said anything: the server's words
+    quiet = {"raw0": GroupResult("raw0", side("server", PEER_GONE, 1), [side("client", "", -15, True)])}
+    assert cluster_raw.raw_failure(quiet, "ib_read_bw").kind == "cannot_connect"
+    # a client that exited 0 did not fail, whatever it printed (-F: a calibration failure is only a line)
+    fine = {"raw0": GroupResult("raw0", None, [side("client", CALIBRATION, 0)])}
+    assert cluster_raw.raw_failure(fine, "ib_read_bw") is None
 
 
 # -- churn -------------------------------------------------------------------------------------------

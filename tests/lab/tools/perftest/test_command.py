@@ -46,10 +46,30 @@ def test_builder_all_sizes_bidir_cuda_json():
     (dict(tool="ib_write_bw", outs=16), "ib_read_bw only"),
     (dict(iterations=2), "at least 5"),
     (dict(size=None, all_sizes=True, duration=2), "duration mode"),  # perftest exits 1 on it
+    (dict(margin=1), "needs a duration"),
+    (dict(duration=4, margin=2), "above twice it"),                  # perftest: DURATION > 2*MARGIN
 ])
 def test_builder_rejects_inconsistent_params(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         pt.PerftestParams(**kwargs)
+
+
+def test_a_margin_is_passed_to_both_sides_and_places_the_sample_in_the_loop():
+    p = pt.PerftestParams(size=4096, duration=6, margin=1)
+    assert pt.symmetric_args(p)[:6] == ["-s", "4096", "-q", "1", "-D", "6"] and "-f" in pt.server_command(p)
+    assert pt.client_command(p, "h")[pt.client_command(p, "h").index("-f") + 1] == "1"
+    assert pt.sample_window(p) == (1, 4)
+    # perftest's own margin: duration / 4, integer division
+    assert pt.sample_window(pt.PerftestParams(duration=10)) == (2, 6)
+    assert pt.sample_window(pt.PerftestParams(duration=3)) == (0, 3)
+    with pytest.raises(ValueError, match="duration mode"):
+        pt.sample_window(pt.PerftestParams(iterations=100))
+
+
+def test_ignore_cpu_freq_is_F_on_both_sides():
+    p = pt.PerftestParams(size=4096, duration=2, ignore_cpu_freq=True)
+    assert "-F" in pt.server_command(p) and "-F" in pt.client_command(p, "h")
+    assert "-F" not in pt.server_command(pt.PerftestParams(size=4096, duration=2))
 
 
 def test_client_needs_an_address():
