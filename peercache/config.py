@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 from . import checks, tags
 from .address import Address
 from .auth import check_secret, load_secret
-from .directory.redis.url import PASSWORD_ENV, is_redis, parse_url
+from .directory.redis.url import PASSWORD_ENV, SENTINEL_FORM, is_redis, parse_url
 from .directory.service import DEFAULT_HEARTBEAT_TIMEOUT
 from .directory.table import DEFAULT_ENTRIES, DEFAULT_WAYS, LINE_BYTES
 from .errors import ConfigError, TransportError
@@ -289,8 +289,9 @@ class NodeConfig:
         key="discovery_addr")
     directory: Optional[str] = option(
         None, "where the directory lives: HOST:PORT = the embedded one (the same as --discovery-addr), or "
-              "redis://[USER:PASSWORD@]HOST:PORT/DB / rediss://... (Redis or Redis Cluster; the password "
-              f"also from ${PASSWORD_ENV})", check=_directory,
+              "redis://[USER:PASSWORD@]HOST:PORT/DB / rediss://... (Redis or Redis Cluster) / "
+              f"{SENTINEL_FORM} (the master Redis Sentinel names); the password also from "
+              f"${PASSWORD_ENV}", check=_directory,
         flag=Flag("--directory", metavar="SPEC", shown="the embedded directory at --discovery-addr"),
         key="directory")
     protocol: str = option(

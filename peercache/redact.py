@@ -1,8 +1,8 @@
 """Secrets out of everything written: one function for log lines, messages and documents.
 
 :func:`redact` masks, in any text, the password of a Redis URL
-(``redis://user:PASSWORD@host`` -> ``redis://user:***@host``; a lone
-``redis://TOKEN@host`` is masked whole), the value of a secret environment
+(``redis://user:PASSWORD@host`` -> ``redis://user:***@host``, and so for ``rediss://`` and
+``redis+sentinel://``; a lone ``redis://TOKEN@host`` is masked whole), the value of a secret environment
 variable or flag written as ``NAME=VALUE`` / ``--flag VALUE``, and any literal
 occurrence of a secret this process holds (:func:`remember`, and the values of
 :data:`SECRET_ENV` in its environment). :func:`redact_doc` applies it to every
@@ -29,9 +29,10 @@ SECRET_KEYS = ("auth_key", "password", "requirepass", "masterauth", "secret", "t
 #: Literal secrets shorter than this are not searched for in text (they would mask ordinary words).
 _MIN_LITERAL = 8
 
-# redis://[user:]password@ or rediss://..., anywhere in a text: the userinfo ends at the last '@'
-# of the word, so a password with an unescaped '@' or '/' is masked whole.
-_URL = re.compile(r"(?i)\b(rediss?://)(?:([^\s:@/'\"]*):)?[^\s'\"]*@")
+# redis://[user:]password@, rediss://... or redis+sentinel://... (rediss+sentinel:// too, which is
+# refused, but in a message that quotes it), anywhere in a text: the userinfo ends at the last '@' of
+# the word, so a password with an unescaped '@' or '/' is masked whole.
+_URL = re.compile(r"(?i)\b(rediss?(?:\+sentinel)?://)(?:([^\s:@/'\"]*):)?[^\s'\"]*@")
 _ENV = re.compile(r"\b(" + "|".join(SECRET_ENV) + r")=(\S+)")
 _FLAG = re.compile(r"(?<!\S)(" + "|".join(map(re.escape, SECRET_FLAGS)) + r")(=|\s+)(\S+)")
 _REDIS_TOOL = re.compile(r"(?:^|/)redis-(?:cli|benchmark)$")

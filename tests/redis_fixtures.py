@@ -1,7 +1,8 @@
-"""Real Redis servers for tests: ``redis_server`` (one per test) and ``redis_cluster`` (three masters).
+"""Real Redis servers for tests: ``redis_server`` (one per test), ``redis_cluster`` (three masters)
+and ``redis_sentinel`` (a master, its replica and three sentinels).
 
 Loaded for every test by ``pytest_plugins`` in tests/conftest.py, so a test
-just names the fixture. Both start Debian's redis-server on random 127.0.0.1
+just names the fixture. They start Debian's redis-server on random 127.0.0.1
 ports with no persistence (peercache.lab.launch.redis) and stop it afterwards;
 where redis-server is not installed they skip, saying what to install.
 """
@@ -47,6 +48,19 @@ def redis_cluster(redis_cluster_module):
         if r.returncode != 0 or r.stdout.strip() != "OK":
             pytest.fail(f"FLUSHALL on cluster node 127.0.0.1:{port} failed: {(r.stdout + r.stderr).strip()!r}")
     yield redis_cluster_module
+
+
+#: The password of the ``redis_sentinel`` set's servers (long enough to be masked wherever it is printed).
+SENTINEL_PASSWORD = "sentinel-set-pw-8c1f"
+
+
+@pytest.fixture
+def redis_sentinel():
+    """A fresh master, its replica and three sentinels watching it (``.url``: the set's
+    ``redis+sentinel://`` URL, with the password ``SENTINEL_PASSWORD``; ``.servers[0]`` the master)."""
+    _require_redis()
+    with redis_launch.SentinelSet(password=SENTINEL_PASSWORD) as sentinel_set:
+        yield sentinel_set
 
 
 class RoundTrips:

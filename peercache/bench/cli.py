@@ -48,8 +48,8 @@ def _meta_redis(args) -> int:
         d.close()
         raise
     stop = _stop_on_signals()
-    print(f"peercache-bench meta: ready on {d.address} ({'Redis Cluster' if d.cluster else 'Redis'}; "
-          "reaping expired nodes)", flush=True)
+    kind = "Redis Cluster" if d.cluster else "Redis through Sentinel" if d.cfg.sentinels else "Redis"
+    print(f"peercache-bench meta: ready on {d.address} ({kind}; reaping expired nodes)", flush=True)
     period = max(0.05, min(1.0, args.heartbeat_timeout / 4))
     try:
         while not stop.wait(period):

@@ -44,6 +44,7 @@ import numpy as np
 from .. import checks, tags
 from ..config import NodeConfig
 from ..directory.client import connect_directory
+from ..directory.redis.url import FORMS, is_redis
 from ..errors import ConfigError, PeerCacheError
 from ..node import Node
 from ..redact import redact
@@ -69,12 +70,13 @@ TOOL = "peercache-dirbench"
 
 
 def backend_of(spec: str) -> str:
-    """``redis`` for redis:// and rediss:// URLs, ``embedded`` for HOST:PORT; else a ConfigError."""
-    if spec.startswith(("redis://", "rediss://")):
+    """``redis`` for Redis URLs (:func:`~peercache.directory.is_redis`), ``embedded`` for HOST:PORT; else
+    a ConfigError."""
+    if is_redis(spec):
         return "redis"
     if "://" in spec:
-        raise ConfigError(f"--directory {spec!r}: unknown scheme; give HOST:PORT (the embedded directory) "
-                          "or redis://HOST:PORT/DB / rediss://HOST:PORT/DB (Redis)")
+        raise ConfigError(f"--directory {redact(spec)!r}: unknown scheme; give HOST:PORT (the embedded directory) "
+                          f"or {FORMS} (Redis)")
     options.check_addr(spec, "--directory")
     return "embedded"
 

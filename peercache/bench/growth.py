@@ -67,6 +67,7 @@ import numpy as np
 from .. import checks
 from ..config import NodeConfig
 from ..directory.client import connect_directory
+from ..directory.redis.url import SENTINEL_SCHEME
 from ..errors import ConfigError, PeerCacheError
 from ..node import Node
 from ..pool import Pool
@@ -644,6 +645,11 @@ def validate(a) -> None:
     if a.curve == "directory":
         if a.directory != "embedded":
             dirbench.backend_of(a.directory)
+            if a.directory.lower().startswith(SENTINEL_SCHEME):
+                # its memory is read from the one server the URL names (INFO memory), and flushed there
+                raise ConfigError(f"--directory {redact(a.directory)!r}: the directory curve measures one "
+                                  "Redis's memory; give the master's redis://HOST:PORT/DB instead of the "
+                                  "sentinels' URL")
         if max(a.sizes) > 50_000_000:
             raise ConfigError("--sizes: at most 5e7 keys")
     if a.curve == "members" and max(a.sizes) > 256:

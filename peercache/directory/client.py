@@ -7,9 +7,10 @@ Public entry point (used by :class:`~peercache.node.Node` and by the directory b
 
 ``spec`` picks the backend: ``HOST:PORT`` (or a zmq URL) is the embedded
 directory hosted by the discovery node / ``peercache-bench meta`` at that
-address; ``redis://[USER:PASSWORD@]HOST:PORT/DB`` and ``rediss://...`` (TLS)
-are the Redis backend (:mod:`peercache.directory.redis.backend`; a Redis Cluster is found
-by asking the server, or forced with ``?cluster=yes|no``).
+address; ``redis://[USER:PASSWORD@]HOST:PORT/DB``, ``rediss://...`` (TLS) and
+``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`` (the master Redis
+Sentinel names) are the Redis backend (:mod:`peercache.directory.redis.backend`; a Redis
+Cluster is found by asking the server, or forced with ``?cluster=yes|no``).
 
 Every client answers the directory's ops as typed methods (:class:`~.ops.DirectoryOps`):
 ``register``, ``heartbeat``, ``leave``, ``members``, ``publish``, ``lookup`` (a
@@ -37,10 +38,11 @@ from typing import Callable, Protocol, Sequence
 from .service import DEFAULT_HEARTBEAT_TIMEOUT
 from ..address import host_of
 from ..errors import ConfigError
+from ..redact import redact
 from ..rpc import RpcClient
 from ..timeouts import DEFAULT
 from .ops import DirectoryOps, LookupResult, Members, Published, Registration
-from .redis.url import is_redis
+from .redis.url import FORMS, is_redis
 
 
 class DirectoryClient(Protocol):
@@ -117,14 +119,12 @@ def connect_directory(spec: str, *, timeout: float = DEFAULT.directory_s, auth=N
     not answer, ConfigError for a spec that is neither form.
     """
     if not isinstance(spec, str) or not spec:
-        raise ConfigError(f"directory {spec!r} is neither HOST:PORT (the embedded directory) nor "
-                          "redis://HOST:PORT/DB / rediss://HOST:PORT/DB")
+        raise ConfigError(f"directory {redact(spec)!r} is neither HOST:PORT (the embedded directory) nor {FORMS}")
     if is_redis(spec):
         # here, not at the top: the Redis backend brings redis-py and hiredis, which a node on the
         # embedded directory never loads
         from .redis.backend import RedisDirectory
         return RedisDirectory(spec, timeout=timeout, heartbeat_timeout=heartbeat_timeout)
     if "://" in spec and not spec.startswith(("tcp://", "ipc://", "inproc://")):
-        raise ConfigError(f"directory {spec!r}: unknown scheme; use HOST:PORT (embedded) or "
-                          "redis://HOST:PORT/DB / rediss://HOST:PORT/DB")
+        raise ConfigError(f"directory {redact(spec)!r}: unknown scheme; use HOST:PORT (embedded) or {FORMS}")
     return EmbeddedDirectory(spec, timeout=timeout, auth=auth)

@@ -85,6 +85,7 @@ BAD_EXTRA = [
     ({"bind": "0.0.0.0\n"}, "bind"),
     ({"discovery_addr": "127.0.0.1:31998\n"}, "discovery_addr"),
     ({"directory": "redis://h:1/x"}, "directory"),
+    ({"directory": "redis+sentinel://h:1"}, "directory"),
 ]
 
 

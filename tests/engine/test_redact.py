@@ -27,6 +27,11 @@ def test_one_function_masks_urls_variables_flags_and_known_secrets(monkeypatch):
     assert R.redact("redis://tok@h:1/0") == "redis://***@h:1/0"
     assert R.redact("redis://h:1/0") == "redis://h:1/0"
     assert R.redact("redis://u:p/w@rd@h:1/0") == "redis://u:***@h:1/0"      # '/' and '@' unescaped
+    # Sentinel URLs: one rule, whatever the number of sentinels; rediss+sentinel:// is refused, but masked
+    assert R.redact(f"x redis+sentinel://:{PASSWORD}@h:1,h:2/m/0 y") == "x redis+sentinel://:***@h:1,h:2/m/0 y"
+    assert R.redact(f"REDIS+SENTINEL://u:{PASSWORD}@h:1/m") == "REDIS+SENTINEL://u:***@h:1/m"
+    assert R.redact("rediss+sentinel://:p@ss@h:1/m") == "rediss+sentinel://:***@h:1/m"
+    assert R.redact("redis+sentinel://h:1,h:2/m/0") == "redis+sentinel://h:1,h:2/m/0"
     assert R.redact("env PEERCACHE_AUTH_KEY=abc PEERCACHE_REDIS_PASSWORD=x cmd") == \
         "env PEERCACHE_AUTH_KEY=*** PEERCACHE_REDIS_PASSWORD=*** cmd"
     assert R.redact("redis-server --requirepass foo --port 1") == "redis-server --requirepass *** --port 1"
@@ -47,6 +52,9 @@ def test_the_redaction_of_messages_and_of_documents_is_the_same_function():
     assert dirbench.redact is R.redact
     u = parse_url(f"redis://:{PASSWORD}@127.0.0.1:6379/0")
     assert u.safe == R.redact(u.safe) == "redis://:***@127.0.0.1:6379/0"
+    assert PASSWORD not in repr(u)
+    u = parse_url(f"redis+sentinel://:{PASSWORD}@127.0.0.1:26379,127.0.0.1:26380/m/0")
+    assert u.safe == R.redact(u.safe) == "redis+sentinel://:***@127.0.0.1:26379,127.0.0.1:26380/m/0"
     assert PASSWORD not in repr(u)
 
 

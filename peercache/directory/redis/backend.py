@@ -1,10 +1,12 @@
 """The Redis / Redis Cluster directory backend (``--directory redis://HOST:PORT/DB``).
 
 Entry point: :func:`peercache.directory.client.connect_directory` (``spec`` a
-redis:// or rediss:// URL); :class:`RedisDirectory` is what it returns.
+redis://, rediss:// or redis+sentinel:// URL); :class:`RedisDirectory` is what it returns.
 
 URL forms: ``redis://HOST:PORT/DB``, ``redis://[USER]:PASSWORD@HOST:PORT/DB``,
-``rediss://...`` (TLS; ``?ssl_cert_reqs=none`` for a self-signed server).
+``rediss://...`` (TLS; ``?ssl_cert_reqs=none`` for a self-signed server),
+``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`` (the master Redis
+Sentinel names, followed across a failover: :mod:`.connection`; the URL: :mod:`.url`).
 Without a password in the URL, ``$PEERCACHE_REDIS_PASSWORD`` is used when set.
 ``?prefix=NAME`` (default ``pc``) keeps several PeerCache clusters apart in one
 Redis; ``?cluster=yes|no`` forces Redis Cluster mode on or off (by default the
@@ -145,6 +147,8 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         self._op_conn = None
         self._reaper: threading.Thread | None = None
         self.cluster = False
+        #: redis-py's Sentinel of a redis+sentinel:// URL (made at the first connection; None otherwise)
+        self._sentinels = None
         self.r = self._connect(_cluster)
 
     def clone(self) -> "RedisDirectory":
@@ -168,6 +172,7 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
                     r.close()
                 except Exception:   # closing a broken connection: nothing left to release
                     pass
+        self._close_sentinels()
 
     # -- helpers ------------------------------------------------------------------------------
     def _node_key(self, nid: str) -> str:

@@ -1,7 +1,15 @@
-"""How the Redis directory talks to Redis: its connection (one Redis or a cluster, found by
-asking the server), one pipelined round trip per request with the scripts loaded again after a
-Redis restart, and what a failure means to the caller (:class:`DiscoveryUnreachable` or
-:class:`RpcError`, each saying what to check)."""
+"""How the Redis directory talks to Redis: its connection (one Redis, a cluster found by asking
+the server, or the master Redis Sentinel names), one pipelined round trip per request with the
+scripts loaded again after a Redis restart or a failover, and what a failure means to the caller
+(:class:`DiscoveryUnreachable` or :class:`RpcError`, each saying what to check).
+
+With Sentinel (``redis+sentinel://``) every new connection asks the sentinels where the master is
+(redis-py's ``Sentinel.master_for``), so a failover is followed: a call on a connection to the old
+master fails (refused, closed, or READONLY once it is a replica: redis-py then drops the connection),
+is sent once more on a fresh connection to whatever master the sentinels name by then, and otherwise
+raises :class:`DiscoveryUnreachable` saying so. Nothing waits for the failover: each call ends
+within its bounds (see :func:`sentinel_timeout`), and the caller's next call finds the new master.
+"""
 from __future__ import annotations
 
 import logging
@@ -10,10 +18,11 @@ from typing import Any, Callable, Sequence
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from ...errors import ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError
 from .scripts import SCRIPTS, load_script
-from .url import PASSWORD_ENV
+from .url import PASSWORD_ENV, SENTINEL_FORM
 
 #: One logger for the whole Redis backend, whichever of its modules logs.
 # The logger keeps the name it had before the backend became a subpackage: log filters and
@@ -28,6 +37,13 @@ def once_on_a_broken_connection() -> Retry:
     return Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
 
 
+def sentinel_timeout(directory_s: float, sentinels: int) -> float:
+    """One sentinel's bound on connecting and answering, so that asking every sentinel where the master
+    is, twice (a connection's one retry), ends within one directory request's bound ``directory_s``
+    even when every sentinel is silent (stopped, or cut off); an answering sentinel takes a millisecond."""
+    return directory_s / (2 * max(1, sentinels))
+
+
 def timed_out(e: BaseException) -> bool:
     """Whether ``e`` is a socket timeout (SO_RCVTIMEO's EAGAIN, socket.timeout or redis-py's)."""
     return isinstance(e, (TimeoutError, BlockingIOError, redis.exceptions.TimeoutError))
@@ -38,6 +54,7 @@ class RedisConnection:
     (it uses the directory's ``cfg``, ``address``, ``timeout``, ``cluster``, ``r`` and ``_sha``)."""
 
     def _kwargs(self) -> dict:
+        """redis-py's keyword arguments for a connection to a Redis server (the master with Sentinel)."""
         c = self.cfg
         kw: dict[str, Any] = dict(username=c.username, password=c.password, socket_timeout=self.timeout,
                                   socket_connect_timeout=min(self.timeout, 2.0),
@@ -55,7 +72,9 @@ class RedisConnection:
         try:
             if cluster is None:
                 cluster = c.cluster
-            if cluster is None:
+            if c.sentinels:
+                cluster = False       # the sentinels name one master (the URL refuses ?cluster)
+            elif cluster is None:
                 probe = redis.Redis(host=c.host, port=c.port, db=c.db, **kw)
                 try:
                     cluster = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
@@ -69,13 +88,53 @@ class RedisConnection:
                                        require_full_coverage=True, **{k: v for k, v in kw.items()
                                                                       if k != "retry"})
             else:
-                r = redis.Redis(host=c.host, port=c.port, db=c.db, **kw)
+                r = self._client()
                 r.ping()
+                if c.sentinels:       # where a producer listening on every interface is reached
+                    self.host = r.connection_pool.master_address[0]
             self.cluster = bool(cluster)
             self._load_scripts(r)
             return r
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
             raise self._unreachable("connect", e) from None
+
+    def _sentinel(self) -> Sentinel:
+        """The redis-py Sentinel of a ``redis+sentinel://`` URL, made once and shared by this client's
+        connections: each sentinel asked within :func:`sentinel_timeout`, with the password only when
+        the URL says ``?sentinel_auth=yes``."""
+        if self._sentinels is None:
+            c = self.cfg
+            per = sentinel_timeout(self.timeout, len(c.sentinels))
+            skw: dict[str, Any] = dict(socket_timeout=per, socket_connect_timeout=per)
+            if c.sentinel_auth:
+                skw.update(username=c.username, password=c.password)
+            self._sentinels = Sentinel(list(c.sentinels), sentinel_kwargs=skw)
+        return self._sentinels
+
+    def _client(self, **overrides) -> redis.Redis:
+        """A redis-py client of the URL's one Redis (not a cluster), with :meth:`_kwargs` and
+        ``overrides``: the server the URL names, or the master of its sentinels (asked again by each
+        new connection, so the client follows a failover)."""
+        c = self.cfg
+        kw = dict(self._kwargs(), **overrides)
+        if c.sentinels:
+            return self._sentinel().master_for(c.service, db=c.db, **kw)
+        return redis.Redis(host=c.host, port=c.port, db=c.db, **kw)
+
+    def _server_address(self) -> tuple[str, int]:
+        """(host, port) of the one Redis to open a connection to now: the URL's, or the master the
+        sentinels name (MasterNotFoundError when none does)."""
+        c = self.cfg
+        if c.sentinels:
+            return self.r.connection_pool.get_master_address()
+        return c.host, c.port
+
+    def _close_sentinels(self) -> None:
+        if self._sentinels is not None:
+            try:
+                self._sentinels.close()
+            except Exception:   # closing broken connections: nothing left to release
+                pass
 
     def _load_scripts(self, r) -> None:
         """Load every script into ``r`` (on each primary of a cluster) and remember their SHAs."""
@@ -83,21 +142,37 @@ class RedisConnection:
             self._sha[name] = load_script(r, src, self.cluster)
 
     def _unreachable(self, op: str, e: BaseException) -> PeerCacheError:
-        """The error to raise for ``e`` during ``op``: refused credentials, a refused command, or no answer."""
+        """The error to raise for ``e`` during ``op``: no master named by the sentinels, refused
+        credentials, a refused command, or no answer."""
+        c = self.cfg
+        if isinstance(e, MasterNotFoundError):
+            if "NOAUTH" in str(e) or "WRONGPASS" in str(e) or "Authentication" in str(e):
+                return DiscoveryUnreachable(
+                    f"directory {self.address}: the sentinels refused the credentials during {op!r} ({e}); "
+                    "sentinels with a requirepass are sent the URL's password with ?sentinel_auth=yes, "
+                    "and it must be theirs too")
+            return DiscoveryUnreachable(
+                f"directory {self.address} unreachable during {op!r}: no sentinel named a master of service "
+                f"{c.service!r} ({e}); they are failing over (call again shortly), none of them answers, or "
+                f"none monitors {c.service!r}: check `redis-cli -h HOST -p PORT sentinel "
+                f"get-master-addr-by-name {c.service}` on each sentinel")
         if isinstance(e, (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)) or \
                 "NOAUTH" in str(e) or "WRONGPASS" in str(e):
             return DiscoveryUnreachable(
                 f"directory {self.address} refused the credentials during {op!r} ({e}); put the password in "
-                f"the URL (redis://:PASSWORD@HOST:PORT/DB) or in ${PASSWORD_ENV}")
+                f"the URL ({SENTINEL_FORM if c.sentinels else 'redis://:PASSWORD@HOST:PORT/DB'}) or in "
+                f"${PASSWORD_ENV}")
         if isinstance(e, redis.exceptions.ResponseError) and not isinstance(e, redis.exceptions.ClusterDownError):
             return RpcError(f"directory {self.address} refused {op!r}: {e}")
+        where = ("at the master the sentinels name (a failover may be under way: call again shortly)"
+                 if c.sentinels else "there")
         if timed_out(e):
             return DiscoveryUnreachable(
                 f"directory {self.address} unreachable during {op!r}: no answer within {self.timeout:g} s; "
-                "check that redis-server is running there and not stopped or overloaded")
+                f"check that redis-server is running {where} and not stopped or overloaded")
         return DiscoveryUnreachable(
             f"directory {self.address} unreachable during {op!r}: {type(e).__name__}: {e}; check that "
-            "redis-server is running there and that the URL's host, port and password are right")
+            f"redis-server is running {where} and that the URL's host, port and password are right")
 
     def _pipe(self, op: str, build: Callable[[Any], None]) -> list:
         """Run the commands ``build`` queues as one pipelined round trip; scripts reloaded once if

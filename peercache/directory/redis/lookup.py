@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import hiredis
 import redis
 from redis.crc import key_slot
+from redis.sentinel import MasterNotFoundError
 
 from .connection import timed_out
 from .url import RedisURL
@@ -35,10 +36,11 @@ class LookupSocket:
     """One plain TCP connection to one Redis for lookups: a blocking socket whose timeouts the
     kernel keeps (SO_SNDTIMEO / SO_RCVTIMEO: no poll() before each send and receive, as a socket
     with a Python timeout has), the request written as given, replies parsed by hiredis. AUTH and
-    SELECT as the URL says. Any error leaves it unusable (the caller closes it)."""
+    SELECT as the URL says, to ``address`` (default: the URL's server; with Sentinel, the master the
+    sentinels name). Any error leaves it unusable (the caller closes it)."""
 
-    def __init__(self, cfg: RedisURL, timeout: float):
-        self.sock = socket.create_connection((cfg.host, cfg.port), timeout=min(timeout, 2.0))
+    def __init__(self, cfg: RedisURL, timeout: float, address: tuple[str, int] | None = None):
+        self.sock = socket.create_connection(address or (cfg.host, cfg.port), timeout=min(timeout, 2.0))
         try:
             self.sock.settimeout(None)
             sec = max(timeout, 0.001)
@@ -143,8 +145,12 @@ class LookupRequests:
         except IndexError:
             try:
                 conn = self.r.connection_pool.make_connection() if self.cfg.ssl else \
-                    LookupSocket(self.cfg, self.timeout)
-            except (redis.exceptions.RedisError, OSError):
+                    LookupSocket(self.cfg, self.timeout, self._server_address())
+            except (redis.exceptions.RedisError, OSError) as e:
+                # No master named by the sentinels, or one silent through AUTH: the pipeline would
+                # only wait it out once more. Anything else (refused, closed) it retries and reports.
+                if isinstance(e, MasterNotFoundError) or timed_out(e):
+                    raise self._unreachable("lookup", e) from None
                 return None
         try:
             if self.cfg.ssl:

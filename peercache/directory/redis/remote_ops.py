@@ -100,12 +100,13 @@ class RemoteOps:
         self._handlers[op] = (fn, owner_only)
         if self._op_thread is None:
             c = self.cfg
+            # BLPOP waits up to 1 s for a request: its socket waits longer than that
             kw = dict(self._kwargs(), socket_timeout=self.timeout + 2)
             if self.cluster:
                 self._op_conn = redis.RedisCluster(host=c.host, port=c.port,
                                                    **{k: v for k, v in kw.items() if k != "retry"})
             else:
-                self._op_conn = redis.Redis(host=c.host, port=c.port, db=c.db, **kw)
+                self._op_conn = self._client(socket_timeout=kw["socket_timeout"])
             self._op_thread = threading.Thread(target=self._serve_ops, name="redis-ops", daemon=True)
             self._op_thread.start()
 

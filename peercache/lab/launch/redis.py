@@ -1,18 +1,28 @@
-"""Real Redis servers on loopback for tests and the bench: one server, or a Redis Cluster.
+"""Real Redis servers on loopback for tests and the bench: one server, a Redis Cluster, or a
+master with replicas watched by Redis Sentinel.
 
 :class:`RedisServer` runs Debian's ``redis-server`` on a random free
 127.0.0.1 port with no persistence (``--save '' --appendonly no``) in a
-private temporary directory, and waits (bounded) until it answers PING.
-:class:`RedisCluster` runs ``masters`` servers with ``--cluster-enabled
-yes``, joins them with ``redis-cli --cluster create ... --cluster-replicas 0
---cluster-yes`` and waits until every node reports ``cluster_state:ok`` with
-all 16384 slots assigned.
+private temporary directory, and waits (bounded) until it answers PING; with
+``replicaof`` it is a replica of the server on that port.
+:class:`RedisCluster` runs ``masters`` servers (and ``replicas`` per master) with
+``--cluster-enabled yes``, joins them with ``redis-cli --cluster create ...
+--cluster-replicas N --cluster-yes`` and waits until every node reports
+``cluster_state:ok`` with all 16384 slots assigned and every replica in sync.
+:class:`SentinelSet` runs a master, its replicas and ``sentinels`` Redis
+Sentinels (``redis-server <conf> --sentinel``, each with a config file of its own
+in its private directory, which Sentinel rewrites), with failure detection short
+enough for tests (:data:`SENTINEL_DOWN_AFTER_MS`, :data:`SENTINEL_FAILOVER_TIMEOUT_MS`),
+and waits until every sentinel names the master and knows the others and the replicas.
 
-Command lines come from pure functions (:func:`server_command`,
-:func:`cli_command`, :func:`cluster_create_command`); only the classes start
-processes, each in its own process group, and ``stop()`` (also on a failed
-start and on leaving a ``with`` block) ends every one of them and removes the
-temporary directory.
+Command lines and config files come from pure functions (:func:`server_command`,
+:func:`sentinel_command`, :func:`sentinel_config`, :func:`cli_command`,
+:func:`cluster_create_command`); only the classes start processes, each in its
+own process group, and ``stop()`` (also on a failed start and on leaving a
+``with`` block) ends every one of them and removes the temporary directories.
+
+``python -m peercache.lab.launch.redis sentinel`` starts a Sentinel set for trying
+``--directory redis+sentinel://...`` by hand (see :func:`main`).
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 #: What to install when the binaries are missing (``make setup`` installs them).
@@ -39,6 +50,23 @@ LOOPBACK = "127.0.0.1"
 
 #: Poll period while waiting for a server or a cluster.
 _POLL_S = 0.05
+
+#: The name a :class:`SentinelSet`'s sentinels monitor its master under (the URL's SERVICE).
+SENTINEL_SERVICE = "peercache"
+#: Sentinels in a set: three, so that two (the quorum, a majority) still agree with one lost.
+SENTINELS = 3
+#: ``down-after-milliseconds``: how long a master may not answer before a sentinel deems it down.
+#: Short, for tests (a production set uses 5000-30000 ms); sentinels ping every min(this, 1000) ms.
+SENTINEL_DOWN_AFTER_MS = 1000
+#: ``failover-timeout``: a failover that did not finish in this time is given up and tried again
+#: after twice this; also how long the other replicas may take to follow the new master. Short, for
+#: tests (Sentinel's own default is 180000 ms).
+SENTINEL_FAILOVER_TIMEOUT_MS = 3000
+#: Default bound on starting a whole Sentinel set (servers, sync, sentinels seeing each other:
+#: they announce themselves every 2 s).
+SENTINEL_START_S = 30.0
+#: Default bound on starting a Redis Cluster (servers, create, every node ok, replicas in sync).
+CLUSTER_START_S = 20.0
 
 
 class RedisUnavailable(RuntimeError):
@@ -54,22 +82,56 @@ class RedisLaunchError(RuntimeError):
 def server_command(port: int, workdir: str | os.PathLike, *, bind: str = LOOPBACK,
                    cluster: bool = False, cluster_port: int | None = None,
                    node_timeout_ms: int = 2000, binary: str = "redis-server",
-                   cluster_config: str = "nodes.conf") -> list[str]:
+                   cluster_config: str = "nodes.conf", replicaof: tuple[str, int] | None = None,
+                   password: str | None = None) -> list[str]:
     """argv of one redis-server: ``port`` on ``bind``, no RDB/AOF, files under ``workdir``.
 
     With ``cluster`` the node keeps its cluster state in ``workdir/<cluster_config>``
     and its cluster bus on ``cluster_port`` (default ``port + 10000``, which
-    must itself be a valid, free port).
+    must itself be a valid, free port). With ``replicaof`` (host, port) it replicates that
+    master. With ``password`` clients must give it (``requirepass``), and it gives it to
+    its master (``masterauth``: a master demoted by a failover replicates the new one).
     """
+    # A replica's full sync starts at once (Redis waits 5 s for more replicas to share it by default).
     argv = [binary, "--port", str(port), "--bind", bind, "--dir", str(workdir),
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
-            "--protected-mode", "yes"]
+            "--protected-mode", "yes", "--repl-diskless-sync-delay", "0"]
     if cluster:
         argv += ["--cluster-enabled", "yes", "--cluster-config-file", cluster_config,
                  "--cluster-node-timeout", str(node_timeout_ms)]
         if cluster_port is not None:
             argv += ["--cluster-port", str(cluster_port)]
+    if replicaof is not None:
+        argv += ["--replicaof", replicaof[0], str(replicaof[1])]
+    if password:
+        argv += ["--requirepass", password, "--masterauth", password]
     return argv
+
+
+def sentinel_command(config: str | os.PathLike, *, binary: str = "redis-server") -> list[str]:
+    """argv of one Redis Sentinel reading (and rewriting: it must be writable) ``config``."""
+    return [binary, str(config), "--sentinel"]
+
+
+def sentinel_config(port: int, master_port: int, workdir: str | os.PathLike, *, quorum: int,
+                    service: str = SENTINEL_SERVICE, bind: str = LOOPBACK, master_host: str = LOOPBACK,
+                    down_after_ms: int = SENTINEL_DOWN_AFTER_MS,
+                    failover_timeout_ms: int = SENTINEL_FAILOVER_TIMEOUT_MS,
+                    password: str | None = None, sentinel_password: str | None = None) -> str:
+    """The config file of one sentinel on ``port`` watching the master ``master_host:master_port`` as
+    ``service`` (``quorum`` sentinels must deem it down). ``password``: the master's and replicas'
+    (``auth-pass``); ``sentinel_password``: the sentinels' own (``requirepass``, and ``sentinel-pass``
+    for speaking to each other)."""
+    lines = [f"port {port}", f"bind {bind}", "daemonize no", 'logfile ""', f"dir {workdir}",
+             f"sentinel monitor {service} {master_host} {master_port} {quorum}",
+             f"sentinel down-after-milliseconds {service} {down_after_ms}",
+             f"sentinel failover-timeout {service} {failover_timeout_ms}",
+             f"sentinel parallel-syncs {service} 1"]
+    if password:
+        lines.append(f"sentinel auth-pass {service} {password}")
+    if sentinel_password:
+        lines += [f"requirepass {sentinel_password}", f"sentinel sentinel-pass {sentinel_password}"]
+    return "\n".join(lines) + "\n"
 
 
 def cli_command(port: int, *args: str, host: str = LOOPBACK, binary: str = "redis-cli") -> list[str]:
@@ -77,11 +139,12 @@ def cli_command(port: int, *args: str, host: str = LOOPBACK, binary: str = "redi
     return [binary, "-h", host, "-p", str(port), *args]
 
 
-def cluster_create_command(ports: list[int], *, host: str = LOOPBACK,
+def cluster_create_command(ports: list[int], *, host: str = LOOPBACK, replicas: int = 0,
                            binary: str = "redis-cli") -> list[str]:
-    """argv that joins the servers on ``ports`` into a cluster of masters only, without asking."""
+    """argv that joins the servers on ``ports`` into a cluster, without asking: ``replicas`` replicas
+    per master (0: masters only; the masters are then len(ports) / (1 + replicas) of them)."""
     return [binary, "--cluster", "create", *[f"{host}:{p}" for p in ports],
-            "--cluster-replicas", "0", "--cluster-yes"]
+            "--cluster-replicas", str(replicas), "--cluster-yes"]
 
 
 def die_with_parent(argv: list[str]) -> list[str]:
@@ -111,6 +174,20 @@ def parse_info(text: str) -> dict[str, str]:
 def url_for(port: int, db: int = 0, host: str = LOOPBACK) -> str:
     """``redis://host:port/db``."""
     return f"redis://{host}:{port}/{db}"
+
+
+def sentinel_url_for(ports: list[int], service: str = SENTINEL_SERVICE, db: int = 0, host: str = LOOPBACK,
+                     password: str | None = None) -> str:
+    """``redis+sentinel://[:password@]host:p1,host:p2,.../service/db`` (the password as given: mask it
+    before printing, as :func:`main` does)."""
+    auth = f":{urllib.parse.quote(password, safe='')}@" if password else ""
+    return f"redis+sentinel://{auth}{','.join(f'{host}:{p}' for p in ports)}/{service}/{db}"
+
+
+def parse_pairs(text: str) -> dict[str, str]:
+    """redis-cli's raw reply of a flat field/value list (``SENTINEL MASTER``) -> {field: value}."""
+    lines = text.splitlines()
+    return dict(zip(lines[0::2], lines[1::2]))
 
 
 # --- environment ------------------------------------------------------------
@@ -153,8 +230,24 @@ def free_port(host: str = LOOPBACK, below: int = 65536) -> int:
                            "free some ephemeral ports or widen net.ipv4.ip_local_port_range")
 
 
-def _cli(port: int, *args: str, timeout: float = 5.0) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_command(port, *args), capture_output=True, text=True, timeout=timeout)
+def _cli(port: int, *args: str, timeout: float = 5.0, password: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command(port, *_auth(password), *args), capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def replication(port: int, *, host: str = LOOPBACK, password: str | None = None) -> dict[str, str]:
+    """``INFO replication`` of the server on ``host``:``port`` (empty when it does not answer)."""
+    try:
+        r = subprocess.run(cli_command(port, *_auth(password), "info", "replication", host=host),
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=5.0)
+    except subprocess.TimeoutExpired:
+        return {}
+    return parse_info(r.stdout)
+
+
+def in_sync(info: dict[str, str]) -> bool:
+    """Whether an ``INFO replication`` is a replica's whose link to its master is up."""
+    return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
 
 # --- one server -------------------------------------------------------------
@@ -162,17 +255,23 @@ def _cli(port: int, *args: str, timeout: float = 5.0) -> subprocess.CompletedPro
 class RedisServer:
     """One redis-server on a random loopback port; use as a context manager or call start/stop.
 
-    ``kill()`` ends it with SIGKILL (fault tests); ``restart()`` starts a new,
-    empty server on the same port; ``stop()`` ends it and removes its files.
+    ``kill()`` ends it with SIGKILL (fault tests); ``pause()`` / ``resume()`` stop and continue it
+    (SIGSTOP / SIGCONT: a server that hangs); ``restart()`` starts a new, empty server on the same
+    port; ``stop()`` ends it and removes its files.
     """
 
     def __init__(self, *, port: int | None = None, start_timeout: float = 10.0,
                  cluster: bool = False, cluster_port: int | None = None,
-                 workdir: str | os.PathLike | None = None):
+                 workdir: str | os.PathLike | None = None, replicaof: int | None = None,
+                 password: str | None = None):
         self.port = port
         self.start_timeout = start_timeout
         self.cluster = cluster
         self.cluster_port = cluster_port
+        #: the port of the loopback master this server replicates (None: a master)
+        self.replicaof = replicaof
+        #: its requirepass (and masterauth), or None
+        self.password = password
         self._own_dir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else None
         self.proc: subprocess.Popen | None = None
@@ -231,11 +330,20 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for stale in ("nodes.conf", "dump.rdb"):
             (self.workdir / stale).unlink(missing_ok=True)
-        self.argv = server_command(self.port, self.workdir, cluster=self.cluster,
-                                   cluster_port=self.cluster_port)
+        self.argv = self._command()
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(die_with_parent(self.argv), stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _command(self) -> list[str]:
+        """The argv this server runs (a subclass runs another)."""
+        return server_command(self.port, self.workdir, cluster=self.cluster, cluster_port=self.cluster_port,
+                              replicaof=None if self.replicaof is None else (LOOPBACK, self.replicaof),
+                              password=self.password)
+
+    def cli(self, *args: str, timeout: float = 5.0) -> subprocess.CompletedProcess:
+        """``redis-cli`` ``args`` against this server (with its password)."""
+        return _cli(self.port, *args, timeout=timeout, password=self.password)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -248,7 +356,7 @@ class RedisServer:
             try:
                 # INFO, not just PING: the server answering must be ours (its process_id), not
                 # another one that already held the port while ours failed to bind it.
-                r = _cli(self.port, "info", "server", timeout=max(0.5, min(3.0, deadline - time.monotonic())))
+                r = self.cli("info", "server", timeout=max(0.5, min(3.0, deadline - time.monotonic())))
                 last = (r.stdout + r.stderr).strip()[-200:]
                 pid = parse_info(r.stdout).get("process_id")
                 if r.returncode == 0 and pid == str(self.proc.pid) and self.ping():
@@ -267,14 +375,14 @@ class RedisServer:
         if self.port is None:
             return False
         try:
-            r = _cli(self.port, "ping", timeout=timeout)
+            r = self.cli("ping", timeout=timeout)
         except subprocess.TimeoutExpired:
             return False
         return r.returncode == 0 and r.stdout.strip() == "PONG"
 
     def flush(self) -> None:
         """Empty the server (FLUSHALL): each bench point starts from nothing on a shared server."""
-        r = _cli(self.port, "flushall", timeout=10)
+        r = self.cli("flushall", timeout=10)
         if r.returncode != 0 or r.stdout.strip() != "OK":
             raise RedisLaunchError(f"FLUSHALL on {LOOPBACK}:{self.port} failed: {(r.stdout + r.stderr).strip()!r}; "
                                    f"is the server still running? its log ends: {self.log_tail(400)!r}")
@@ -283,7 +391,7 @@ class RedisServer:
         """Store ``value`` under each of ``keys`` (one MSET), e.g. the keys a redis-benchmark MGET reads."""
         if not keys:
             raise ValueError("seed() needs at least one key")
-        r = _cli(self.port, "mset", *[x for k in keys for x in (k, value)], timeout=30)
+        r = self.cli("mset", *[x for k in keys for x in (k, value)], timeout=30)
         if r.returncode != 0 or r.stdout.strip() != "OK":
             raise RedisLaunchError(f"MSET of {len(keys)} keys on {LOOPBACK}:{self.port} failed: "
                                    f"{(r.stdout + r.stderr).strip()[:300]!r}")
@@ -291,14 +399,14 @@ class RedisServer:
     def keyspace_stats(self, reset: bool = False) -> dict[str, int]:
         """``keyspace_hits`` / ``keyspace_misses`` of INFO stats (keys read that existed / did not),
         then zeroed with CONFIG RESETSTAT when ``reset``."""
-        r = _cli(self.port, "info", "stats", timeout=10)
+        r = self.cli("info", "stats", timeout=10)
         got = dict(line.split(":", 1) for line in r.stdout.splitlines() if line.startswith("keyspace_"))
         try:
             out = {k: int(got[k]) for k in ("keyspace_hits", "keyspace_misses")}
         except (KeyError, ValueError):
             raise RedisLaunchError(f"INFO stats on {LOOPBACK}:{self.port} has no keyspace_hits/misses: "
                                    f"{(r.stdout + r.stderr).strip()[:300]!r}") from None
-        if reset and _cli(self.port, "config", "resetstat", timeout=10).stdout.strip() != "OK":
+        if reset and self.cli("config", "resetstat", timeout=10).stdout.strip() != "OK":
             raise RedisLaunchError(f"CONFIG RESETSTAT on {LOOPBACK}:{self.port} failed")
         return out
 
@@ -316,6 +424,8 @@ class RedisServer:
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, sig)
+                    if sig != signal.SIGKILL:
+                        os.killpg(p.pid, signal.SIGCONT)    # a paused server acts on SIGTERM only once continued
                 except ProcessLookupError:
                     pass
                 try:
@@ -335,6 +445,21 @@ class RedisServer:
     def kill(self) -> None:
         """End the server with SIGKILL (a crash: no shutdown, clients see the connection drop)."""
         self._end(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """Stop the server with SIGSTOP (a hang: its port still accepts connections, nothing answers);
+        ``resume()`` continues it, ``stop()`` and ``kill()`` end it even while stopped."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue a server ``pause()`` stopped (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if not self.running:
+            raise RedisLaunchError(f"redis-server on port {self.port} is not running; nothing to send "
+                                   f"{signal.Signals(sig).name} to (start() it first)")
+        os.killpg(self.proc.pid, sig)
 
     def restart(self) -> "RedisServer":
         """Start a new, empty server on the same port (after kill() or while running)."""
@@ -372,13 +497,18 @@ class RedisServer:
 # --- a cluster --------------------------------------------------------------
 
 class RedisCluster:
-    """``masters`` cluster-enabled redis-servers on loopback joined into one cluster (no replicas)."""
+    """``masters`` cluster-enabled redis-servers on loopback joined into one cluster, each master with
+    ``replicas`` replicas (``nodes`` holds them all; which is a master is :meth:`roles`'s to say,
+    since redis-cli picks)."""
 
-    def __init__(self, masters: int = 3, *, start_timeout: float = 20.0):
+    def __init__(self, masters: int = 3, *, replicas: int = 0, start_timeout: float = CLUSTER_START_S):
         if masters < 3:
             raise ValueError(f"RedisCluster(masters={masters}): redis-cli --cluster create needs at "
                              "least 3 masters; ask for 3 or more")
+        if replicas < 0:
+            raise ValueError(f"RedisCluster(replicas={replicas}): give 0 (masters only) or more replicas per master")
         self.masters = masters
+        self.replicas = replicas
         self.start_timeout = start_timeout
         self.nodes: list[RedisServer] = []
         self.workdir: Path | None = None
@@ -390,13 +520,17 @@ class RedisCluster:
 
     @property
     def urls(self) -> list[str]:
-        """One ``redis://127.0.0.1:PORT/0`` per master."""
+        """One ``redis://127.0.0.1:PORT/0`` per node (masters and replicas)."""
         return [n.url for n in self.nodes]
 
     @property
     def url(self) -> str:
-        """The first master's URL (a cluster client discovers the others from it)."""
+        """The first node's URL (a cluster client discovers the others from it)."""
         return self.urls[0]
+
+    def roles(self) -> dict[int, str]:
+        """Each node's role now, by port: ``master``, ``slave``, or ``?`` for one that does not answer."""
+        return {n.port: replication(n.port).get("role", "?") for n in self.nodes}
 
     def start(self) -> "RedisCluster":
         """Start the servers, create the cluster and wait for ``cluster_state:ok`` on every node."""
@@ -404,7 +538,7 @@ class RedisCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix="pcrediscluster-"))
         try:
             deadline = time.monotonic() + self.start_timeout
-            for i in range(self.masters):
+            for i in range(self.masters * (1 + self.replicas)):
                 node = RedisServer(cluster=True, cluster_port=free_port(),
                                    workdir=self.workdir / f"node{i}",
                                    start_timeout=max(1.0, deadline - time.monotonic()))
@@ -418,14 +552,14 @@ class RedisCluster:
         return self
 
     def _create(self, deadline: float) -> None:
-        self.create_argv = create_cluster(self.ports, deadline)
+        self.create_argv = create_cluster(self.ports, deadline, replicas=self.replicas)
 
     def cluster_info(self, port: int) -> dict[str, str]:
         """``CLUSTER INFO`` of the node on ``port``."""
         return cluster_info(port)
 
     def _wait_ok(self, deadline: float) -> None:
-        wait_cluster_ok(self.ports, deadline)
+        wait_cluster_ok(self.ports, deadline, replicas=self.masters * self.replicas)
 
     def stop(self) -> None:
         """End every node and remove the cluster's directory."""
@@ -445,10 +579,219 @@ class RedisCluster:
         return f"RedisCluster(ports={self.ports})"
 
 
+# --- Redis Sentinel -----------------------------------------------------------
+
+class RedisSentinel(RedisServer):
+    """One Redis Sentinel on a random loopback port watching the loopback master on ``master_port`` as
+    ``service``; its config file (:func:`sentinel_config`, which Sentinel rewrites as it learns) is kept
+    in its private directory (mode 0700: the file holds the master's password), removed by ``stop()``. ``password``: the master's; ``sentinel_password``:
+    its own (None: none)."""
+
+    def __init__(self, master_port: int, *, quorum: int, service: str = SENTINEL_SERVICE,
+                 password: str | None = None, sentinel_password: str | None = None,
+                 down_after_ms: int = SENTINEL_DOWN_AFTER_MS,
+                 failover_timeout_ms: int = SENTINEL_FAILOVER_TIMEOUT_MS, start_timeout: float = 10.0):
+        super().__init__(start_timeout=start_timeout, password=sentinel_password)
+        self.master_port = master_port
+        self.quorum = quorum
+        self.service = service
+        self.master_password = password
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self._config_port: int | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "sentinel.conf"
+
+    def _command(self) -> list[str]:
+        # Written for each port a start tries; a restart() on the same port keeps what Sentinel rewrote.
+        if self._config_port != self.port:
+            self.config_path.write_text(sentinel_config(
+                self.port, self.master_port, self.workdir, quorum=self.quorum, service=self.service,
+                down_after_ms=self.down_after_ms, failover_timeout_ms=self.failover_timeout_ms,
+                password=self.master_password, sentinel_password=self.password))
+            self._config_port = self.port
+        return sentinel_command(self.config_path)
+
+    def master_addr(self) -> tuple[str, int] | None:
+        """``SENTINEL GET-MASTER-ADDR-BY-NAME``: where this sentinel says the master is now (None: it
+        does not answer, or knows no such master)."""
+        try:
+            r = self.cli("sentinel", "get-master-addr-by-name", self.service, timeout=2.0)
+        except subprocess.TimeoutExpired:
+            return None
+        got = r.stdout.split()
+        return (got[0], int(got[1])) if r.returncode == 0 and len(got) == 2 and got[1].isdigit() else None
+
+    def master_state(self) -> dict[str, str]:
+        """``SENTINEL MASTER``: this sentinel's view of the master (flags, num-slaves, num-other-sentinels ...)."""
+        try:
+            return parse_pairs(self.cli("sentinel", "master", self.service, timeout=2.0).stdout)
+        except subprocess.TimeoutExpired:
+            return {}
+
+
+class SentinelSet:
+    """A master, ``replicas`` replicas of it and ``sentinels`` Redis Sentinels watching it, all on
+    loopback; use as a context manager or call start/stop.
+
+    ``start()`` returns once every replica is in sync and every sentinel names the master, knows the
+    other sentinels and the replicas (so a failover can be agreed on at once). ``url`` is the
+    ``redis+sentinel://`` URL of the set (with ``password``, if given). ``servers[0]`` is the server
+    started as master; after a failover :meth:`wait_master` says which one is. With ``sentinel_auth``
+    the sentinels require the same password (the URL's ``?sentinel_auth=yes``). ``stop()`` ends the
+    sentinels first (so that none fails over while the servers end), then the servers, and removes
+    every private directory.
+    """
+
+    def __init__(self, sentinels: int = SENTINELS, *, replicas: int = 1, service: str = SENTINEL_SERVICE,
+                 password: str | None = None, sentinel_auth: bool = False,
+                 down_after_ms: int = SENTINEL_DOWN_AFTER_MS,
+                 failover_timeout_ms: int = SENTINEL_FAILOVER_TIMEOUT_MS,
+                 start_timeout: float = SENTINEL_START_S):
+        if sentinels < 1 or replicas < 0:
+            raise ValueError(f"SentinelSet(sentinels={sentinels}, replicas={replicas}): give 1 or more sentinels "
+                             f"(3 for a quorum that survives one lost) and 0 or more replicas")
+        if sentinel_auth and not password:
+            raise ValueError("SentinelSet(sentinel_auth=True) gives the sentinels the servers' password: give password")
+        self.n_sentinels = sentinels
+        self.replicas = replicas
+        self.service = service
+        self.password = password
+        self.sentinel_auth = sentinel_auth
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.start_timeout = start_timeout
+        #: the servers, the one started as master first
+        self.servers: list[RedisServer] = []
+        self.sentinels: list[RedisSentinel] = []
+
+    @property
+    def quorum(self) -> int:
+        """Sentinels that must deem the master down before a failover: a majority."""
+        return self.n_sentinels // 2 + 1
+
+    @property
+    def sentinel_ports(self) -> list[int]:
+        return [s.port for s in self.sentinels]
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://[:PASSWORD@]127.0.0.1:P1,.../SERVICE/0`` (the password in it: mask it to print)."""
+        auth = "?sentinel_auth=yes" if self.sentinel_auth else ""
+        return sentinel_url_for(self.sentinel_ports, self.service, password=self.password) + auth
+
+    def server(self, port: int) -> RedisServer:
+        """The server of this set on ``port`` (RedisLaunchError naming the ports when none is)."""
+        for srv in self.servers:
+            if srv.port == port:
+                return srv
+        raise RedisLaunchError(f"no server of this Sentinel set on port {port}; its servers are on "
+                               f"{[s.port for s in self.servers]}")
+
+    def master_addrs(self) -> dict[int, tuple[str, int] | None]:
+        """Where each running sentinel says the master is, by sentinel port."""
+        return {s.port: s.master_addr() for s in self.sentinels if s.running}
+
+    def wait_master(self, *, other_than: int | None = None, timeout: float) -> int:
+        """The master's port once every running sentinel names the same one (not ``other_than``: the one
+        killed), and it says it is a master; RedisLaunchError with their answers after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        addrs: dict = {}
+        role = None
+        while time.monotonic() < deadline:
+            addrs = self.master_addrs()
+            named = set(addrs.values())
+            if len(named) == 1 and None not in named:
+                port = next(iter(named))[1]
+                if port != other_than:
+                    role = replication(port, password=self.password).get("role")
+                    if role == "master":
+                        return port
+            time.sleep(_POLL_S)
+        raise RedisLaunchError(f"the sentinels of {self.service!r} did not agree on a master "
+                               f"{'other than port ' + str(other_than) + ' ' if other_than else ''}within "
+                               f"{timeout:g} s (sentinel port: master named = {addrs}; its role: {role}); "
+                               f"the first sentinel's log ends: {self._sentinel_log()!r}")
+
+    def _sentinel_log(self) -> str:
+        return self.sentinels[0].log_tail(600) if self.sentinels else ""
+
+    def start(self) -> "SentinelSet":
+        """Start the master, its replicas, wait for them to sync, start the sentinels and wait until each
+        knows the whole set (bounded by ``start_timeout``); on failure nothing is left running."""
+        require()
+        deadline = time.monotonic() + self.start_timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+        try:
+            master = RedisServer(password=self.password, start_timeout=left()).start()
+            self.servers.append(master)
+            for _ in range(self.replicas):
+                self.servers.append(RedisServer(replicaof=master.port, password=self.password,
+                                                start_timeout=left()).start())
+            self._wait_synced(deadline)
+            for _ in range(self.n_sentinels):
+                self.sentinels.append(RedisSentinel(
+                    master.port, quorum=self.quorum, service=self.service, password=self.password,
+                    sentinel_password=self.password if self.sentinel_auth else None,
+                    down_after_ms=self.down_after_ms, failover_timeout_ms=self.failover_timeout_ms,
+                    start_timeout=left()).start())
+            self._wait_sentinels(master.port, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_synced(self, deadline: float) -> None:
+        infos: dict[int, dict] = {}
+        while time.monotonic() < deadline:
+            infos = {s.port: replication(s.port, password=self.password) for s in self.servers[1:]}
+            if all(in_sync(i) for i in infos.values()):
+                return
+            time.sleep(_POLL_S)
+        raise RedisLaunchError(f"the replicas of 127.0.0.1:{self.servers[0].port} did not sync in the start budget "
+                               f"(port: master_link_status = {({p: i.get('master_link_status') for p, i in infos.items()})}); "
+                               f"the first replica's log ends: {self.servers[1].log_tail(600)!r}")
+
+    def _wait_sentinels(self, master_port: int, deadline: float) -> None:
+        want = {"flags": "master", "num-other-sentinels": str(self.n_sentinels - 1),
+                "num-slaves": str(self.replicas), "port": str(master_port)}
+        seen: dict[int, dict] = {}
+        while time.monotonic() < deadline:
+            seen = {s.port: s.master_state() for s in self.sentinels}
+            if all(all(st.get(k) == v for k, v in want.items()) for st in seen.values()):
+                return
+            time.sleep(_POLL_S * 2)
+        got = {p: {k: st.get(k) for k in want} for p, st in seen.items()}
+        raise RedisLaunchError(f"the sentinels did not all see the master, each other and the replicas in the "
+                               f"start budget (want {want}; sentinel port: what it sees = {got}); the first "
+                               f"sentinel's log ends: {self._sentinel_log()!r}")
+
+    def stop(self) -> None:
+        """End the sentinels, then the servers, and remove their directories."""
+        for s in self.sentinels + self.servers:
+            s.stop()
+
+    def __enter__(self) -> "SentinelSet":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (f"SentinelSet(servers={[s.port for s in self.servers]}, sentinels={self.sentinel_ports}, "
+                f"service={self.service!r})")
+
+
 # --- a cluster on another host (a cluster testbed's directory host) ------------------------------------
 
 #: What ``create-cluster`` prints once every node says its cluster is ok (the lab's readiness pattern).
 CLUSTER_READY = "peercache redis cluster: ready"
+#: What ``sentinel`` prints once its set is ready, before the URL to use.
+SENTINEL_READY = "peercache redis sentinel: ready"
 
 
 def _auth(password: str | None) -> list[str]:
@@ -456,10 +799,10 @@ def _auth(password: str | None) -> list[str]:
 
 
 def create_cluster(ports: list[int], deadline: float, *, host: str = LOOPBACK,
-                   password: str | None = None) -> list[str]:
-    """Join the cluster-enabled servers on ``host``:``ports`` into a cluster of masters (the argv it ran;
-    RedisLaunchError, with redis-cli's words, when it did not finish in time or failed)."""
-    argv = cluster_create_command(ports, host=host)
+                   password: str | None = None, replicas: int = 0) -> list[str]:
+    """Join the cluster-enabled servers on ``host``:``ports`` into a cluster, ``replicas`` per master (the
+    argv it ran; RedisLaunchError, with redis-cli's words, when it did not finish in time or failed)."""
+    argv = cluster_create_command(ports, host=host, replicas=replicas)
     shown = " ".join(argv)
     try:
         r = subprocess.run(argv + _auth(password), capture_output=True, text=True, stdin=subprocess.DEVNULL,
@@ -478,54 +821,114 @@ def cluster_info(port: int, *, host: str = LOOPBACK, password: str | None = None
     return parse_info(r.stdout)
 
 
-def wait_cluster_ok(ports: list[int], deadline: float, *, host: str = LOOPBACK, password: str | None = None) -> None:
-    """Wait until every node says ``cluster_state:ok`` with every slot assigned and every master known."""
+def wait_cluster_ok(ports: list[int], deadline: float, *, host: str = LOOPBACK, password: str | None = None,
+                    replicas: int = 0) -> None:
+    """Wait until every node says ``cluster_state:ok`` with every slot assigned and every node known,
+    and ``replicas`` of them are replicas in sync with their masters."""
     last: dict[int, dict[str, str]] = {}
+    synced = 0
     while time.monotonic() < deadline:
         last = {p: cluster_info(p, host=host, password=password) for p in ports}
         if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_assigned") == str(CLUSTER_SLOTS)
                and i.get("cluster_known_nodes") == str(len(ports)) for i in last.values()):
-            return
+            synced = sum(in_sync(replication(p, host=host, password=password)) for p in ports) if replicas else 0
+            if synced >= replicas:
+                return
         time.sleep(_POLL_S * 2)
     states = {p: (i.get("cluster_state"), i.get("cluster_slots_assigned"), i.get("cluster_known_nodes"))
               for p, i in last.items()}
     raise RedisLaunchError(f"Redis Cluster on {host} ports {ports} not ok in its start budget "
-                           f"(port: (state, slots assigned, known nodes) = {states})")
+                           f"(port: (state, slots assigned, known nodes) = {states}; replicas in sync: "
+                           f"{synced} of {replicas})")
 
 
 def create_cluster_command(python: list[str], host: str, ports: list[int], password: str | None,
-                           timeout: float) -> list[str]:
+                           timeout: float, replicas: int = 0) -> list[str]:
     """argv of :func:`main`'s ``create-cluster`` run with ``python`` (the lab starts it on the directory host)."""
     return [*python, "-m", "peercache.lab.launch.redis", "create-cluster", "--host", host,
             "--ports", ",".join(map(str, ports)), "--timeout", f"{timeout:g}",
+            *(["--replicas", str(replicas)] if replicas else []),
             *(["--password", password] if password else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m peercache.lab.launch.redis create-cluster --host H --ports P1,P2,P3 [--password PW]``: join
-    the cluster-enabled servers the lab started on a cluster testbed's directory host, wait until every node
-    is ok, print CLUSTER_READY, then hold until SIGTERM or SIGINT (the group runner stops it with the servers)."""
+    """``python -m peercache.lab.launch.redis create-cluster --host H --ports P1,P2,P3 [--replicas N]
+    [--password PW]``: join the cluster-enabled servers the lab started on a cluster testbed's directory
+    host, wait until every node is ok, print CLUSTER_READY, then hold until SIGTERM or SIGINT (the group
+    runner stops it with the servers).
+
+    ``python -m peercache.lab.launch.redis sentinel [--sentinels 3] [--replicas 1] [--service NAME]
+    [--password PW]``: start a master, its replicas and the sentinels on loopback (:class:`SentinelSet`),
+    print SENTINEL_READY with the ``--directory redis+sentinel://...`` to give serve and drive (the
+    password masked), hold until SIGTERM or SIGINT (Ctrl-C), then stop them all."""
     p = argparse.ArgumentParser(prog="python -m peercache.lab.launch.redis")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("create-cluster", help="join cluster-enabled servers into one cluster, then hold")
     c.add_argument("--host", required=True, help="the servers' address")
-    c.add_argument("--ports", required=True, help="P1,P2,P3: the servers' ports (3 or more)")
+    c.add_argument("--ports", required=True, help="P1,P2,P3: the servers' ports (3 or more masters)")
+    c.add_argument("--replicas", type=int, default=0, help="replicas per master [%(default)s]")
     c.add_argument("--password", default=None, help="their requirepass")
     c.add_argument("--timeout", type=float, default=30.0, help="seconds to create and see it ok [%(default)s]")
+    s = sub.add_parser("sentinel", help="start a master, replicas and sentinels on loopback, print the "
+                                        "redis+sentinel:// URL, hold until Ctrl-C, then stop them")
+    s.add_argument("--sentinels", type=int, default=SENTINELS, help="sentinels [%(default)s]")
+    s.add_argument("--replicas", type=int, default=1, help="replicas of the master [%(default)s]")
+    s.add_argument("--service", default=SENTINEL_SERVICE, help="the master's name at the sentinels [%(default)s]")
+    s.add_argument("--password", default=None, help="the servers' requirepass (default: none)")
+    s.add_argument("--sentinel-auth", action="store_true", help="the sentinels require the password too")
+    s.add_argument("--timeout", type=float, default=SENTINEL_START_S, help="seconds to start it [%(default)s]")
     a = p.parse_args(argv)
-    ports = [int(x) for x in a.ports.split(",") if x]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if a.cmd == "sentinel":
+        return _hold_sentinel_set(a, stop)
+    ports = [int(x) for x in a.ports.split(",") if x]
     deadline = time.monotonic() + a.timeout
     try:
-        create_cluster(ports, deadline, host=a.host, password=a.password)
-        wait_cluster_ok(ports, deadline, host=a.host, password=a.password)
+        create_cluster(ports, deadline, host=a.host, password=a.password, replicas=a.replicas)
+        wait_cluster_ok(ports, deadline, host=a.host, password=a.password, replicas=a.replicas * len(ports)
+                        // (1 + a.replicas))
     except (RedisLaunchError, OSError, subprocess.SubprocessError) as e:
         print(f"create-cluster: {e}", file=sys.stderr, flush=True)
         return 1
     print(f"{CLUSTER_READY} on {a.host} ports {','.join(map(str, ports))}", flush=True)
     stop.wait()
+    return 0
+
+
+def _hold_sentinel_set(a, stop: threading.Event) -> int:
+    """``sentinel``: start the set, say how to use it, hold until ``stop``, stop it (on every path)."""
+    # Here, not at the top: this module imports only the standard library (create-cluster runs on a
+    # testbed's directory host), and importing the peercache package loads the engine.
+    from peercache.redact import redact
+    try:
+        ss = SentinelSet(a.sentinels, replicas=a.replicas, service=a.service, password=a.password,
+                         sentinel_auth=a.sentinel_auth, start_timeout=a.timeout)
+    except ValueError as e:
+        print(f"sentinel: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        ss.start()
+    except (RedisLaunchError, RedisUnavailable, OSError, subprocess.SubprocessError) as e:
+        print(f"sentinel: {e}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        url = redact(ss.url)
+        print(f"{SENTINEL_READY}: master 127.0.0.1:{ss.servers[0].port}, replicas "
+              f"{','.join(str(x.port) for x in ss.servers[1:]) or 'none'}, sentinels "
+              f"{','.join(map(str, ss.sentinel_ports))} (down-after {ss.down_after_ms} ms, failover-timeout "
+              f"{ss.failover_timeout_ms} ms)", flush=True)
+        if a.password:
+            print("  (*** is the --password given: put it in the URL, or in $PEERCACHE_REDIS_PASSWORD and "
+                  "drop ':***@' from it)", flush=True)
+        print(f"  peercache-bench serve --directory '{url}' --readers 1", flush=True)
+        print(f"  peercache-bench drive --directory '{url}'", flush=True)
+        print(f"  kill the master to see a failover: kill -KILL {ss.servers[0].pid}; Ctrl-C ends them all",
+              flush=True)
+        stop.wait()
+    finally:
+        ss.stop()
     return 0
 
 

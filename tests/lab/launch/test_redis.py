@@ -53,6 +53,43 @@ def test_cluster_create_command():
     assert rl.cluster_create_command([1, 2, 3]) == [
         "redis-cli", "--cluster", "create", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3",
         "--cluster-replicas", "0", "--cluster-yes"]
+    assert rl.cluster_create_command([1, 2, 3, 4, 5, 6], replicas=1)[-3:] == ["--cluster-replicas", "1",
+                                                                               "--cluster-yes"]
+    lab = rl.create_cluster_command(["py"], "10.0.0.9", [1, 2, 3, 4, 5, 6], "pw", 30, replicas=1)
+    assert lab == ["py", "-m", "peercache.lab.launch.redis", "create-cluster", "--host", "10.0.0.9", "--ports",
+                   "1,2,3,4,5,6", "--timeout", "30", "--replicas", "1", "--password", "pw"]
+    assert "--replicas" not in rl.create_cluster_command(["py"], "h", [1, 2, 3], None, 30)
+
+
+def test_replica_and_password_flags():
+    argv = rl.server_command(7002, "/tmp/x", replicaof=("127.0.0.1", 7001), password="pw")
+    i = argv.index("--replicaof")
+    assert argv[i:i + 3] == ["--replicaof", "127.0.0.1", "7001"]
+    after = {a: argv[k + 1] for k, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert after["--requirepass"] == "pw" and after["--masterauth"] == "pw"
+    assert after["--repl-diskless-sync-delay"] == "0"
+    assert "--replicaof" not in rl.server_command(7001, "/tmp/x") and "--requirepass" not in rl.server_command(7001, "/tmp/x")
+
+
+def test_sentinel_command_config_and_url():
+    assert rl.sentinel_command("/tmp/s/sentinel.conf") == ["redis-server", "/tmp/s/sentinel.conf", "--sentinel"]
+    conf = rl.sentinel_config(26379, 7001, "/tmp/s", quorum=2, service="svc", down_after_ms=1000,
+                              failover_timeout_ms=3000).splitlines()
+    assert conf[:5] == ["port 26379", "bind 127.0.0.1", "daemonize no", 'logfile ""', "dir /tmp/s"]
+    assert "sentinel monitor svc 127.0.0.1 7001 2" in conf
+    assert "sentinel down-after-milliseconds svc 1000" in conf and "sentinel failover-timeout svc 3000" in conf
+    assert not any("pass" in line for line in conf)
+    locked = rl.sentinel_config(1, 2, "/d", quorum=1, password="pw", sentinel_password="spw").splitlines()
+    assert f"sentinel auth-pass {rl.SENTINEL_SERVICE} pw" in locked
+    assert "requirepass spw" in locked and "sentinel sentinel-pass spw" in locked
+    assert rl.sentinel_url_for([1, 2]) == f"redis+sentinel://127.0.0.1:1,127.0.0.1:2/{rl.SENTINEL_SERVICE}/0"
+    assert rl.sentinel_url_for([1], "m", 3, password="p@ss") == "redis+sentinel://:p%40ss@127.0.0.1:1/m/3"
+    assert rl.parse_pairs("name\nsvc\nflags\nmaster\nnum-slaves\n1\n") == {
+        "name": "svc", "flags": "master", "num-slaves": "1"}
+    with pytest.raises(ValueError, match="give password"):
+        rl.SentinelSet(sentinel_auth=True)
+    with pytest.raises(ValueError, match="1 or more sentinels"):
+        rl.SentinelSet(0)
 
 
 def test_parse_info_and_url():
@@ -159,6 +196,80 @@ def test_cluster_three_masters_cover_all_slots_and_stop_leaves_nothing():
         c.stop()
     assert all(gone(p) for p in pids)
     assert not any(listening(p) for p in c.ports) and not workdir.exists()
+
+
+@needs_redis
+def test_cluster_three_masters_three_replicas_in_sync():
+    with rl.RedisCluster(masters=3, replicas=1) as c:
+        assert len(c.ports) == 6
+        roles = c.roles()
+        assert sorted(roles.values()) == ["master"] * 3 + ["slave"] * 3, roles
+        for port, role in roles.items():
+            info = rl.parse_info(cli(port, "cluster", "info"))
+            assert info["cluster_state"] == "ok" and info["cluster_known_nodes"] == "6"
+            if role == "slave":
+                assert rl.in_sync(rl.replication(port))
+        pids = [n.pid for n in c.nodes]
+    assert all(gone(p) for p in pids)
+
+
+@needs_redis
+def test_sentinel_set_agrees_pauses_and_stop_leaves_nothing():
+    with rl.SentinelSet(password="a-sentinel-set-pw") as ss:
+        master, replica = ss.servers
+        assert rl.replication(master.port, password=ss.password)["role"] == "master"
+        assert rl.in_sync(rl.replication(replica.port, password=ss.password))
+        assert ss.quorum == 2 and len(ss.sentinels) == rl.SENTINELS
+        assert set(ss.master_addrs().values()) == {("127.0.0.1", master.port)}
+        for s in ss.sentinels:
+            st = s.master_state()
+            assert (st["flags"], st["num-slaves"], st["num-other-sentinels"], st["quorum"]) == (
+                "master", "1", "2", "2")
+            # the config holds the master's password: Sentinel rewrites it with its own mode, in a
+            # private directory only this user may enter
+            assert oct(s.config_path.parent.stat().st_mode & 0o777) == "0o700"
+            assert f"down-after-milliseconds {rl.SENTINEL_SERVICE} {rl.SENTINEL_DOWN_AFTER_MS}" in \
+                s.config_path.read_text()
+        assert ss.url == ("redis+sentinel://:a-sentinel-set-pw@" + ",".join(f"127.0.0.1:{p}" for p in
+                          ss.sentinel_ports) + f"/{rl.SENTINEL_SERVICE}/0")
+        assert ss.wait_master(timeout=5) == master.port
+        with pytest.raises(rl.RedisLaunchError, match="did not agree on a master other than port"):
+            ss.wait_master(other_than=master.port, timeout=0.3)
+        replica.pause()
+        assert not replica.ping(timeout=0.5)
+        replica.resume()
+        assert replica.ping()
+        replica.pause()                                  # stop() ends a paused server too
+        pids = [x.pid for x in ss.servers + ss.sentinels]
+        dirs = [x.workdir for x in ss.servers + ss.sentinels]
+        ports = [x.port for x in ss.servers + ss.sentinels]
+    assert all(gone(p) for p in pids)
+    assert not any(d.exists() for d in dirs) and not any(listening(p) for p in ports)
+
+
+@needs_redis
+def test_sentinel_command_line_prints_the_masked_url_and_cleans_up_on_sigterm():
+    import signal
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "peercache.lab.launch.redis", "sentinel", "--password",
+                          "cli-sentinel-pw-1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        first = p.stdout.readline()
+        assert first.startswith(rl.SENTINEL_READY), first
+        lines = [p.stdout.readline() for _ in range(4)]
+        text = first + "".join(lines)
+        assert "cli-sentinel-pw-1" not in text and "redis+sentinel://:***@127.0.0.1:" in text, text
+        master_pid = int(lines[-1].split("kill -KILL ")[1].split(";")[0])
+        assert not gone(master_pid)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+        p.stdout.close()
+    assert gone(master_pid)
 
 
 def test_cluster_needs_three_masters():

@@ -275,14 +275,13 @@ def directory_specs(pr: PointRun, th: TestbedHosts, d, kind: str, port: int,
     password = secrets.token_hex(16)
     url = redis_launch.url_for(port, host=d.address).replace("redis://", f"redis://:{password}@", 1)
     if kind == "redis":
-        server = redis_launch.server_command(port, workdir, bind=d.address) + ["--requirepass", password]
+        server = redis_launch.server_command(port, workdir, bind=d.address, password=password)
         return ([FirstSpec("directory", wrapped("directory", server),
                            Readiness(port=port, addr=d.address, timeout=pr.scaled(PORT_READY_S)))],
                 ["--directory", url], [])
     ports = [port] + [pr.ports.allocate() for _ in range(CLUSTER_MASTERS - 1)]
     firsts = [FirstSpec(f"directory{i}", wrapped(f"directory{i}", redis_launch.server_command(
-                  p, workdir, bind=d.address, cluster=True, cluster_config=f"nodes-{p}.conf")
-                  + ["--requirepass", password]),
+                  p, workdir, bind=d.address, cluster=True, cluster_config=f"nodes-{p}.conf", password=password)),
                         Readiness(port=p, addr=d.address, timeout=pr.scaled(PORT_READY_S)))
               for i, p in enumerate(ports)]
     budget = pr.scaled(READY_S)
