@@ -494,11 +494,28 @@ class RpcServer:
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     # a connection attempt begun, and one that failed and will be retried (refused)
+                     | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED)
+#: What the client knows of its connection (:attr:`RpcClient.link`): none yet, a handshake done and
+#: not lost since, lost after its handshake (the server stopped or restarted), or an attempt refused
+#: without connecting (nothing listens there now).
+LINK_UNKNOWN, LINK_UP, LINK_LOST, LINK_REFUSED = None, "up", "lost", "refused"
+#: How long a call waits on a server found down before it fails: ZeroMQ tries again after the
+#: reconnect interval plus up to as much at random, so by then a try was made during the call.
+DOWN_FOR_S = 2 * TIMEOUTS.reconnect_s
 
 
 class RpcClient:
-    """Thread-safe request/reply client with a bounded wait per call."""
+    """Thread-safe request/reply client with a bounded wait per call.
+
+    A call waits for its reply at most its bound, and less when the connection says the reply cannot
+    come: every ``link_check_s`` of waiting the client reads its connection's events, and fails the
+    call at once when the connection was lost (the server stopped or restarted: a reply to a request
+    sent on it never comes) or when a server this client has reached before now refuses connections
+    (it is down; its next incarnation is reached by a later call). A server never reached yet may
+    still be starting, so a refused attempt before the first handshake waits the bound as before.
+    """
 
     def __init__(self, addr: str, timeout: float = TIMEOUTS.directory_s, ctx: zmq.Context | None = None,
                  what: str = "node", auth: _auth.CurveKeys | None = None):
@@ -510,12 +527,15 @@ class RpcClient:
         self.ctx = ctx or zmq.Context.instance()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        #: whether a handshake with the server ever succeeded (on any of this client's connections)
+        self.reached = False
         self._sock, self._mon = self._connect()
 
     def _connect(self) -> tuple[zmq.Socket, zmq.Socket | None]:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        s.setsockopt(zmq.RECONNECT_IVL, int(TIMEOUTS.reconnect_s * 1000))
         if self.auth is not None:
             self.auth.client(s)
         try:
@@ -523,6 +543,9 @@ class RpcClient:
         except zmq.ZMQError:
             mon = None
         self._seen = {"connected": False, "handshake": False, "failed": None}
+        #: the connection's state as of its events read so far (LINK_*); ``_attempt_connected``: whether
+        #: the current connection attempt connected; ``_lost``: a connection lost since it was cleared
+        self.link, self._attempt_connected, self._lost = LINK_UNKNOWN, False, False
         self._rcvtimeo = -2              # what RCVTIMEO is set to (set before the first wait)
         self._drained = time.monotonic()
         s.connect(self.url)
@@ -547,10 +570,20 @@ class RpcClient:
             except (zmq.Again, zmq.ZMQError):
                 return
             e = ev.get("event")
-            if e == zmq.EVENT_CONNECTED:
-                self._seen["connected"] = True
+            if e == zmq.EVENT_CONNECT_DELAYED:
+                self._attempt_connected = False
+            elif e == zmq.EVENT_CONNECT_RETRIED:
+                if not self._attempt_connected:
+                    self.link = LINK_REFUSED
+            elif e == zmq.EVENT_CONNECTED:
+                self._seen["connected"] = self._attempt_connected = True
+                if self.link in (LINK_LOST, LINK_REFUSED):
+                    self.link = LINK_UNKNOWN          # connected again, its handshake under way
             elif e == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._seen["handshake"], self._seen["failed"] = True, None
+                self.link, self.reached = LINK_UP, True
+            elif e == zmq.EVENT_DISCONNECTED and self.link == LINK_UP:
+                self.link, self._lost, self._attempt_connected = LINK_LOST, True, False
             elif e in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                        zmq.EVENT_HANDSHAKE_FAILED_AUTH):
                 self._seen["handshake"] = False
@@ -581,6 +614,21 @@ class RpcClient:
                        "its open-file limit, ulimit -n)")
         return cls(f"no reply from {self.what} at {self.addr} to {op!r} within {wait:.1f} s; check that "
                    "it is running and that the address and port are right")
+
+    def _down(self) -> bool:
+        """Whether the server this client reached before is not connected now (the connection was lost,
+        or the last attempt to connect again was refused)."""
+        return self.reached and self.link in (LINK_LOST, LINK_REFUSED)
+
+    def _gone_error(self, op: str, waited: float, wait: float) -> PeerCacheError:
+        cls = DiscoveryUnreachable if self.what == "discovery" else RpcError
+        why = ("closed the connection this call's request went on (it stopped or restarted), so no reply "
+               "can come" if self._lost else
+               f"refuses connections (nothing listened there for {DOWN_FOR_S:g} s of tries: it is down or "
+               "restarting)")
+        return cls(f"{self.what} at {self.addr} {why}; {op!r} failed after {waited:.2f} s instead of waiting "
+                   f"out its {wait:.1f} s bound; a later call connects again (check that {self.what} is "
+                   "running if this lasts)")
 
     def call(self, op: str, timeout: float | None = None, **fields) -> dict:
         """Send ``op`` with ``fields``; return the reply map or raise. ``timeout`` (else the client's)
@@ -618,12 +666,18 @@ class RpcClient:
             # timeout), not on every call, so a call costs one send and one blocking receive.
             self._drained = now
             self._drain_monitor()
+        self._lost = False         # a loss read before this call's request concerns no request of its
         rid = next(self._ids).to_bytes(8, "little")
         sock = self._sock
         sock.send_multipart([b"", rid, body])
         deadline = start + wait
-        ms = max(0, int((deadline - now) * 1000) + 1)
+        # The reply is waited for in slices of link_check_s: a reply within the first (the common
+        # case) costs one blocking receive; a longer wait reads the connection's events after each.
+        check_ms = max(1, int(TIMEOUTS.link_check_s * 1000))
+        down_since = None          # when this call first found its server down (monotonic s)
         while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            ms = min(left_ms, check_ms)
             if ms != self._rcvtimeo:
                 sock.setsockopt(zmq.RCVTIMEO, ms)
                 self._rcvtimeo = ms
@@ -632,15 +686,28 @@ class RpcClient:
                 frames = sock.recv_multipart() if ms > 0 else None
             except zmq.Again:
                 frames = None
-            if frames is None:
+            if frames is not None:
+                if len(frames) >= 3 and frames[1] == rid:
+                    return frames
+                continue                                  # a late reply of an old call
+            self._drain_monitor()
+            self._drained = now = time.monotonic()
+            down_since = (down_since or now) if self._down() else None
+            # A lost connection took the request with it (if it went on it); a server down for
+            # DOWN_FOR_S of this call refused a try made while it waited (a refusal read now may be
+            # older than the call: the server may be back, and the next try succeed).
+            gone = self._lost or (down_since is not None and now - down_since >= DOWN_FOR_S)
+            if ms < left_ms and not gone:
+                continue                                  # time left, and the reply may still come
+            if ms < left_ms:
+                err = self._gone_error(op, time.monotonic() - start, wait)
+            else:
                 err = self._timeout_error(op, wait)
-                # Drop the socket so a late reply cannot be taken for the next call.
-                self._close()
-                self._sock, self._mon = self._connect()
-                raise err
-            if len(frames) >= 3 and frames[1] == rid:
-                return frames
-            ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)   # a late reply of an old call
+            # Drop the socket so a late reply cannot be taken for the next call, nor a request
+            # queued for a server that is gone reach its next incarnation.
+            self._close()
+            self._sock, self._mon = self._connect()
+            raise err
 
     def close(self) -> None:
         """Close the socket."""

@@ -32,6 +32,12 @@ class Timeouts:
         2.0, "a control-plane connection's ZeroMQ handshake (ZMQ_HANDSHAKE_IVL) before it is dropped")
     monitor_drain_s: float = bound(
         1.0, "how often a control-plane client reads its connection's handshake events between timeouts")
+    link_check_s: float = bound(
+        0.05, "how often a control-plane call waiting for its reply checks that its connection is not lost "
+              "or refused")
+    reconnect_s: float = bound(
+        0.1, "a control-plane client's retry of a refused or lost connection (plus up to as much at random); "
+             "see RpcClient")
     rdma_connect_s: float = bound(
         5.0, "an rdma connection's set-up through the peer's control endpoint (the QP exchange)")
     rdma_completion_s: float = bound(

@@ -221,10 +221,11 @@ class BenchOptions:
            "thread's longest gap between two completed batches (points[].timeline; 0 = off)", unit="ms",
         check=config.whole(0, 3_600_000), flag=Flag("--timeline-ms", metavar="N"))
     faults_expected: bool = option(
-        False, "producers are expected to go away during the window (membership churn): read errors are "
-               "counted and reported (points[].errors, points[].first_error) and each driver thread goes on, "
-               "but they do not fail the point; a verify failure, a redirected entry or an aborted thread "
-               "still does", flag=Flag("--faults-expected"))
+        False, "producers, or the directory, are expected to go away during the window (membership churn, "
+               "a directory restart): read errors are counted and reported (points[].errors, "
+               "points[].first_error) and each driver thread goes on, but they do not fail the point, nor "
+               "does the directory's silence end it; a verify failure, a redirected entry or an aborted "
+               "thread still does", flag=Flag("--faults-expected"))
     out: Optional[str] = option(
         None, "write the JSON result document here", check=checks.writable_file, flag=Flag("--out"))
 

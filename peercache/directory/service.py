@@ -36,16 +36,33 @@ log = logging.getLogger("peercache.directory")
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 #: Tokens of nodes that left or expired, kept so such a node can register again under its id.
 RETIRED_TOKENS = 4096
+#: A directory's first epoch is drawn at random below this (2**52: exact as a double, so in JSON
+#: too), so a directory started again at the same address does not answer the epochs its previous
+#: incarnation answered (see :class:`Membership`).
+EPOCH_SPACE = 1 << 52
 
 class Membership:
-    """Registered nodes, their tokens, and the membership epoch."""
+    """Registered nodes, their tokens, and the membership epoch.
+
+    Each incarnation of the directory (a process that hosts it, started again at the same address
+    after it died) starts knowing nobody: its tokens and members are in memory only. Two rules keep
+    what nodes and consumers hold from the previous incarnation harmless:
+
+    - Ids: a node gets its id back only with the token this incarnation issued for it (see
+      :meth:`join`), so after a restart every node registers again under a fresh id.
+    - Epochs: the first epoch is drawn at random from :data:`EPOCH_SPACE` (:attr:`incarnation`), so a
+      consumer holding node infos as of an old epoch never meets the same number again and is sent
+      the current infos with its next lookup, instead of trusting infos of an old membership.
+    """
 
     def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, clock=time.monotonic,
                  limits: Limits = DEFAULT_LIMITS):
         self.heartbeat_timeout = heartbeat_timeout
         self.clock = clock
         self.limits = limits
-        self.epoch = 0
+        #: this incarnation's first epoch (random: see the class doc); each change of membership adds one
+        self.incarnation = secrets.randbelow(EPOCH_SPACE)
+        self.epoch = self.incarnation
         self._nodes: dict[str, dict[str, Any]] = {}
         self._seen: dict[str, float] = {}
         self._tokens: dict[str, str] = {}
@@ -56,9 +73,20 @@ class Membership:
              token: str | None = None) -> tuple[str, str, int]:
         """Add a node; returns (node_id, token, epoch).
 
-        ``node_id`` is kept only with the token it was issued with (a node
-        registering again after it was dropped); otherwise the node gets a
-        fresh id, so nobody can register in another node's name.
+        ``node_id`` is kept only with the token this directory issued with it (a node registering
+        again after it was dropped for silence, or after it left); otherwise the node gets a fresh
+        id, so nobody can register in another node's name.
+
+        The token is the only proof of an id, and only the directory that issued it can check it.
+        A directory started again (a new incarnation, with no tokens) therefore cannot tell a node
+        coming back with its own id and token from one presenting another's id with a guessed or
+        copied token, nor from one claiming an id nobody held: it treats every such claim as
+        unproven and gives a fresh id and token. That is always safe -- no old token lets anyone
+        take an id, and a fresh id is never one a live member has -- and costs the node nothing it
+        would not do anyway: the restarted directory holds none of its entries, so it republishes
+        them all under the new id. (Binding ids to the cluster secret with an HMAC would let a
+        restarted directory check old tokens, but every member holds that secret, so any member
+        could forge any other's token: it would not keep one node from speaking for another.)
         """
         with self._lock:
             known = None

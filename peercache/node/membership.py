@@ -28,8 +28,15 @@ class Membership:
 
     What registering means to the rest of the node is given as callables: ``on_registered(registration)``
     after each registration, ``on_forgotten()`` after registering again because the directory
-    forgot this node (its pages are published again), ``on_heartbeat()`` after each heartbeat the
-    directory answered knowing this node (publishes it refused are tried again).
+    forgot this node (its pages are published again; until that succeeds it is called again after
+    each heartbeat), ``on_heartbeat()`` after each heartbeat the directory answered knowing this
+    node (publishes it refused are tried again).
+
+    A directory that forgot this node -- it was dropped for silence, or the directory restarted and
+    knows nobody -- answers its next heartbeat "unknown", so the node is back, with its pages, one
+    heartbeat interval (plus the directory's answers) after the directory is. A restarted directory
+    cannot check this node's old token, so it gives the node a new id (see
+    :meth:`peercache.directory.service.Membership.join`): :attr:`node_id` changes then.
     """
 
     def __init__(self, directory, info: dict, heartbeat_interval: float, *,
@@ -50,6 +57,8 @@ class Membership:
         self.limits: Limits = DEFAULT_LIMITS
         #: when the directory last answered this node (registration, then each heartbeat; monotonic s)
         self.answered = time.monotonic()
+        #: registered again after the directory forgot this node, and on_forgotten not yet done
+        self.republish_due = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -121,9 +130,15 @@ class Membership:
                 known = hb.heartbeat(self.node_id, self.token)
                 self.answered = time.monotonic()
                 if not known:
-                    log.warning("discovery forgot node %s; registering again", self.node_id)
+                    was = self.node_id
                     self.register()
+                    self.republish_due = True
+                    log.warning("discovery forgot node %s; registered again as node %s", was, self.node_id)
+                if self.republish_due:
+                    # until it succeeds: a republish cut short (the directory gone again, a timeout)
+                    # is done again on the next heartbeat, or the pages it missed stay unpublished
                     self.on_forgotten()
+                    self.republish_due = False
                 else:
                     self.on_heartbeat()
             except PeerCacheError as e:

@@ -74,7 +74,8 @@ class Publisher:
         """Publish the whole pool again (the directory forgot this node)."""
         if self.pool is None:
             return
-        self._publish(self.pool.refs(), [])
+        with self._lock:      # as put_batch: never republish a key just evicted
+            self._publish(self.pool.refs(), [])
 
     def retry_refused(self) -> None:
         """Publish again the keys the directory refused that are still in the pool."""

@@ -6,8 +6,11 @@ IO_TIMEOUT_S + RDMA_COMPLETION_S, a GET's whole bound: see :class:`.worker.Worke
 data connection after DATA_TIMEOUT_S without progress; a point ends once the directory has
 answered none of the node's heartbeats (one a second) for DIRECTORY_SILENCE_S, which also
 catches a stopped producer hosting the directory whose pages one-sided reads still reach
-(shm, rdma); threads still inside a read are then given STUCK_GRACE_S and left behind, and
-after a failed run the driver processes are given END_GRACE_S before they are ended.
+(shm, rdma), unless --faults-expected says the directory may go away and come back (each of its
+calls stays bounded, and one to a directory that went away fails at once: see
+:class:`~peercache.rpc.RpcClient`); threads still inside a read are then given STUCK_GRACE_S and
+left behind, and after a failed run the driver processes are given END_GRACE_S before they are
+ended.
 
 --time-scale multiplies POINT_GRACE_S, IO_TIMEOUT_S, DATA_TIMEOUT_S, DIRECTORY_SILENCE_S and
 RDMA_CONNECT_S (emulated hosts); RDMA_COMPLETION_S, STUCK_GRACE_S and END_GRACE_S stay.

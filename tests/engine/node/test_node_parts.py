@@ -8,6 +8,7 @@ import numpy as np
 from peercache import tags
 from peercache.directory.cache import DirectoryCache
 from peercache.directory.ops import DirectoryOps
+from peercache.errors import RpcError
 from peercache.node.lookup_replies import LookupReplies
 from peercache.node.membership import Membership
 from peercache.node.peers import PeerInfos
@@ -98,6 +99,35 @@ def test_refused_keys_are_published_again_on_a_heartbeat_until_evicted():
         assert d.ops() == [] and not pub._refused      # evicted meanwhile: nothing to retry
     finally:
         pool.close()
+
+
+def test_a_republish_cut_short_is_done_again_on_the_next_heartbeat():
+    """The directory forgot the node (it restarted): the node registers again and republishes; a
+    republish that fails (the directory gone again, a timeout) is done again on the next heartbeat
+    instead of leaving the node registered with its pages unpublished for good."""
+    d = Directory()
+    m = Membership(d, {"name": "p"}, 0.001)
+    m.register()
+    answers = iter([False, True, True, True])
+    beats: list = []
+
+    class Heartbeats:
+        @staticmethod
+        def heartbeat(node_id, token):
+            known = next(answers, None)
+            if known is None:
+                m._stop.set()
+                return True
+            return known
+
+    def republish():
+        beats.append("republish")
+        if beats.count("republish") == 1:
+            raise RpcError("discovery at 127.0.0.1:9 closed the connection this call's request went on")
+    m.on_forgotten, m.on_heartbeat = republish, lambda: beats.append("heartbeat")
+    m._heartbeats(Heartbeats())
+    assert d.ops().count("register") == 2 and not m.republish_due
+    assert beats == ["republish", "republish", "heartbeat", "heartbeat", "heartbeat"], beats
 
 
 class Table:
