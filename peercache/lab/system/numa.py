@@ -140,9 +140,12 @@ def judge_process(reading: dict[str, Any], node: int | None,
     mem_home = mems if mems is not None and len(mems) == 1 else None
     if policy_nodes is not None and len(policy_nodes) == 1:
         mem_home = policy_nodes
+    # None: the reading has no memory policies to tell (its numa_maps went unread: the process was
+    # exiting, or had not mapped anything yet)
+    policies = reading.get("policies") or []
     out: dict[str, Any] = {"pid": reading.get("pid"), "comm": reading.get("comm"), "at": reading.get("at"),
-                           "explicit": any(p.split(":")[0].split("=")[0] == "bind"
-                                           for p in reading.get("policies") or [])}
+                           "explicit": any(p.split(":")[0].split("=")[0] == "bind" for p in policies)
+                           if policies else None}
     if node is None:
         homes = [h for h in (cpu_home, mem_home) if h is not None and len(h) == 1]
         found = homes[0] if homes and all(h == homes[0] for h in homes) and len(homes) == 2 else None
@@ -201,7 +204,8 @@ def judge_process(reading: dict[str, Any], node: int | None,
             verdict = "unbound"
     if verdict == "bound" and len(node_cpus) == 1:
         why.append("the host has one NUMA node: every process is on it, bound or not"
-                   + ("" if out["explicit"] else " (no bind policy on its memory: no binding was applied)"))
+                   + ("" if out["explicit"] else " (its memory policies were not read)" if out["explicit"] is None
+                      else " (no bind policy on its memory: no binding was applied)"))
     out.update(verdict=verdict, why=why)
     return out
 
@@ -223,7 +227,7 @@ def judge(readings: list[dict[str, Any]], node: int | None, node_cpus: dict[int,
     worst = [p for p in per if p["verdict"] == verdict]
     out: dict[str, Any] = {"verdict": verdict, "node": node if node is not None else worst[0].get("node"),
                            "node_cpus": {str(k): _fmt(v) for k, v in sorted(cpus.items())},
-                           "explicit": all(p["explicit"] for p in per),
+                           "explicit": _explicit(per),
                            "processes": per}
     if verdict == "wrong_node":
         out["found_node"] = worst[0].get("found_node")
@@ -239,6 +243,13 @@ def _informative(readings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in readings if r.get("policies") or r.get("pid") not in read]
 
 
+def _explicit(judged: list[dict[str, Any]]) -> bool | None:
+    """Whether a binding was applied to every process (reading) whose memory policies were read; None
+    when no reading had any."""
+    told = [p["explicit"] for p in judged if p["explicit"] is not None]
+    return all(told) if told else None
+
+
 def _per_pid(per: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per process: its worst reading's verdict (its reasons only when it is not bound)."""
     by: dict[Any, list[dict[str, Any]]] = {}
@@ -250,7 +261,7 @@ def _per_pid(per: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fr = [p["on_node_fraction"] for p in ps if p.get("on_node_fraction") is not None]
         line = {"pid": pid, "comm": w.get("comm"), "verdict": w["verdict"], "node": w.get("node"),
                 "readings": [p.get("at") for p in ps], "on_node_fraction": min(fr) if fr else None,
-                "explicit": all(p["explicit"] for p in ps)}
+                "explicit": _explicit(ps)}
         if w["verdict"] != "bound":
             line["why"] = w.get("why")
         if w.get("found_node") is not None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_testbeds import local_cluster_copy
 
 from peercache.lab.launch import netns
 from peercache.lab.pipeline import experiments, runpoint
@@ -108,13 +109,10 @@ def test_every_cluster_hosts_processes_are_bound_to_its_nics_node(tmp_path):
     """A copy of local-cluster whose hosts name a NIC each, placed on node 0 by the testbed's numa map: the
     directory, every serve and every drive run under numactl on node 0, and their CPU sampler shows it."""
     # its own bridge (the module's run fixture may hold local-cluster's for the other tests)
-    text = (ROOT / "experiments/testbeds/local-cluster.yaml").read_text()
-    doc = yaml.safe_load(text.replace("pcclu", "pccln").replace("198.18.79.", "198.18.76.")
-                         .replace("index: 79", "index: 76"))
-    doc["hosts"] = [dict(h, devices=[f"nic-{h['name']}"]) for h in doc["hosts"][:3]]
-    doc.update(devices=["nic"], numa={f"nic-{h['name']}": 0 for h in doc["hosts"]},
-               results=str(tmp_path / "results"))
-    path = tmp_path / "numa-cluster.yaml"
+    path = local_cluster_copy(tmp_path, "pccln", 76, hosts=3)
+    doc = yaml.safe_load(path.read_text())
+    doc["hosts"] = [dict(h, devices=[f"nic-{h['name']}"]) for h in doc["hosts"]]
+    doc.update(devices=["nic"], numa={f"nic-{h['name']}": 0 for h in doc["hosts"]})
     path.write_text(yaml.safe_dump(doc))
     tb = experiments.load_testbed(path, experiments.load_scenarios())
     part = {"kind": "cluster", "protocol": "tcp", "pattern": ["fanout"], "hosts": [3], "working_set": 64,

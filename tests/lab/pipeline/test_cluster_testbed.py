@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import yaml
+from cluster_testbeds import local_cluster_copy
 
 from peercache.lab.launch import netns
 from peercache.lab.pipeline import experiments, preflight, runpoint
@@ -147,24 +148,25 @@ def test_without_namespaces_every_listed_host_falls_back_to_loopback(monkeypatch
         assert th.producer_addr == th.consumer_addr == "127.0.0.1"
 
 
-def test_testbed_hosts_of_the_local_cluster_opens_eight_working_members_and_cleans_up():
+def test_testbed_hosts_of_the_local_cluster_opens_eight_working_members_and_cleans_up(tmp_path):
+    """local-cluster on a bridge of its own (tests/lab/pipeline/test_cluster_run.py may hold pcclu meanwhile)."""
     ok, why = netns.available()
     if not ok:
         pytest.skip(why)
-    tb = experiments.load_testbed(LOCAL_CLUSTER)
+    tb = experiments.load_testbed(local_cluster_copy(tmp_path, "pcclt", 75))
     with runpoint.testbed_hosts(tb) as th:
         assert th.note is None and len(th.cluster) == 8
-        assert [m.name for m in th.members("directory")] == ["pcclu1"]
+        assert [m.name for m in th.members("directory")] == ["pcclt1"]
         assert len(th.members("producer")) == len(th.members("consumer")) == 8
-        assert th.producer is th.member("pcclu1").host and th.consumer is th.member("pcclu2").host
-        assert (th.producer_addr, th.consumer_addr) == ("198.18.79.1", "198.18.79.2")
+        assert th.producer is th.member("pcclt1").host and th.consumer is th.member("pcclt2").host
+        assert (th.producer_addr, th.consumer_addr) == ("198.18.75.1", "198.18.75.2")
         for m in th.cluster:
             r = m.host.run(["ip", "-o", "-4", "addr"], timeout=10)
             assert r.rc == 0 and f"inet {m.address}/24" in r.stdout, (m.name, r.stdout)
             assert m.python and m.python[0]
-        r = th.member("pcclu8").host.run(["ping", "-c1", "-W1", "198.18.79.1"], timeout=10)
+        r = th.member("pcclt8").host.run(["ping", "-c1", "-W1", "198.18.75.1"], timeout=10)
         assert r.rc == 0, r.stdout + r.stderr
         with pytest.raises(ValueError, match="not one of producer, consumer, directory"):
             th.members("cache")
     left = subprocess.run("ip netns list; ip -o link", shell=True, capture_output=True, text=True).stdout
-    assert "pcclu" not in left
+    assert "pcclt" not in left

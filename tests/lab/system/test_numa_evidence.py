@@ -72,6 +72,15 @@ def test_bound_on_one_node_host_both_ways_and_explicit_says_which():
     assert numa.judge([reading("unbound")], None, {"0": "0-1"})["verdict"] == "bound"
 
 
+def test_a_reading_without_memory_policies_does_not_say_a_binding_was_missing():
+    # a process read only as it exited (its numa_maps gone) beside one whose reading shows the bind
+    unread = dict(reading("bound"), pid=4343, policies=[], own_kb_per_node={}, pages_per_node={})
+    j = numa.judge([reading("bound"), unread], 0, {"0": "0-1"})
+    assert j["explicit"] is True, j
+    assert [p["explicit"] for p in j["processes"]] == [True, None]
+    assert numa.judge([unread], 0, {"0": "0-1"})["explicit"] is None      # nothing told either way
+
+
 def test_bound_to_node_1_of_two_despite_library_pages_on_node_0():
     # numactl --cpunodebind=1 --membind=1: CPUs 2-3, the cpuset still allows memory on 0-1, policy bind:1
     r = on_two_nodes("bound", cpus="2-3", mems="0-1", own_node=1, policy="bind:1", file_node=0)
