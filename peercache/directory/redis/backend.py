@@ -85,6 +85,7 @@ from ..location import RECORD, decode_record, encode_record
 from .connection import RedisConnection
 from .leases import OwnerLeases
 from .lookup import LookupRequests, resp_command
+from .marks import MarkBook, PublishMarks, keep_ms
 from .membership import RedisMembership
 from .remote_ops import RemoteOps
 from .url import RedisURL, parse_url
@@ -104,7 +105,8 @@ def not_a_record(v: bytes) -> list:
     return [f"<{len(v)}-byte entry, not a {REC}-byte record: older PeerCache? republish>"]
 
 
-class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupRequests, RemoteOps, DirectoryOps):
+class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupRequests, RemoteOps, PublishMarks,
+                     DirectoryOps):
     """A directory client speaking Redis (see the module doc); ``call`` answers like the embedded one."""
 
     kind = "redis"
@@ -146,18 +148,23 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         self._op_stop = threading.Event()
         self._op_conn = None
         self._reaper: threading.Thread | None = None
+        #: the publish marks of the nodes publishing through this client (shared with its clones: .marks)
+        self._marks = MarkBook()
+        self._mark_reader: threading.Thread | None = None
         self.cluster = False
         #: redis-py's Sentinel of a redis+sentinel:// URL (made at the first connection; None otherwise)
         self._sentinels = None
         self.r = self._connect(_cluster)
 
     def clone(self) -> "RedisDirectory":
-        return RedisDirectory(self.cfg.url, timeout=self.timeout, heartbeat_timeout=self.heartbeat_timeout,
-                              limits=self.limits, _parsed=self.cfg, _cluster=self.cluster)
+        c = RedisDirectory(self.cfg.url, timeout=self.timeout, heartbeat_timeout=self.heartbeat_timeout,
+                           limits=self.limits, _parsed=self.cfg, _cluster=self.cluster)
+        c._marks = self._marks        # the heartbeat's clone reads the marks this client's publishes raised
+        return c
 
     def close(self) -> None:
         self._op_stop.set()
-        for t in (self._op_thread, self._reaper):
+        for t in (self._op_thread, self._reaper, self._mark_reader):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=self.timeout + 2)
         while self._conns:
@@ -265,6 +272,12 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         uekeys = [self._entry(k) for k in unpub]
         groups, ugroups = self._groups(ekeys), self._groups(uekeys)    # by the slots of the stored keys
         owned = self._owned_key(nid)
+        # Last, on each master written to: the marks a failover that lost some of these writes leaves
+        # behind (.marks). Their keys and generation are fixed here: _pipe may build the pipeline twice.
+        marks, gen = self._mark_keys(nid, [*(ekeys[g[0]] for g in groups), owned]) if keys else [], 0
+        if marks:
+            gen = self._marks.next_gen(nid)
+        ttl = keep_ms(self.heartbeat_timeout)
 
         def build(p):
             for g in groups:
@@ -275,7 +288,11 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
                 self._evalsha(p, "unpublish", [uekeys[i] for i in g], [me])
             if unpub:
                 p.srem(owned, *unpub)
+            for k in marks:
+                self._evalsha(p, "mark", [k], [gen, ttl])
         res = self._pipe("publish", build)
+        if marks:
+            self._marks.raised(nid, marks, gen, res[len(res) - len(marks):])
         refused: dict[int, bytes] = {}           # index -> the owner's number (4 bytes, as stored)
         for g, out in zip(groups, res):
             for i, o in zip(g, out):
