@@ -151,6 +151,8 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         #: the publish marks of the nodes publishing through this client (shared with its clones: .marks)
         self._marks = MarkBook()
         self._mark_reader: threading.Thread | None = None
+        #: a cluster's slot map read again off a caller's thread (connection._refresh_slots_soon)
+        self._slot_refresher: threading.Thread | None = None
         self.cluster = False
         #: redis-py's Sentinel of a redis+sentinel:// URL (made at the first connection; None otherwise)
         self._sentinels = None
@@ -164,7 +166,7 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
 
     def close(self) -> None:
         self._op_stop.set()
-        for t in (self._op_thread, self._reaper, self._mark_reader):
+        for t in (self._op_thread, self._reaper, self._mark_reader, self._slot_refresher):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=self.timeout + 2)
         while self._conns:

@@ -250,6 +250,44 @@ def in_sync(info: dict[str, str]) -> bool:
     return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
 
+#: The ``masterauth`` :func:`cut_replica` gives a replica: no master of ours has it, so every resync fails.
+_NOT_THE_MASTERAUTH = "peercache-cut-replica"
+
+
+def cut_replica(master: "RedisServer", replica: "RedisServer", *, timeout: float = 5.0) -> None:
+    """Make ``replica`` miss every write ``master`` takes from now on, both still running: the lag that
+    Redis's asynchronous replication has when a master dies, which a failover then loses.
+
+    The replica is given a wrong ``masterauth`` (each resync it tries fails AUTH) and its link is closed
+    (``CLIENT KILL TYPE replica`` on the master: every replica of it is cut, the others reconnect within
+    a second). Returns once the replica says its link is down; RedisLaunchError after ``timeout`` s.
+    :func:`reconnect_replica` undoes it."""
+    for srv, args in ((replica, ("config", "set", "masterauth", _NOT_THE_MASTERAUTH)),
+                      (master, ("client", "kill", "type", "replica"))):
+        r = srv.cli(*args)
+        if r.returncode != 0 or r.stdout.strip().startswith("ERR"):
+            raise RedisLaunchError(f"{' '.join(args[:2])} on {LOOPBACK}:{srv.port} failed: "
+                                   f"{(r.stdout + r.stderr).strip()!r}; is it running?")
+    deadline = time.monotonic() + timeout
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = replication(replica.port, password=replica.password)
+        if info.get("role") == "slave" and info.get("master_link_status") == "down":
+            return
+        time.sleep(_POLL_S)
+    raise RedisLaunchError(f"the replica on {LOOPBACK}:{replica.port} still replicates {LOOPBACK}:{master.port} "
+                           f"{timeout:g} s after its link was cut (role {info.get('role')}, link "
+                           f"{info.get('master_link_status')}); its log ends: {replica.log_tail(400)!r}")
+
+
+def reconnect_replica(replica: "RedisServer") -> None:
+    """Undo :func:`cut_replica`: ``replica`` may resync again (its own masterauth back: its password, or none)."""
+    r = replica.cli("config", "set", "masterauth", replica.password or "")
+    if r.returncode != 0 or r.stdout.strip() != "OK":
+        raise RedisLaunchError(f"config set masterauth on {LOOPBACK}:{replica.port} failed: "
+                               f"{(r.stdout + r.stderr).strip()!r}; is it running?")
+
+
 # --- one server -------------------------------------------------------------
 
 class RedisServer:
@@ -531,6 +569,23 @@ class RedisCluster:
     def roles(self) -> dict[int, str]:
         """Each node's role now, by port: ``master``, ``slave``, or ``?`` for one that does not answer."""
         return {n.port: replication(n.port).get("role", "?") for n in self.nodes}
+
+    def node(self, port: int) -> RedisServer:
+        """The node of this cluster on ``port`` (RedisLaunchError naming the ports when none is)."""
+        for n in self.nodes:
+            if n.port == port:
+                return n
+        raise RedisLaunchError(f"no node of this cluster on port {port}; its nodes are on {self.ports}")
+
+    def replicas_of(self) -> dict[int, list[int]]:
+        """Master port -> the ports of the replicas that name it as their master now (a replica whose link
+        is down included)."""
+        out: dict[int, list[int]] = {}
+        for n in self.nodes:
+            info = replication(n.port)
+            if info.get("role") == "slave" and info.get("master_port", "").isdigit():
+                out.setdefault(int(info["master_port"]), []).append(n.port)
+        return out
 
     def start(self) -> "RedisCluster":
         """Start the servers, create the cluster and wait for ``cluster_state:ok`` on every node."""

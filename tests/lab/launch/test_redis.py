@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -209,8 +210,33 @@ def test_cluster_three_masters_three_replicas_in_sync():
             assert info["cluster_state"] == "ok" and info["cluster_known_nodes"] == "6"
             if role == "slave":
                 assert rl.in_sync(rl.replication(port))
+        replicas = c.replicas_of()
+        assert sorted(replicas) == sorted(p for p, r in roles.items() if r == "master")
+        assert sorted(r for rs in replicas.values() for r in rs) == sorted(p for p, r in roles.items() if r == "slave")
+        assert c.node(c.ports[0]).port == c.ports[0]
         pids = [n.pid for n in c.nodes]
     assert all(gone(p) for p in pids)
+
+
+@needs_redis
+@pytest.mark.parametrize("password", [None, "a-replica-pw"])
+def test_a_cut_replica_misses_the_writes_after_the_cut_until_reconnected(password):
+    with rl.RedisServer(password=password) as master, \
+            rl.RedisServer(replicaof=master.port, password=password) as replica:
+        deadline = time.monotonic() + 10
+        while not rl.in_sync(rl.replication(replica.port, password=password)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        master.cli("set", "before", "1")
+        assert master.cli("wait", "1", "5000").stdout.strip() == "1"
+        rl.cut_replica(master, replica)
+        master.cli("set", "after", "2")
+        time.sleep(1.5)                     # a replica tries to resync once a second: every try fails
+        assert replica.cli("get", "before").stdout.strip() == "1"
+        assert replica.cli("get", "after").stdout.strip() == ""
+        rl.reconnect_replica(replica)
+        while replica.cli("get", "after").stdout.strip() != "2" and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert replica.cli("get", "after").stdout.strip() == "2"
 
 
 @needs_redis

@@ -187,34 +187,17 @@ def test_library_nodes_follow_a_failover_and_publish_to_the_new_master(redis_sen
         assert set(cons.node.members()) >= {prod.node.node_id}
 
 
-def _cut_off(master: redis_launch.RedisServer, replica: redis_launch.RedisServer) -> None:
-    """Stop ``replica`` from receiving ``master``'s writes, both still running: its link is closed and
-    every resync refused (a wrong ``masterauth``), until :func:`_reconnectable`; bounded."""
-    assert replica.cli("config", "set", "masterauth", "not-the-password").stdout.strip() == "OK"
-    assert master.cli("client", "kill", "type", "replica").stdout.strip() == "1"
-    deadline = time.monotonic() + scaled(5.0)
-    while time.monotonic() < deadline:
-        if redis_launch.replication(replica.port, password=replica.password).get("master_link_status") == "down" \
-                and master.cli("info", "replication").stdout.count("slave0:") == 0:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"the replica on port {replica.port} still replicates after its link was cut")
-
-
-def _reconnectable(replica: redis_launch.RedisServer) -> None:
-    assert replica.cli("config", "set", "masterauth", SENTINEL_PASSWORD).stdout.strip() == "OK"
-
-
 #: The producer's registration TTL in the lost-writes test: longer than the failover, so that what the
-#: new master lacks is entries alone (a registration lost too is test_serve_and_drive_...'s path).
+#: new master lacks is entries alone (a lost registration: test_faults.py's empty restart).
 LOST_WRITES_HEARTBEAT_TIMEOUT_S = 20.0
 
 
 def test_entries_a_failover_lost_are_published_again_within_a_heartbeat(redis_sentinel):
-    """The master acknowledges a publish its replica never receives (the replica's link cut just before:
-    _cut_off), then is SIGKILLed: the sentinels promote a replica that lacks those entries while the
-    producer's registration survives on it. The producer's first heartbeat to the new master reads its
-    publish mark behind and publishes its pool again; the consumer's reads all hit again, none wrong."""
+    """The master acknowledges a publish its replica never receives (the replica's link cut just
+    before: launch.redis.cut_replica), then is SIGKILLed: the sentinels promote a replica that lacks
+    those entries while the producer's registration survives on it. The producer's first heartbeat to
+    the new master reads its publish mark behind and publishes its pool again; the consumer's reads all
+    hit again, none wrong."""
     ss, url = redis_sentinel, redis_sentinel.url
     keys = [f"w/{i}" for i in range(128)]
     vals = [i.to_bytes(2, "little") * 100 for i in range(128)]
@@ -225,14 +208,14 @@ def test_entries_a_failover_lost_are_published_again_within_a_heartbeat(redis_se
         prod.put_batch(keys[:64], vals[:64])
         old, replica = ss.servers[0], ss.servers[1]
         _replicated(old)
-        _cut_off(old, replica)
+        redis_launch.cut_replica(old, replica, timeout=scaled(5.0))
         prod.put_batch(keys[64:], vals[64:])              # acknowledged by the master alone
         assert cons.get_batch(keys) == vals
         assert _entries(old) == 128 and _entries(replica) == 64
         node_id, period = prod.node.node_id, prod.node.heartbeat_interval
         t0 = time.monotonic()
         old.kill()
-        _reconnectable(replica)                          # the master is gone: nothing left to resync from
+        redis_launch.reconnect_replica(replica)          # the master is gone: nothing left to resync from
         promotion = _Promotion(ss, old.port, t0)
         wrong = failed = 0
         back, first_error = None, None
