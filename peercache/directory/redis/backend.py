@@ -26,6 +26,10 @@ What is stored (``P`` = prefix; ``{...}`` = a Redis Cluster hash tag):
   heartbeat; ``P:o:{id}`` the set of keys it published (for clean-up); ``P:t:{id}``
   its token, kept a day so a node forgotten by Redis (a restart, an expiry) may
   register again under its id with that token, and nobody else may.
+- ``P:g:{<node_id>}`` (one Redis) or ``P:g:{<tag>}:<node_id>`` (a cluster: one per master the node
+  published to, in its first slot): the node's publish marks, raised to each publish's generation
+  after its entries; one read lower than this client saw it raised means a failover lost some of the
+  node's entries, and the node republishes (:mod:`.marks`).
 - ``P:{m}:nodes`` (set of members), ``P:{m}:alive`` (zset: id -> wall-clock
   expiry, for finding expired nodes cheaply), ``P:{m}:epoch`` (INCR on each join,
   leave and expiry), ``P:{m}:num`` (id -> member number) and ``P:{m}:ids`` (number
@@ -60,7 +64,7 @@ of the heartbeat timeout). Redis itself is the trust boundary: whoever holds
 its password can write anything, so protect it (requirepass / ACL, TLS).
 
 The backend's parts, one module each: :mod:`.connection` (the connection, the pipelined
-round trip, what a failure means), :mod:`.scripts` (the Lua scripts),
+round trip, what a failure means), :mod:`.scripts` (the Lua scripts), :mod:`.marks` (publish marks),
 :mod:`.membership` (register, heartbeat, leave, members, reaping), :mod:`.leases`
 (whether an entry's owner is alive), :mod:`.lookup` (the hand-written lookup request path)
 and :mod:`.remote_ops` (extra ops relayed through Redis). This module composes them and
