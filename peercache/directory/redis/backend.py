@@ -280,9 +280,8 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         owned = self._owned_key(nid)
         # Last, on each master written to: the marks a failover that lost some of these writes leaves
         # behind (.marks). Their keys and generation are fixed here: _pipe may build the pipeline twice.
-        marks, gen = self._mark_keys(nid, [*(ekeys[g[0]] for g in groups), owned]) if keys else [], 0
-        if marks:
-            gen = self._marks.next_gen(nid)
+        marks = self._mark_keys(nid, [*(ekeys[g[0]] for g in groups), owned]) if keys else []
+        gen = self._marks.next_gen(nid) if marks else 0
         ttl = keep_ms(self.heartbeat_timeout)
 
         def build(p):

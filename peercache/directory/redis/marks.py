@@ -164,7 +164,8 @@ class PublishMarks:
                 out[s] = None
                 continue
             f = first.get(name)
-            if f is None or made is not slots or slots[f][0].name != name:
+            at = slots.get(f) if f is not None else None
+            if at is None or made is not slots or at[0].name != name:      # the map moved: find them again
                 first = self._first_slots_of(slots)
                 made = slots
                 f = first.get(name, s)
