@@ -1,5 +1,6 @@
-"""Real Redis servers for tests: ``redis_server`` (one per test), ``redis_cluster`` (three masters)
-and ``redis_sentinel`` (a master, its replica and three sentinels).
+"""Real Redis servers for tests: ``redis_server`` (one per test), ``redis_cluster`` (three masters),
+``redis_cluster_replicas`` (three masters and three replicas, one per test) and ``redis_sentinel`` (a
+master, its replica and three sentinels).
 
 Loaded for every test by ``pytest_plugins`` in tests/conftest.py, so a test
 just names the fixture. They start Debian's redis-server on random 127.0.0.1
@@ -48,6 +49,15 @@ def redis_cluster(redis_cluster_module):
         if r.returncode != 0 or r.stdout.strip() != "OK":
             pytest.fail(f"FLUSHALL on cluster node 127.0.0.1:{port} failed: {(r.stdout + r.stderr).strip()!r}")
     yield redis_cluster_module
+
+
+@pytest.fixture
+def redis_cluster_replicas():
+    """A fresh Redis Cluster of three masters, each with one replica, for this test (its masters are
+    killed: no sharing); ``roles()`` says which node is which now."""
+    _require_redis()
+    with redis_launch.RedisCluster(masters=3, replicas=1) as cluster:
+        yield cluster
 
 
 #: The password of the ``redis_sentinel`` set's servers (long enough to be masked wherever it is printed).

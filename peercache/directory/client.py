@@ -13,9 +13,9 @@ Sentinel names) are the Redis backend (:mod:`peercache.directory.redis.backend`;
 Cluster is found by asking the server, or forced with ``?cluster=yes|no``).
 
 Every client answers the directory's ops as typed methods (:class:`~.ops.DirectoryOps`):
-``register``, ``heartbeat``, ``leave``, ``members``, ``publish``, ``lookup`` (a
-:class:`LookupResult`), ``unpublish``; each sends the message it always did through the
-surface both backends share with :class:`~peercache.rpc.RpcClient`,
+``register``, ``heartbeat`` (``renew``: its whole reply, a :class:`Heartbeat`), ``leave``,
+``members``, ``publish``, ``lookup`` (a :class:`LookupResult`), ``unpublish``; each sends the
+message it always did through the surface both backends share with :class:`~peercache.rpc.RpcClient`,
 ``call(op, timeout=None, **fields) -> dict`` (the same request and reply fields whichever
 backend answers them: ``lookup`` with ``recs=True`` answers fixed LOC_DTYPE records
 ``{recs, nids, epoch[, missing][, nodes]}`` on both, without it the 8-field ``locs``
@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from ..redact import redact
 from ..rpc import RpcClient
 from ..timeouts import DEFAULT
-from .ops import DirectoryOps, LookupResult, Members, Published, Registration
+from .ops import DirectoryOps, Heartbeat, LookupResult, Members, Published, Registration
 from .redis.url import FORMS, is_redis
 
 
@@ -58,6 +58,8 @@ class DirectoryClient(Protocol):
     def register(self, info: dict, node_id: str | None = None, token: str | None = None) -> Registration: ...
 
     def heartbeat(self, node_id: str, token: str | None) -> bool: ...
+
+    def renew(self, node_id: str, token: str | None) -> Heartbeat: ...
 
     def leave(self, node_id: str, token: str | None, timeout: float | None = None) -> None: ...
 

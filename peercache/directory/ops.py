@@ -23,6 +23,17 @@ class Registration:
 
 
 @dataclass
+class Heartbeat:
+    """A ``heartbeat`` reply: whether the directory still knows the node (else it registers again),
+    and how many of the marks its publishes left were found behind since its last heartbeat (Redis:
+    entries a failover lost, see :mod:`.redis.marks`; the node publishes its pool again). The embedded
+    directory loses nothing short of a restart, which forgets the node: its ``lost`` is always 0."""
+
+    known: bool
+    lost: int = 0
+
+
+@dataclass
 class Published:
     """A ``publish`` reply: how many keys another node still owns, their indices in the request
     and the first few of them."""
@@ -87,7 +98,13 @@ class DirectoryOps:
 
     def heartbeat(self, node_id: str, token: str | None) -> bool:
         """Whether the directory still knows ``node_id`` (False: register again)."""
-        return bool(self.call("heartbeat", node_id=node_id, token=token)["known"])
+        return self.renew(node_id, token).known
+
+    def renew(self, node_id: str, token: str | None) -> Heartbeat:
+        """Heartbeat in ``node_id``'s name: whether the directory still knows it, and whether it lost
+        entries the node published (a :class:`Heartbeat`)."""
+        reply = self.call("heartbeat", node_id=node_id, token=token)
+        return Heartbeat(bool(reply["known"]), int(reply.get("lost") or 0))
 
     def leave(self, node_id: str, token: str | None, timeout: float | None = None) -> None:
         self.call("leave", node_id=node_id, token=token, timeout=timeout)

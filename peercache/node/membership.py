@@ -28,15 +28,21 @@ class Membership:
 
     What registering means to the rest of the node is given as callables: ``on_registered(registration)``
     after each registration, ``on_forgotten()`` after registering again because the directory
-    forgot this node (its pages are published again; until that succeeds it is called again after
-    each heartbeat), ``on_heartbeat()`` after each heartbeat the directory answered knowing this
-    node (publishes it refused are tried again).
+    forgot this node, or after a heartbeat that says the directory lost entries this node published
+    (its pages are published again; until that succeeds it is called again after each heartbeat),
+    ``on_heartbeat()`` after each other heartbeat the directory answered knowing this node (publishes
+    it refused are tried again).
 
     A directory that forgot this node -- it was dropped for silence, or the directory restarted and
     knows nobody -- answers its next heartbeat "unknown", so the node is back, with its pages, one
     heartbeat interval (plus the directory's answers) after the directory is. A restarted directory
     cannot check this node's old token, so it gives the node a new id (see
     :meth:`peercache.directory.service.Membership.join`): :attr:`node_id` changes then.
+
+    A Redis directory that failed over to a replica which lacked the last writes may have kept this
+    node's registration but lost some of its entries: the heartbeat's reply says so (``lost``, from
+    the marks its publishes leave: :mod:`peercache.directory.redis.marks`), and the node publishes its
+    pool again at once, one heartbeat interval after the new master answers (two on a cluster).
     """
 
     def __init__(self, directory, info: dict, heartbeat_interval: float, *,
@@ -57,8 +63,13 @@ class Membership:
         self.limits: Limits = DEFAULT_LIMITS
         #: when the directory last answered this node (registration, then each heartbeat; monotonic s)
         self.answered = time.monotonic()
-        #: registered again after the directory forgot this node, and on_forgotten not yet done
+        #: registered again after the directory forgot this node, or told it lost some of its entries,
+        #: and on_forgotten not yet done
         self.republish_due = False
+        #: heartbeats whose directory said it had lost entries this node published (each one republished them)
+        self.lost_reports = 0
+        #: when the last of those came (monotonic s; None: never)
+        self.lost_reported_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -127,13 +138,20 @@ class Membership:
     def _heartbeats(self, hb) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             try:
-                known = hb.heartbeat(self.node_id, self.token)
+                beat = hb.renew(self.node_id, self.token)
                 self.answered = time.monotonic()
-                if not known:
+                if not beat.known:
                     was = self.node_id
                     self.register()
                     self.republish_due = True
                     log.warning("discovery forgot node %s; registered again as node %s", was, self.node_id)
+                elif beat.lost:
+                    self.lost_reports += 1
+                    self.lost_reported_at = self.answered
+                    self.republish_due = True
+                    log.warning("the directory %s lost entries node %s published (%d of its publish marks "
+                                "found behind: a failover to a replica that lacked the last writes?); "
+                                "publishing its pool again", getattr(hb, "address", "?"), self.node_id, beat.lost)
                 if self.republish_due:
                     # until it succeeds: a republish cut short (the directory gone again, a timeout)
                     # is done again on the next heartbeat, or the pages it missed stay unpublished

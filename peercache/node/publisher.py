@@ -71,7 +71,7 @@ class Publisher:
         return len(removed)
 
     def republish(self) -> None:
-        """Publish the whole pool again (the directory forgot this node)."""
+        """Publish the whole pool again (the directory forgot this node, or lost some of its entries)."""
         if self.pool is None:
             return
         with self._lock:      # as put_batch: never republish a key just evicted

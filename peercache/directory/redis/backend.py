@@ -26,6 +26,10 @@ What is stored (``P`` = prefix; ``{...}`` = a Redis Cluster hash tag):
   heartbeat; ``P:o:{id}`` the set of keys it published (for clean-up); ``P:t:{id}``
   its token, kept a day so a node forgotten by Redis (a restart, an expiry) may
   register again under its id with that token, and nobody else may.
+- ``P:g:{<node_id>}`` (one Redis) or ``P:g:{<tag>}:<node_id>`` (a cluster: one per master the node
+  published to, in its first slot): the node's publish marks, raised to each publish's generation
+  after its entries; one read lower than this client saw it raised means a failover lost some of the
+  node's entries, and the node republishes (:mod:`.marks`).
 - ``P:{m}:nodes`` (set of members), ``P:{m}:alive`` (zset: id -> wall-clock
   expiry, for finding expired nodes cheaply), ``P:{m}:epoch`` (INCR on each join,
   leave and expiry), ``P:{m}:num`` (id -> member number) and ``P:{m}:ids`` (number
@@ -60,7 +64,7 @@ of the heartbeat timeout). Redis itself is the trust boundary: whoever holds
 its password can write anything, so protect it (requirepass / ACL, TLS).
 
 The backend's parts, one module each: :mod:`.connection` (the connection, the pipelined
-round trip, what a failure means), :mod:`.scripts` (the Lua scripts),
+round trip, what a failure means), :mod:`.scripts` (the Lua scripts), :mod:`.marks` (publish marks),
 :mod:`.membership` (register, heartbeat, leave, members, reaping), :mod:`.leases`
 (whether an entry's owner is alive), :mod:`.lookup` (the hand-written lookup request path)
 and :mod:`.remote_ops` (extra ops relayed through Redis). This module composes them and
@@ -85,6 +89,7 @@ from ..location import RECORD, decode_record, encode_record
 from .connection import RedisConnection
 from .leases import OwnerLeases
 from .lookup import LookupRequests, resp_command
+from .marks import MarkBook, PublishMarks, keep_ms
 from .membership import RedisMembership
 from .remote_ops import RemoteOps
 from .url import RedisURL, parse_url
@@ -104,7 +109,8 @@ def not_a_record(v: bytes) -> list:
     return [f"<{len(v)}-byte entry, not a {REC}-byte record: older PeerCache? republish>"]
 
 
-class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupRequests, RemoteOps, DirectoryOps):
+class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupRequests, RemoteOps, PublishMarks,
+                     DirectoryOps):
     """A directory client speaking Redis (see the module doc); ``call`` answers like the embedded one."""
 
     kind = "redis"
@@ -146,18 +152,25 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         self._op_stop = threading.Event()
         self._op_conn = None
         self._reaper: threading.Thread | None = None
+        #: the publish marks of the nodes publishing through this client (shared with its clones: .marks)
+        self._marks = MarkBook()
+        self._mark_reader: threading.Thread | None = None
+        #: a cluster's slot map read again off a caller's thread (connection._refresh_slots_soon)
+        self._slot_refresher: threading.Thread | None = None
         self.cluster = False
         #: redis-py's Sentinel of a redis+sentinel:// URL (made at the first connection; None otherwise)
         self._sentinels = None
         self.r = self._connect(_cluster)
 
     def clone(self) -> "RedisDirectory":
-        return RedisDirectory(self.cfg.url, timeout=self.timeout, heartbeat_timeout=self.heartbeat_timeout,
-                              limits=self.limits, _parsed=self.cfg, _cluster=self.cluster)
+        c = RedisDirectory(self.cfg.url, timeout=self.timeout, heartbeat_timeout=self.heartbeat_timeout,
+                           limits=self.limits, _parsed=self.cfg, _cluster=self.cluster)
+        c._marks = self._marks        # the heartbeat's clone reads the marks this client's publishes raised
+        return c
 
     def close(self) -> None:
         self._op_stop.set()
-        for t in (self._op_thread, self._reaper):
+        for t in (self._op_thread, self._reaper, self._mark_reader, self._slot_refresher):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=self.timeout + 2)
         while self._conns:
@@ -265,6 +278,11 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         uekeys = [self._entry(k) for k in unpub]
         groups, ugroups = self._groups(ekeys), self._groups(uekeys)    # by the slots of the stored keys
         owned = self._owned_key(nid)
+        # Last, on each master written to: the marks a failover that lost some of these writes leaves
+        # behind (.marks). Their keys and generation are fixed here: _pipe may build the pipeline twice.
+        marks = self._mark_keys(nid, [*(ekeys[g[0]] for g in groups), owned]) if keys else []
+        gen = self._marks.next_gen(nid) if marks else 0
+        ttl = keep_ms(self.heartbeat_timeout)
 
         def build(p):
             for g in groups:
@@ -275,7 +293,11 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
                 self._evalsha(p, "unpublish", [uekeys[i] for i in g], [me])
             if unpub:
                 p.srem(owned, *unpub)
+            for k in marks:
+                self._evalsha(p, "mark", [k], [gen, ttl])
         res = self._pipe("publish", build)
+        if marks:
+            self._marks.raised(nid, marks, gen, res[len(res) - len(marks):])
         refused: dict[int, bytes] = {}           # index -> the owner's number (4 bytes, as stored)
         for g, out in zip(groups, res):
             for i, o in zip(g, out):

@@ -9,10 +9,16 @@ master fails (refused, closed, or READONLY once it is a replica: redis-py then d
 is sent once more on a fresh connection to whatever master the sentinels name by then, and otherwise
 raises :class:`DiscoveryUnreachable` saying so. Nothing waits for the failover: each call ends
 within its bounds (see :func:`sentinel_timeout`), and the caller's next call finds the new master.
+
+A Redis Cluster is followed by redis-py's RedisCluster: a command that fails on a connection error
+or a timeout asks for a topology refresh (CLUSTER SLOTS from another node, the failed one last) and
+is sent once more on the slot map it brings, so once a replica has taken over a dead master's slots
+the next call reaches it. Each socket wait is a third of the call's bound (:func:`cluster_socket_timeout`).
 """
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Sequence
 
 import redis
@@ -44,6 +50,19 @@ def sentinel_timeout(directory_s: float, sentinels: int) -> float:
     return directory_s / (2 * max(1, sentinels))
 
 
+#: Socket waits one call on a Redis Cluster may make in turn when a master hangs: its first attempt,
+#: the topology refresh's query of a node that may hang too, and its one retry.
+CLUSTER_WAITS = 3
+
+
+def cluster_socket_timeout(directory_s: float) -> float:
+    """One socket wait's bound (connecting, or a reply) on a Redis Cluster, so that a call's
+    :data:`CLUSTER_WAITS` waits end within one directory request's bound ``directory_s``: redis-py's
+    cluster client retries a timeout too (its retry count is all it takes from a Retry), unlike a
+    Redis client given :func:`once_on_a_broken_connection`."""
+    return directory_s / CLUSTER_WAITS
+
+
 def timed_out(e: BaseException) -> bool:
     """Whether ``e`` is a socket timeout (SO_RCVTIMEO's EAGAIN, socket.timeout or redis-py's)."""
     return isinstance(e, (TimeoutError, BlockingIOError, redis.exceptions.TimeoutError))
@@ -51,13 +70,16 @@ def timed_out(e: BaseException) -> bool:
 
 class RedisConnection:
     """The connection part of :class:`~.backend.RedisDirectory`, which it is mixed into
-    (it uses the directory's ``cfg``, ``address``, ``timeout``, ``cluster``, ``r`` and ``_sha``)."""
+    (it uses the directory's ``cfg``, ``address``, ``timeout``, ``cluster``, ``r``, ``_sha`` and
+    ``_slot_refresher``)."""
 
-    def _kwargs(self) -> dict:
-        """redis-py's keyword arguments for a connection to a Redis server (the master with Sentinel)."""
+    def _kwargs(self, cluster: bool = False) -> dict:
+        """redis-py's keyword arguments for a connection to a Redis server (the master with Sentinel), or
+        to the nodes of a Redis Cluster (``cluster``: shorter socket waits, :func:`cluster_socket_timeout`)."""
         c = self.cfg
-        kw: dict[str, Any] = dict(username=c.username, password=c.password, socket_timeout=self.timeout,
-                                  socket_connect_timeout=min(self.timeout, 2.0),
+        wait = cluster_socket_timeout(self.timeout) if cluster else self.timeout
+        kw: dict[str, Any] = dict(username=c.username, password=c.password, socket_timeout=wait,
+                                  socket_connect_timeout=min(wait, 2.0),
                                   retry=once_on_a_broken_connection(), health_check_interval=0)
         if c.ssl:
             kw["ssl"] = True
@@ -85,7 +107,7 @@ class RedisConnection:
                     raise ConfigError(f"directory {self.address} is a Redis Cluster, which has only database 0; "
                                       "drop the /DB from the URL")
                 r = redis.RedisCluster(host=c.host, port=c.port, retry=once_on_a_broken_connection(),
-                                       require_full_coverage=True, **{k: v for k, v in kw.items()
+                                       require_full_coverage=True, **{k: v for k, v in self._kwargs(True).items()
                                                                       if k != "retry"})
             else:
                 r = self._client()
@@ -97,6 +119,23 @@ class RedisConnection:
             return r
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
             raise self._unreachable("connect", e) from None
+
+    def _refresh_slots_soon(self) -> None:
+        """Have redis-py read the cluster's slot map again (CLUSTER SLOTS), on a helper thread, one at a
+        time: for failures redis-py did not see (the lookup's own connections), so that the next call
+        finds a replica that took over; the caller's call stays within its bound."""
+        t = self._slot_refresher
+        if self.cluster and (t is None or not t.is_alive()):
+            self._slot_refresher = threading.Thread(target=self._refresh_slots_quietly, name="redis-slots",
+                                                    daemon=True)
+            self._slot_refresher.start()
+
+    def _refresh_slots_quietly(self) -> None:
+        try:
+            self.r.nodes_manager.initialize()
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
+            # the next failure asks again; the calls themselves say what is wrong
+            log.debug("reading the slot map of %s again: %s", self.address, e)
 
     def _sentinel(self) -> Sentinel:
         """The redis-py Sentinel of a ``redis+sentinel://`` URL, made once and shared by this client's
@@ -167,8 +206,10 @@ class RedisConnection:
         where = ("at the master the sentinels name (a failover may be under way: call again shortly)"
                  if c.sentinels else "there")
         if timed_out(e):
+            wait = (f"{cluster_socket_timeout(self.timeout):.3g} s (a cluster node's share of the {self.timeout:g} s "
+                    "bound)") if self.cluster else f"{self.timeout:g} s"
             return DiscoveryUnreachable(
-                f"directory {self.address} unreachable during {op!r}: no answer within {self.timeout:g} s; "
+                f"directory {self.address} unreachable during {op!r}: no answer within {wait}; "
                 f"check that redis-server is running {where} and not stopped or overloaded")
         return DiscoveryUnreachable(
             f"directory {self.address} unreachable during {op!r}: {type(e).__name__}: {e}; check that "

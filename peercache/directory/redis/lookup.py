@@ -176,7 +176,8 @@ class LookupRequests:
         """The cluster's fast lookup: one MGET per hash slot, grouped per master and written to
         every master before any reply is read (the masters work in parallel). None when the slot
         map moved or a connection failed: the caller then uses the cluster pipeline, which follows
-        redirections and reports unreachable masters."""
+        redirections and reports unreachable masters (and has redis-py read the slot map again). A
+        timeout raises at once, and has the slot map read again off the caller's thread."""
         slots = self.r.nodes_manager.slots_cache
         by_node: dict[str, tuple[Any, list]] = {}
         pre = self._entry_pre
@@ -213,6 +214,9 @@ class LookupRequests:
             for client, conn, _ in held:
                 conn.disconnect()
             if timed_out(e):
+                # redis-py never saw this timeout, so it asks for no new slot map: without one, every
+                # lookup would go on waiting for a hung master after its replica took over its slots
+                self._refresh_slots_soon()
                 raise self._unreachable("lookup", e) from None
             return None
         finally:

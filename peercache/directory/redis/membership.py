@@ -13,6 +13,7 @@ import redis
 from ...errors import PeerCacheError, RpcError
 from ...rpc import pack, unpack
 from .connection import log
+from .marks import keep_ms
 from ..validate import Refused, check_regions
 
 #: How long a node's token is remembered after its node key went (it may register again with it).
@@ -83,17 +84,25 @@ class RedisMembership:
         token = token if isinstance(token, str) else ""
         ttl_ms = int(self.heartbeat_timeout * 1000)
         now = time.time()
+        # The node's publish marks (.marks): on one Redis read in this round trip; a cluster reads them
+        # in one of their own, off this thread (a master failing over must not fail the heartbeat).
+        want = {} if self.cluster else self._marks.expected(nid)
 
         def build(p):
             self._evalsha(p, "heartbeat", [self._node_key(nid), self._owned_key(nid), self._token_key(nid)],
-                          [token, ttl_ms, max(4 * ttl_ms, 60000), TOKEN_KEEP_S])
+                          [token, ttl_ms, keep_ms(self.heartbeat_timeout), TOKEN_KEEP_S])
             p.zadd(self.k_alive, {nid: now + self.heartbeat_timeout}, xx=True)
             p.get(self.k_epoch)
             p.zrangebyscore(self.k_alive, "-inf", now, start=0, num=REAP_BATCH)
+            self._queue_mark_reads(p, want)
         res = self._pipe("heartbeat", build)
         if res[0] == -1:
             raise self._refused("heartbeat", f"missing or wrong token for node "
                            f"{nid!r}; only the node itself may heartbeat in its name")
+        if want:
+            self._marks.read(nid, want, res[4:])
+        elif self.cluster and res[0] == 1:
+            self._read_marks_soon(nid)
         self._epoch = int(res[2] or 0)
         overdue = [x.decode() if isinstance(x, bytes) else x for x in res[3] or []]
         if overdue and (self._reaper is None or not self._reaper.is_alive()):
@@ -102,7 +111,8 @@ class RedisMembership:
             self._reaper = threading.Thread(target=self._reap_quietly, args=(overdue,), name="redis-reap",
                                             daemon=True)
             self._reaper.start()
-        return {"ok": True, "known": res[0] == 1, "epoch": self._epoch}
+        # lost: marks found behind since the last heartbeat: entries of this node's a failover lost
+        return {"ok": True, "known": res[0] == 1, "epoch": self._epoch, "lost": self._marks.take_lost(nid)}
 
     def _reap_quietly(self, candidates: list[str]) -> None:
         try:
@@ -155,8 +165,9 @@ class RedisMembership:
     def _op_leave(self, msg: dict) -> dict:
         nid, _, _ = self._authorize(msg, "leave", fresh=True)
         self._drop_entries(nid)
+        marks = self._marks.forget(nid)
         res = self._pipe("leave", lambda p: (p.delete(self._node_key(nid)), self._evalsha(
-            p, "drop", [self.k_nodes, self.k_alive, self.k_epoch], [nid])))
+            p, "drop", [self.k_nodes, self.k_alive, self.k_epoch], [nid]), *(p.delete(k) for k in marks)))
         self._verified.clear()
         self._epoch = int(res[1]) or self._epoch
         return {"ok": True, "left": bool(res[0]), "epoch": self._epoch}

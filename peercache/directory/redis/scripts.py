@@ -125,10 +125,28 @@ return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 
+#: KEYS: one publish mark (see :mod:`.marks`). ARGV: the publish's generation, the mark's TTL in ms.
+#: Raises the mark to the generation (a mark only grows, whichever publish lands first) and renews
+#: its TTL; returns what the mark held before (0: nothing).
+MARK_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return cur
+"""
+
+#: KEYS: one publish mark. ARGV: its TTL in ms. What the mark holds (0: nothing), its TTL renewed.
+READ_MARK_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if cur > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return cur
+"""
+
+
 #: Every script by the name :meth:`RedisConnection._evalsha` runs it under.
 SCRIPTS = {"publish": PUBLISH_LUA, "takeover": TAKEOVER_LUA, "unpublish": UNPUBLISH_LUA,
            "register": REGISTER_LUA, "heartbeat": HEARTBEAT_LUA, "join": JOIN_LUA, "drop": DROP_LUA,
-           "forget": FORGET_LUA, "now_ms": NOW_MS_LUA}
+           "forget": FORGET_LUA, "now_ms": NOW_MS_LUA, "mark": MARK_LUA, "read_mark": READ_MARK_LUA}
 
 
 def load_script(r, src: str, cluster: bool) -> str:

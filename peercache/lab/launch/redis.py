@@ -27,6 +27,7 @@ own process group, and ``stop()`` (also on a failed start and on leaving a
 from __future__ import annotations
 
 import argparse
+import binascii
 import os
 import shutil
 import signal
@@ -250,6 +251,109 @@ def in_sync(info: dict[str, str]) -> bool:
     return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
 
+#: The key a replication probe (:func:`replicated`) sets and deletes at once; on a cluster a hash tag follows.
+_PROBE = "peercache:launch:probe"
+
+
+def slot_of(key: str) -> int:
+    """Redis Cluster's hash slot of ``key``: CRC16 (XMODEM) of the key, or of its ``{hash tag}``, mod 16384."""
+    k = key.encode()
+    start = k.find(b"{")
+    if start >= 0:
+        end = k.find(b"}", start + 1)
+        if end > start + 1:
+            k = k[start + 1:end]
+    return binascii.crc_hqx(k, 0) % CLUSTER_SLOTS
+
+
+def probe_key(slot: int | None = None) -> str:
+    """The replication probe's key: in hash slot ``slot`` (a cluster master's own), or anywhere (None)."""
+    if slot is None:
+        return _PROBE
+    for i in range(1 << 22):
+        if slot_of(f"{{{i:x}}}") == slot:
+            return f"{_PROBE}:{{{i:x}}}"
+    raise ValueError(f"slot {slot} is not a Redis Cluster hash slot (0-{CLUSTER_SLOTS - 1})")
+
+
+def first_own_slot(port: int, *, host: str = LOOPBACK, password: str | None = None) -> int | None:
+    """The first hash slot the cluster node on ``host``:``port`` serves (``CLUSTER NODES``'s ``myself``
+    line), None when it serves none (a replica, or slots not assigned yet)."""
+    r = subprocess.run(cli_command(port, *_auth(password), "cluster", "nodes", host=host), capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=5.0)
+    for line in r.stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 2 and "myself" in fields[2].split(","):
+            for rng in fields[8:]:
+                first = rng.split("-")[0]
+                if first.isdigit():
+                    return int(first)
+    return None
+
+
+def replicated(port: int, replicas: int, *, timeout: float, host: str = LOOPBACK, password: str | None = None,
+               cluster: bool = False) -> None:
+    """Return once ``replicas`` replicas of the master on ``host``:``port`` acknowledged every write it
+    took so far; RedisLaunchError after ``timeout`` s.
+
+    ``WAIT`` counts acknowledgements of its own connection's writes only (asked on a fresh connection it
+    answers at once), and a replica just through its first sync is sent nothing until its first
+    acknowledgement, up to a second later, while it already says its link is up: so the probe writes (a
+    key set and deleted at once, in a slot of the master's own on a ``cluster``) and waits in one
+    connection."""
+    key = probe_key(first_own_slot(port, host=host, password=password) if cluster else None)
+    ms = max(1, int(timeout * 1000))
+    try:
+        r = subprocess.run(cli_command(port, *_auth(password), host=host), capture_output=True, text=True,
+                           input=f"SET {key} 1\nDEL {key}\nWAIT {replicas} {ms}\n", timeout=timeout + 5.0)
+    except subprocess.TimeoutExpired:
+        raise RedisLaunchError(f"the master on {host}:{port} did not answer a replication probe within "
+                               f"{timeout + 5.0:g} s") from None
+    got = r.stdout.split()
+    if r.returncode != 0 or not got or not got[-1].isdigit() or int(got[-1]) < replicas:
+        raise RedisLaunchError(f"{got[-1] if got else 'no'} of {replicas} replicas of {host}:{port} acknowledged its "
+                               f"writes within {timeout:g} s (redis-cli said {(r.stdout + r.stderr).strip()[-300:]!r}); "
+                               "check that they are running and replicating it")
+
+
+#: The ``masterauth`` :func:`cut_replica` gives a replica: no master of ours has it, so every resync fails.
+_NOT_THE_MASTERAUTH = "peercache-cut-replica"
+
+
+def cut_replica(master: "RedisServer", replica: "RedisServer", *, timeout: float = 5.0) -> None:
+    """Make ``replica`` miss every write ``master`` takes from now on, both still running: the lag that
+    Redis's asynchronous replication has when a master dies, which a failover then loses.
+
+    The replica is given a wrong ``masterauth`` (each resync it tries fails AUTH) and its link is closed
+    (``CLIENT KILL TYPE replica`` on the master: every replica of it is cut, the others reconnect within
+    a second). Returns once the replica says its link is down; RedisLaunchError after ``timeout`` s.
+    :func:`reconnect_replica` undoes it."""
+    for srv, args in ((replica, ("config", "set", "masterauth", _NOT_THE_MASTERAUTH)),
+                      (master, ("client", "kill", "type", "replica"))):
+        r = srv.cli(*args)
+        if r.returncode != 0 or r.stdout.strip().startswith("ERR"):
+            raise RedisLaunchError(f"{' '.join(args[:2])} on {LOOPBACK}:{srv.port} failed: "
+                                   f"{(r.stdout + r.stderr).strip()!r}; is it running?")
+    deadline = time.monotonic() + timeout
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = replication(replica.port, password=replica.password)
+        if info.get("role") == "slave" and info.get("master_link_status") == "down":
+            return
+        time.sleep(_POLL_S)
+    raise RedisLaunchError(f"the replica on {LOOPBACK}:{replica.port} still replicates {LOOPBACK}:{master.port} "
+                           f"{timeout:g} s after its link was cut (role {info.get('role')}, link "
+                           f"{info.get('master_link_status')}); its log ends: {replica.log_tail(400)!r}")
+
+
+def reconnect_replica(replica: "RedisServer") -> None:
+    """Undo :func:`cut_replica`: ``replica`` may resync again (its own masterauth back: its password, or none)."""
+    r = replica.cli("config", "set", "masterauth", replica.password or "")
+    if r.returncode != 0 or r.stdout.strip() != "OK":
+        raise RedisLaunchError(f"config set masterauth on {LOOPBACK}:{replica.port} failed: "
+                               f"{(r.stdout + r.stderr).strip()!r}; is it running?")
+
+
 # --- one server -------------------------------------------------------------
 
 class RedisServer:
@@ -369,6 +473,11 @@ class RedisServer:
         raise RedisLaunchError(
             f"redis-server on {LOOPBACK}:{self.port} did not answer PING within {self.start_timeout:.0f}s "
             f"(last reply {last!r}); its log ends: {self.log_tail()!r}")
+
+    def replicated(self, replicas: int = 1, *, timeout: float = 5.0) -> None:
+        """Return once ``replicas`` replicas of this master acknowledged every write it took so far
+        (:func:`replicated`); RedisLaunchError after ``timeout`` s."""
+        replicated(self.port, replicas, timeout=timeout, password=self.password, cluster=self.cluster)
 
     def ping(self, timeout: float = 2.0) -> bool:
         """True when the server answers PING now."""
@@ -531,6 +640,23 @@ class RedisCluster:
     def roles(self) -> dict[int, str]:
         """Each node's role now, by port: ``master``, ``slave``, or ``?`` for one that does not answer."""
         return {n.port: replication(n.port).get("role", "?") for n in self.nodes}
+
+    def node(self, port: int) -> RedisServer:
+        """The node of this cluster on ``port`` (RedisLaunchError naming the ports when none is)."""
+        for n in self.nodes:
+            if n.port == port:
+                return n
+        raise RedisLaunchError(f"no node of this cluster on port {port}; its nodes are on {self.ports}")
+
+    def replicas_of(self) -> dict[int, list[int]]:
+        """Master port -> the ports of the replicas that name it as their master now (a replica whose link
+        is down included)."""
+        out: dict[int, list[int]] = {}
+        for n in self.nodes:
+            info = replication(n.port)
+            if info.get("role") == "slave" and info.get("master_port", "").isdigit():
+                out.setdefault(int(info["master_port"]), []).append(n.port)
+        return out
 
     def start(self) -> "RedisCluster":
         """Start the servers, create the cluster and wait for ``cluster_state:ok`` on every node."""
@@ -750,6 +876,8 @@ class SentinelSet:
         while time.monotonic() < deadline:
             infos = {s.port: replication(s.port, password=self.password) for s in self.servers[1:]}
             if all(in_sync(i) for i in infos.values()):
+                if self.replicas:
+                    self.servers[0].replicated(self.replicas, timeout=max(0.5, deadline - time.monotonic()))
                 return
             time.sleep(_POLL_S)
         raise RedisLaunchError(f"the replicas of 127.0.0.1:{self.servers[0].port} did not sync in the start budget "
@@ -824,7 +952,8 @@ def cluster_info(port: int, *, host: str = LOOPBACK, password: str | None = None
 def wait_cluster_ok(ports: list[int], deadline: float, *, host: str = LOOPBACK, password: str | None = None,
                     replicas: int = 0) -> None:
     """Wait until every node says ``cluster_state:ok`` with every slot assigned and every node known,
-    and ``replicas`` of them are replicas in sync with their masters."""
+    and ``replicas`` of them are replicas in sync with their masters, each sent its master's writes
+    (:func:`replicated`)."""
     last: dict[int, dict[str, str]] = {}
     synced = 0
     while time.monotonic() < deadline:
@@ -833,6 +962,12 @@ def wait_cluster_ok(ports: list[int], deadline: float, *, host: str = LOOPBACK, 
                and i.get("cluster_known_nodes") == str(len(ports)) for i in last.values()):
             synced = sum(in_sync(replication(p, host=host, password=password)) for p in ports) if replicas else 0
             if synced >= replicas:
+                for p in ports:
+                    info = replication(p, host=host, password=password)
+                    n = info.get("connected_slaves", "0")
+                    if info.get("role") == "master" and n.isdigit() and int(n):
+                        replicated(p, int(n), timeout=max(0.5, deadline - time.monotonic()), host=host,
+                                   password=password, cluster=True)
                 return
         time.sleep(_POLL_S * 2)
     states = {p: (i.get("cluster_state"), i.get("cluster_slots_assigned"), i.get("cluster_known_nodes"))

@@ -7,8 +7,8 @@ import numpy as np
 
 from peercache import tags
 from peercache.directory.cache import DirectoryCache
-from peercache.directory.ops import DirectoryOps
-from peercache.errors import RpcError
+from peercache.directory.ops import DirectoryOps, Heartbeat
+from peercache.errors import DiscoveryUnreachable, RpcError
 from peercache.node.lookup_replies import LookupReplies
 from peercache.node.membership import Membership
 from peercache.node.peers import PeerInfos
@@ -113,12 +113,12 @@ def test_a_republish_cut_short_is_done_again_on_the_next_heartbeat():
 
     class Heartbeats:
         @staticmethod
-        def heartbeat(node_id, token):
+        def renew(node_id, token):
             known = next(answers, None)
             if known is None:
                 m._stop.set()
-                return True
-            return known
+                return Heartbeat(True)
+            return Heartbeat(known)
 
     def republish():
         beats.append("republish")
@@ -128,6 +128,36 @@ def test_a_republish_cut_short_is_done_again_on_the_next_heartbeat():
     m._heartbeats(Heartbeats())
     assert d.ops().count("register") == 2 and not m.republish_due
     assert beats == ["republish", "republish", "heartbeat", "heartbeat", "heartbeat"], beats
+
+
+def test_a_heartbeat_that_says_entries_were_lost_republishes_without_registering_again():
+    """A Redis directory that failed over to a replica lacking the last writes: the node is still known,
+    but its heartbeat says some of its publish marks were behind; the node publishes its pool again
+    (until that succeeds), and goes back to retrying refused keys on the heartbeats after."""
+    d = Directory()
+    m = Membership(d, {"name": "p"}, 0.001)
+    m.register()
+    answers = iter([Heartbeat(True), Heartbeat(True, lost=2), Heartbeat(True), Heartbeat(True)])
+    beats: list = []
+
+    class Heartbeats:
+        @staticmethod
+        def renew(node_id, token):
+            beat = next(answers, None)
+            if beat is None:
+                m._stop.set()
+                return Heartbeat(True)
+            return beat
+
+    def republish():
+        beats.append("republish")
+        if beats.count("republish") == 1:
+            raise DiscoveryUnreachable("directory redis://127.0.0.1:9/0 unreachable during 'publish'")
+    m.on_forgotten, m.on_heartbeat = republish, lambda: beats.append("heartbeat")
+    m._heartbeats(Heartbeats())
+    assert d.ops().count("register") == 1 and not m.republish_due
+    assert beats == ["heartbeat", "republish", "republish", "heartbeat", "heartbeat"], beats
+    assert m.lost_reports == 1 and m.lost_reported_at is not None
 
 
 class Table:

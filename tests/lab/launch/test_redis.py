@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -198,6 +199,17 @@ def test_cluster_three_masters_cover_all_slots_and_stop_leaves_nothing():
     assert not any(listening(p) for p in c.ports) and not workdir.exists()
 
 
+def test_slots_and_probe_keys_as_redis_cluster_hashes_them():
+    from redis.crc import key_slot      # redis-py's, to check ours (the launch module imports no redis-py)
+
+    for k in ("foo", "{user1000}.following", "{}x", "a{b}c", "a{b", "pc:g:{ff}:node"):
+        assert rl.slot_of(k) == key_slot(k.encode()), k
+    assert rl.slot_of("foo") == 12182 and rl.slot_of("a{b}c") == rl.slot_of("b")
+    for slot in (0, 5461, 16383):
+        assert rl.slot_of(rl.probe_key(slot)) == slot
+    assert rl.probe_key() == "peercache:launch:probe"
+
+
 @needs_redis
 def test_cluster_three_masters_three_replicas_in_sync():
     with rl.RedisCluster(masters=3, replicas=1) as c:
@@ -209,8 +221,35 @@ def test_cluster_three_masters_three_replicas_in_sync():
             assert info["cluster_state"] == "ok" and info["cluster_known_nodes"] == "6"
             if role == "slave":
                 assert rl.in_sync(rl.replication(port))
+        replicas = c.replicas_of()
+        assert sorted(replicas) == sorted(p for p, r in roles.items() if r == "master")
+        assert sorted(r for rs in replicas.values() for r in rs) == sorted(p for p, r in roles.items() if r == "slave")
+        assert c.node(c.ports[0]).port == c.ports[0]
         pids = [n.pid for n in c.nodes]
     assert all(gone(p) for p in pids)
+
+
+@needs_redis
+@pytest.mark.parametrize("password", [None, "a-replica-pw"])
+def test_a_cut_replica_misses_the_writes_after_the_cut_until_reconnected(password):
+    with rl.RedisServer(password=password) as master, \
+            rl.RedisServer(replicaof=master.port, password=password) as replica:
+        deadline = time.monotonic() + 10
+        while not rl.in_sync(rl.replication(replica.port, password=password)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        master.cli("set", "before", "1")
+        master.replicated(1, timeout=5.0)   # a probe write and WAIT in one connection
+        rl.cut_replica(master, replica)
+        master.cli("set", "after", "2")
+        with pytest.raises(rl.RedisLaunchError, match="0 of 1 replicas"):
+            master.replicated(1, timeout=1.5)   # a replica tries to resync once a second: every try fails
+        assert replica.cli("get", "before").stdout.strip() == "1"
+        assert replica.cli("get", "after").stdout.strip() == ""
+        assert replica.cli("get", rl.probe_key()).stdout.strip() == ""     # the probe leaves nothing
+        rl.reconnect_replica(replica)
+        while replica.cli("get", "after").stdout.strip() != "2" and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert replica.cli("get", "after").stdout.strip() == "2"
 
 
 @needs_redis

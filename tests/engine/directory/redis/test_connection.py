@@ -13,7 +13,8 @@ import peercache
 from conftest import free_port
 from peercache.directory.client import connect_directory
 from peercache.directory.redis.backend import RedisDirectory
-from peercache.directory.redis.connection import once_on_a_broken_connection, timed_out
+from peercache.directory.redis.connection import (CLUSTER_WAITS, cluster_socket_timeout, once_on_a_broken_connection,
+                                                  timed_out)
 from peercache.directory.redis.url import PASSWORD_ENV
 from peercache.errors import DiscoveryUnreachable, RpcError
 
@@ -91,6 +92,19 @@ def test_a_broken_pooled_connection_is_retried_once_never_after_a_timeout():
     with pytest.raises(redis.exceptions.TimeoutError):
         retry.call_with_retry(slow, lambda e: None)
     assert len(calls) == 1                          # a timeout is not waited out twice
+
+
+def test_a_cluster_calls_socket_waits_fit_its_bound_together(redis_cluster):
+    """redis-py's cluster client retries a timeout once after a topology refresh: a call may wait
+    CLUSTER_WAITS times (test_cluster_failover.py stops a master to see it)."""
+    assert cluster_socket_timeout(3.0) * CLUSTER_WAITS == pytest.approx(3.0)
+    d = RedisDirectory(redis_cluster.url, timeout=1.5)
+    try:
+        assert d.cluster and d.r.retry.get_retries() == 1
+        kw = d.r.get_redis_connection(d.r.get_primaries()[0]).connection_pool.connection_kwargs
+        assert kw["socket_timeout"] == pytest.approx(0.5) and kw["socket_connect_timeout"] == pytest.approx(0.5)
+    finally:
+        d.close()
 
 
 def test_a_redis_that_lost_its_scripts_gets_them_again(redis_server):
