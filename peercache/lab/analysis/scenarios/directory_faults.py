@@ -137,7 +137,9 @@ def panel(ax, rec: dict[str, Any]) -> None:
             spans.append([t, t + width])
     for i, (a, b) in enumerate(spans):
         ax.axvspan(a, b, color=IDLE_COLOR, linewidth=0, label="no read completed" if i == 0 else None)
-    ax.plot([b[0] for b in tl], [b[1] for b in tl], color=PEERCACHE_COLOR, linewidth=1.2, label="hit rate")
+    # dots too: a bucket between two in which nothing completed has no line to either
+    ax.plot([b[0] for b in tl], [b[1] for b in tl], color=PEERCACHE_COLOR, linewidth=1.2, marker=".", markersize=3,
+            label="hit rate")
     keys = rec.get("entries_keys")
     watch = [(t, f) for t, f in rec.get("watch") or [] if t >= 0 and (not tl or t <= tl[-1][0] + 0.1)]
     if keys:

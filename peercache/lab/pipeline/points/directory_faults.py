@@ -385,8 +385,11 @@ def run_point(pr: PointRun, th: TestbedHosts, prod, cons, ctx: dict, workdir: st
 
     def events(ctl, stop) -> None:
         at = ctl.barrier + pr.warmup + float(p["fault_at"]) * pr.duration
+        # the Redis Cluster's target is found before the fault's moment (a dozen redis-cli calls on the
+        # directory's host take a second here): the keys stay where they are once the producers published
+        target = probe.target() if form == "redis-cluster" else None
         if ctl.at(at, stop):
-            fault_log.update(play(pr, ctl, stop, form, fault, ds, probe, prod, float(p["down_s"])))
+            fault_log.update(play(pr, ctl, stop, form, fault, ds, probe, prod, float(p["down_s"]), target))
 
     def measure(gr) -> WindowBytes:
         (pr.raw_dir / gr.name).mkdir(exist_ok=True)
@@ -430,8 +433,9 @@ def run_point(pr: PointRun, th: TestbedHosts, prod, cons, ctx: dict, workdir: st
 
 
 def play(pr: PointRun, ctl, stop, form: str, fault: str, ds: Directory, probe: RedisProbe, d,
-         down_s: float) -> dict[str, Any]:
-    """The fault, now: what was done to whom, when (``t``, epoch s), and what was found out on the way."""
+         down_s: float, target: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fault, now: what was done to whom, when (``t``, epoch s), and what was found out on the way
+    (``target``: the Redis Cluster's master with the most keys and its replica, :meth:`RedisProbe.target`)."""
     if form == "embedded":
         return {"t": ctl.restart("directory", down_s), "target": "directory"}
     if form == "redis":
@@ -458,7 +462,7 @@ def play(pr: PointRun, ctl, stop, form: str, fault: str, ds: Directory, probe: R
             time.sleep(ROLE_POLL_S)
         return {"t": t, "target": "master", "stopped_s": round(cont - t, 3), "role": role,
                 "demoted_s": None if demoted is None else round(demoted, 3)}
-    target = probe.target()
+    target = target or probe.target()
     if fault == "kill":
         return dict(target, t=ctl.signal(target["master"], signal.SIGKILL), target=target["master"])
     if target["replica"] is None:
