@@ -22,7 +22,8 @@ own process group, and ``stop()`` (also on a failed start and on leaving a
 ``with`` block) ends every one of them and removes the temporary directories.
 
 ``python -m peercache.lab.launch.redis sentinel`` starts a Sentinel set for trying
-``--directory redis+sentinel://...`` by hand (see :func:`main`).
+``--directory redis+sentinel://...`` by hand; ``create-cluster`` and ``wait-sentinels`` are the lab's
+readiness for a cluster or a Sentinel set it started process by process on a host (see :func:`main`).
 """
 from __future__ import annotations
 
@@ -912,7 +913,12 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m peercache.lab.launch.redis sentinel [--sentinels 3] [--replicas 1] [--service NAME]
     [--password PW]``: start a master, its replicas and the sentinels on loopback (:class:`SentinelSet`),
     print SENTINEL_READY with the ``--directory redis+sentinel://...`` to give serve and drive (the
-    password masked), hold until SIGTERM or SIGINT (Ctrl-C), then stop them all."""
+    password masked), hold until SIGTERM or SIGINT (Ctrl-C), then stop them all.
+
+    ``python -m peercache.lab.launch.redis wait-sentinels --host H --sentinels S1,S2,S3 --master-port M
+    [--replicas 1] [--service NAME] [--password PW]``: wait until the master the lab started on a host has its
+    replicas in sync and every sentinel sees the master, the replicas and the others, print SENTINELS_SEE_ALL,
+    then hold until SIGTERM or SIGINT (the lab's directory_faults points start it after the processes)."""
     p = argparse.ArgumentParser(prog="python -m peercache.lab.launch.redis")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("create-cluster", help="join cluster-enabled servers into one cluster, then hold")
