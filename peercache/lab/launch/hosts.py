@@ -323,6 +323,13 @@ class Handle:
         self._finish()
         return self.proc.returncode
 
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group and return (SIGSTOP and SIGCONT: a process that hangs,
+        then goes on); a process that already ended is left alone. Use :meth:`stop` and :meth:`kill` to
+        end it (they also reap it)."""
+        if self._group_alive():
+            self._signal_group(sig)
+
     def completed(self, timed_out: bool = False) -> Completed:
         """Snapshot of this process as a :class:`Completed` record."""
         return Completed(host=self.host.spec, command=self.command, argv=self.argv,
@@ -543,6 +550,21 @@ class SshHandle(Handle):
                            timeout=self.host.connect_timeout + 5)
         except subprocess.TimeoutExpired:
             pass  # closing stdin makes the remote watchdog kill the group
+
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the remote process group (the local ssh client is left running: stopping it
+        would stall the output, not the process)."""
+        pgid = self.remote_pgid(timeout=0.5) if self.proc.poll() in (None, 255) else None
+        if pgid is None:
+            return
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        try:
+            subprocess.run(self.host.ssh_argv(["kill", f"-{name}", "--", f"-{pgid}"]), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=self.host.connect_timeout + 5)
+        except subprocess.TimeoutExpired:
+            pass  # the host did not answer in time; the caller's own check (a role, an answer) says what happened
 
 
 #: Environment variable naming a folder where SSH hosts share one master connection per host.

@@ -22,7 +22,8 @@ own process group, and ``stop()`` (also on a failed start and on leaving a
 ``with`` block) ends every one of them and removes the temporary directories.
 
 ``python -m peercache.lab.launch.redis sentinel`` starts a Sentinel set for trying
-``--directory redis+sentinel://...`` by hand (see :func:`main`).
+``--directory redis+sentinel://...`` by hand; ``create-cluster`` and ``wait-sentinels`` are the lab's
+readiness for a cluster or a Sentinel set it started process by process on a host (see :func:`main`).
 """
 from __future__ import annotations
 
@@ -885,18 +886,11 @@ class SentinelSet:
                                f"the first replica's log ends: {self.servers[1].log_tail(600)!r}")
 
     def _wait_sentinels(self, master_port: int, deadline: float) -> None:
-        want = {"flags": "master", "num-other-sentinels": str(self.n_sentinels - 1),
-                "num-slaves": str(self.replicas), "port": str(master_port)}
-        seen: dict[int, dict] = {}
-        while time.monotonic() < deadline:
-            seen = {s.port: s.master_state() for s in self.sentinels}
-            if all(all(st.get(k) == v for k, v in want.items()) for st in seen.values()):
-                return
-            time.sleep(_POLL_S * 2)
-        got = {p: {k: st.get(k) for k in want} for p, st in seen.items()}
-        raise RedisLaunchError(f"the sentinels did not all see the master, each other and the replicas in the "
-                               f"start budget (want {want}; sentinel port: what it sees = {got}); the first "
-                               f"sentinel's log ends: {self._sentinel_log()!r}")
+        try:
+            wait_sentinels(self.sentinel_ports, master_port, deadline, service=self.service,
+                           replicas=self.replicas, password=self.password if self.sentinel_auth else None)
+        except RedisLaunchError as e:
+            raise RedisLaunchError(f"{e}; the first sentinel's log ends: {self._sentinel_log()!r}") from None
 
     def stop(self) -> None:
         """End the sentinels, then the servers, and remove their directories."""
@@ -920,10 +914,16 @@ class SentinelSet:
 CLUSTER_READY = "peercache redis cluster: ready"
 #: What ``sentinel`` prints once its set is ready, before the URL to use.
 SENTINEL_READY = "peercache redis sentinel: ready"
+#: What ``wait-sentinels`` prints once the replicas are in sync and every sentinel sees the whole set.
+SENTINELS_SEE_ALL = "peercache redis sentinels: ready"
 
 
-def _auth(password: str | None) -> list[str]:
+def auth_args(password: str | None) -> list[str]:
+    """redis-cli's arguments that give it ``password`` (none without one); put them before the command."""
     return ["-a", password, "--no-auth-warning"] if password else []
+
+
+_auth = auth_args
 
 
 def create_cluster(ports: list[int], deadline: float, *, host: str = LOOPBACK,
@@ -986,6 +986,59 @@ def create_cluster_command(python: list[str], host: str, ports: list[int], passw
             *(["--password", password] if password else [])]
 
 
+def sentinel_state(port: int, service: str, *, host: str = LOOPBACK, password: str | None = None) -> dict[str, str]:
+    """``SENTINEL MASTER service`` of the sentinel on ``host``:``port`` (empty when it does not answer)."""
+    try:
+        r = subprocess.run(cli_command(port, *_auth(password), "sentinel", "master", service, host=host),
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=2.0)
+    except subprocess.TimeoutExpired:
+        return {}
+    return parse_pairs(r.stdout) if r.returncode == 0 else {}
+
+
+def wait_sentinels(sentinel_ports: list[int], master_port: int, deadline: float, *, host: str = LOOPBACK,
+                   service: str = SENTINEL_SERVICE, replicas: int = 1, password: str | None = None) -> None:
+    """Wait until every sentinel on ``host``:``sentinel_ports`` names ``master_port`` as ``service``'s master
+    and knows the other sentinels and ``replicas`` replicas, so that a failover can be agreed on at once
+    (sentinels announce themselves every 2 s); ``password``: the sentinels' own, if they have one."""
+    want = {"flags": "master", "num-other-sentinels": str(len(sentinel_ports) - 1),
+            "num-slaves": str(replicas), "port": str(master_port)}
+    seen: dict[int, dict] = {}
+    while time.monotonic() < deadline:
+        seen = {p: sentinel_state(p, service, host=host, password=password) for p in sentinel_ports}
+        if all(all(st.get(k) == v for k, v in want.items()) for st in seen.values()):
+            return
+        time.sleep(_POLL_S * 2)
+    got = {p: {k: st.get(k) for k in want} for p, st in seen.items()}
+    raise RedisLaunchError(f"the sentinels did not all see the master, each other and the replicas in the "
+                           f"start budget (want {want}; sentinel port: what it sees = {got})")
+
+
+def wait_replicas_online(master_port: int, replicas: int, deadline: float, *, host: str = LOOPBACK,
+                         password: str | None = None) -> None:
+    """Wait until the master on ``host``:``master_port`` has ``replicas`` replicas online (in sync)."""
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = replication(master_port, host=host, password=password)
+        online = sum("state=online" in v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit())
+        if online >= replicas:
+            return
+        time.sleep(_POLL_S)
+    raise RedisLaunchError(f"the master {host}:{master_port} has not {replicas} replicas online in the start "
+                           f"budget (its INFO replication: {info})")
+
+
+def wait_sentinels_command(python: list[str], host: str, sentinel_ports: list[int], master_port: int,
+                           timeout: float, *, service: str = SENTINEL_SERVICE, replicas: int = 1,
+                           password: str | None = None) -> list[str]:
+    """argv of :func:`main`'s ``wait-sentinels`` run with ``python`` (the lab starts it on the directory host
+    once the master, its replicas and the sentinels listen)."""
+    return [*python, "-m", "peercache.lab.launch.redis", "wait-sentinels", "--host", host,
+            "--sentinels", ",".join(map(str, sentinel_ports)), "--master-port", str(master_port),
+            "--service", service, "--replicas", str(replicas), "--timeout", f"{timeout:g}",
+            *(["--password", password] if password else [])]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m peercache.lab.launch.redis create-cluster --host H --ports P1,P2,P3 [--replicas N]
     [--password PW]``: join the cluster-enabled servers the lab started on a cluster testbed's directory
@@ -995,7 +1048,12 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m peercache.lab.launch.redis sentinel [--sentinels 3] [--replicas 1] [--service NAME]
     [--password PW]``: start a master, its replicas and the sentinels on loopback (:class:`SentinelSet`),
     print SENTINEL_READY with the ``--directory redis+sentinel://...`` to give serve and drive (the
-    password masked), hold until SIGTERM or SIGINT (Ctrl-C), then stop them all."""
+    password masked), hold until SIGTERM or SIGINT (Ctrl-C), then stop them all.
+
+    ``python -m peercache.lab.launch.redis wait-sentinels --host H --sentinels S1,S2,S3 --master-port M
+    [--replicas 1] [--service NAME] [--password PW]``: wait until the master the lab started on a host has its
+    replicas in sync and every sentinel sees the master, the replicas and the others, print SENTINELS_SEE_ALL,
+    then hold until SIGTERM or SIGINT (the lab's directory_faults points start it after the processes)."""
     p = argparse.ArgumentParser(prog="python -m peercache.lab.launch.redis")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("create-cluster", help="join cluster-enabled servers into one cluster, then hold")
@@ -1012,12 +1070,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--password", default=None, help="the servers' requirepass (default: none)")
     s.add_argument("--sentinel-auth", action="store_true", help="the sentinels require the password too")
     s.add_argument("--timeout", type=float, default=SENTINEL_START_S, help="seconds to start it [%(default)s]")
+    w = sub.add_parser("wait-sentinels", help="wait until a master's replicas are in sync and every sentinel "
+                                              "sees the master, the replicas and each other, then hold")
+    w.add_argument("--host", required=True, help="the servers' and sentinels' address")
+    w.add_argument("--sentinels", required=True, help="S1,S2,S3: the sentinels' ports")
+    w.add_argument("--master-port", type=int, required=True, help="the master's port")
+    w.add_argument("--service", default=SENTINEL_SERVICE, help="the master's name at the sentinels [%(default)s]")
+    w.add_argument("--replicas", type=int, default=1, help="replicas of the master [%(default)s]")
+    w.add_argument("--password", default=None, help="the master's and replicas' requirepass")
+    w.add_argument("--timeout", type=float, default=SENTINEL_START_S, help="seconds to see it ready [%(default)s]")
     a = p.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if a.cmd == "sentinel":
         return _hold_sentinel_set(a, stop)
+    if a.cmd == "wait-sentinels":
+        return _hold_sentinels_seen(a, stop)
     ports = [int(x) for x in a.ports.split(",") if x]
     deadline = time.monotonic() + a.timeout
     try:
@@ -1028,6 +1097,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"create-cluster: {e}", file=sys.stderr, flush=True)
         return 1
     print(f"{CLUSTER_READY} on {a.host} ports {','.join(map(str, ports))}", flush=True)
+    stop.wait()
+    return 0
+
+
+def _hold_sentinels_seen(a, stop: threading.Event) -> int:
+    """``wait-sentinels``: the replicas in sync, then every sentinel seeing the whole set; say so, hold until
+    ``stop`` (the processes are the lab's to stop)."""
+    sentinels = [int(x) for x in a.sentinels.split(",") if x]
+    deadline = time.monotonic() + a.timeout
+    try:
+        wait_replicas_online(a.master_port, a.replicas, deadline, host=a.host, password=a.password)
+        wait_sentinels(sentinels, a.master_port, deadline, host=a.host, service=a.service, replicas=a.replicas)
+    except (RedisLaunchError, OSError, subprocess.SubprocessError) as e:
+        print(f"wait-sentinels: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"{SENTINELS_SEE_ALL}: master {a.host}:{a.master_port}, sentinels {a.sentinels} (service {a.service})",
+          flush=True)
     stop.wait()
     return 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import threading
 import time
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from peercache.lab.launch.hosts import CommandTimeout, Handle, Host, HostError, IsoTimes
+from peercache.lab.launch.hosts import CommandTimeout, Completed, Handle, Host, HostError, IsoTimes
 from peercache.lab.system.numa import numa_binding
 
 #: Poll period while waiting on several processes at once.
@@ -577,14 +578,29 @@ class GroupFailed(RuntimeError):
 
 
 class EventControl:
-    """What a run's events (membership churn) may do to its servers during the shared window, each logged
-    with its time: a server that leaves (SIGTERM: it leaves the directory on its way out), one that
-    crashes (SIGKILL, no handler runs) and a new one that starts (and is stopped with the rest)."""
+    """What a run's events may do during the shared window, each logged with its time (epoch s):
+
+    - to a group's server: it leaves (SIGTERM: it leaves the directory on its way out), crashes (SIGKILL,
+      no handler runs), or a new one joins (started, and stopped with the rest): membership churn;
+    - to any process of the run, a group's server or one started before the groups (a :class:`FirstSpec`,
+      by its name): a signal (SIGSTOP, then SIGCONT: a process that hangs, then goes on; SIGKILL: a crash),
+      or a restart (SIGKILL, a pause, the same command started again and awaited: a directory restarted
+      at the same address);
+    - a command run on a host (an operator's action, such as a manual failover), with its output.
+
+    A process an event ends is expected to end: its exit breaks nothing. A first process started again is
+    watched as its predecessor was, and stopped with the rest.
+    """
 
     def __init__(self, barrier: float, servers: dict[str, "_Side"], started: list["_Side"],
-                 log_dir: Path | None, grace: float):
+                 log_dir: Path | None, grace: float, firsts: dict[str, "_Side"] | None = None,
+                 first_specs: dict[str, FirstSpec] | None = None, watched: list["_Side"] | None = None):
         self.barrier = barrier                 #: epoch s of the shared start
         self._servers, self._started, self._log_dir, self._grace = servers, started, log_dir, grace
+        self._firsts = firsts if firsts is not None else {}
+        self._first_specs = first_specs or {}
+        #: the processes whose early exit breaks the run (a restarted first process joins them)
+        self._watched = watched if watched is not None else []
         self.log: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -592,9 +608,19 @@ class EventControl:
         """Sleep until epoch ``t``; False when the run ended first."""
         return not stop.wait(max(0.0, t - time.time()))
 
-    def _note(self, event: str, group: str, **kw: Any) -> None:
+    def _note(self, event: str, group: str, **kw: Any) -> float:
+        t = time.time()
         with self._lock:
-            self.log.append({"t": time.time(), "event": event, "group": group, **kw})
+            self.log.append({"t": t, "event": event, "group": group, **kw})
+        return t
+
+    def _side(self, name: str) -> "_Side":
+        """The first process called ``name``, else the server of group ``name``."""
+        side = self._firsts.get(name) or self._servers.get(name)
+        if side is None:
+            raise KeyError(f"no process {name!r} in this run; its first processes are {sorted(self._firsts)} and "
+                           f"its groups with a server {sorted(self._servers)}")
+        return side
 
     def leave(self, group: str) -> None:
         """SIGTERM ``group``'s server (a clean leave)."""
@@ -625,6 +651,54 @@ class EventControl:
         _await_ready(side, ready, time.monotonic() + ready.timeout)
         self._note("ready", group, host=spec.host.spec, seconds=round(time.time() - t0, 3))
 
+    def signal(self, name: str, sig: int) -> float:
+        """Send ``sig`` to the process ``name`` (a first process, else a group's server), logged as ``signal``
+        with the signal's name; its time (epoch s). SIGKILL and SIGTERM end it (expected: its exit breaks
+        nothing); any other signal (SIGSTOP, SIGCONT) leaves it to the caller to undo."""
+        side = self._side(name)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            side.expected_exit = True
+        t = self._note("signal", name, signal=signal.Signals(sig).name, host=side.spec.host.spec)
+        if sig == signal.SIGKILL:
+            side.handle.kill()
+        elif sig == signal.SIGTERM:
+            side.handle.stop(self._grace)
+        else:
+            side.handle.send_signal(sig)
+        return t
+
+    def restart(self, name: str, pause_s: float = 0.0) -> float:
+        """SIGKILL the first process ``name``, wait ``pause_s``, start its command again (the same address:
+        a directory restarted in place) and wait until it is ready, as it was awaited at the start. Logged as
+        ``restart`` (killed) and ``back`` (ready again, with ``down_s``); the time it was killed (epoch s)."""
+        if name not in self._first_specs:
+            raise KeyError(f"no first process {name!r} to restart; this run's are {sorted(self._first_specs)}")
+        spec, old = self._first_specs[name], self._firsts[name]
+        old.expected_exit = True
+        t0 = self._note("restart", name, host=spec.side.host.spec, pause_s=pause_s)
+        old.handle.kill()
+        time.sleep(max(0.0, t0 + pause_s - time.time()))
+        side = _Side(name, spec.side, self._log_dir)       # its log goes on in the same file
+        side.start()
+        with self._lock:
+            self._firsts[name] = side
+            self._started.append(side)
+        _await_ready(side, spec.ready, time.monotonic() + spec.ready.timeout)
+        with self._lock:
+            self._watched.append(side)
+        self._note("back", name, host=spec.side.host.spec, down_s=round(time.time() - t0, 3))
+        return t0
+
+    def command(self, label: str, host: Host, argv: list[str], timeout: float) -> Completed:
+        """Run ``argv`` on ``host`` (an operator's action), logged as ``command`` under ``label`` with its exit
+        status and the start of its output; its record (HostError when it did not finish in ``timeout``)."""
+        t = time.time()
+        done = host.run(argv, timeout=timeout)
+        with self._lock:
+            self.log.append({"t": t, "event": "command", "group": label, "host": host.spec, "rc": done.rc,
+                             "output": (done.stdout + done.stderr).strip()[:200]})
+        return done
+
 
 class GroupRunner:
     """Per-NIC groups in parallel, clients released together after one barrier."""
@@ -640,6 +714,10 @@ class GroupRunner:
         names = [g.name for g in groups]
         if not groups or len(set(names)) != len(names):
             raise ValueError(f"group names must be present and distinct, got {names}")
+        firsts = [f.name for f in first]
+        if len(set(firsts)) != len(firsts) or set(firsts) & set(names):
+            raise ValueError(f"the first processes' names must be distinct and not a group's (an event names "
+                             f"either), got {firsts} beside the groups {names}")
         if not any(g.clients for g in groups):
             raise ValueError(f"no group has a client: {names}")
         for g in groups:
@@ -726,8 +804,10 @@ class GroupRunner:
                 barrier = time.time() + self.barrier_lead
                 start_hosts = list({c.spec.host.spec: c.spec.host for c in all_clients}.values())
                 _release(start_hosts, start_file, barrier, self.barrier_lead)
+            watched = [*firsts.values(), *servers.values()]
             if self.events is not None:
-                control = EventControl(barrier, servers, started, self.log_dir, self.grace)
+                control = EventControl(barrier, servers, started, self.log_dir, self.grace, firsts=firsts,
+                                       first_specs={f.name: f for f in self.first}, watched=watched)
 
                 def play() -> None:
                     try:
@@ -737,8 +817,7 @@ class GroupRunner:
 
                 event_thread = threading.Thread(target=play, daemon=True, name="group-events")
                 event_thread.start()
-            error = _wait_clients([*firsts.values(), *servers.values()], all_clients, self.client_timeout,
-                                  self.server_exits)
+            error = _wait_clients(watched, all_clients, self.client_timeout, self.server_exits)
             if event_thread is not None:
                 event_stop.set()
                 event_thread.join(self.client_timeout)

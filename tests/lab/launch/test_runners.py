@@ -6,6 +6,7 @@ import _thread
 import importlib.util
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -451,6 +452,78 @@ def test_group_runner_events_leave_crash_and_join_during_the_window_without_fail
     assert res.groups["b"].server.rc == -9 and res.groups["a"].server.stopped
     assert res.groups["c"].server.stopped and (tmp_path / "up-c").exists() and (tmp_path / "c" / "server.log").exists()
     assert_none_left(m)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_group_runner_events_stop_continue_and_restart_a_first_process(tmp_path):
+    """A directory's faults: a first process SIGSTOPped then continued, one restarted in place (a new process,
+    awaited as at the start, watched and stopped with the rest), and a command run on a host; the run stays ok
+    and every event is logged with its time."""
+    m = marker()
+    h = LocalHost()
+    up = Readiness(pattern="^up$", timeout=10)
+    groups = [GroupSpec("reader", [SideSpec(h, py("import time; time.sleep(2.5)", m))])]
+    firsts = [FirstSpec(n, SideSpec(h, py(UP_AND_WAIT, m) + [str(tmp_path / f"up-{n}")]), up)
+              for n in ("directory", "master")]
+    seen = {}
+
+    def faults(ctl, stop):
+        assert ctl.at(ctl.barrier + 0.2, stop)
+        pid = ctl._firsts["master"].handle.proc.pid
+        ctl.signal("master", signal.SIGSTOP)
+        time.sleep(0.2)
+        seen["stopped"] = _state(pid)
+        ctl.signal("master", signal.SIGCONT)
+        time.sleep(0.2)
+        seen["continued"] = _state(pid)
+        seen["old"] = ctl._firsts["directory"].handle.proc.pid
+        ctl.restart("directory", 0.3)
+        seen["new"] = ctl._firsts["directory"].handle.proc.pid
+        seen["echo"] = ctl.command("operator", h, ["echo", "OK"], timeout=10).stdout.strip()
+
+    res = GroupRunner(groups, client_timeout=10, server_exits=False, log_dir=tmp_path, first=firsts,
+                      events=faults).run()
+    assert res.ok, res.error
+    assert seen["stopped"] == "T" and seen["continued"] in ("S", "R") and seen["echo"] == "OK"
+    assert seen["new"] != seen["old"] and res.first["directory"].stopped
+    assert [(e["event"], e.get("signal")) for e in res.events] == [
+        ("signal", "SIGSTOP"), ("signal", "SIGCONT"), ("restart", None), ("back", None), ("command", None)]
+    back = next(e for e in res.events if e["event"] == "back")
+    assert back["down_s"] >= 0.3 and all(e["t"] >= res.barrier + 0.2 for e in res.events)
+    assert (tmp_path / "directory.log").read_text().count("up") == 2          # both incarnations' output
+    assert_none_left(m)
+
+
+def test_group_runner_a_restarted_first_process_that_dies_fails_the_run(tmp_path):
+    """The process started again is watched as the first one was: its death while clients read fails the run."""
+    m = marker()
+    h = LocalHost()
+    up = Readiness(pattern="^up$", timeout=10)
+    groups = [GroupSpec("reader", [SideSpec(h, py("import time; time.sleep(3)", m))])]
+    flag = tmp_path / "second"
+
+    def faults(ctl, stop):
+        ctl.restart("directory")
+
+    # the first incarnation holds; the one started again says it is up, then ends on its own
+    script = ("import os, sys, time; first = not os.path.exists(sys.argv[2]); open(sys.argv[2], 'a').close(); "
+              "print('up', flush=True); time.sleep(60 if first else 0.5)")
+    with pytest.raises(GroupFailed, match="exited with rc 0 while its client was running"):
+        GroupRunner(groups, client_timeout=10, server_exits=False, events=faults,
+                    first=[FirstSpec("directory", SideSpec(h, py(script, m) + [str(flag)]), up)]).run()
+    assert_none_left(m)
+
+
+def test_group_runner_refuses_a_first_process_named_as_a_group():
+    h = LocalHost()
+    with pytest.raises(ValueError, match="not a group's"):
+        GroupRunner([GroupSpec("directory", [SideSpec(h, ["true"])])],
+                    first=[FirstSpec("directory", SideSpec(h, ["true"]), Readiness(pattern="x"))])
 
 
 def test_group_runner_an_event_that_fails_fails_the_run():

@@ -38,8 +38,9 @@ def test_dry_run_every_scenario_on_the_rdma_testbed():
     for sc in listed:
         assert f"wildcards: scenario={sc}, point=" in out, sc
     # every scenario of the file is in its list but growth (one host) and cluster (N hosts), each selected by a
-    # testbed file of its own (local-growth, local-cluster)
-    assert set(experiments.scenario_names()) - set(listed) == {"growth", "cluster"}
+    # testbed file of its own (local-growth, local-cluster), and directory_faults (the directory's own faults,
+    # whose traffic is TCP over any data path: the local testbed runs it)
+    assert set(experiments.scenario_names()) - set(listed) == {"growth", "cluster", "directory_faults"}
     assert "wildcards: scenario=growth" not in out
     assert "run_point" in out and "capture_host" in out and "report" in out
     assert len(plan.result_paths()) == len(plan.points) * 3          # repetitions: 3

@@ -18,6 +18,7 @@ extraction (in the shape of ReFrame's ``osu.py``):
 ``hicache_suite``      serve and the HiCache suite: get/set/exists sweeps through PeerCacheStore, PEAK per op
 ``cluster``            a shared-cache traffic pattern over N hosts (pairwise, incast, fan-out, shared), raw beside it
 ``growth``             how a cost grows with keys, members, pool or batch size, a power law fitted (growth)
+``directory_faults``   the directory's own failure (restart, kill, stop, failover) under a verifying read
 =====================  ================================================================
 
 What every kind is made of is in :mod:`.declare`, what a kind whose point is one pair declares in
@@ -31,4 +32,4 @@ from peercache.lab.pipeline.points import peercache, hicache, group, node_api  #
 from peercache.lab.pipeline.points import dirlookup, redis_benchmark  # noqa: F401
 from peercache.lab.pipeline.points import mooncake_te, peercache_pypi, nixl  # noqa: F401  (other engines)
 from peercache.lab.pipeline.points import hicache_suite, cluster  # noqa: F401
-from peercache.lab.pipeline.points import growth  # noqa: F401
+from peercache.lab.pipeline.points import growth, directory_faults  # noqa: F401
