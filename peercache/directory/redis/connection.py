@@ -9,6 +9,10 @@ master fails (refused, closed, or READONLY once it is a replica: redis-py then d
 is sent once more on a fresh connection to whatever master the sentinels name by then, and otherwise
 raises :class:`DiscoveryUnreachable` saying so. Nothing waits for the failover: each call ends
 within its bounds (see :func:`sentinel_timeout`), and the caller's next call finds the new master.
+A master stopped past its failover and then continued still answers as a master, on the connections
+opened to it before, until Sentinel makes it a replica (about 10 s later): so each heartbeat, and
+any other call at most every ``MASTER_CHECK_S``, first asks the sentinels which server is the master
+and drops the idle connections to any other (:meth:`RedisConnection._follow_master`).
 
 A Redis Cluster is followed by redis-py's RedisCluster: a command that fails on a connection error
 or a timeout asks for a topology refresh (CLUSTER SLOTS from another node, the failed one last) and
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import redis
@@ -34,6 +39,10 @@ from .url import PASSWORD_ENV, SENTINEL_FORM
 # The logger keeps the name it had before the backend became a subpackage: log filters and
 # handlers set up for it go on working.
 log = logging.getLogger("peercache.directory.redis_backend")
+
+#: Seconds between two checks, by one client's calls other than heartbeats, that its connections reach the
+#: master the sentinels name (a heartbeat checks every time): one sentinel round trip at most this often.
+MASTER_CHECK_S = 1.0
 
 
 def once_on_a_broken_connection() -> Retry:
@@ -168,6 +177,34 @@ class RedisConnection:
             return self.r.connection_pool.get_master_address()
         return c.host, c.port
 
+    def _follow_master(self, every: float = 0.0) -> None:
+        """With Sentinel: ask the sentinels which server is the master now (one round trip to the first
+        that answers) and close this client's idle connections to any other server, so the next call
+        opens one to the master they name. Without it, a master that was stopped past its failover and
+        continued took the producers' heartbeats on their old connections (as a master still) while
+        their registrations expired on the new one: every entry read as a miss for about 10 s, until
+        Sentinel made the old master a replica (the directory_faults scenario's sentinel/stop point).
+        A node's calls go through more than one client (its heartbeats have their own), so every call
+        checks, at most once every ``every`` seconds (0: now)."""
+        if not self.cfg.sentinels:
+            return
+        now = time.monotonic()
+        if every and now - getattr(self, "_master_checked", 0.0) < every:
+            return
+        self._master_checked = now
+        pool = self.r.connection_pool
+        try:
+            master = tuple(pool.get_master_address())
+        except (MasterNotFoundError, redis.RedisError) as e:
+            raise self._unreachable("heartbeat", e) from None
+        # redis-py keeps no public list of a pool's idle connections; each knows the server it reached
+        stale = [c for c in list(getattr(pool, "_available_connections", []))
+                 if getattr(c, "_sock", None) is not None and (c.host, c.port) != master]
+        if stale:
+            log.warning("directory %s: %d connection(s) to %s:%s, which is no longer the master the sentinels "
+                     "name (%s:%s): closed", self.address, len(stale), stale[0].host, stale[0].port, *master)
+            pool.disconnect(inuse_connections=False)
+
     def _close_sentinels(self) -> None:
         if self._sentinels is not None:
             try:
@@ -218,6 +255,7 @@ class RedisConnection:
     def _pipe(self, op: str, build: Callable[[Any], None]) -> list:
         """Run the commands ``build`` queues as one pipelined round trip; scripts reloaded once if
         the server lost them (a restart). Raises DiscoveryUnreachable / RpcError."""
+        self._follow_master(every=MASTER_CHECK_S)
         for attempt in (0, 1):
             try:
                 pipe = self.r.pipeline(transaction=False)

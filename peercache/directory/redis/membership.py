@@ -82,6 +82,7 @@ class RedisMembership:
         if not isinstance(nid, str) or not nid:
             raise self._refused("heartbeat", "it needs a 'node_id' string")
         token = token if isinstance(token, str) else ""
+        self._follow_master()      # Sentinel: never renew on a master the sentinels no longer name
         ttl_ms = int(self.heartbeat_timeout * 1000)
         now = time.time()
         # The node's publish marks (.marks): on one Redis read in this round trip; a cluster reads them
