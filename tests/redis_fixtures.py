@@ -10,6 +10,8 @@ where redis-server is not installed they skip, saying what to install.
 from __future__ import annotations
 
 import subprocess
+import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -107,3 +109,37 @@ def publish(d: RedisDirectory, nid: str, tok: str, keys: list, base: int = 0) ->
     r = d.call("publish", node_id=nid, token=tok, keys=keys, locs=locs)
     assert r["published"] == len(keys), r
     return locs
+
+
+@dataclass
+class ReadsAcross:
+    """What a consumer's reads saw across a directory fault (:func:`read_until_whole`)."""
+
+    wrong: int = 0                  #: values that came back different from what was put
+    failed: int = 0                 #: reads that raised
+    longest: float = 0.0            #: the longest read, s
+    back: float | None = None       #: s from ``t0`` to the first read of every value, None if none
+    first_error: str | None = None
+
+
+def read_until_whole(cons, keys: list, vals: list, t0: float, until_s: float, pause_s: float = 0.02) -> ReadsAcross:
+    """Read ``keys`` through ``cons`` (a peercache client) back to back until every value is back, or until
+    ``until_s`` after ``t0`` (time.monotonic()); bounded by that, whatever the directory does."""
+    import peercache
+    out = ReadsAcross()
+    while time.monotonic() - t0 < until_s:
+        t = time.monotonic()
+        try:
+            got = cons.get_batch(keys)
+        except peercache.PeerCacheError as e:
+            out.failed += 1
+            out.first_error = out.first_error or str(e)
+            got = None
+        out.longest = max(out.longest, time.monotonic() - t)
+        if got is not None:
+            out.wrong += sum(g is not None and g != v for g, v in zip(got, vals))
+            if got == vals:
+                out.back = time.monotonic() - t0
+                break
+        time.sleep(pause_s)
+    return out

@@ -20,6 +20,7 @@ import time
 
 import peercache
 from conftest import BENCH, scaled
+from redis_fixtures import read_until_whole
 from peercache.bench.drive.bounds import IO_TIMEOUT_S
 from peercache.bench.serve import READY_LINE
 from peercache.directory.service import DEFAULT_HEARTBEAT_TIMEOUT as HEARTBEAT_TIMEOUT_S
@@ -191,23 +192,8 @@ def test_a_stopped_master_ends_every_call_within_its_bound_and_comes_back_a_repl
         old.pause()
         try:
             takeover = _Takeover(heir, t0)
-            wrong = failed = 0
-            longest, back, first_error = 0.0, None, None
-            while time.monotonic() - t0 < scaled(TAKEOVER_BOUND_S + RECOVER_AFTER_TAKEOVER_S):
-                t = time.monotonic()
-                try:
-                    got = cons.get_batch(keys)
-                except peercache.PeerCacheError as e:
-                    failed += 1
-                    first_error = first_error or str(e)
-                    got = None
-                longest = max(longest, time.monotonic() - t)
-                if got is not None:
-                    wrong += sum(g is not None and g != v for g, v in zip(got, vals))
-                    if got == vals:
-                        back = time.monotonic() - t0
-                        break
-                time.sleep(0.02)
+            r = read_until_whole(cons, keys, vals, t0, scaled(TAKEOVER_BOUND_S + RECOVER_AFTER_TAKEOVER_S))
+            wrong, failed, longest, back, first_error = r.wrong, r.failed, r.longest, r.back, r.first_error
             takeover_s = takeover.result()
         finally:
             old.resume()

@@ -24,7 +24,7 @@ from peercache.bench.serve import READY_LINE
 from peercache.directory.client import connect_directory
 from peercache.errors import DiscoveryUnreachable
 from peercache.lab.launch import redis as redis_launch
-from redis_fixtures import SENTINEL_PASSWORD
+from redis_fixtures import SENTINEL_PASSWORD, read_until_whole
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
 #: The sentinels promote the replica within this (down-after-milliseconds, 1 s, plus their agreement
@@ -150,23 +150,8 @@ def test_library_nodes_follow_a_failover_and_publish_to_the_new_master(redis_sen
         t0 = time.monotonic()
         old.kill()
         promotion = _Promotion(ss, old.port, t0)
-        wrong = failed = 0
-        longest, resumed, first_error = 0.0, None, None
-        while time.monotonic() - t0 < scaled(PROMOTE_BOUND_S + RESUME_AFTER_PROMOTION_S):
-            t = time.monotonic()
-            try:
-                got = cons.get_batch(keys)
-            except peercache.PeerCacheError as e:
-                failed += 1
-                first_error = first_error or str(e)
-                got = None
-            longest = max(longest, time.monotonic() - t)
-            if got is not None:
-                wrong += sum(g is not None and g != v for g, v in zip(got, vals))
-                if got == vals:
-                    resumed = time.monotonic() - t0
-                    break
-            time.sleep(0.02)
+        r = read_until_whole(cons, keys, vals, t0, scaled(PROMOTE_BOUND_S + RESUME_AFTER_PROMOTION_S))
+        wrong, failed, longest, resumed, first_error = r.wrong, r.failed, r.longest, r.back, r.first_error
         new, promoted_s = promotion.result()
         print(f"sentinel failover, library nodes: promoted in {promoted_s:.2f} s, reads back after "
               f"{'never' if resumed is None else f'{resumed:.2f}'} s ({failed} calls failed, the longest call {longest:.2f} s), wrong pages {wrong}; "
@@ -212,21 +197,8 @@ def test_entries_a_failover_lost_are_published_again_within_a_heartbeat(redis_se
         old.kill()
         redis_launch.reconnect_replica(replica)          # the master is gone: nothing left to resync from
         promotion = _Promotion(ss, old.port, t0)
-        wrong = failed = 0
-        back, first_error = None, None
-        while time.monotonic() - t0 < scaled(PROMOTE_BOUND_S) + period + scaled(RESUME_AFTER_PROMOTION_S):
-            try:
-                got = cons.get_batch(keys)
-            except peercache.PeerCacheError as e:
-                failed += 1
-                first_error = first_error or str(e)
-                got = None
-            if got is not None:
-                wrong += sum(g is not None and g != v for g, v in zip(got, vals))
-                if got == vals:
-                    back = time.monotonic() - t0
-                    break
-            time.sleep(0.02)
+        r = read_until_whole(cons, keys, vals, t0, scaled(PROMOTE_BOUND_S) + period + scaled(RESUME_AFTER_PROMOTION_S))
+        wrong, failed, back, first_error = r.wrong, r.failed, r.back, r.first_error
         new, promoted_s = promotion.result()
         found = prod.node.membership.lost_reported_at
         print(f"sentinel failover that lost the last publish: entries lost 64 of 128 (on the master, not on "
