@@ -160,6 +160,7 @@ class RedisDirectory(RedisConnection, RedisMembership, OwnerLeases, LookupReques
         self.cluster = False
         #: redis-py's Sentinel of a redis+sentinel:// URL (made at the first connection; None otherwise)
         self._sentinels = None
+        self._master_checked = 0.0      #: when _follow_master last asked the sentinels (monotonic s)
         self.r = self._connect(_cluster)
 
     def clone(self) -> "RedisDirectory":

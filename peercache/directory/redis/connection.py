@@ -189,7 +189,7 @@ class RedisConnection:
         if not self.cfg.sentinels:
             return
         now = time.monotonic()
-        if every and now - getattr(self, "_master_checked", 0.0) < every:
+        if every and now - self._master_checked < every:
             return
         self._master_checked = now
         pool = self.r.connection_pool

@@ -173,9 +173,10 @@ def parse_info(text: str) -> dict[str, str]:
     return out
 
 
-def url_for(port: int, db: int = 0, host: str = LOOPBACK) -> str:
-    """``redis://host:port/db``."""
-    return f"redis://{host}:{port}/{db}"
+def url_for(port: int, db: int = 0, host: str = LOOPBACK, password: str | None = None) -> str:
+    """``redis://[:password@]host:port/db`` (the password as given: mask it before printing)."""
+    auth = f":{urllib.parse.quote(password, safe='')}@" if password else ""
+    return f"redis://{auth}{host}:{port}/{db}"
 
 
 def sentinel_url_for(ports: list[int], service: str = SENTINEL_SERVICE, db: int = 0, host: str = LOOPBACK,

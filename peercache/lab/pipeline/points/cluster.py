@@ -228,13 +228,13 @@ class ClusterRun(Timed):
         lookups = p.get("op", "get") == "exists"
         if lookups and p["pattern"] == "churn":
             pr.fail("lookup_rate", "ops/s", "the churn pattern reads pages (op: get); give it no op: exists",
-                    side="aggregate", **_fail_ctx(ctx))
+                    side="aggregate", **fail_ctx(ctx))
             return
         try:
             pl = place(p["pattern"], [(m.name, tuple(m.roles)) for m in th.cluster], p["hosts"])
         except PlacementError as e:
             pr.fail("lookup_rate" if lookups else "get_throughput", "ops/s" if lookups else "GB/s", str(e),
-                    side="aggregate", **_fail_ctx(ctx))
+                    side="aggregate", **fail_ctx(ctx))
             return
         pr.notes.append(f"placement: directory on {pl.directory}; producers {', '.join(pl.producers)}; "
                         + "; ".join(f"{c} reads {'+'.join(ps)}" for c, ps in pl.reads.items()))
@@ -243,12 +243,12 @@ class ClusterRun(Timed):
         pr.rows += run_peercache(pr, th, members, pl, ctx)
 
 
-def _fail_ctx(ctx: dict[str, Any]) -> dict[str, Any]:
+def fail_ctx(ctx: dict[str, Any]) -> dict[str, Any]:
     return {k: ctx[k] for k in ("tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes",
                                 "extra")}
 
 
-def _bench(th: TestbedHosts, m) -> list[str]:
+def bench_argv(th: TestbedHosts, m) -> list[str]:
     """argv that runs peercache-bench on member ``m``."""
     if th.bench_command and not m.host.on_this_machine:
         return list(th.bench_command)
@@ -266,14 +266,14 @@ def directory_specs(pr: PointRun, th: TestbedHosts, d, kind: str, port: int,
                         next(iter(d.devices), None))
 
     if kind == "embedded":
-        meta = [*_bench(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
+        meta = [*bench_argv(th, d), "meta", "--discovery-addr", f"{d.address}:{port}"]
         return ([FirstSpec("directory", wrapped("directory", meta),
                            Readiness(pattern=META_READY, timeout=pr.scaled(READY_S)))],
                 ["--discovery-addr", f"{d.address}:{port}"], ["--join"])
     # Bound to the directory host's cluster address, so Redis's protected mode wants a password: one for
     # this point only (the stored commands and logs have it masked: peercache.redact).
     password = secrets.token_hex(16)
-    url = redis_launch.url_for(port, host=d.address).replace("redis://", f"redis://:{password}@", 1)
+    url = redis_launch.url_for(port, host=d.address, password=password)
     if kind == "redis":
         server = redis_launch.server_command(port, workdir, bind=d.address, password=password)
         return ([FirstSpec("directory", wrapped("directory", server),
@@ -300,7 +300,7 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
     common = [*where, "--protocol", p["protocol"], "--layout", p["layout"],
               "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"])]
     def serve_argv(name: str, devs: list[str], prefix: str | None = None) -> list[str]:
-        return [*_bench(th, members[name]), "serve", *common, *devs, *join, "--bind", members[name].address,
+        return [*bench_argv(th, members[name]), "serve", *common, *devs, *join, "--bind", members[name].address,
                 "--key-prefix", prefix or name, "--readers", "0", "--max-wait", str(int(pr.timeout)), "--quiet"]
 
     churning = pl.churn is not None
@@ -320,7 +320,7 @@ def commands(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement, port:
             server = SideSpec(m.host, pr.cpu_wrap_on(f"{name}/producer", m.host, m.python, serve_argv(name, devs)),
                               pr.numa_member(f"{name}/server", m), dev)
         if name in pl.reads:
-            drive = [*_bench(th, m), "drive", *common, *devs, "--key-prefix", ",".join(pl.reads[name]),
+            drive = [*bench_argv(th, m), "drive", *common, *devs, "--key-prefix", ",".join(pl.reads[name]),
                      "--batch-size", str(p["batch_size"]), "--concurrencies", str(p["threads"]),
                      "--processes", str(p["processes"]), "--duration", str(pr.duration),
                      "--warmup", str(pr.warmup), "--dir-cache-ttl", str(ttl),
@@ -412,7 +412,7 @@ def _run_peercache(pr: PointRun, th: TestbedHosts, members: dict, pl: Placement,
     pr.merge_numa_choices()
     if err:
         pr.fail("lookup_rate" if lookups else "get_throughput", "ops/s" if lookups else "GB/s", err,
-                side="aggregate", **_fail_ctx(ctx))
+                side="aggregate", **fail_ctx(ctx))
         return []
     agg = res.aggregate
     labels = [f"{h}/{r}" for h in pl.hosts for r in ("producer", "consumer")]

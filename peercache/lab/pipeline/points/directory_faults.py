@@ -47,6 +47,7 @@ from peercache.bench.document import DRIVE_READY_WORDS
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.launch.runners import FirstSpec, GroupRunner, GroupSpec, Readiness, SideSpec, WindowBytes
 from peercache.lab.pipeline.points import churn as churn_
+from peercache.lab.pipeline.points.cluster import CLUSTER_MASTERS, META_READY, bench_argv, fail_ctx, measured
 from peercache.lab.pipeline.points.bounds import PORT_READY_S, READY_S, SERVER_EXIT_S
 from peercache.lab.pipeline.points.declare import (POSITIVE_INT, SECONDS, Point, Timed, one_of, parameter, sizes,
                                                    timing, variable)
@@ -100,10 +101,6 @@ TIMELINE_MS = churn_.TIMELINE_MS
 SERVICE = redis_launch.SENTINEL_SERVICE
 #: Sentinels, and the quorum that must deem the master down.
 SENTINELS = redis_launch.SENTINELS
-#: Masters (each with one replica) of the redis-cluster form.
-CLUSTER_MASTERS = 3
-#: What meta prints once its directory listens.
-META_READY = r"peercache-bench meta: ready on "
 
 
 @dataclass
@@ -180,12 +177,12 @@ class DirectoryFaultsRun(Timed):
                      extra={"form": p["form"], "fault": p["fault"], "what": FAULT_TEXT[(p["form"], p["fault"])]})
         if p["fault"] not in FAULTS[p["form"]]:
             pr.fail(cls.primary, "s", f"the {p['form']} directory has no fault {p['fault']!r}; give one of "
-                                      f"{', '.join(FAULTS[p['form']])}", side="aggregate", **_fail_ctx(ctx))
+                                      f"{', '.join(FAULTS[p['form']])}", side="aggregate", **fail_ctx(ctx))
             return
         prod, cons = _pair_members(th)
         if p["form"] != "embedded" and not all(prod.host.which(b) for b in ("redis-server", "redis-cli")):
             pr.fail(cls.primary, "s", f"redis-server or redis-cli is not on {prod.host.spec}'s PATH; "
-                                      f"{redis_launch.INSTALL_HINT}", side="aggregate", **_fail_ctx(ctx))
+                                      f"{redis_launch.INSTALL_HINT}", side="aggregate", **fail_ctx(ctx))
             return
         workdir = f"/tmp/pclab-directory-{uuid.uuid4().hex[:10]}"
         prod.host.run(["mkdir", "-p", workdir], timeout=pr.scaled(HOST_COMMAND_S))
@@ -195,22 +192,11 @@ class DirectoryFaultsRun(Timed):
             prod.host.run(["rm", "-rf", workdir], timeout=pr.scaled(HOST_COMMAND_S))
 
 
-def _fail_ctx(ctx: dict[str, Any]) -> dict[str, Any]:
-    return {k: ctx[k] for k in ("tool", "protocol", "layout", "size_bytes", "batch", "threads", "processes", "extra")}
-
-
 def _pair_members(th: TestbedHosts):
     """The producer and consumer hosts of the testbed (its pair: a cluster testbed's first two of each role)."""
     prod = next((m for m in th.cluster if "producer" in m.roles), th.cluster[0])
     cons = next((m for m in th.cluster if "consumer" in m.roles and m is not prod), th.cluster[-1])
     return prod, cons
-
-
-def _bench(th: TestbedHosts, m) -> list[str]:
-    """argv that runs peercache-bench on member ``m``."""
-    if th.bench_command and not m.host.on_this_machine:
-        return list(th.bench_command)
-    return [*m.python, "-m", "peercache.bench.cli"]
 
 
 def directory_for(pr: PointRun, th: TestbedHosts, d, form: str, workdir: str) -> Directory:
@@ -227,7 +213,7 @@ def directory_for(pr: PointRun, th: TestbedHosts, d, form: str, workdir: str) ->
 
     if form == "embedded":
         port = pr.ports.allocate()
-        meta = [*_bench(th, d), "meta", "--discovery-addr", f"{addr}:{port}"]
+        meta = [*bench_argv(th, d), "meta", "--discovery-addr", f"{addr}:{port}"]
         return Directory(form, [FirstSpec("directory", side(meta), Readiness(pattern=META_READY,
                                                                               timeout=pr.scaled(READY_S)))],
                          ["--discovery-addr", f"{addr}:{port}"], ["--join"], f"{addr}:{port}")
@@ -238,7 +224,7 @@ def directory_for(pr: PointRun, th: TestbedHosts, d, form: str, workdir: str) ->
         port = pr.ports.allocate()
         _mkdirs(pr, d, workdir, ["directory"])
         server = redis_launch.server_command(port, f"{workdir}/directory", bind=addr, password=password)
-        url = _url(port, addr, password)
+        url = redis_launch.url_for(port, host=addr, password=password)
         return Directory(form, [FirstSpec("directory", side(server), port_ready(port))], ["--directory", url], [],
                          url, {"directory": port}, password=password)
     budget = pr.scaled(READY_S)
@@ -272,12 +258,8 @@ def directory_for(pr: PointRun, th: TestbedHosts, d, form: str, workdir: str) ->
     firsts.append(FirstSpec("cluster-create", SideSpec(d.host, redis_launch.create_cluster_command(
         d.python, addr, ports, password, budget, replicas=1)),
         Readiness(pattern=re.escape(redis_launch.CLUSTER_READY), timeout=budget + 5)))
-    url = _url(ports[0], addr, password)
+    url = redis_launch.url_for(ports[0], host=addr, password=password)
     return Directory(form, firsts, ["--directory", url], [], url, dict(zip(names, ports)), password=password)
-
-
-def _url(port: int, addr: str, password: str) -> str:
-    return redis_launch.url_for(port, host=addr).replace("redis://", f"redis://:{password}@", 1)
 
 
 def _mkdirs(pr: PointRun, d, workdir: str, names: list[str]) -> None:
@@ -357,7 +339,7 @@ def run_point(pr: PointRun, th: TestbedHosts, prod, cons, ctx: dict, workdir: st
     cdevs = ["--devices", ",".join(cons.devices)] if p["protocol"] == "rdma" and cons.devices else []
     groups = []
     for prefix in PREFIXES:
-        serve = [*_bench(th, prod), "serve", *common, *pdevs, *ds.serve_flags, "--bind", prod.address,
+        serve = [*bench_argv(th, prod), "serve", *common, *pdevs, *ds.serve_flags, "--bind", prod.address,
                  "--key-prefix", prefix, "--readers", "0", "--max-wait", str(int(pr.timeout)), "--quiet"]
         groups.append(GroupSpec(prefix, [], SideSpec(prod.host, serve, pr.numa_member(f"{prefix}/server", prod),
                                                      next(iter(prod.devices), None)),
@@ -366,7 +348,7 @@ def run_point(pr: PointRun, th: TestbedHosts, prod, cons, ctx: dict, workdir: st
     for i in range(1, int(p["consumers"]) + 1):
         name = f"consumer{i}"
         outs[name] = f"/tmp/pclab-drive-{uuid.uuid4().hex[:10]}.json"
-        drive = [*_bench(th, cons), "drive", *common, *cdevs, "--key-prefix", ",".join(PREFIXES),
+        drive = [*bench_argv(th, cons), "drive", *common, *cdevs, "--key-prefix", ",".join(PREFIXES),
                  "--batch-size", str(p["batch_size"]), "--concurrencies", "1", "--processes", "1",
                  "--duration", str(pr.duration), "--warmup", str(pr.warmup), "--dir-cache-ttl", "0",
                  "--faults-expected", "--timeline-ms", str(TIMELINE_MS), "--seed", str(i),
@@ -416,11 +398,11 @@ def run_point(pr: PointRun, th: TestbedHosts, prod, cons, ctx: dict, workdir: st
     if res.events:
         atomic.write_text(pr.raw_dir / "events.json", json.dumps(res.events, indent=1))
     if err:
-        pr.fail("unavailable_s", "s", err, side="aggregate", **_fail_ctx(ctx))
+        pr.fail("unavailable_s", "s", err, side="aggregate", **fail_ctx(ctx))
         return []
     if "t" not in fault_log:
         pr.fail("unavailable_s", "s", "the fault did not happen (the window ended before its moment)",
-                side="aggregate", **_fail_ctx(ctx))
+                side="aggregate", **fail_ctx(ctx))
         return []
     pr.notes.append(f"fault: {FAULT_TEXT[(form, fault)]} at +{fault_log['t'] - res.aggregate.window_start:.2f} s "
                     f"of the window; events: " + "; ".join(f"{e['event']} {e['group']} at "
@@ -556,7 +538,7 @@ def fault_rows(docs: dict[str, dict], agg, fault: dict[str, Any], events: list[d
         ctx["extra"], first_errors=first_errors[:3]))))
     keys = sum(docs[c]["points"][0].get("keys", 0) for c in consumers)
     hits = sum((docs[c]["points"][0].get("hit_rate") or 0) * docs[c]["points"][0].get("keys", 0) for c in consumers)
-    rows.append(_measured("hit_rate", hits / keys if keys else None, "ratio", "no drive asked for a key", **base))
+    rows.append(measured("hit_rate", hits / keys if keys else None, "ratio", "no drive asked for a key", **base))
     rows.append(Row(metric="get_throughput", value=agg.rate_Bps / 1e9, unit="GB/s", **dict(base, extra=dict(
         ctx["extra"], window_start=agg.window_start, window_end=agg.window_end, start_skew_s=agg.start_skew_s,
         consumers=len(consumers), verified=all(docs[c]["points"][0].get("verified") for c in consumers)))))
@@ -564,7 +546,7 @@ def fault_rows(docs: dict[str, dict], agg, fault: dict[str, Any], events: list[d
         tl = docs[c]["points"][0].get("timeline") or {}
         bound = tl.get("fault_bound_s")
         stall = tl.get("max_stall_s")
-        rows.append(_measured("max_stall_s", stall, "s", "drive wrote no timeline", **dict(
+        rows.append(measured("max_stall_s", stall, "s", "drive wrote no timeline", **dict(
             ctx, side="per_host", devices=c, host=consumer_host, peer=producer_host,
             extra=dict(ctx["extra"], bound_s=bound,
                        within_bound=None if bound is None or stall is None else stall <= bound))))
@@ -572,15 +554,15 @@ def fault_rows(docs: dict[str, dict], agg, fault: dict[str, Any], events: list[d
     watch_series = [[round(s["t"] - agg.window_start, 3), s.get("found")] for s in samples]
     ev = dict(base, extra=dict(ctx["extra"], registered_again=again or {},
                                **{k: v for k, v in seen.items() if k not in ("lost", "republished")}))
-    why = seen.get("why", "")
-    rows.append(_measured("entries_lost", seen.get("lost"), "count", why, **ev))
-    rows.append(_measured("entries_republished", seen.get("republished"), "count", why, **ev))
-    rows.append(_measured("directory_back_s", seen.get("back_s"), "s", why, **ev))
-    rows.append(_measured("republished_s", seen.get("republished_s"), "s",
+    why = seen.get("why") or "not measured"
+    rows.append(measured("entries_lost", seen.get("lost"), "count", why, **ev))
+    rows.append(measured("entries_republished", seen.get("republished"), "count", why, **ev))
+    rows.append(measured("directory_back_s", seen.get("back_s"), "s", why, **ev))
+    rows.append(measured("republished_s", seen.get("republished_s"), "s",
                           why or f"the directory did not resolve all {seen.get('before')} entries again by the "
                                  "window's end", **ev))
     if fault.get("role") is not None:
-        rows.append(_measured("old_master_demoted_s", fault.get("demoted_s"), "s",
+        rows.append(measured("old_master_demoted_s", fault.get("demoted_s"), "s",
                               f"the old master still reported role {fault['role']!r} after its bound", **dict(
                                   base, extra=dict(ctx["extra"], role=fault["role"],
                                                    stopped_s=fault.get("stopped_s")))))
@@ -608,14 +590,7 @@ def fault_rows(docs: dict[str, dict], agg, fault: dict[str, Any], events: list[d
     j = judge(buckets, fault_s, width, level)
     rows.append(Row(metric="unavailable_s", value=j["unavailable_s"], unit="s", **dict(base, extra=dict(
         detail, timeline=series, watch=watch_series, bad_buckets=j["bad_buckets"], outages=j["outages"]))))
-    rows.append(_measured("recovery_s", j["recovery_s"], "s",
+    rows.append(measured("recovery_s", j["recovery_s"], "s",
                           f"the hit rate did not come back within {RATE_TOLERANCE:g} of its level before the fault "
                           f"({level:.3f}) and stay there by the window's end", **dict(base, extra=detail)))
     return rows
-
-
-def _measured(metric: str, value: float | None, unit: str, why: str, **kw: Any) -> Row:
-    """A row of ``value``, or not measured with ``why`` when there is none."""
-    if value is None:
-        return Row(metric=metric, value=None, unit=unit, status="not_measured", reason=why or "not measured", **kw)
-    return Row(metric=metric, value=value, unit=unit, **kw)
