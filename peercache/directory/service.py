@@ -184,17 +184,21 @@ class MetaService:
     transport and calls :meth:`announce_table`, after which the register and members replies
     carry ``table`` (what a consumer needs to read it). Until then, or without a table, they
     carry none and consumers use the lookup RPC alone.
+
+    ``reaper=False`` starts no reaper thread: the caller expires members with :meth:`reap_once`
+    (a test that drives ``membership.clock`` by hand, which a reaper of its own would race).
     """
 
     def __init__(self, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, limits: Limits | None = None,
-                 table_entries: int = 0):
+                 table_entries: int = 0, reaper: bool = True):
         self.limits = limits or DEFAULT_LIMITS
         self.membership = Membership(heartbeat_timeout, limits=self.limits)
         self.directory = Directory(table_entries)
         self._table: dict | None = None
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="discovery-reaper", daemon=True)
-        self._reaper.start()
+        if reaper:
+            self._reaper.start()
 
     def _reap(self) -> None:
         timeout = self.membership.heartbeat_timeout

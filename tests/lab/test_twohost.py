@@ -271,7 +271,7 @@ def _clean_up(pair, role: str, netdev: str, handles: list, hosts: tuple) -> None
 @pytest.mark.timeout(3600)
 def test_wire_down_ends_drive_serve_stays_up_and_serves_again_then_serve_killed_ends_drive(pair):
     prod, cons = host("producer"), host("consumer")
-    serve, drive = serve_drive(44901, duration=600)
+    serve, drive = serve_drive(24901, duration=600)
     s = prod.start(serve)
     handles = [s]
     try:
@@ -305,7 +305,7 @@ def test_a_rail_down_under_drive_fails_over_to_the_other_and_comes_back(pair):
     dur = max(20, round(scaled(pair, 1.5)))
     # 8 KiB pages in batches of 8: one batch on the one rail left stays under what Soft-RoCE's requester
     # handles without stalling (tests/engine/transport/test_rdma_failover.py).
-    common = ["--discovery-addr", f"{M.rail_addr('producer', 0)}:44911", "--protocol", "rdma",
+    common = ["--discovery-addr", f"{M.rail_addr('producer', 0)}:24911", "--protocol", "rdma",
               "--devices", "rxe0,rxe1", "--page-size", "8192", "--working-set", "64"]
     out = "/tmp/pc-rail-failover.json"
     s = prod.start(bench("serve", *common, "--readers", "1", "--max-wait", "900"))

@@ -219,7 +219,7 @@ def _await_ready(side: _Side, ready: Readiness, deadline: float) -> dict[str, st
         if not h.running:
             raise HostError(f"{side.spec.host.spec}: server {shlex.join(side.command)} exited "
                             f"with rc {h.returncode} before listening on port {ready.port}; "
-                            f"stderr: {h.stderr.strip()[-500:]!r}")
+                            f"output: {(h.stdout + h.stderr).strip()[-500:]!r}")
         if side.spec.host.is_port_open(ready.addr, ready.port, timeout=5):
             return
         if time.monotonic() >= deadline:

@@ -35,6 +35,13 @@ HARDWARE = {"gpu": "a CUDA GPU on the consumer", "rdma": "an RDMA NIC on both ho
 CLUSTER_ROLES = ("producer", "consumer", "directory")
 #: Names a listed host may not have: its capture (testbed/<name>.json) would be another file's.
 RESERVED_HOST_NAMES = ("preflight",)
+#: The TCP ports one point's listeners take: base_port and the POINT_PORTS after it.
+POINT_PORTS = 500
+DEFAULT_BASE_PORT = 22000
+#: Linux's default net.ipv4.ip_local_port_range: the local ports outgoing connections are given. A listener
+#: in it fails to bind ("address in use") whenever a connection on its host holds that port, which a cluster
+#: point's hundreds of connections make likely; so a testbed's ports lie below it.
+EPHEMERAL_PORTS = (32768, 60999)
 
 
 class DefinitionError(ValueError):
@@ -184,6 +191,13 @@ def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None) -> T
     if doc["form"] == "rdma" and not doc["capabilities"]["rdma"]:
         raise DefinitionError(f"{path}: field 'form': rdma form on a testbed whose "
                               "capabilities.rdma is false; use form: local")
+    first = doc.get("base_port", DEFAULT_BASE_PORT)
+    if first + POINT_PORTS - 1 >= EPHEMERAL_PORTS[0]:
+        raise DefinitionError(
+            f"{path}: field 'base_port': a point listens on ports {first}..{first + POINT_PORTS - 1}, inside Linux's "
+            f"ephemeral range {EPHEMERAL_PORTS[0]}..{EPHEMERAL_PORTS[1]} (net.ipv4.ip_local_port_range), where the "
+            f"hosts' outgoing connections take their local ports and a listener can find its port held; choose a "
+            f"base_port from 1024 to {EPHEMERAL_PORTS[0] - POINT_PORTS}")
     if isinstance(doc["hosts"], list):
         _normalise_cluster(path, doc)
     elif doc.get("netns_bridge"):

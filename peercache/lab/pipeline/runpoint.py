@@ -351,8 +351,8 @@ class PointRun:
         self._numa_choices: dict[str, tuple[int | None, str]] = {}   #: binding side -> (NIC node, its source)
         self._captures: list[dict] | None = None
         self.notes: list[str] = []
-        base = int(tb.get("base_port", 42000))
-        self.ports = PortAllocator(base, base + 499)
+        base = int(tb.get("base_port", experiments.DEFAULT_BASE_PORT))
+        self.ports = PortAllocator(base, base + experiments.POINT_PORTS - 1)
         # A part may set its own duration and warm-up (the bench's short verification runs).
         dur = float(point.params.get("duration", tb["duration"]))
         self.duration, self.warmup = dur, float(point.params.get("warmup", tb["warmup"]))

@@ -103,7 +103,7 @@ def test_membership_epoch_and_heartbeat_expiry():
 
 
 def test_meta_service_drops_entries_of_dead_node():
-    svc = MetaService(heartbeat_timeout=5.0)
+    svc = MetaService(heartbeat_timeout=5.0, reaper=False)
     try:
         clk = Clock()
         svc.membership.clock = clk

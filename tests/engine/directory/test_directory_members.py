@@ -56,7 +56,7 @@ def _table_has(svc: MetaService, key: bytes) -> int | None:
 
 
 def test_100k_register_leave_and_expiry_cycles_keep_memory_bounded_by_live_members():
-    svc = MetaService(table_entries=1024)
+    svc = MetaService(table_entries=1024, reaper=False)   # this test reaps, on its own clock
     clock = FakeClock()
     svc.membership.clock = clock
     h = svc.handlers()

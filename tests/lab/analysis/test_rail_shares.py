@@ -172,7 +172,7 @@ def tcp_point(tmp_path_factory):
     doc = {"name": "scrapetest", "hosts": {"producer": {"host": "local", "address": "127.0.0.1"},
                                            "consumer": {"host": "local", "address": "127.0.0.1"}},
            "capabilities": {"rdma": False, "gpu": False}, "devices": [], "gid_index": None, "form": "local",
-           "duration": 1, "warmup": 0.3, "repetitions": 1, "base_port": 46300,
+           "duration": 1, "warmup": 0.3, "repetitions": 1, "base_port": 26300,
            "results": str(tmp / "raw" / "scrapetest"), "scenarios": ["multi_rail"],
            "grid_overrides": {"multi_rail": {"peercache": {"page_size": [131072], "batch_size": [8],
                                                            "processes_x_threads": [[2, 1]], "metrics_scrape": True}}}}

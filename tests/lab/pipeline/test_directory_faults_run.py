@@ -37,7 +37,7 @@ def run(tmp_path_factory):
     doc = yaml.safe_load((ROOT / "experiments/testbeds/local.yaml").read_text())
     doc.update(name="dirfaults", netns_pair={"tag": "pcdfx", "index": 74}, results=str(out / "dirfaults"),
                hosts={"producer": {"host": "netns:pcdfxa", "address": "198.18.74.1"},
-                      "consumer": {"host": "netns:pcdfxb", "address": "198.18.74.2"}}, base_port=43500)
+                      "consumer": {"host": "netns:pcdfxb", "address": "198.18.74.2"}}, base_port=23500)
     path = out / "dirfaults.yaml"
     path.write_text(yaml.safe_dump(doc))
     tb = experiments.load_testbed(path, experiments.load_scenarios())

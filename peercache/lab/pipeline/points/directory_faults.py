@@ -79,6 +79,11 @@ FAULT_TEXT = {
     ("redis-cluster", "kill"): "the master with the most keys SIGKILLed",
     ("redis-cluster", "failover"): "CLUSTER FAILOVER on that master's replica",
 }
+#: The producers' --heartbeat-timeout (s, before the machine's slowness) on a Redis Cluster: above its takeover
+#: (node timeout 2 s, the replica's election and the clients' new slot map: 4.1-5.1 s measured here), as
+#: docs/directory.md advises operators. With the default 5 s, registrations whose keys lived on the dead
+#: master expired during the takeover and, on a loaded machine, were not all back within the window.
+CLUSTER_HEARTBEAT_TIMEOUT_S = 10.0
 #: The producers' key prefixes (one serve each, on the producer host).
 PREFIXES = ("pA", "pB")
 #: Seconds the embedded directory stays dead before it is started again.
@@ -111,7 +116,8 @@ class Directory:
     form: str
     firsts: list[FirstSpec]
     flags: list[str]                 #: serve's and drive's --discovery-addr / --directory
-    serve_flags: list[str]           #: serve's own extra flags (--join for the embedded directory)
+    serve_flags: list[str]           #: serve's own extra flags (--join for the embedded directory, a cluster's
+    #: longer --heartbeat-timeout)
     spec: str                        #: the watcher's --directory
     #: redis-server process name -> its port (sentinel: master, replica; redis-cluster: redis1 ... redis6)
     ports: dict[str, int] = field(default_factory=dict)
@@ -259,7 +265,9 @@ def directory_for(pr: PointRun, th: TestbedHosts, d, form: str, workdir: str) ->
         d.python, addr, ports, password, budget, replicas=1)),
         Readiness(pattern=re.escape(redis_launch.CLUSTER_READY), timeout=budget + 5)))
     url = redis_launch.url_for(ports[0], host=addr, password=password)
-    return Directory(form, firsts, ["--directory", url], [], url, dict(zip(names, ports)), password=password)
+    serve_flags = ["--heartbeat-timeout", f"{pr.scaled(CLUSTER_HEARTBEAT_TIMEOUT_S):g}"]
+    return Directory(form, firsts, ["--directory", url], serve_flags, url, dict(zip(names, ports)),
+                     password=password)
 
 
 def _mkdirs(pr: PointRun, d, workdir: str, names: list[str]) -> None:

@@ -73,7 +73,7 @@ def run_raw(tmp_path, monkeypatch, **env: str) -> tuple[list, runpoint.PointRun,
                {"name": f"h{i}", "host": "local", "address": f"127.0.0.{i}", "devices": [f"rxe_h{i}"],
                 "roles": ["producer", "consumer"] + (["directory"] if i == 1 else [])} for i in (1, 2, 3)],
            "capabilities": {"rdma": True, "gpu": False}, "devices": ["rxe_h2"], "gid_index": 1, "form": "rdma",
-           "duration": 2, "warmup": 0, "repetitions": 1, "base_port": 46300,
+           "duration": 2, "warmup": 0, "repetitions": 1, "base_port": 26300,
            "results": str(tmp_path / "raw" / "fakeclu"), "scenarios": ["cluster"]}
     path = tmp_path / "fakeclu.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -62,7 +62,7 @@ def run_point(tmp_path, monkeypatch, fails: int, says: str | None = None) -> tup
     doc = {"name": "fakeperf", "hosts": {"producer": {"host": "local", "address": "127.0.0.1"},
                                          "consumer": {"host": "local", "address": "127.0.0.1"}},
            "capabilities": {"rdma": True, "gpu": False}, "devices": ["rxe0"], "gid_index": 1, "form": "rdma",
-           "duration": 1, "warmup": 0, "repetitions": 1, "base_port": 46200,
+           "duration": 1, "warmup": 0, "repetitions": 1, "base_port": 26200,
            "results": str(tmp_path / "raw" / "fakeperf"), "scenarios": ["msgsize_sweep"],
            "grid_overrides": {"msgsize_sweep": {"raw": {"size": [131072], "qps": [1], "perf_stat": False,
                                                         "iterations": 100}}}}
