@@ -42,9 +42,10 @@ def run(tmp_path_factory):
     path.write_text(yaml.safe_dump(doc))
     tb = experiments.load_testbed(path, experiments.load_scenarios())
     with runpoint.testbed_hosts(tb) as th:
-        def one(form: str):
+        def one(form: str, protocol: str = "tcp"):
             fault, window, _ = FORMS[form]
-            part = {"kind": "directory_faults", "form": [form], "fault": [fault], "working_set": WORKING_SET,
+            part = {"kind": "directory_faults", "protocol": protocol, "form": [form], "fault": [fault],
+                    "working_set": WORKING_SET,
                     "consumers": 1, "duration": window, "warmup": 0.3, "fault_at": 0.2}
             pt, = experiments.expand_part("directory_faults", "reduced", part, [])
             rows = runpoint.run_point(tb, pt, 0, out / pt.name / "result.json", hosts=th, quiet=True)
@@ -52,9 +53,11 @@ def run(tmp_path_factory):
         yield one
 
 
-@pytest.mark.parametrize("form", list(FORMS))
-def test_each_form_comes_back_from_its_fault_within_its_bound_without_a_wrong_page(run, form):
-    pt, rows, folder = run(form)
+@pytest.mark.parametrize("form,protocol", [*((f, "tcp") for f in FORMS), ("sentinel", "shm")])
+def test_each_form_comes_back_from_its_fault_within_its_bound_without_a_wrong_page(run, form, protocol):
+    """Every form under tcp reads; one under shm (the same directory, another data path)."""
+    pt, rows, folder = run(form, protocol)
+    assert pt.params["protocol"] == protocol
     failed = [f"{r.tool} {r.metric}: {r.reason}" for r in rows if r.status == "failed"]
     assert not failed, failed
     by = {(r.metric, r.side): r for r in rows}

@@ -144,7 +144,7 @@ class DirectoryFaultsRun(Timed):
                       "restart (embedded, redis), kill, stop, failover (sentinel; kill and failover for "
                       "redis-cluster); a form runs those it has")
     #: data transport (str)
-    protocol = variable(one_of("rdma", "tcp"), "tcp", "transport (--protocol)")
+    protocol = variable(one_of("rdma", "tcp", "shm"), "tcp", "transport (--protocol)")
     #: page geometry (str)
     layout = variable(one_of("mla", "mha"), "mla", "page layout (--layout)")
     #: bytes per object (int)
