@@ -223,8 +223,11 @@ class MsgsizeSweep(Scenario):
                     f"{fmt_number(lo[0])}–{fmt_number(hi[0])} Gb/s over {len(vals)} sizes, "
                     f"a spread of {100 * spread:.1f}%.", [hi[2], lo[2]]))
             else:
+                # the peak against the lowest as the ratio it is (16.34 against 0.83 Gb/s is 20 ×, not "95 %
+                # above": that was the spread over the peak, read as a rise)
+                times = f"{hi[0] / lo[0]:.1f} × its lowest" if lo[0] > 0 else "where nothing moved at its lowest"
                 out.append(Conclusion(
                     f"Message-size sweep, QP {fmt_number(q)}: peaks at {fmt_size(hi[1])} "
-                    f"({fmt_number(hi[0])} Gb/s), {100 * spread:.0f}% above its lowest "
+                    f"({fmt_number(hi[0])} Gb/s), {times} "
                     f"({fmt_size(lo[1])}, {fmt_number(lo[0])} Gb/s).", [hi[2], lo[2]]))
         return out
