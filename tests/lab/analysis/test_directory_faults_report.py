@@ -62,6 +62,7 @@ def test_a_figure_per_form_with_a_panel_per_fault_and_a_table_row_per_point():
     assert failover["unavailable (s)"] == "0.0" and failover["longest stall (s, bound)"] == "0.30 (3)"
     emb = built["directory_faults_embedded"].table[0]
     assert emb["entries lost / republished"] == "512 / 512 of 512" and emb["recovered (s)"] == "1.5"
+    assert emb["reads"] == "tcp"      # the data path the fault was read over (tcp, shm or rdma)
     # the fault is marked in every panel
     assert all(any(line.get_linestyle() == "--" for line in ax.get_lines()) for ax in sentinel.fig.axes[:3])    # the panels; their GB/s axes follow
 
@@ -72,19 +73,19 @@ def test_the_overview_has_a_row_per_form():
     over = REPORTS["directory_faults"].overview("directory_faults", r, r, bw, {})
     assert [o["scenario"] for o in over] == ["directory_faults: embedded (peercache-bench meta)",
                                              "directory_faults: Redis Sentinel (master, replica, 3 sentinels)"]
-    assert "kill: unavailable 2.3 s, back in 2.3 s, entries lost/republished 0/0, 0 wrong" in over[1]["notes"]
-    assert "stop: unavailable 5.0 s" in over[1]["notes"] and over[1]["run"].count("rep0") == 3
+    assert "kill (tcp): unavailable 2.3 s, back in 2.3 s, entries lost/republished 0/0, 0 wrong" in over[1]["notes"]
+    assert "stop (tcp): unavailable 5.0 s" in over[1]["notes"] and over[1]["run"].count("rep0") == 3
 
 
 def test_the_conclusions_say_what_each_form_survived():
     text = "\n".join(c.text for c in REPORTS["directory_faults"].conclusions(rows(), {}))
-    assert ("embedded (peercache-bench meta), meta SIGKILLed, started again at the same address: reads failed or "
-            "missed for 1.5 s") in text
+    assert ("embedded (peercache-bench meta), meta SIGKILLed, started again at the same address, pages read over "
+            "tcp: reads failed or missed for 1.5 s") in text
     assert "stopped resolving 512 of 512 entries and resolved all of them again" in text
     assert "registered again and republished (pA 1x, pB 1x)" in text
     assert "in 2 stretches (1.0–4.0 s, 5.0–7.0 s into the window)" in text
     assert "the old master came back as a slave 10.1 s after SIGCONT" in text
-    assert "SENTINEL FAILOVER: no read failed or missed; no entry was lost; 0 wrong pages" in text
+    assert "SENTINEL FAILOVER, pages read over tcp: no read failed or missed; no entry was lost; 0 wrong pages" in text
     assert "Wrong pages: none in 4 faults of 2 forms" in text
 
 

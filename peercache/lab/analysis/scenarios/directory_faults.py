@@ -43,7 +43,7 @@ def records(sub: pd.DataFrame) -> list[dict[str, Any]]:
         if ex.get("form") not in FAULTS:
             continue
         rec = recs.setdefault(r["run_id"], {"run": r["run_id"], "form": ex["form"], "fault": ex.get("fault"),
-                                            "stalls": [], "failed": [], "why": {}})
+                                            "protocol": r.get("protocol"), "stalls": [], "failed": [], "why": {}})
         if r["status"] == "failed":
             rec["failed"].append(str(r["reason"]))
             continue
@@ -70,7 +70,8 @@ def records(sub: pd.DataFrame) -> list[dict[str, Any]]:
                 rec["role"] = ex.get("role")
     order = {f: i for i, f in enumerate(FORMS)}
     return sorted(recs.values(), key=lambda x: (order.get(x["form"], 99),
-                                                ALL_FAULTS.index(x["fault"]) if x["fault"] in ALL_FAULTS else 99))
+                                                ALL_FAULTS.index(x["fault"]) if x["fault"] in ALL_FAULTS else 99,
+                                                str(x["protocol"])))
 
 
 def _s(v: float | None) -> str:
@@ -82,6 +83,7 @@ def record(rec: dict[str, Any]) -> dict[str, Any]:
     lost, back = rec.get("entries_lost"), rec.get("entries_republished")
     worst = max(rec["stalls"], default=(None, None))
     return {"form": rec["form"], "fault": FAULT_TEXT.get((rec["form"], rec["fault"]), rec["fault"]),
+            "reads": rec.get("protocol") or "—",
             "unavailable (s)": _s(rec.get("unavailable_s")),
             "recovered (s)": (_s(rec.get("recovery_s")) if rec.get("recovery_s") is not None
                               else "not by the window's end" if "unavailable_s" in rec else "—"),
@@ -164,7 +166,8 @@ def panel(ax, rec: dict[str, Any]) -> None:
            f"back in {_s(rec.get('recovery_s'))} s" if rec.get("recovery_s") is not None else "not back in the window",
            f"entries lost {fmt_number(rec.get('entries_lost'))}, republished {fmt_number(rec.get('entries_republished'))}",
            f"{fmt_number(rec.get('verify_failures'))} wrong"]
-    ax.set_title(f"{FAULT_TEXT.get((rec['form'], rec['fault']), rec['fault'])}: " + ", ".join(got), fontsize=8)
+    ax.set_title(f"{FAULT_TEXT.get((rec['form'], rec['fault']), rec['fault'])}, over {rec.get('protocol')}: "
+                 + ", ".join(got), fontsize=8)
     lines = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right")
@@ -205,7 +208,7 @@ def conclusion(rec: dict[str, Any]) -> str:
     if worst[0] is not None and worst[1] is not None:
         parts.append(f"longest stall {worst[0]:.2f} s " + ("within" if worst[0] <= worst[1] else "beyond")
                      + f" its {fmt_number(worst[1])} s bound")
-    return f"{FORM_TEXT[rec['form']]}, {what}: " + "; ".join(parts) + "."
+    return f"{FORM_TEXT[rec['form']]}, {what}, pages read over {rec.get('protocol')}: " + "; ".join(parts) + "."
 
 
 class DirectoryFaults(Scenario):
@@ -228,9 +231,9 @@ class DirectoryFaults(Scenario):
             notes = []
             for r in mine:
                 if r["failed"]:
-                    notes.append(f"{r['fault']}: failed ({r['failed'][0][:120]})")
+                    notes.append(f"{r['fault']} ({r['protocol']}): failed ({r['failed'][0][:120]})")
                     continue
-                notes.append(f"{r['fault']}: unavailable {_s(r.get('unavailable_s'))} s, back "
+                notes.append(f"{r['fault']} ({r['protocol']}): unavailable {_s(r.get('unavailable_s'))} s, back "
                              + (f"in {_s(r.get('recovery_s'))} s" if r.get("recovery_s") is not None else "not in the window")
                              + f", entries lost/republished {fmt_number(r.get('entries_lost'))}/"
                                f"{fmt_number(r.get('entries_republished'))}, {fmt_number(r.get('verify_failures'))} wrong")
