@@ -1,9 +1,12 @@
-"""A copy of the built-in local-cluster testbed on a bridge of its own, for tests that open namespace hosts
-while another test file of the same run (another xdist worker) holds local-cluster's ``pcclu`` bridge."""
+"""Cluster testbeds for tests: a copy of the built-in local-cluster testbed on a bridge of its own, for tests
+that open namespace hosts while another test file of the same run (another xdist worker) holds local-cluster's
+``pcclu`` bridge; and the Soft-RoCE guest's cluster hosts (softroce-cluster.yaml's)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 LOCAL_CLUSTER = Path(__file__).resolve().parents[1] / "experiments" / "testbeds" / "local-cluster.yaml"
@@ -20,3 +23,16 @@ def local_cluster_copy(tmp_path: Path, tag: str, index: int, hosts: int | None =
     path = tmp_path / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def guest_hosts() -> list[tuple[str, str]]:
+    """The Soft-RoCE guest's cluster hosts (device, address), or a skip (a failure where rdma is required)
+    saying why."""
+    spec = os.environ.get("PEERCACHE_CLUSTER_HOSTS", "")
+    if not spec:
+        why = ("no cluster hosts here: run it in the Soft-RoCE guest with --cluster-hosts 3 "
+               "(`make test-rdma` does)")
+        if os.environ.get("PEERCACHE_REQUIRE_RDMA"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return [tuple(h.split("@", 1)) for h in spec.split(",")]

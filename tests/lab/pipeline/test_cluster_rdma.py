@@ -3,10 +3,10 @@
 does). Incast and fan-out, every page verified, RDMA READs between the hosts' devices; beside each, the raw
 pattern: one ib_read_bw pair per link, each side on its own host's device, summed over one window."""
 import json
-import os
 from pathlib import Path
 
 import pytest
+from cluster_testbeds import guest_hosts
 
 from peercache.lab.pipeline import experiments, runpoint
 from peercache.lab.pipeline.points import cluster
@@ -14,18 +14,6 @@ from peercache.lab.pipeline.points import cluster
 ROOT = Path(__file__).resolve().parents[3]
 TESTBED = ROOT / "experiments/testbeds/softroce-cluster.yaml"
 pytestmark = pytest.mark.rdma
-
-
-def guest_hosts() -> list[tuple[str, str]]:
-    """The guest's cluster hosts (device, address), or a skip (a failure where rdma is required) saying why."""
-    spec = os.environ.get("PEERCACHE_CLUSTER_HOSTS", "")
-    if not spec:
-        why = ("no cluster hosts here: run it in the Soft-RoCE guest with --cluster-hosts 3 "
-               "(`make test-rdma` does)")
-        if os.environ.get("PEERCACHE_REQUIRE_RDMA"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return [tuple(h.split("@", 1)) for h in spec.split(",")]
 
 
 @pytest.mark.parametrize("pattern", ["incast", "fanout"])
