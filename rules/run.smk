@@ -5,6 +5,9 @@
 rule run_point:
     input:
         PLAN.capture_paths(),
+        # a rotating scenario's order (engines): the result before this one; ancient, so a point run
+        # again does not make every point after it out of date
+        lambda wc: [ancient(p) for p in PLAN.before(wc.scenario, wc.point, wc.rep)],
     output:
         f"{RAW}/{{scenario}}/{{point}}/rep{{rep}}/result.json",
     params:

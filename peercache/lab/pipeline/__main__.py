@@ -62,7 +62,7 @@ def measure(testbed_path: str, scenarios_path: str | None = None) -> int:
     rc = 0
     for role, out in zip(plan.capture_names(), plan.capture_paths()):
         rc |= capture(testbed_path, role, out)
-    todo = [(pt, k) for pt in plan.points for k in plan.reps]
+    todo = plan.order()
     for i, (pt, k) in enumerate(todo, 1):
         out = f"{plan.raw}/{pt.scenario}/{pt.name}/rep{k}/result.json"
         print(f"[{i}/{len(todo)}] {pt.scenario}/{pt.name} rep{k}", flush=True)

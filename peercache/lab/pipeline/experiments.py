@@ -337,6 +337,11 @@ def scenarios_schema(forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
                          "required": ["description", *forms],
                          "properties": {"description": {"type": "string", "minLength": 1},
                                         "requires": {"type": "array", "items": {"enum": sorted(HARDWARE)}},
+                                        # at least this many repetitions of each point, whatever the
+                                        # testbed's: a scenario whose figures are compared (plan.repetitions)
+                                        "repetitions": {"type": "integer", "minimum": 1, "maximum": 100},
+                                        # repetition by repetition, each cell's points rotated (plan.run_order)
+                                        "rotate": {"type": "boolean"},
                                         **{f: {"$ref": "#/$defs/form"} for f in FORMS}}},
             "form": {"type": "object", "minProperties": 1,
                      "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$"},

@@ -36,7 +36,11 @@ class Plan:
                 f"{testbed_path}: field 'results': must end in the testbed name ({self.name!r}) so the "
                 f"collect stage finds it, e.g. data/raw/{self.name}")
         self.raw_root = str(Path(self.raw).parent)
-        self.reps = range(int(self.testbed["repetitions"]))
+        self._order = run_order(self.points, self.scenarios, int(self.testbed["repetitions"]))
+        self._before = {(p.scenario, p.name, k): prev for (p, k), prev in
+                        zip(self._order, [None, *self._order[:-1]])
+                        if self.scenarios[p.scenario].get("rotate") and prev is not None
+                        and prev[0].scenario == p.scenario}
         #: the capture's format: a capture rule parameter, so Snakemake captures again when it changes
         #: instead of keeping a capture an older lab wrote (one without the commands it ran)
         self.capture_schema = hostinfo.SCHEMA_VERSION
@@ -53,9 +57,22 @@ class Plan:
                 sys.executable, "-m", "peercache.lab.pipeline", "measure", "--testbed", self.testbed_path, *scen]
         return shlex.join(argv)
 
+    def result_path(self, p: experiments.Point, rep: int) -> str:
+        return f"{self.raw}/{p.scenario}/{p.name}/rep{rep}/result.json"
+
     def result_paths(self) -> list[str]:
         """Every point's result.json, in run order."""
-        return [f"{self.raw}/{p.scenario}/{p.name}/rep{k}/result.json" for p in self.points for k in self.reps]
+        return [self.result_path(p, k) for p, k in self._order]
+
+    def order(self) -> list[tuple[experiments.Point, int]]:
+        """Every (point, repetition) in run order (:func:`run_order`)."""
+        return list(self._order)
+
+    def before(self, scenario: str, point: str, rep: int) -> list[str]:
+        """The result that must exist before this one runs: the one before it in a rotating scenario's order
+        (the run_point rule's input, so Snakemake keeps the order), none elsewhere."""
+        prev = self._before.get((scenario, point, int(rep)))
+        return [] if prev is None else [self.result_path(*prev)]
 
     def capture_names(self) -> list[str]:
         """What the capture rule captures, each into ``testbed/<name>.json``: producer and consumer (the pair
@@ -75,7 +92,7 @@ class Plan:
     def expected(self) -> list[str]:
         """'scenario/point/rep<k>' of every result of the plan: what collect reads and checks (a result the
         plan does not name, left by an earlier run, stays out of the tidy tables)."""
-        return [f"{p.scenario}/{p.name}/rep{k}" for p in self.points for k in self.reps]
+        return [f"{p.scenario}/{p.name}/rep{k}" for p, k in self._order]
 
     def expected_yaml(self) -> str:
         """:meth:`expected` as one YAML flow list (a papermill -p value)."""
@@ -88,3 +105,51 @@ class Plan:
     def point_names(self) -> str:
         """Regex alternation of point names (a wildcard constraint)."""
         return "|".join(sorted({p.name for p in self.points})) or "^$"
+
+
+def repetitions(scenario: dict, testbed_reps: int) -> int:
+    """How many times each point of ``scenario`` runs: the testbed's repetitions, or the scenario's own
+    ``repetitions`` where it asks for more (a scenario whose figures are compared with each other)."""
+    return max(testbed_reps, int(scenario.get("repetitions", 1)))
+
+
+def run_order(points: list[experiments.Point], scenarios: dict, testbed_reps: int
+              ) -> list[tuple[experiments.Point, int]]:
+    """Every (point, repetition) in the order they run (pure).
+
+    A scenario runs its points in file order, each point's repetitions back to back, unless it says
+    ``rotate: true``: then it runs repetition by repetition, and within one its points of no cell first
+    (the raw tools), then cell by cell (:meth:`Kind.cell`: page size and reader threads), the points of a
+    cell back to back in the order :func:`balanced_order` gives that repetition, so no engine always runs
+    after the same neighbour."""
+    out: list[tuple[experiments.Point, int]] = []
+    for name in dict.fromkeys(p.scenario for p in points):
+        mine = [p for p in points if p.scenario == name]
+        n = repetitions(scenarios[name], testbed_reps)
+        if not scenarios[name].get("rotate"):
+            out += [(p, k) for p in mine for k in range(n)]
+            continue
+        cells: dict = {}
+        for p in mine:
+            cells.setdefault(p.spec.cell(p.params), []).append(p)
+        loose = cells.pop(None, [])
+        for k in range(n):
+            out += [(p, k) for p in loose]
+            for group in cells.values():
+                out += [(group[i], k) for i in balanced_order(len(group), k)]
+    return out
+
+
+def balanced_order(n: int, k: int) -> list[int]:
+    """The order of ``n`` points in repetition ``k`` (pure): row ``k mod n`` of a Williams square, 0, 1, n-1,
+    2, n-2, ... shifted by k. Over n repetitions each point runs right after each other point exactly once
+    (n even), so what one engine leaves behind (a warm cache, a busy socket) never favours the same other
+    one; a plain rotation would keep every neighbour but one."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    return [(x + k) % n for x in first]

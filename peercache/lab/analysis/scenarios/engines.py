@@ -68,9 +68,38 @@ def _latency(ok: pd.DataFrame, run_ids, metric: str) -> str:
     return f"{convert(float(lat['value'].mean()), str(lat['unit'].iloc[0]), 'us'):.4g} µs"
 
 
+#: bytes in a GiB (CPU-seconds per GiB moved)
+GIB = float(1 << 30)
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """The median, the lowest and the highest of a cell's repetitions, and how many there were (pure)."""
+    vals = sorted(values)
+    return {"median": float(pd.Series(vals).median()), "min": vals[0], "max": vals[-1], "n": len(vals)}
+
+
+def spread_text(sp: dict[str, Any], fmt=fmt_number) -> str:
+    """"1.23 (1.10–1.31, 3 runs)", or "1.23 (measured once)"."""
+    if sp["n"] == 1:
+        return f"{fmt(sp['median'])} (measured once)"
+    return f"{fmt(sp['median'])} ({fmt(sp['min'])}–{fmt(sp['max'])}, {sp['n']} runs)"
+
+
+def cpu_s_per_gib(r) -> dict[str, float]:
+    """Each side's CPU-seconds per GiB the row moved: its CPU (cores busy over the client's middle window) over
+    the row's GiB/s (pure); a side without CPU samples is left out."""
+    gbs = convert(float(r["value"]), str(r["unit"]), "GB/s")
+    if not gbs or gbs <= 0:
+        return {}
+    cpu = row_extra(r).get("cpu") or {}
+    return {side: u["cores"] / (gbs * 1e9 / GIB) for side, u in cpu.items()
+            if isinstance(u, dict) and u.get("cores") is not None}
+
+
 def table(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    """One record per cell and engine (and the cell's raw limit): GB/s (mean over repetitions), % of the
-    cell's raw limit, p50/p99 per batch call where the engine reports them, limited by, verification."""
+    """One record per cell and engine (and the cell's raw limit): GB/s over the repetitions (median, min–max,
+    how many), % of the cell's raw limit (of the median), each side's CPU-seconds per GiB (medians), p50/p99 per
+    batch call where the engine reports them, limited by, verification."""
     ok = _ok(rows)
     limits = cell_limits(rows)
     recs = []
@@ -84,20 +113,42 @@ def table(rows: pd.DataFrame) -> list[dict[str, Any]]:
                    & ((bw["processes"].fillna(1) * bw["threads"].fillna(1)) == conns)]
             if g.empty:
                 continue
-            gbs = sum(convert(float(v), str(u), "GB/s") for v, u in zip(g["value"], g["unit"])) / len(g)
+            sp = spread([convert(float(v), str(u), "GB/s") for v, u in zip(g["value"], g["unit"])])
+            cpus = [cpu_s_per_gib(r) for _, r in g.iterrows()]
+            cpu = {side: float(pd.Series([c[side] for c in cpus if side in c]).median())
+                   for side in ("consumer", "producer") if any(side in c for c in cpus)}
             said = [t for t in dict.fromkeys(g["limited_by"].dropna()) if t] if "limited_by" in g else []
-            recs.append({"page": size, "threads": conns, "engine": name, "GB/s": gbs,
-                         "% of raw": None if lim is None or not lim.gbs else 100.0 * gbs / lim.gbs,
+            recs.append({"page": size, "threads": conns, "engine": name, "GB/s": sp["median"], "spread": sp,
+                         "% of raw": None if lim is None or not lim.gbs else 100.0 * sp["median"] / lim.gbs,
                          "raw limit": lim.label if lim is not None else f"none: {why}",
+                         "cpu_s_per_gib": cpu,
                          "p50": _latency(ok, g["run_id"], "latency_p50"),
                          "p99": _latency(ok, g["run_id"], "latency_p99"),
                          "limited by": " / ".join(said) or "—", "verification": verification(g.iloc[0]),
                          "run": ",".join(dict.fromkeys(g["run_id"]))})
         if lim is not None:
             recs.append({"page": size, "threads": conns, "engine": "raw limit", "GB/s": lim.gbs, "% of raw": 100.0,
+                         "spread": None, "cpu_s_per_gib": {},
                          "raw limit": lim.label, "p50": "—", "p99": "—", "limited by": "—", "verification": "—",
                          "run": ",".join(lim.runs)})
     return recs
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    """"consumer 0.41, producer 0.22 s/GiB", or "—" without CPU samples."""
+    if not cpu:
+        return "—"
+    return ", ".join(f"{side} {v:.3g}" for side, v in cpu.items()) + " s/GiB"
+
+
+def shown(r: dict[str, Any]) -> dict[str, Any]:
+    """One record as the section's table and the figure's Markdown show it."""
+    return {"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
+            "GB/s": spread_text(r["spread"]) if r.get("spread") else fmt_number(r["GB/s"]),
+            "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
+            "CPU per GiB": cpu_text(r.get("cpu_s_per_gib") or {}),
+            "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
+            "run": short_run(r["run"].split(",")[0]) + (f" (+{r['run'].count(',')})" if "," in r["run"] else "")}
 
 
 def skipped(rows: pd.DataFrame) -> list[str]:
@@ -128,25 +179,29 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     colors = dict(zip(ENGINES.values(), (PEERCACHE_COLOR, "#ff7f0e", "#9467bd", "#2ca02c"), strict=True),
                   **{"raw limit": RAW_COLOR})
     for k, n in enumerate(names):
-        xs, ys = [], []
+        xs, ys, ylo, yhi, tops = [], [], [], [], []
         for i, cell in enumerate(cells):
             got = [r for r in recs if (r["page"], r["threads"]) == cell and r["engine"] == n]
             if got:
+                sp = got[0].get("spread") or {"median": got[0]["GB/s"], "min": got[0]["GB/s"], "max": got[0]["GB/s"]}
                 xs.append(i + (k - (len(names) - 1) / 2) * width)
                 ys.append(got[0]["GB/s"])
-        ax.bar(xs, ys, width, label=n, color=colors[n])
-        for x, y in zip(xs, ys):
-            ax.annotate(f"{y:.3g}", (x, y), ha="center", va="bottom", fontsize=6)
+                ylo.append(sp["median"] - sp["min"])
+                yhi.append(sp["max"] - sp["median"])
+                tops.append(sp["max"])
+        # the bars are medians; their whiskers the lowest and highest repetition
+        ax.bar(xs, ys, width, label=n, color=colors[n], yerr=[ylo, yhi] if any(ylo + yhi) else None,
+               error_kw={"elinewidth": 0.8, "capsize": 2})
+        for x, y, top in zip(xs, ys, tops):
+            ax.annotate(f"{y:.3g}", (x, top), ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(cells)), [f"{fmt_size(p)}\n{t} thr" for p, t in cells], fontsize=8)
     ax.set_ylabel("read throughput (GB/s)")
     ax.legend(fontsize=7, loc="upper left")
-    shown = [{"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
-              "GB/s": fmt_number(r["GB/s"]), "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
-              "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
-              "raw limit": r["raw limit"], "run": r["run"]} for r in recs]
+    table_md = [dict(shown(r), **{"raw limit": r["raw limit"], "run": r["run"]}) for r in recs]
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, NIXL, PeerCache 0.8.4 and the raw limit",
-                 fig, shown, meta_block(ok, runs), skipped(rows))
+    return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, NIXL, PeerCache 0.8.4 and the raw limit "
+                 "(medians; whiskers: the lowest and highest repetition)",
+                 fig, table_md, meta_block(ok, runs), skipped(rows))
 
 
 class Engines(Scenario):
@@ -157,11 +212,7 @@ class Engines(Scenario):
     def tables(self, sub: pd.DataFrame, limits: Limits) -> list[Table]:
         """Engines side by side: per page size and threads, each engine's GB/s, % of the cell's raw limit,
         p50/p99 where reported, what limited it and whether its bytes were checked."""
-        recs = [{"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
-                 "GB/s": fmt_number(r["GB/s"]),
-                 "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
-                 "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
-                 "run": short_run(r["run"].split(",")[0])} for r in table(sub) if r["engine"] != "raw limit"]
+        recs = [shown(r) for r in table(sub) if r["engine"] != "raw limit"]
         return [("", recs)] if recs else []
 
     def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:

@@ -209,6 +209,14 @@ class Kind:
         return []
 
     @classmethod
+    def cell(cls, params: dict[str, Any]) -> tuple[int, int] | None:
+        """The cell of a point whose figures are set beside other kinds' (the engines table's): its page size
+        and its reader threads in all (processes x threads); None for a point with no page (a raw tool's)."""
+        if params.get("page_size") is None or params.get("threads") is None:
+            return None
+        return int(params["page_size"]), int(params.get("processes") or 1) * int(params["threads"])
+
+    @classmethod
     def hosts_needed(cls, params: dict[str, Any]) -> int:
         """Hosts a point of this kind spans: 2 (a producer and a consumer) unless the kind says more."""
         return 2

@@ -207,11 +207,12 @@ def test_engines_scenario_matches_every_engine_to_peercaches_shapes():
         if p.kind in ("peercache", "mooncake_te", "peercache_pypi", "nixl"):
             cells.setdefault(p.kind, set()).add((p.params["page_size"], p.params["batch_size"], p.params["threads"]))
             assert p.params["protocol"] == "tcp"
+    # local: the 4 KiB and 128 KiB cells at one thread, three repetitions each (test_run_order.py)
     assert cells["peercache"] == cells["mooncake_te"] == cells["peercache_pypi"] == cells["nixl"] == \
-        {(s, 32, t) for s in (4096, 131072, 1048576) for t in (1, 2)}
+        {(s, 32, 1) for s in (4096, 131072)}
     raw = [p for p in pts if p.kind == "iperf3"]
     assert {(p.params["processes"], p.params["length"], p.params["window"]) for p in raw} == \
-        {(n, 133376, 133376) for n in (1, 2)} | {(n, 1 << 20, 256 << 10) for n in (1, 2)}
+        {(1, 133376, 133376), (1, 1 << 20, 256 << 10)}
     assert all(p.params["reverse"] and p.params["omit_warmup"] for p in raw)
     rdma = _engines("experiments/testbeds/softroce.yaml")
     mc = [p for p in rdma if p.kind == "mooncake_te"]
@@ -381,3 +382,32 @@ def test_the_unverified_caption_says_the_other_engines_check_nothing():
     # NIXL's row is verified (our driver checks every page): not counted
     assert note == ("unverified: 2 of 5 GET figure(s) ran without checking page contents (other engines, which "
                     "never check the bytes they read)")
+
+
+def test_a_cell_measured_three_times_shows_its_median_spread_and_each_sides_cpu_per_gib():
+    """Issue 40: the median with min–max over the repetitions, % of raw of the median, CPU-seconds per GiB of
+    both sides; one measurement says so."""
+    from peercache.lab.analysis import collect
+    from peercache.lab.analysis.scenarios import engines
+    from peercache.lab.tidy import Row
+
+    def rep(k, gbs, consumer, producer):
+        cpu = {"consumer": {"cores": consumer}, "producer": {"cores": producer}}
+        return Row(experiment="local", scenario="engines", run_id=f"local/engines/mc1/rep{k}", metric="get_throughput",
+                   value=gbs, unit="GB/s", tool="transfer_engine_bench", protocol="tcp", size_bytes=131072, batch=32,
+                   threads=1, processes=1, extra={"cpu": cpu})
+    frame = _frame()
+    frame = frame[frame["tool"] != "transfer_engine_bench"]
+    more = collect.rows_frame([rep(0, 0.5, 1.0, 0.5), rep(1, 0.9, 1.0, 0.6), rep(2, 0.6, 1.2, 0.5)])
+    recs = engines.table(pd.concat([frame, more], ignore_index=True))
+    mc = next(r for r in recs if r["engine"] == "Mooncake TE")
+    assert mc["spread"] == {"median": 0.6, "min": 0.5, "max": 0.9, "n": 3}
+    assert mc["% of raw"] == pytest.approx(100 * 0.6 / 2.0)
+    # GiB/s of each repetition: 0.5e9, 0.9e9, 0.6e9 B/s over 2**30; the medians of cores over GiB/s
+    gib = [g * 1e9 / 2**30 for g in (0.5, 0.9, 0.6)]
+    assert mc["cpu_s_per_gib"]["consumer"] == pytest.approx(sorted([1.0 / gib[0], 1.0 / gib[1], 1.2 / gib[2]])[1])
+    assert mc["cpu_s_per_gib"]["producer"] == pytest.approx(sorted([0.5 / gib[0], 0.6 / gib[1], 0.5 / gib[2]])[1])
+    shown = engines.shown(mc)
+    assert shown["GB/s"] == "0.6 (0.5–0.9, 3 runs)" and shown["CPU per GiB"].endswith(" s/GiB")
+    ours = next(r for r in recs if (r["engine"], r["page"]) == ("PeerCache", 131072))
+    assert engines.shown(ours)["GB/s"] == "1.5 (measured once)"
