@@ -18,7 +18,7 @@ import pandas as pd
 from peercache import atomic
 from peercache.lab.analysis import attribution, collect, markup
 from peercache.lab.analysis.format import markdown_table
-from peercache.lab.analysis.rawlimit import raw_for, raw_limits
+from peercache.lab.analysis.rawlimit import limits_by_scenario
 from peercache.lab.analysis.references import TestbedRefs, apply_verdicts, line_capacity_bps, row_extra
 from peercache.lab.analysis.scenarios import report_of
 from peercache.lab.analysis.scenarios.declare import Chart, NotDrawn
@@ -49,9 +49,7 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
     """Rows with their verdict (references) and what limited them (attribution rules), for every view."""
     rows = apply_verdicts(rows, refs)
     tb = refs.get(testbed)
-    limits = raw_limits(rows)
-
-    rows = attribution.attribute(rows, runs, lambda r: raw_for(r, limits),
+    rows = attribution.attribute(rows, runs, limits_by_scenario(rows),
                                  line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
                                  else (lambda r: None))
     # A value above the line rate is a measurement error first: that verdict stays.

@@ -26,7 +26,7 @@ mean, and its label says how many runs it is the best of.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -208,6 +208,28 @@ def raw_for(r, limits: dict[Shape, RawLimit]) -> RawLimit | None:
         return per_nic
     return RawLimit(per_nic.gbs * n, per_nic.tool, f"{n} x {per_nic.tool}", per_nic.runs, per_nic.busiest_thread,
                     per_nic.retransmits)
+
+
+def pct_text(pct: float, of: str = "", digits: int = 0) -> str:
+    """A figure's percentage of its raw limit as every table, figure and overview writes it (the one rule):
+    "109% of memcpy (above raw)" -- the flag wherever the figure is above its limit."""
+    return f"{pct:.{digits}f}%" + (f" of {of}" if of else "") + (" (above raw)" if pct > 100 else "")
+
+
+def limits_by_scenario(rows: pd.DataFrame) -> Callable[[Any], RawLimit | None]:
+    """Each row's raw limit, the one rule for it: the raw run of the row's own scenario where that scenario
+    measures its own at the row's shape (engines does), else the run's single_nic one (:func:`raw_for`).
+    The attribution's "% of raw" and a section's table read it, so the two never disagree."""
+    good = rows[(rows["status"] == "ok") & rows["value"].notna()]
+    base = raw_limits(good)
+    own: dict[str, dict[Shape, RawLimit]] = {}
+
+    def limit(r) -> RawLimit | None:
+        s = str(r.get("scenario"))
+        if s not in own:
+            own[s] = {**base, **raw_limits(good, scenario=s)} if s != "single_nic" else base
+        return raw_for(r, own[s])
+    return limit
 
 
 def why_none(r, limits: dict[Shape, RawLimit]) -> str:

@@ -27,3 +27,53 @@ def test_a_sweeps_peak_is_stated_as_the_multiple_of_its_lowest_that_the_rows_giv
     assert cited == pytest.approx([low, peak], rel=0.01)
     assert times == pytest.approx(peak / low, abs=0.05)
     assert "%" not in c.text
+
+
+def test_an_engines_rows_percentage_and_its_limited_by_come_from_one_raw_limit():
+    """Issue 40: an engines row showed "109 %" in its "% of raw" column and "above raw (115 % of iperf3 …)" in
+    its "limited by": the table took the engines scenario's own raw run, the attribution single_nic's."""
+    from peercache.lab.analysis import charts, collect
+    from peercache.lab.analysis.scenarios import engines
+    from peercache.lab.tidy import Row
+    wire = {"request_bytes": 1 << 20, "in_flight_bytes": 256 << 10}
+
+    def row(scenario, tool, value, run, **kw):
+        return Row(experiment="local", scenario=scenario, run_id=f"local/{scenario}/{run}/rep0", metric=kw.pop(
+            "metric", "get_throughput"), value=value, unit="GB/s", tool=tool, protocol="tcp", **kw)
+    rows = collect.rows_frame([
+        row("single_nic", "iperf3", 2.0, "iperf3_P1", metric="bw", size_bytes=1 << 20, qps=1, processes=1,
+            extra={"reverse": True, "window": 256 << 10}),
+        row("engines", "iperf3", 1.0, "iperf3_P1", metric="bw", size_bytes=1 << 20, qps=1, processes=1,
+            extra={"reverse": True, "window": 256 << 10}),
+        row("engines", "peercache-bench", 1.1, "pc1", size_bytes=131072, batch=32, threads=1, processes=1,
+            extra={"tcp_wire": wire, "verified": True}),
+    ])
+    judged = charts.judge(rows, pd.DataFrame(columns=["run_id"]), {}, "local")
+    rec = next(r for r in engines.table(judged) if r["engine"] == "PeerCache")
+    said = re.search(r"(\d+)% of iperf3", rec["limited by"])
+    assert said, rec["limited by"]
+    assert int(said[1]) == round(rec["% of raw"]) == 110
+
+
+def test_a_figure_above_its_raw_limit_is_flagged_in_the_section_as_in_the_overview():
+    """Issue 40: the single-NIC section showed shm at "109% of memcpy" without the "(above raw)" its overview
+    row gave; every place writes the percentage by one rule (rawlimit.pct_text)."""
+    from peercache.lab.analysis import collect, report
+    from peercache.lab.analysis.scenarios import REPORTS
+    from peercache.lab.tidy import Row
+
+    def row(tool, metric, value, run, **kw):
+        return Row(experiment="local", scenario="single_nic", run_id=f"local/single_nic/{run}/rep0", metric=metric,
+                   value=value, unit="GB/s", tool=tool, protocol="shm", size_bytes=131072, **kw)
+    rows = collect.rows_frame([row("memcpy", "bw", 10.0, "memcpy_s128K", threads=1),
+                               row("peercache-bench", "get_throughput", 10.9, "pc_shm", threads=1, processes=1,
+                                   batch=32, extra={"verified": True})])
+    from peercache.lab.analysis.rawlimit import raw_limits
+    [(_, recs)] = report.compact_tables("single_nic", rows, raw_limits(rows))
+    ours = next(r for r in recs if r["% of raw"] != "raw limit")
+    assert ours["% of raw"] == "109% of memcpy, 1 thread(s), 128 KiB requests (above raw)", ours
+    chart = REPORTS["single_nic"].figures["single_nic"](rows, pd.DataFrame(columns=["run_id"]), None)
+    mine = next(t for t in chart.table if t["% of raw"] != "—")
+    assert mine["% of raw"] == "109.0% (above raw)"
+    ov = report.overview_table(rows)
+    assert ov["% of single-NIC raw limit"].str.contains("109% (above raw)", regex=False).any()

@@ -21,6 +21,7 @@ import pandas as pd
 
 from peercache.lab.analysis.format import fmt_number, short_run, throughput_text, why_empty
 from peercache.lab.analysis.metablock import meta_block
+from peercache.lab.analysis.rawlimit import pct_text
 from peercache.lab.analysis.references import TestbedRefs, row_extra
 from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits, NotDrawn, Scenario, Table, gbs,
                                                       ok_rows, overview_row)
@@ -461,8 +462,7 @@ class Cluster(Scenario):
             if sc:
                 notes.append(f"{sc[1]['agg'] / sc[0]['agg']:.2f}x the {sc[0]['hosts']}-host aggregate")
             pct = 100 * top["agg"] / top["raw"] if top.get("raw") else None
-            row["% of single-NIC raw limit"] = ("—" if pct is None else f"{pct:.0f}% of the raw pattern"
-                                                + (" (above raw)" if pct > 100 else ""))
+            row["% of single-NIC raw limit"] = "—" if pct is None else pct_text(pct, "the raw pattern")
             row["limited by"] = limited_by(top)
             row["notes"] = "; ".join(n for n in notes if n)
             out.append(row)

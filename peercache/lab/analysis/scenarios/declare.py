@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar
 import pandas as pd
 
 from peercache.lab.analysis.format import fmt_number, point_label, short_run, throughput_text
-from peercache.lab.analysis.rawlimit import BW_METRICS, RAW_TOOLS, RawLimit, raw_for, why_none
+from peercache.lab.analysis.rawlimit import BW_METRICS, RAW_TOOLS, RawLimit, pct_text, raw_for, why_none
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
 from peercache.lab.pipeline import experiments
 
@@ -106,8 +106,7 @@ def overview_row(scenario: str, label: str, r, limits: Limits, note: str = "") -
             notes.append("no % of raw: " + why_none(r, limits))
         elif lim.gbs:
             pct = 100.0 * g / lim.gbs
-            of = "" if lim.label == lim.tool or " x " not in lim.label else f" of {lim.label}"
-            frac = f"{pct:.0f}%{of}" + (" (above raw)" if pct > 100 else "")
+            frac = pct_text(pct, "" if lim.label == lim.tool or " x " not in lim.label else lim.label)
     elif not comparable:
         notes.append(f"{r['tool']} {r['metric']}, not a GET")
     if r["metric"] == "get_throughput" and row_extra(r).get("verified") is False:

@@ -18,7 +18,8 @@ import pandas as pd
 
 from peercache.lab.analysis.format import fmt_number, fmt_size, short_run, throughput_text, why_empty
 from peercache.lab.analysis.metablock import meta_block
-from peercache.lab.analysis.rawlimit import BW_METRICS, RAW_TOOLS, RawLimit, raw_for, raw_limits, why_none
+from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, limits_by_scenario, pct_text, raw_limits,
+                                             why_none)
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
 from peercache.lab.analysis.scenarios.declare import Chart, Limits, NotDrawn, Scenario, Table
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig
@@ -42,14 +43,15 @@ def cell_limits(rows: pd.DataFrame) -> dict[tuple[int, int], tuple[RawLimit | No
     """(page size, threads) -> (the cell's raw limit, or None and why) from the PeerCache rows of the cell."""
     ok = _ok(rows)
     good = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    limits = {**raw_limits(good), **raw_limits(good, scenario=SCENARIO)}
+    limit_of = limits_by_scenario(rows)       # the attribution's rule too: one % of raw, not two
     out: dict[tuple[int, int], tuple[RawLimit | None, str]] = {}
     ours = ok[(ok["tool"] == OURS) & (ok["metric"] == "get_throughput")]
     for _, r in ours.iterrows():
         key = (_int(r["size_bytes"]), (_int(r["processes"]) or 1) * (_int(r["threads"]) or 1))
-        lim = raw_for(r, limits)
+        lim = limit_of(r)
         if key not in out or (lim is not None and out[key][0] is None):
-            out[key] = (lim, "" if lim is not None else why_none(r, limits))
+            out[key] = (lim, "" if lim is not None else
+                        why_none(r, {**raw_limits(good), **raw_limits(good, scenario=SCENARIO)}))
     return out
 
 
@@ -73,9 +75,11 @@ GIB = float(1 << 30)
 
 
 def spread(values: list[float]) -> dict[str, Any]:
-    """The median, the lowest and the highest of a cell's repetitions, and how many there were (pure)."""
+    """The median, the lowest and the highest of a cell's repetitions, and how many there were (pure). The
+    median is the lower middle one of an even count: always a run that was measured, so the row's other
+    columns (its "limited by", its CPU) can be that run's own."""
     vals = sorted(values)
-    return {"median": float(pd.Series(vals).median()), "min": vals[0], "max": vals[-1], "n": len(vals)}
+    return {"median": vals[(len(vals) - 1) // 2], "min": vals[0], "max": vals[-1], "n": len(vals)}
 
 
 def spread_text(sp: dict[str, Any], fmt=fmt_number) -> str:
@@ -98,8 +102,8 @@ def cpu_s_per_gib(r) -> dict[str, float]:
 
 def table(rows: pd.DataFrame) -> list[dict[str, Any]]:
     """One record per cell and engine (and the cell's raw limit): GB/s over the repetitions (median, min–max,
-    how many), % of the cell's raw limit (of the median), each side's CPU-seconds per GiB (medians), p50/p99 per
-    batch call where the engine reports them, limited by, verification."""
+    how many), % of the cell's raw limit (of the median), and the median run's CPU-seconds per GiB on each side
+    and what limited it; p50/p99 per batch call where the engine reports them, verification."""
     ok = _ok(rows)
     limits = cell_limits(rows)
     recs = []
@@ -113,18 +117,19 @@ def table(rows: pd.DataFrame) -> list[dict[str, Any]]:
                    & ((bw["processes"].fillna(1) * bw["threads"].fillna(1)) == conns)]
             if g.empty:
                 continue
-            sp = spread([convert(float(v), str(u), "GB/s") for v, u in zip(g["value"], g["unit"])])
-            cpus = [cpu_s_per_gib(r) for _, r in g.iterrows()]
-            cpu = {side: float(pd.Series([c[side] for c in cpus if side in c]).median())
-                   for side in ("consumer", "producer") if any(side in c for c in cpus)}
-            said = [t for t in dict.fromkeys(g["limited_by"].dropna()) if t] if "limited_by" in g else []
+            gbs = [convert(float(v), str(u), "GB/s") for v, u in zip(g["value"], g["unit"])]
+            sp = spread(gbs)
+            # the median run's own row: its "limited by" was judged against the same raw limit, so its
+            # percentage is the table's
+            mid = g.iloc[gbs.index(sp["median"])]
+            said = str(mid["limited_by"]) if "limited_by" in g and pd.notna(mid["limited_by"]) else ""
             recs.append({"page": size, "threads": conns, "engine": name, "GB/s": sp["median"], "spread": sp,
                          "% of raw": None if lim is None or not lim.gbs else 100.0 * sp["median"] / lim.gbs,
                          "raw limit": lim.label if lim is not None else f"none: {why}",
-                         "cpu_s_per_gib": cpu,
+                         "cpu_s_per_gib": cpu_s_per_gib(mid),
                          "p50": _latency(ok, g["run_id"], "latency_p50"),
                          "p99": _latency(ok, g["run_id"], "latency_p99"),
-                         "limited by": " / ".join(said) or "—", "verification": verification(g.iloc[0]),
+                         "limited by": said or "—", "verification": verification(g.iloc[0]),
                          "run": ",".join(dict.fromkeys(g["run_id"]))})
         if lim is not None:
             recs.append({"page": size, "threads": conns, "engine": "raw limit", "GB/s": lim.gbs, "% of raw": 100.0,
@@ -145,7 +150,7 @@ def shown(r: dict[str, Any]) -> dict[str, Any]:
     """One record as the section's table and the figure's Markdown show it."""
     return {"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
             "GB/s": spread_text(r["spread"]) if r.get("spread") else fmt_number(r["GB/s"]),
-            "% of raw": "—" if r["% of raw"] is None else f"{r['% of raw']:.0f}%",
+            "% of raw": "—" if r["% of raw"] is None else pct_text(r["% of raw"]),
             "CPU per GiB": cpu_text(r.get("cpu_s_per_gib") or {}),
             "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
             "run": short_run(r["run"].split(",")[0]) + (f" (+{r['run'].count(',')})" if "," in r["run"] else "")}
@@ -228,7 +233,7 @@ class Engines(Scenario):
                                     f"{best['threads']} thr",
                         "GET throughput": throughput_text(best["GB/s"]),
                         "% of single-NIC raw limit": "—" if pct is None else
-                        f"{pct:.0f}% of {best['raw limit']}" + (" (above raw)" if pct > 100 else ""),
+                        pct_text(pct, best["raw limit"]),
                         "limited by": best["limited by"], "notes": best["verification"],
                         "run": short_run(best["run"])})
         return out

@@ -13,8 +13,8 @@ import pandas as pd
 from peercache.lab.analysis.format import (display, fmt_number, fmt_size, limit_text, point_label, present,
                                            short_run, throughput_text, why_empty)
 from peercache.lab.analysis.metablock import meta_block
-from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, point_shape, raw_for, raw_limits, raw_shape,
-                                             why_none)
+from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, pct_text, point_shape, raw_for, raw_limits,
+                                             raw_shape, why_none)
 from peercache.lab.analysis.references import TestbedRefs, row_extra
 from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits, NotDrawn, Scenario, Table, gbs,
                                                       ok_bw, ok_rows, overview_row, to_gbs)
@@ -36,7 +36,7 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     limits = raw_limits(ok)
     fig, axes = new_fig(w=max(7.0, 1.3 * len(groups)))
     ax = axes[0][0]
-    table, labels, heights, colors = [], [], [], []
+    table, labels, heights, colors, pcts = [], [], [], [], []
     for r, g in groups:
         gbs_ = sum(to_gbs(v) for _, v in g.iterrows()) / len(g)
         is_raw = r["tool"] in RAW_TOOLS
@@ -44,17 +44,18 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
         pct = None if raw is None or not raw.gbs else 100.0 * gbs_ / raw.gbs  # no (or a zero) raw figure: no %
         labels.append(bar_label(r))
         heights.append(gbs_)
+        pcts.append(pct)
         colors.append(RAW_COLOR if is_raw else PEERCACHE_COLOR)
         value, unit = display(g["value"].mean(), r["unit"])
         table.append({"measurement": measurement(r), "value": value, "unit": unit, "n": len(g),
-                      "% of raw": "—" if pct is None else f"{pct:.1f}%",
+                      "% of raw": "—" if pct is None else pct_text(pct, digits=1),
                       "raw limit": "—" if is_raw else (raw.label if raw else "none: " + why_none(r, limits)),
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
                       "limited by": limit_text(g), "run": ",".join(dict.fromkeys(g["run_id"]))})
     bars = ax.bar(range(len(heights)), heights, color=colors)
-    for b, t, h in zip(bars, table, heights):
-        ax.annotate(f"{h:.3g} GB/s\n{t['% of raw'].replace('.0%', '%')} of raw" if t["% of raw"] != "—"
-                    else f"{h:.3g} GB/s", (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=8)
+    for b, p, h in zip(bars, pcts, heights):
+        ax.annotate(f"{h:.3g} GB/s\n{pct_text(p, 'raw')}" if p is not None else f"{h:.3g} GB/s",
+                    (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("GET / read throughput (GB/s)")
     ax.set_ylim(0, max(heights) * 1.3)
@@ -107,7 +108,7 @@ class SingleNic(Scenario):
             g = gbs(r)
             recs.append({"measurement": measurement(r), "GET throughput": throughput_text(g),
                          "% of raw": "raw limit" if r["tool"] in RAW_TOOLS else (
-                             f"{100 * g / lim.gbs:.0f}% of {lim.label}" if lim and lim.gbs
+                             pct_text(100 * g / lim.gbs, lim.label) if lim and lim.gbs
                              else f"— ({why_none(r, limits)})"),
                          "run": short_run(r["run_id"])})
         return [("", recs)] if recs else []
