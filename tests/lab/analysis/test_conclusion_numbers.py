@@ -77,3 +77,28 @@ def test_a_figure_above_its_raw_limit_is_flagged_in_the_section_as_in_the_overvi
     assert mine["% of raw"] == "109.0% (above raw)"
     ov = report.overview_table(rows)
     assert ov["% of single-NIC raw limit"].str.contains("109% (above raw)", regex=False).any()
+
+
+def _engine(name, gbs, cpu=(1.0, 0.5)):
+    from peercache.lab.analysis.scenarios import engines
+    sp = engines.spread(gbs)
+    return {"engine": name, "page": 131072, "threads": 1, "spread": sp, "GB/s": sp["median"],
+            "cpu_s_per_gib": {"consumer": cpu[0], "producer": cpu[1]},
+            "run": ",".join(f"{name}{i}" for i in range(len(gbs)))}
+
+
+def test_ahead_of_is_said_only_where_the_ranges_do_not_overlap_and_its_ratio_is_the_medians():
+    """Issue 40: a comparison is drawn only when the repetitions' ranges do not overlap; otherwise "within the
+    spread", and the ratio printed is the medians' ratio."""
+    from peercache.lab.analysis.scenarios import engines
+    ours = _engine("PeerCache", [2.45, 2.55, 2.69])
+    mc = engines.compare(ours, _engine("Mooncake TE", [0.31, 0.39, 1.27]))
+    assert mc == "ahead of Mooncake TE: 6.54 × by medians"      # its best, 1.27, is below our lowest, 2.45
+    assert engines.compare(ours, _engine("NIXL", [0.5, 0.51, 0.55])) == "ahead of NIXL: 5 × by medians"
+    near = engines.compare(ours, _engine("NIXL (UCX)", [2.0, 2.3, 2.5]))
+    assert near.startswith("within the spread of NIXL (UCX): 1.11 × by medians")
+    assert engines.compare(ours, _engine("X", [2.8, 3.0, 3.1])) == "behind X: 0.85 × by medians"
+    m = re.search(r"([\d.]+) × by medians", engines.compare(ours, _engine("Y", [0.5, 0.6, 0.7])))
+    assert float(m[1]) == pytest.approx(2.55 / 0.6, rel=0.01)
+    cheap = engines.lowest_cpu([ours, _engine("Z", [1.0], cpu=(0.1, 0.1))])
+    assert cheap["engine"] == "Z" and engines.cpu_total(cheap) == pytest.approx(0.2)

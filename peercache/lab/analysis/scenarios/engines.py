@@ -21,7 +21,7 @@ from peercache.lab.analysis.metablock import meta_block
 from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, limits_by_scenario, pct_text, raw_limits,
                                              why_none)
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
-from peercache.lab.analysis.scenarios.declare import Chart, Limits, NotDrawn, Scenario, Table
+from peercache.lab.analysis.scenarios.declare import Chart, Conclusion, Limits, NotDrawn, Scenario, Table
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig
 
 SCENARIO = "engines"
@@ -229,11 +229,65 @@ class Engines(Scenario):
         for name in dict.fromkeys(r["engine"] for r in recs):
             best = max((r for r in recs if r["engine"] == name), key=lambda r: r["GB/s"])
             pct = best["% of raw"]
+            cell = [r for r in recs if (r["page"], r["threads"]) == (best["page"], best["threads"])]
+            cheapest = lowest_cpu(cell)
+            notes = [best["verification"],
+                     spread_text(best["spread"]).split(" ", 1)[1].strip("()") if best.get("spread") else "",
+                     f"CPU {cpu_total(best):.3g} s/GiB, both sides" if cpu_total(best) is not None else "",
+                     ("the lowest CPU per GiB of this cell's engines" if cheapest is best else
+                      f"{cheapest['engine']} the lowest CPU per GiB of this cell ({cpu_total(cheapest):.3g})"
+                      if cheapest is not None else "")]
             out.append({"scenario": f"{SCENARIO}: {name}, best cell {fmt_size(best['page'])} "
                                     f"{best['threads']} thr",
                         "GET throughput": throughput_text(best["GB/s"]),
                         "% of single-NIC raw limit": "—" if pct is None else
                         pct_text(pct, best["raw limit"]),
-                        "limited by": best["limited by"], "notes": best["verification"],
+                        "limited by": best["limited by"], "notes": "; ".join(n for n in notes if n),
                         "run": short_run(best["run"])})
         return out
+
+    def conclusions(self, sub: pd.DataFrame, limits: Limits) -> list[Conclusion]:
+        """Per cell: PeerCache against each other engine, "ahead of" or "behind" only where their ranges over
+        the repetitions do not overlap, else "within the spread"; and the engine with the lowest CPU per GiB."""
+        recs = [r for r in table(sub) if r["engine"] != "raw limit"]
+        out = []
+        for cell in dict.fromkeys((r["page"], r["threads"]) for r in recs):
+            mine = [r for r in recs if (r["page"], r["threads"]) == cell]
+            ours = next((r for r in mine if r["engine"] == ENGINES[OURS]), None)
+            if ours is None or len(mine) < 2:
+                continue
+            parts = [compare(ours, r) for r in mine if r is not ours]
+            cheapest = lowest_cpu(mine)
+            text = (f"Engines at {fmt_size(cell[0])}, {cell[1]} thread(s): {ours['engine']} "
+                    f"{spread_text(ours['spread'])} GB/s is " + "; ".join(parts) + ".")
+            if cheapest is not None:
+                others = [r for r in mine if r is not cheapest and cpu_total(r) is not None]
+                text += (f" The lowest CPU per GiB moved: {cheapest['engine']}, {cpu_total(cheapest):.3g} s/GiB on "
+                         "both sides together" + (" (" + ", ".join(f"{r['engine']} {cpu_total(r):.3g}" for r in others)
+                                                  + ")" if others else "") + ".")
+            out.append(Conclusion(text, [run for r in mine for run in r["run"].split(",")]))
+        return out
+
+
+def compare(ours: dict[str, Any], other: dict[str, Any]) -> str:
+    """Ours against another engine of the cell: "ahead of X: 2.5 × by medians" where our lowest run beat its
+    highest, "behind X: ..." the other way, else "within the spread of X" (pure)."""
+    a, b = ours["spread"], other["spread"]
+    times = f"{a['median'] / b['median']:.3g} × by medians" if b["median"] > 0 else "it moved nothing"
+    if a["min"] > b["max"]:
+        return f"ahead of {other['engine']}: {times}"
+    if a["max"] < b["min"]:
+        return f"behind {other['engine']}: {times}"
+    return f"within the spread of {other['engine']}: {times}, the ranges overlap"
+
+
+def cpu_total(r: dict[str, Any]) -> float | None:
+    """Both sides' CPU-seconds per GiB together (None unless both were measured)."""
+    cpu = r.get("cpu_s_per_gib") or {}
+    return cpu["consumer"] + cpu["producer"] if "consumer" in cpu and "producer" in cpu else None
+
+
+def lowest_cpu(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The engine record with the lowest CPU per GiB (both sides), or None when none has both measured."""
+    have = [r for r in recs if cpu_total(r) is not None]
+    return min(have, key=cpu_total) if have else None

@@ -345,7 +345,7 @@ def test_overview_gives_each_engine_its_best_cell_not_the_raw_run():
         "engines: PeerCache, best cell 128 KiB 1 thr", "engines: Mooncake TE, best cell 128 KiB 1 thr",
         "engines: NIXL (UCX), best cell 128 KiB 1 thr", "engines: PeerCache 0.8.4 (PyPI), best cell 128 KiB 1 thr"]
     assert eng[0]["GET throughput"].startswith("1.5\u00a0GB/s") and eng[0]["% of single-NIC raw limit"].startswith("75% of iperf3")
-    assert eng[1]["notes"] == "unverified: never checks" and eng[0]["notes"].startswith("verified")
+    assert eng[1]["notes"] == "unverified: never checks; measured once" and eng[0]["notes"].startswith("verified")
 
 
 def test_make_engines_makes_the_venvs_the_kinds_run_from_and_make_run_needs_them():
