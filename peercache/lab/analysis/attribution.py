@@ -155,10 +155,39 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
     return ev
 
 
+#: How a rule's threshold reads in a "ruled out" list.
+_OP_TEXT = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "eq": "="}
+
+
+def ruled_out(ev: dict[str, Any], rules: list[Rule]) -> str:
+    """What the rules with one numeric limit checked and found below it, with the values, and the evidence they
+    could not check because it was not recorded (pure): "nothing at its limit: consumer_busiest_thread 0.62
+    (consumer_core at ≥ 0.9); ...; not measured: line_fraction, pcie_fraction"."""
+    low: dict[str, str] = {}      # by field: the last rule's limit on it (the lowest: raw_path's 0.8 after above_raw's 1)
+    missing = []
+    for rule in rules:
+        if len(rule.when) != 1:
+            continue
+        (name, (op, want)), = rule.when.items()
+        if isinstance(want, bool) or not isinstance(want, (int, float)):
+            continue
+        have = ev.get(name)
+        if have is None:
+            missing.append(name)
+        elif not _OPS[op](have, want):
+            low[name] = f"{name} {have:.2f} ({rule.id} at {_OP_TEXT[op]} {want:g})"
+    text = ("nothing at its limit: " + "; ".join(low.values())) if low else "no evidence was recorded"
+    missing = list(dict.fromkeys(missing))
+    return text + (f"; not measured: {', '.join(missing)}" if missing else "")
+
+
 def limited_by(ev: dict[str, Any], rules: list[Rule]) -> tuple[str, str]:
-    """(rule id, sentence) of the first rule that holds for ``ev``."""
+    """(rule id, sentence) of the first rule that holds for ``ev``; the last rule (nothing held) may say what was
+    ruled out (``{ruled_out}``)."""
     for rule in rules:
         if rule.holds(ev):
+            if not rule.when:
+                ev = dict(ev, ruled_out=ruled_out(ev, rules))
             try:
                 return rule.id, rule.says.format(**ev)
             except (KeyError, ValueError, IndexError) as e:

@@ -60,7 +60,9 @@ def cpu(consumer=None, producer=None):
     (dict(r=row(300.0, aggregate="sum_of_windows"), line_rate_Bps=400e9), "summed_windows",
      "not one window: a sum of per-NIC figures"),
     (dict(r=row(1.0, cpu=cpu(consumer=(0.5, 0.5))), raw_Bps=4e9, raw_tool="iperf3", line_rate_Bps=50e9),
-     "unknown", "unknown (nothing above 80 %)"),
+     "unknown", "unknown (nothing at its limit: line_fraction 0.02 (line_rate at ≥ 0.9); fraction_of_raw 0.25 "
+                "(raw_path at ≥ 0.8); consumer_busiest_thread 0.50 (consumer_core at ≥ 0.9); not measured: "
+                "pcie_fraction, producer_busiest_thread, cpu_fraction)"),
 ])
 def test_each_rule_fires_on_its_evidence(ev_args, rule, text):
     r = ev_args.pop("r")
