@@ -75,3 +75,19 @@ def test_a_cluster_testbeds_topology_lists_every_host_from_its_captures(tmp_path
     assert topo.value.startswith("3 hosts (a cluster): c1 netns:c1 (198.18.79.1; producer, consumer, directory) / ")
     assert topo.value.endswith("; all on one machine")
     assert env.environment_fields(caps, _pd.DataFrame(), why)[0].value.startswith("2 hosts: producer netns:c1")
+
+
+def test_a_two_host_testbeds_pair_is_not_called_a_cluster(tmp_path):
+    """The local testbed's captures name themselves producer and consumer: the topology line is the pair's,
+    not "2 hosts (a cluster)" (make run's report said so)."""
+    import json as _json
+    import pandas as _pd
+    from peercache.lab.analysis import environment as env
+    for role, addr in (("producer", "198.18.77.1"), ("consumer", "198.18.77.2")):
+        (tmp_path / f"{role}.json").write_text(_json.dumps({"role": role, "name": role, "roles": [role],
+                                                            "host_spec": f"netns:pclab{role[0]}", "address": addr,
+                                                            "summary": {"host": "vm"}}))
+    assert env.cluster_members(tmp_path) == []
+    caps, why = env.load_captures(tmp_path)
+    topo = env.environment_fields(caps, _pd.DataFrame(), why, env.cluster_members(tmp_path))[0]
+    assert "cluster" not in topo.value and topo.value.startswith("2 hosts")
