@@ -153,7 +153,12 @@ def shown(r: dict[str, Any]) -> dict[str, Any]:
             "% of raw": "—" if r["% of raw"] is None else pct_text(r["% of raw"]),
             "CPU per GiB": cpu_text(r.get("cpu_s_per_gib") or {}),
             "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
-            "run": short_run(r["run"].split(",")[0]) + (f" (+{r['run'].count(',')})" if "," in r["run"] else "")}
+            "run": runs_text(r["run"])}
+
+
+def runs_text(runs: str) -> str:
+    """A cell's runs as cited: the first, and how many more ("local/engines/pc_…/rep0 (+2)")."""
+    return short_run(runs.split(",")[0]) + (f" (+{runs.count(',')})" if "," in runs else "")
 
 
 def skipped(rows: pd.DataFrame) -> list[str]:
@@ -243,7 +248,7 @@ class Engines(Scenario):
                         "% of single-NIC raw limit": "—" if pct is None else
                         pct_text(pct, best["raw limit"]),
                         "limited by": best["limited by"], "notes": "; ".join(n for n in notes if n),
-                        "run": short_run(best["run"])})
+                        "run": runs_text(best["run"])})
         return out
 
     def conclusions(self, sub: pd.DataFrame, limits: Limits) -> list[Conclusion]:
