@@ -119,10 +119,13 @@ class Procs:
         found = threading.Event()
 
         def pump():
-            for line in p.stdout:
-                lines.append(line)
-                if needle in line:
-                    found.set()
+            try:
+                for line in p.stdout:
+                    lines.append(line)
+                    if needle in line:
+                        found.set()
+            except ValueError:          # the test ended and closed the pipe while this thread still read it
+                pass
             found.set()
 
         threading.Thread(target=pump, daemon=True).start()

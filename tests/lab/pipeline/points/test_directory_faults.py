@@ -40,7 +40,11 @@ def test_the_scenario_runs_on_the_local_testbed_with_every_form_and_fault():
     sc = experiments.load_scenarios()
     names = [p.name for part, d in sc["directory_faults"]["local"].items()
              for p in experiments.expand_part("directory_faults", part, d, [])]
-    assert len(names) == 7 and len(set(names)) == 7
+    # every fault of every form read over tcp, and the restarts and kills over shm too
+    tcp = {n for n in names if "_tcp_" in n}
+    assert len(tcp) == 7 and {n.replace("_tcp_", "_shm_") for n in tcp if "_restart_" in n or "_kill_" in n} \
+        == {n for n in names if "_shm_" in n}
+    assert len(names) == len(set(names)) == 11
     tb = experiments.load_testbed("experiments/testbeds/local.yaml", sc)
     assert "directory_faults" in tb["scenarios"]
 
