@@ -163,7 +163,8 @@ def ruled_out(ev: dict[str, Any], rules: list[Rule]) -> str:
     """What the rules with one numeric limit checked and found below it, with the values, and the evidence they
     could not check because it was not recorded (pure): "nothing at its limit: consumer_busiest_thread 0.62
     (consumer_core at ≥ 0.9); ...; not measured: line_fraction, pcie_fraction"."""
-    low: dict[str, str] = {}      # by field: the last rule's limit on it (the lowest: raw_path's 0.8 after above_raw's 1)
+    # by field, the last rule's limit on it (the lowest: raw_path's 0.8 comes after above_raw's 1)
+    low: dict[str, str] = {}
     missing = []
     for rule in rules:
         if len(rule.when) != 1:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from peercache.lab.analysis import collect
 from peercache.lab.analysis.format import fmt_number, fmt_size, short_run, throughput_text, why_empty
 from peercache.lab.analysis.metablock import meta_block
 from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, limits_by_scenario, pct_text, raw_limits,
@@ -161,6 +162,31 @@ def runs_text(runs: str) -> str:
     return short_run(runs.split(",")[0]) + (f" (+{runs.count(',')})" if "," in runs else "")
 
 
+def window_method(rows: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """How each engine's figure was windowed, from its runs' own parameters and rows (pure): "windows: PeerCache,
+    NIXL (UCX), PeerCache 0.8.4 (PyPI) 2 s after 0.5 s of warm-up; Mooncake TE 2 s, warm-up none (the tool has
+    none)": the caption's statement of the method."""
+    if runs is None or runs.empty or "run_id" not in runs:
+        return ""
+    params = {r["run_id"]: collect.run_field(r, "params") or {} for r in runs.to_dict("records")}
+    ok = _ok(rows)
+    said: dict[str, list[str]] = {}
+    for tool, name in ENGINES.items():
+        mine = ok[(ok["tool"] == tool) & ok["metric"].isin(BW_METRICS)]
+        ways = set()
+        for _, r in mine.iterrows():
+            p = params.get(r["run_id"]) or {}
+            if p.get("duration") is None:
+                continue
+            own = row_extra(r).get("warmup")
+            warm = (f", warm-up {own}" if isinstance(own, str)
+                    else f" after {fmt_number(float(p.get('warmup') or 0))} s of warm-up")
+            ways.add(f"{fmt_number(float(p['duration']))} s{warm}")
+        for way in sorted(ways):
+            said.setdefault(way, []).append(name)
+    return ("windows: " + "; ".join(f"{', '.join(names)} {way}" for way, names in said.items())) if said else ""
+
+
 def skipped(rows: pd.DataFrame) -> list[str]:
     """The engines points that did not run, with why ("Mooncake TE mc_tcp_...: engine venv ... missing")."""
     sub = rows[(rows["scenario"] == SCENARIO) & rows["status"].isin(("skipped", "failed"))
@@ -208,10 +234,11 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     ax.set_ylabel("read throughput (GB/s)")
     ax.legend(fontsize=7, loc="upper left")
     table_md = [dict(shown(r), **{"raw limit": r["raw limit"], "run": r["run"]}) for r in recs]
+    method = window_method(rows, runs)
     ok = rows[(rows["status"] == "ok") & rows["value"].notna()]
     return Chart("engines", "Engines side by side: PeerCache, Mooncake TE, NIXL, PeerCache 0.8.4 and the raw limit "
                  "(medians; whiskers: the lowest and highest repetition)",
-                 fig, table_md, meta_block(ok, runs), skipped(rows))
+                 fig, table_md, meta_block(ok, runs), ([method] if method else []) + skipped(rows))
 
 
 class Engines(Scenario):

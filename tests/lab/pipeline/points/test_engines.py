@@ -410,3 +410,21 @@ def test_a_cell_measured_three_times_shows_its_median_spread_and_each_sides_cpu_
     assert shown["GB/s"] == "0.6 (0.5–0.9, 3 runs)" and shown["CPU per GiB"].endswith(" s/GiB")
     ours = next(r for r in recs if (r["engine"], r["page"]) == ("PeerCache", 131072))
     assert engines.shown(ours)["GB/s"] == "1.5 (measured once)"
+
+
+def test_the_figure_says_how_each_engine_was_windowed_from_its_runs():
+    """Issue 40: the method is said in the caption; a tool without warm-up says so, from its own rows."""
+    import json
+    from peercache.lab.analysis.scenarios import engines
+    rows = _frame()
+    runs = pd.DataFrame([{"run_id": rid, "params": json.dumps({"duration": 2.0, "warmup": 0.5})}
+                         for rid in rows["run_id"].unique()])
+    mc = rows["tool"] == "transfer_engine_bench"
+    none = "none (the tool has none)"
+    rows.loc[mc, "extra"] = rows.loc[mc, "extra"].map(
+        lambda e: json.dumps(dict(json.loads(e) if isinstance(e, str) else (e or {}), warmup=none)))
+    said = engines.window_method(rows, runs)
+    assert said.startswith("windows: ") and "Mooncake TE 2 s, warm-up none (the tool has none)" in said
+    assert "PeerCache, NIXL (UCX), PeerCache 0.8.4 (PyPI) 2 s after 0.5 s of warm-up" in said
+    chart = engines.figure(rows, runs, None)
+    assert said in chart.notes
