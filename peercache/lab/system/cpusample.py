@@ -51,9 +51,18 @@ def _stat_fields(text: str) -> list[str]:
     return text[text.rindex(")") + 2:].split()
 
 
+def _tasks(pid: int) -> list:
+    """The thread folders of ``pid`` (/proc/<pid>/task/*); none once it has exited, which a process of the
+    tree may do between being listed and being read (a sampler that raised there ended its wrapped client)."""
+    try:
+        return list(proc_path(pid, "task").glob("*"))
+    except OSError:
+        return []
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
-    for task in proc_path(pid, "task").glob("*"):
+    for task in _tasks(pid):
         try:
             out += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):
@@ -214,7 +223,7 @@ def sample(pid: int, with_numa: bool = False) -> dict:
     procs = 0
     pids = tree(pid)
     for p in pids:
-        tasks = list(proc_path(p, "task").glob("*"))
+        tasks = _tasks(p)
         if tasks:
             procs += 1
         for task in tasks:
