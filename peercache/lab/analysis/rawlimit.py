@@ -216,18 +216,22 @@ def pct_text(pct: float, of: str = "", digits: int = 0) -> str:
     return f"{pct:.{digits}f}%" + (f" of {of}" if of else "") + (" (above raw)" if pct > 100 else "")
 
 
+def scenario_limits(rows: pd.DataFrame, scenario: str) -> dict[Shape, RawLimit]:
+    """The raw limits a row of ``scenario`` is measured against, the one rule for them: the scenario's own raw
+    runs where it measures some at a shape (engines does), else the run's single_nic ones."""
+    base = raw_limits(rows)
+    return base if scenario == "single_nic" else {**base, **raw_limits(rows, scenario=scenario)}
+
+
 def limits_by_scenario(rows: pd.DataFrame) -> Callable[[Any], RawLimit | None]:
-    """Each row's raw limit, the one rule for it: the raw run of the row's own scenario where that scenario
-    measures its own at the row's shape (engines does), else the run's single_nic one (:func:`raw_for`).
-    The attribution's "% of raw" and a section's table read it, so the two never disagree."""
-    good = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    base = raw_limits(good)
+    """Each row's raw limit (:func:`scenario_limits` of its scenario, :func:`raw_for`): the attribution's
+    "% of raw" and a section's table read the same one, so the two never disagree."""
     own: dict[str, dict[Shape, RawLimit]] = {}
 
     def limit(r) -> RawLimit | None:
         s = str(r.get("scenario"))
         if s not in own:
-            own[s] = {**base, **raw_limits(good, scenario=s)} if s != "single_nic" else base
+            own[s] = scenario_limits(rows, s)
         return raw_for(r, own[s])
     return limit
 

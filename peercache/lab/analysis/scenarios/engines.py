@@ -19,7 +19,7 @@ import pandas as pd
 from peercache.lab.analysis import collect
 from peercache.lab.analysis.format import fmt_number, fmt_size, short_run, throughput_text, why_empty
 from peercache.lab.analysis.metablock import meta_block
-from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, limits_by_scenario, pct_text, raw_limits,
+from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, pct_text, raw_for, scenario_limits,
                                              why_none)
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
 from peercache.lab.analysis.scenarios.declare import Chart, Conclusion, Limits, NotDrawn, Scenario, Table
@@ -43,16 +43,14 @@ def _int(v: Any) -> int | None:
 def cell_limits(rows: pd.DataFrame) -> dict[tuple[int, int], tuple[RawLimit | None, str]]:
     """(page size, threads) -> (the cell's raw limit, or None and why) from the PeerCache rows of the cell."""
     ok = _ok(rows)
-    good = rows[(rows["status"] == "ok") & rows["value"].notna()]
-    limit_of = limits_by_scenario(rows)       # the attribution's rule too: one % of raw, not two
+    limits = scenario_limits(rows, SCENARIO)       # the attribution's rule too: one % of raw, not two
     out: dict[tuple[int, int], tuple[RawLimit | None, str]] = {}
     ours = ok[(ok["tool"] == OURS) & (ok["metric"] == "get_throughput")]
     for _, r in ours.iterrows():
         key = (_int(r["size_bytes"]), (_int(r["processes"]) or 1) * (_int(r["threads"]) or 1))
-        lim = limit_of(r)
+        lim = raw_for(r, limits)
         if key not in out or (lim is not None and out[key][0] is None):
-            out[key] = (lim, "" if lim is not None else
-                        why_none(r, {**raw_limits(good), **raw_limits(good, scenario=SCENARIO)}))
+            out[key] = (lim, "" if lim is not None else why_none(r, limits))
     return out
 
 
@@ -83,11 +81,14 @@ def spread(values: list[float]) -> dict[str, Any]:
     return {"median": vals[(len(vals) - 1) // 2], "min": vals[0], "max": vals[-1], "n": len(vals)}
 
 
+def range_text(sp: dict[str, Any], fmt=fmt_number) -> str:
+    """"1.10–1.31, 3 runs", or "measured once"."""
+    return "measured once" if sp["n"] == 1 else f"{fmt(sp['min'])}–{fmt(sp['max'])}, {sp['n']} runs"
+
+
 def spread_text(sp: dict[str, Any], fmt=fmt_number) -> str:
     """"1.23 (1.10–1.31, 3 runs)", or "1.23 (measured once)"."""
-    if sp["n"] == 1:
-        return f"{fmt(sp['median'])} (measured once)"
-    return f"{fmt(sp['median'])} ({fmt(sp['min'])}–{fmt(sp['max'])}, {sp['n']} runs)"
+    return f"{fmt(sp['median'])} ({range_text(sp, fmt)})"
 
 
 def cpu_s_per_gib(r) -> dict[str, float]:
@@ -264,7 +265,7 @@ class Engines(Scenario):
             cell = [r for r in recs if (r["page"], r["threads"]) == (best["page"], best["threads"])]
             cheapest = lowest_cpu(cell)
             notes = [best["verification"],
-                     spread_text(best["spread"]).split(" ", 1)[1].strip("()") if best.get("spread") else "",
+                     range_text(best["spread"]) if best.get("spread") else "",
                      f"CPU {cpu_total(best):.3g} s/GiB, both sides" if cpu_total(best) is not None else "",
                      ("the lowest CPU per GiB of this cell's engines" if cheapest is best else
                       f"{cheapest['engine']} the lowest CPU per GiB of this cell ({cpu_total(cheapest):.3g})"
