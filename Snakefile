@@ -1,7 +1,7 @@
 # PeerCache Lab pipeline: capture -> run every point -> collect -> charts -> report.
 #
 #   snakemake --cores 2                                   # built-in local testbed
-#   snakemake --cores 4 --config testbed=experiments/testbeds/roce-8x-cx7.yaml
+#   snakemake --cores 4 --config testbed=experiments/testbeds/<yours>.yaml   # a copy of roce-8x-cx7.yaml
 #
 # Benchmark jobs hold the `testbed` resource (1 in profiles/default), so no two
 # measurements ever overlap whatever --cores says; only the analysis runs in
@@ -9,8 +9,15 @@
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
 from peercache.lab.pipeline.plan import DEFAULT_TESTBED, Plan
 
+if "testbed" in config and not config["testbed"]:
+    # a profile that names no testbed (profiles/ssh-testbed) sets it to null: a real testbed is the user's file
+    raise WorkflowError("no testbed given (this profile names none); pass yours: --config "
+                        "testbed=experiments/testbeds/<yours>.yaml (a copy of roce-8x-cx7.yaml with your hosts in), "
+                        "or run `make run TESTBED=experiments/testbeds/<yours>.yaml`")
 PLAN = Plan(config.get("testbed", DEFAULT_TESTBED), config.get("scenarios"))
 TB = PLAN.name
 RAW = PLAN.raw

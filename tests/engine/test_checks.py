@@ -167,4 +167,9 @@ def test_the_shipped_testbeds_still_load():
 
     from peercache.lab.pipeline import experiments
     for path in sorted(glob.glob(str(ROOT / "experiments/testbeds/*.yaml"))):
+        if path.endswith("/roce-8x-cx7.yaml"):     # the example: refused until its <placeholders> are filled in
+            with pytest.raises(experiments.DefinitionError, match="placeholder"):
+                experiments.load_testbed(path)
+            experiments.load_testbed(path, allow_placeholders=True)
+            continue
         experiments.load_testbed(path)

@@ -99,6 +99,9 @@ def main(argv=None) -> int:
                    help="also check each host before anything runs: ssh, its python and PeerCache revision, "
                         "tools, RDMA devices, reachability (peercache.lab.pipeline.preflight)")
     v.add_argument("--out", default=None, help="with --connect: write the check's results here (JSON)")
+    v.add_argument("--allow-placeholders", action="store_true",
+                   help="list the points of an example testbed whose <placeholders> are not filled in yet "
+                        "(each planned as placeholder-<n>); not with --connect")
     f = sub.add_parser("preflight", help="check the testbed's hosts (the pipeline's first rule); "
                                          "exit non-zero on any failure")
     f.add_argument("--testbed", required=True)
@@ -123,7 +126,12 @@ def main(argv=None) -> int:
             return 0
         if a.cmd == "preflight":
             return preflight.run(a.testbed, a.scenarios, a.out)
-        plan = Plan(a.testbed, a.scenarios)
+        if a.allow_placeholders and a.connect:
+            print("validate: --allow-placeholders plans an example without its hosts and --connect logs in to "
+                  "them; fill the testbed's <placeholders> in, then use --connect without --allow-placeholders",
+                  file=sys.stderr)
+            return 2
+        plan = Plan(a.testbed, a.scenarios, allow_placeholders=a.allow_placeholders)
         for pt in plan.points:
             print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))
         if a.connect:

@@ -11,6 +11,8 @@ reason. Nothing here starts a process.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,58 @@ EPHEMERAL_PORTS = (32768, 60999)
 
 class DefinitionError(ValueError):
     """A testbed or scenario file is invalid; the message names file and field."""
+
+
+# --- placeholders ------------------------------------------------------------------
+# An example testbed (roce-8x-cx7.yaml) marks what a user must fill in as ``<what to put here>``,
+# alone or inside a value (``ssh:<user@producer-host>``). This is the one rule that tells a
+# placeholder: no host spec, address, device, path or interpreter of a real testbed holds '<' ... '>',
+# so a value with one is never mistaken for a real one, and the words inside are the instruction.
+
+#: A placeholder inside a testbed's string value: ``<`` what to put there ``>``.
+PLACEHOLDER = re.compile(r"<([^<>\n]+)>")
+#: What the loader puts in place of the placeholders when asked to plan an example anyway
+#: (``validate --allow-placeholders``): a name every host, address and path field accepts.
+PLACEHOLDER_STAND_IN = "placeholder-{}"
+
+
+def placeholders(doc: Any, where: str = "") -> list[tuple[str, str, str]]:
+    """Every placeholder of ``doc`` as (field, the value holding it, what to put there), in document order."""
+    if isinstance(doc, dict):
+        return [hit for k, v in doc.items() for hit in placeholders(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(doc, list):
+        return [hit for i, v in enumerate(doc) for hit in placeholders(v, f"{where}.{i}" if where else str(i))]
+    if isinstance(doc, str):
+        return [(where or "(top level)", doc, m.group(1).strip()) for m in PLACEHOLDER.finditer(doc)]
+    return []
+
+
+def fill_placeholders(doc: Any) -> Any:
+    """A copy of ``doc`` with each placeholder replaced by ``placeholder-<n>`` (planning only: no host has that name)."""
+    count = itertools.count(1)
+
+    def fill(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: fill(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fill(x) for x in v]
+        if isinstance(v, str):
+            return PLACEHOLDER.sub(lambda _: PLACEHOLDER_STAND_IN.format(next(count)), v)
+        return v
+
+    return fill(doc)
+
+
+def placeholder_error(path: Path, found: list[tuple[str, str, str]]) -> DefinitionError:
+    """The error for a testbed that still holds placeholders: one line per placeholder, saying what to put there."""
+    # the value with each placeholder's words elided (ssh:<...>): the words follow, as what to put there
+    lines = [f"  field '{where}': {PLACEHOLDER.sub('<...>', value)} is a placeholder: put {what}"
+             for where, value, what in found]
+    return DefinitionError(
+        f"{path}: {len(found)} placeholder(s) left to fill in (an example testbed: copy it and put your own "
+        "hosts in)\n" + "\n".join(lines)
+        + f"\n(to list the points it plans before filling it in: python -m peercache.lab.pipeline validate "
+          f"--testbed {path} --allow-placeholders)")
 
 
 @dataclass(frozen=True)
@@ -177,10 +231,19 @@ def testbed_schema(scenarios: dict[str, Any] | None = None) -> dict[str, Any]:
     return schema
 
 
-def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None) -> Testbed:
-    """Read and validate a testbed file (its scenario names against ``scenarios``); DefinitionError names the field."""
+def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None, *,
+                 allow_placeholders: bool = False) -> Testbed:
+    """Read and validate a testbed file (its scenario names against ``scenarios``); DefinitionError names the field.
+
+    A file that still holds ``<placeholders>`` (an example) is refused, one line per placeholder;
+    ``allow_placeholders`` loads it with each replaced by ``placeholder-<n>``, to plan it without hosts.
+    """
     path = Path(path)
     doc = _load_yaml(path)
+    found = placeholders(doc)
+    if found and not allow_placeholders:
+        raise placeholder_error(path, found)
+    doc = fill_placeholders(doc)
     lines = _schema_errors(testbed_schema(scenarios), doc)
     if lines:
         lines = lines[:10]

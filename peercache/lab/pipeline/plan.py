@@ -22,11 +22,12 @@ ROLES = ("producer", "consumer")
 class Plan:
     """Everything the rules need to know about one testbed's run."""
 
-    def __init__(self, testbed_path: str, scenarios_path: str | None = None):
+    def __init__(self, testbed_path: str, scenarios_path: str | None = None, *, allow_placeholders: bool = False):
         self.testbed_path = testbed_path
         sc = experiments.load_scenarios(scenarios_path) if scenarios_path else experiments.load_scenarios()
         self.scenarios = sc
-        self.testbed = experiments.load_testbed(testbed_path, sc)
+        # allow_placeholders: an example testbed's points, planned before its hosts are filled in (never run)
+        self.testbed = experiments.load_testbed(testbed_path, sc, allow_placeholders=allow_placeholders)
         self.scenarios_path = scenarios_path
         self.points = experiments.expand(self.testbed, sc)
         self.name = self.testbed.name

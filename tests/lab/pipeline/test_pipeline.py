@@ -29,11 +29,18 @@ def test_lint_is_clean():
     assert "Congratulations" in r.stdout + r.stderr
 
 
-def test_dry_run_every_scenario_on_the_rdma_testbed():
-    r = snakemake("-n", "--cores", "4", "--config", "testbed=experiments/testbeds/roce-8x-cx7.yaml")
+def test_dry_run_every_scenario_on_the_rdma_testbed(tmp_path):
+    # the example with its <placeholders> filled in, as a user's copy of it is
+    doc = experiments.fill_placeholders(yaml.safe_load((ROOT / "experiments/testbeds/roce-8x-cx7.yaml").read_text()))
+    assert doc["hosts"]["producer"]["host"] == "ssh:placeholder-1" and not experiments.placeholders(doc)
+    tb = tmp_path / "roce-8x-cx7.yaml"
+    tb.write_text(yaml.safe_dump(doc))
+    r = snakemake("-n", "--cores", "4", "--config", f"testbed={tb}")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    plan = Plan("experiments/testbeds/roce-8x-cx7.yaml")
+    plan = Plan(str(tb))
+    assert [p.name for p in plan.points] == [p.name for p in Plan("experiments/testbeds/roce-8x-cx7.yaml",
+                                                                  allow_placeholders=True).points]
     listed = list(plan.testbed["scenarios"])
     for sc in listed:
         assert f"wildcards: scenario={sc}, point=" in out, sc
