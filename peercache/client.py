@@ -21,12 +21,15 @@ from .config import NodeConfig
 from .errors import ConfigError, DeadlineExceeded, InvalidLocation, TransportError
 from .node import Get, Node
 from .node.deadline import Deadline
+from .node.geometry import Geometry, Surface, mismatch, producer_text, published, settle
 
 DEFAULT_DISCOVERY = NodeConfig.options()["discovery_addr"].default
 #: The client's own spelling of a NodeConfig field (each field's own name is taken too).
 KEYWORDS = {"page_size": "page_bytes"}
 #: The page size of a client whose config names none: the one peercache-bench's --page-size has.
 DEFAULT_PAGE_SIZE = NodeConfig.options()["page_bytes"].flag_default
+#: How the library names its settings in a message about the producer's geometry.
+SURFACE = Surface("peercache.connect", {"page_size": "page_size"}, "=", "leave {} unset")
 
 
 class Client:
@@ -35,7 +38,13 @@ class Client:
     def __init__(self, config: NodeConfig | str | None = None, **options: Any):
         """A client with the options of ``config`` (a :class:`~peercache.config.NodeConfig`), or of the
         keywords ``options`` over its defaults: ``Client("127.0.0.1:31998", pool_bytes=..., page_size=...)``.
-        The keywords are NodeConfig's fields (``page_size`` is ``page_bytes``; unset: :data:`DEFAULT_PAGE_SIZE`).
+        The keywords are NodeConfig's fields (``page_size`` is ``page_bytes``).
+
+        ``page_size``: the most bytes one object read takes. A client without a pool (a consumer) that
+        is given none takes the largest page size the producers publish (``peercache-bench serve``
+        does, see :mod:`peercache.node.geometry`), else :data:`DEFAULT_PAGE_SIZE`; one given smaller
+        than a producer's is a ConfigError naming both sizes. A producer (``pool_bytes``) without one
+        has :data:`DEFAULT_PAGE_SIZE`.
 
         ``directory``: None (the embedded directory at ``discovery_addr``), HOST:PORT, or a Redis
         URL, ``redis://[:PASSWORD@]HOST:PORT/DB`` / ``rediss://...`` (password also from
@@ -48,7 +57,8 @@ class Client:
         writes none: its pages are then misses). Off by default: without it, a payload that
         changed without its slot tag (a bug, a bit flip, a wrong DMA) is not detected."""
         c = NodeConfig.of(config, options, who="Client", spellings=KEYWORDS)
-        page_size = DEFAULT_PAGE_SIZE if c.page_bytes is None else c.page_bytes
+        given = c.page_bytes
+        page_size = DEFAULT_PAGE_SIZE if given is None else given
         if page_size <= 0:
             raise ConfigError(f"page_size must be positive, got {page_size}")
         c = dataclasses.replace(c, page_bytes=page_size)
@@ -57,6 +67,23 @@ class Client:
             raise ConfigError(f"pool_bytes={c.pool_bytes} holds no {page_size} byte page; raise it")
         self.page_size = page_size
         self.node = Node(c)
+        if not c.pool_bytes:
+            try:
+                self.page_size = self._learn_page_size(given)
+            except BaseException:
+                self.node.close()
+                raise
+
+    def _learn_page_size(self, given: int | None) -> int:
+        """The page size of a consumer: ``given``, else the largest the producers publish, else the default
+        (ConfigError when ``given`` is smaller than a producer's)."""
+        nodes = self.node.members() or {}
+        served = published(nodes)
+        if not served:
+            return self.page_size
+        node_id = max(served, key=lambda n: served[n].page_size)
+        return settle({"page_size": given}, served[node_id], SURFACE, producer_text(nodes.get(node_id)),
+                      {"page_size": DEFAULT_PAGE_SIZE}, at_least=("page_size",))["page_size"]
 
     # -- writes -------------------------------------------------------------------
     def put(self, key: str | bytes, data) -> None:
@@ -109,7 +136,7 @@ class Client:
                 if view.readonly:
                     raise ConfigError("output buffer is read-only; pass a bytearray or writable array")
                 r = self.node.get_batch_into([k], view, [0], capacities=[len(view)], deadline=deadline)
-                results.append(self._outcome(r, 0, k, len(view)))
+                results.append(self._outcome(r, 0, k, len(view), buffer=True))
             return results
         dest = np.empty(n * self.page_size, dtype=np.uint8)
         r = self.node.get_batch_into(bkeys, dest, np.arange(n, dtype=np.uint64) * self.page_size,
@@ -121,11 +148,18 @@ class Client:
         return out
 
     @staticmethod
-    def _outcome(r, i: int, key: bytes, room: int):
+    def _outcome(r, i: int, key: bytes, room: int, buffer: bool = False):
         if r.status[i] == Get.HIT:
             return int(r.lengths[i])
         if r.status[i] == Get.MISS:
             return None
+        if i in r.too_big:
+            size = int(r.lengths[i])
+            if buffer:
+                raise ConfigError(f"reading {key!r}: the object is {size} bytes, larger than its output buffer "
+                                  f"({room} bytes); pass a buffer of {size} bytes or more")
+            raise ConfigError(f"reading {key!r}: " + mismatch(SURFACE, "page_size", room, Geometry(size),
+                                                               f"the producer of {key!r}"))
         if len(r.timed_out) and i in r.timed_out:
             raise DeadlineExceeded(f"reading {key!r} {r.error}")
         if i in r.invalid:

@@ -8,6 +8,7 @@ that tie flags together (a batch within the working set, the memory a run needs)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -239,11 +240,37 @@ def _add(p: argparse.ArgumentParser, *names: str, help: str | None = None) -> No
         config.add_flag(p, FLAGS[name], help=help)
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """Flags shared by serve and drive (they must agree on the working set)."""
-    _add(p, "discovery_addr", "directory", "protocol", "device_name", "devices", "ib_port", "gid_index", "layout",
-         "page_bytes", "working_set", "max_channels", "tcp_poll_us", "quiet", "integrity", "auth_key_file",
-         "metrics_addr")
+#: The settings serve publishes as its geometry (peercache.node.geometry): option name -> the attribute of
+#: the parsed flags. drive takes each it is not given from the producer, else the option's default.
+GEOMETRY = {"layout": "layout", "page_bytes": "page_size", "working_set": "working_set"}
+
+
+def add_common(p: argparse.ArgumentParser, learned: bool = False) -> None:
+    """Flags shared by serve and drive (they must agree on the working set); ``learned`` (drive): the
+    geometry's flags default to what the producer publishes."""
+    _add(p, "discovery_addr", "directory", "protocol", "device_name", "devices", "ib_port", "gid_index")
+    for name in GEOMETRY:
+        o = FLAGS[name]
+        if learned:
+            o = dataclasses.replace(o, flag=dataclasses.replace(
+                o.flag, default=None, shown=f"the producer's, else {o.flag_default}"))
+        config.add_flag(p, o)
+    _add(p, "max_channels", "tcp_poll_us", "quiet", "integrity", "auth_key_file", "metrics_addr")
+
+
+def geometry_given(args) -> dict:
+    """drive's geometry flags as given: attribute -> value, None where not given."""
+    return {attr: getattr(args, attr, None) for attr in GEOMETRY.values()}
+
+
+def geometry_defaults() -> dict:
+    """The geometry of a producer that publishes none: each flag's default (attribute -> value)."""
+    return {attr: FLAGS[name].flag_default for name, attr in GEOMETRY.items()}
+
+
+def geometry_flags() -> dict:
+    """attribute -> the flag that sets it ('page_size' -> '--page-size')."""
+    return {attr: FLAGS[name].flag.name for name, attr in GEOMETRY.items()}
 
 
 def add_directory(p: argparse.ArgumentParser) -> None:
@@ -287,7 +314,7 @@ def serve_parser(p: argparse.ArgumentParser) -> None:
 
 def drive_parser(p: argparse.ArgumentParser) -> None:
     """Flags of ``drive``."""
-    add_common(p)
+    add_common(p, learned=True)
     _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
          "recv_buffer", "access", "zipf_s", "seed", "ready_timeout", "start_at", "start_file", "time_scale", "gpu",
          "gpu_device", "metrics_scrapes", "timeline_ms", "faults_expected")
@@ -336,14 +363,23 @@ def node_config(args) -> NodeConfig:
     return NodeConfig.from_args(args, devices=tuple(devices(args)))
 
 
-def validate(args, mode: str) -> None:
-    """Refuse impossible combinations and out-of-range values before anything starts (ConfigError names
-    the flag)."""
+def check_flags(args) -> None:
+    """Each flag by its declaration, and --directory (ConfigError names the flag); a geometry flag drive
+    was not given is not checked (it is the producer's)."""
     check_directory(args)
     node_config(args)
     config.checked(config.options(BenchOptions), args)
     if args.device_name and args.devices:
         raise ConfigError("give either --device-name or --devices, not both")
+
+
+def validate(args, mode: str) -> None:
+    """Refuse impossible combinations and out-of-range values before anything starts (ConfigError names
+    the flag). drive's geometry flags not given, nor learned from the producer, get their defaults."""
+    check_flags(args)
+    for attr, value in geometry_defaults().items():
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, value)
     objs = objects_per_page(args.layout)
     if mode == "serve":
         check_join(args)
@@ -482,6 +518,12 @@ def page_keys(n: int, layout: str, prefixes: str | Sequence[str] = "") -> list[b
     heads = [prefixes] if isinstance(prefixes, str) else list(prefixes) or [""]
     return [(f"pc/{p}/{i}{sfx}" if p else f"pc/{i}{sfx}").encode()
             for p in heads for i in range(n) for sfx in LAYOUTS[layout]]
+
+
+def key_scheme(layout: str, prefix: str = "") -> str:
+    """How :func:`page_keys` names page i: 'pc/<i>', 'pc/<i>/k|v' (mha), 'pc/P/<i>' (prefix P)."""
+    sfx = "|".join(s.lstrip("/") for s in LAYOUTS[layout] if s)
+    return f"pc/{prefix + '/' if prefix else ''}<i>" + (f"/{sfx}" if sfx else "")
 
 
 def slot_bytes(page_size: int) -> int:

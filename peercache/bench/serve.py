@@ -1,5 +1,8 @@
 """``peercache-bench serve``: host discovery, publish the working set, wait for readers.
 
+serve registers its geometry (page size, layout, working set, key scheme: :mod:`peercache.node.geometry`)
+with its node, so drive and the library read it from the directory instead of being told.
+
 With ``--directory redis://...`` serve hosts no discovery: it registers and
 publishes in Redis, and drivers' ``reader_done`` reaches it through Redis.
 
@@ -19,7 +22,7 @@ import time
 
 from .. import fdlimit, metrics, tags
 from ..address import split
-from ..node import Node
+from ..node import Geometry, Node
 from ..transport.tcp import fds_needed
 from . import meta, options
 from .document import ServeDocument, ServeMeta
@@ -77,7 +80,10 @@ def run(args) -> int:
     # the node of the flags, hosting discovery (unless it joins another's), with a pool of one slot per object
     cfg = dataclasses.replace(options.node_config(args), bind=bind, host_discovery=not joined,
                               pool_bytes=len(keys) * options.slot_bytes(args.page_size))
-    node = Node(**cfg.node_kwargs(name="serve"))
+    # what it serves, registered with it: drive and the library read it instead of being told (node.geometry)
+    geometry = Geometry(args.page_size, args.layout, args.working_set, options.key_scheme(args.layout, prefix),
+                        prefix or None)
+    node = Node(**cfg.node_kwargs(name="serve"), geometry=geometry)
     endpoint = None
     try:
         if cfg.metrics_addr:

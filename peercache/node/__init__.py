@@ -42,6 +42,7 @@ from ..timeouts import Timeouts
 from ..transport import make_transport
 from ..transport.base import native_module
 from .deadline import Deadline
+from .geometry import INFO_KEY as GEOMETRY_KEY, Geometry
 from .lookup_replies import LookupReplies
 from .membership import Membership
 from .peers import WILDCARDS, PeerInfos
@@ -51,7 +52,7 @@ from .resolver import Resolver
 from .result import BatchResult, Get
 from .table_reader import TableReader
 
-__all__ = ["BatchResult", "Get", "Node", "POOL_REGION", "WILDCARDS"]
+__all__ = ["BatchResult", "Geometry", "Get", "Node", "POOL_REGION", "WILDCARDS"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class Node:
     """One process's membership in a PeerCache cluster."""
 
     def __init__(self, config: NodeConfig | str | None = None, *, name: str | None = None,
-                 pool_slots: int | None = None, transport_options: dict | None = None, **options: Any):
+                 pool_slots: int | None = None, transport_options: dict | None = None,
+                 geometry: Geometry | None = None, **options: Any):
         """A node with the options of ``config`` (a :class:`~peercache.config.NodeConfig`), or of the
         keywords ``options`` over its defaults: ``Node("127.0.0.1:31998", protocol="tcp", ...)``. The
         keywords are NodeConfig's fields, three of them also spelled as Node always took them
@@ -97,7 +99,8 @@ class Node:
 
         ``name``: the node's (default: host:pid); ``pool_slots``: slots of the pool (default: as many
         as ``pool_bytes`` holds of ``page_bytes``); ``transport_options``: added to the config's own
-        (:meth:`~peercache.config.NodeConfig.transport_options`; a bench's bounds).
+        (:meth:`~peercache.config.NodeConfig.transport_options`; a bench's bounds); ``geometry``: what this
+        producer serves (:class:`~.geometry.Geometry`), registered with it so consumers read it (serve's).
 
         ``directory``: where the directory lives: None or HOST:PORT for the embedded one (hosted by
         the node at ``discovery_addr``, this one with ``host_discovery``), or a redis:// / rediss:// URL
@@ -172,6 +175,8 @@ class Node:
             self.directory = connect_directory(self.directory_addr, timeout=rpc_timeout, auth=self.auth,
                                                heartbeat_timeout=heartbeat_timeout)
             table = self._serve_data(pool_slots, slot_capacity, bind_host)
+            if geometry is not None:
+                self.info[GEOMETRY_KEY] = geometry.to_info()
             self.peer_infos = PeerInfos(self.directory, self.directory.host)
             self.membership = Membership(self.directory, self.info, heartbeat_interval,
                                          on_registered=self._registered, timeouts=timeouts)

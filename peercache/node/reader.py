@@ -136,6 +136,9 @@ class Reader:
             error = error or err2
             if len(other):
                 redirected, reason = stale[other], self._redirected(skeys, again, other)
+        # keys whose object is larger than its room: ERROR, with the object's size in lengths (never bytes)
+        too_big = np.flatnonzero((status == Get.ERROR) & (lengths > caps)) \
+            if error is not None and caps is not None else NO_INDICES
         timed_out = NO_INDICES
         if late:
             timed_out = np.unique(np.concatenate(late))
@@ -149,7 +152,7 @@ class Reader:
             recorder.record(perf_counter() - started, status, lengths)
         return BatchResult(status, lengths, gens, error, invalid,
                            np.flatnonzero(content) if checks & CHECK_PATTERN else None, redirected, reason,
-                           timed_out)
+                           timed_out, too_big)
 
     def _read_in_time(self, read, deadline: Deadline, late: list, keys, want, locs, dest, offsets, caps,
                       status, lengths, gens, content, checks: int):
@@ -238,6 +241,11 @@ class Reader:
                 # A dead handle (an rdma channel failed) is dropped: the next batch
                 # connects again, which resets the channels on both sides.
                 self._forget_node(node_id)
+        if errors and caps is not None:
+            big = np.flatnonzero(codes == mod.TOO_BIG)
+            if len(big):
+                lengths[big] = locs["length"][big]     # the object's size: see BatchResult.too_big
+                error = error or self._too_big_text(keys, lengths, caps, big)
         if c_bad:
             content |= codes == mod.CONTENT_MISMATCH
         self.integrity_failures += k_bad
@@ -246,6 +254,15 @@ class Reader:
             return error, NO_INDICES, NO_INDICES
         return (error, np.flatnonzero((codes == mod.TAG_MISMATCH) | (codes == mod.KEY_MISMATCH)),
                 np.flatnonzero(codes == mod.KEY_MISMATCH) if other else NO_INDICES)
+
+    @staticmethod
+    def _too_big_text(keys, lengths, caps, big) -> str | None:
+        """The first of ``big``: a key whose object is larger than the room the read gave it."""
+        if not len(big):
+            return None
+        i = int(big[0])
+        return (f"{keys[i]!r} is a {int(lengths[i])}-byte object, larger than the {int(caps[i])} bytes of room "
+                f"the read gave it" + (f" ({len(big)} such keys in the batch)" if len(big) > 1 else ""))
 
     def _handle_alive(self, idx: int) -> bool:
         with self._handles_lock:
@@ -296,10 +313,11 @@ class Reader:
             if loc is None:
                 continue
             if capacities is not None and loc.length > int(capacities[i]):
-                status[i] = Get.ERROR
+                status[i], lengths[i] = Get.ERROR, loc.length     # the object's size: see BatchResult.too_big
                 continue
             by_node.setdefault(loc.node_id, []).append(i)
-        error = None
+        error = self._too_big_text(keys, lengths, capacities, np.flatnonzero(lengths > 0)) \
+            if capacities is not None and (status == Get.ERROR).any() else None
         for node_id, idxs in by_node.items():
             info = self.peers.data_endpoint(node_id)
             if info is None:

@@ -23,12 +23,13 @@ class BatchResult:
     """Per-key outcome of a batch read plus the first error's reason."""
 
     __slots__ = ("status", "lengths", "generations", "error", "invalid", "content_mismatch", "redirected",
-                 "miss_reason", "timed_out")
+                 "miss_reason", "timed_out", "too_big")
 
     def __init__(self, status: np.ndarray, lengths: np.ndarray, generations: np.ndarray,
                  error: str | None, invalid: frozenset = frozenset(),
                  content_mismatch: np.ndarray | None = None, redirected: np.ndarray | None = None,
-                 miss_reason: str | None = None, timed_out: np.ndarray | None = None):
+                 miss_reason: str | None = None, timed_out: np.ndarray | None = None,
+                 too_big: np.ndarray | None = None):
         self.status, self.lengths, self.generations, self.error = status, lengths, generations, error
         #: indices whose directory entry was invalid (status ERROR; see :func:`~peercache.directory.validate.read_location`)
         self.invalid = invalid
@@ -43,6 +44,9 @@ class BatchResult:
         #: indices of keys the call ran out of time on (status ERROR, never a miss): not located or
         #: not read within the node's timeout; :attr:`error` then names the step that used the time
         self.timed_out = NO_INDICES if timed_out is None else timed_out
+        #: indices of keys whose object is larger than the room (capacity) the read gave it (status ERROR):
+        #: their :attr:`lengths` hold the object's size, so a caller can say which size it needs
+        self.too_big = NO_INDICES if too_big is None else too_big
 
     @property
     def hits(self) -> int:

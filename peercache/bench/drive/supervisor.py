@@ -15,7 +15,7 @@ from ...directory.client import connect_directory, is_redis
 from ...errors import PeerCacheError
 from ...node import Node
 from ...transport.tcp import batch_wire
-from .. import meta, options
+from .. import meta, options, producer
 from ..document import DRIVE_READY_WORDS, DriveDocument, DriveMeta
 from ..processes import end_all, exit_text, recv
 from .aggregate import aggregate
@@ -33,6 +33,9 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
     ``worker`` (a subclass of :class:`.worker.Worker`) is what each driver
     process runs instead of drive's own reader (hicache_drive's HiCacheWorker).
     """
+    say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    options.check_flags(args)
+    producer.learn(args, say)       # the geometry flags not given: the producer's (ConfigError if one differs)
     options.validate(args, "drive")
     check_prerequisites(args)
     if getattr(args, "metrics_addr", None):
@@ -68,7 +71,6 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
         timeline_ms=cfg.timeline_ms or None, faults_expected=cfg.faults_expected or None))
     ctx = mp.get_context("spawn")
     procs, conns, lives = [], [], []
-    say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
         for i in range(args.processes):
             parent, child = ctx.Pipe()

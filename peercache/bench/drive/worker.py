@@ -17,7 +17,7 @@ import numpy as np
 from ... import tags
 from ...errors import ConfigError, PeerCacheError
 from ...node import Get, Node
-from .. import options
+from .. import options, producer
 from ..processes import die_with_parent
 from ..serve import METRICS_TEXT_OP
 from .access import ZipfPages
@@ -271,6 +271,7 @@ class Worker:
         obj_off = np.arange(objs)
         block, bi = None, 0
         pending, next_flush = 0, 0.0
+        checked_size = None      # the page size the first hits were found to have (objects of --page-size)
         while time.time() < t0 and not stop.is_set():
             time.sleep(min(0.01, max(0.0, t0 - time.time())))
         while not stop.is_set():
@@ -322,6 +323,15 @@ class Worker:
                 tl.completed(done)
             hits = status == Get.HIT
             n_hit = int(np.count_nonzero(hits))
+            if get and r is not None and (len(r.too_big) or (checked_size is None and n_hit)):
+                # --page-size against the objects' size (a producer that published none): a mistake, said once
+                wrong = r.too_big if len(r.too_big) else np.flatnonzero(hits & (r.lengths != page))
+                if len(wrong):
+                    i = int(wrong[0])
+                    abort.append(producer.page_size_mismatch(page, int(r.lengths[i]), keys[i]))
+                    stop.set()
+                    return
+                checked_size = page
             n_err = 0 if n_hit == len(keys) else int(np.count_nonzero(status == Get.ERROR))
             vfail = 0
             if get and self.fused_verify and r is not None:

@@ -1,0 +1,114 @@
+"""What drive learns of the producer it reads: serve's geometry (page size, layout, working set, key
+scheme), from the directory where serve registered it (:mod:`peercache.node.geometry`).
+
+drive's --page-size, --layout and --working-set default to the producer's; one given that differs is
+one ConfigError naming both values (:func:`peercache.node.geometry.settle`). A producer that publishes
+no geometry (an older serve) leaves drive with its flags and their defaults, as before.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Optional
+
+from ..auth import curve_keys
+from ..directory.client import connect_directory
+from ..directory.redis.url import is_redis, parse_url
+from ..errors import ConfigError, PeerCacheError
+from ..node.geometry import Geometry, Surface, mismatch, producer_text, published, settle
+from ..timeouts import DEFAULT as TIMEOUTS
+from . import options
+
+#: How drive names the geometry's settings in its messages: its flags.
+SURFACE = Surface("drive", options.geometry_flags(), " ", "drop {}")
+#: Seconds between two reads of the members while drive waits for a producer to register.
+POLL_S = 0.2
+
+
+def choose(nodes: Mapping, prefixes: tuple) -> tuple[Optional[Geometry], str]:
+    """The geometry drive reads by, and 'the producer at ...' for messages: that of the producers of its
+    --key-prefix's (none given: of the producer without a prefix); (None, '') when none publishes one.
+    ConfigError when those producers serve different geometries (drive reads one)."""
+    want = set(prefixes) or {None}
+    mine = {n: g for n, g in published(nodes).items() if g.key_prefix in want}
+    if not mine:
+        return None, ""
+    first, g0 = next(iter(mine.items()))
+    for n, g in mine.items():
+        if (g.page_size, g.layout, g.working_set) != (g0.page_size, g0.layout, g0.working_set):
+            raise ConfigError(f"the producers drive reads serve different geometries: {producer_text(nodes[first])} "
+                              f"serves {g0.describe()}, {producer_text(nodes[n])} {g.describe()}; drive reads one "
+                              "page size, layout and working set: start every serve with the same ones")
+    return g0, producer_text(nodes[first])
+
+
+def older_producer(nodes: Mapping) -> bool:
+    """Whether a member publishes pages (registered regions) but no geometry: an older serve."""
+    served = published(nodes)
+    return any(isinstance(info, Mapping) and info.get("regions") and n not in served for n, info in nodes.items())
+
+
+def apply(args, nodes: Mapping) -> Optional[Geometry]:
+    """Set drive's geometry flags (``args``, in place) from the producer's among ``nodes`` (a ``members``
+    reply): each not given takes the producer's, else its default; one given that differs is a ConfigError
+    naming both values. Returns the producer's geometry (None: none published)."""
+    served, who = choose(nodes, options.key_prefixes(args))
+    for attr, value in settle(options.geometry_given(args), served, SURFACE, who, options.geometry_defaults()).items():
+        setattr(args, attr, value)
+    return served
+
+
+def learn(args, say: Callable[[str], None]) -> Optional[Geometry]:
+    """Read the producer's geometry from drive's directory and :func:`apply` it. While a flag is left to
+    the producer and no producer has registered, wait for one (every POLL_S, up to --ready-timeout);
+    with every flag given, one read, and a directory that does not answer leaves the flags as they are."""
+    need = any(v is None for v in options.geometry_given(args).values())
+    spec = options.directory(args)
+    where = parse_url(spec).safe if is_redis(spec) else spec
+    deadline = time.monotonic() + args.ready_timeout
+    directory, nodes, failed = None, None, None
+    try:
+        while True:
+            try:
+                if directory is None:
+                    directory = connect_directory(spec, timeout=TIMEOUTS.directory_s,
+                                                  auth=curve_keys(options.auth_secret(args)))
+                nodes, failed = directory.members().nodes or {}, None
+            except ConfigError:
+                raise
+            except PeerCacheError as e:     # not up yet (serve hosts it), or gone: the next read may answer
+                nodes, failed = None, e
+            if nodes is not None and (not need or choose(nodes, options.key_prefixes(args))[0] is not None
+                                      or older_producer(nodes)):
+                break
+            if (nodes is None and not need) or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+    finally:
+        if directory is not None:
+            directory.close()
+    if nodes is None and not need:
+        return None            # the flags as given; the driver processes report the directory themselves
+    if nodes is None:
+        raise PeerCacheError(f"drive reads its --page-size/--layout/--working-set from the producer, but the "
+                             f"directory at {where} did not answer within {args.ready_timeout:.0f} s ({failed}); "
+                             "start `peercache-bench serve` there, or check --discovery-addr/--directory")
+    if need and choose(nodes, options.key_prefixes(args))[0] is None and not older_producer(nodes):
+        prefixes = options.key_prefixes(args)
+        raise PeerCacheError(f"no producer{' of --key-prefix ' + ','.join(prefixes) if prefixes else ''} "
+                             f"registered at {where} within {args.ready_timeout:.0f} s, so drive has no "
+                             f"--page-size/--layout/--working-set to read; start `peercache-bench serve` there "
+                             f"(with the same --key-prefix), or give all three flags")
+    given = options.geometry_given(args)
+    served = apply(args, nodes)
+    if served is not None and any(v is None for v in given.values()):
+        say(f"drive: {choose(nodes, options.key_prefixes(args))[1]} serves {served.describe()}; "
+            f"reading with --layout {args.layout} --page-size {args.page_size} --working-set {args.working_set}")
+    elif served is None and need:
+        say(f"drive: the producer at {where} publishes no geometry (an older serve); reading with "
+            f"--layout {args.layout} --page-size {args.page_size} --working-set {args.working_set}")
+    return served
+
+
+def page_size_mismatch(page_size: int, size: int, key: bytes) -> str:
+    """drive's --page-size against the size of an object it read (a producer that published no geometry)."""
+    return mismatch(SURFACE, "page_size", page_size, Geometry(size), f"the producer of {key!r}")
