@@ -34,7 +34,11 @@ EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "raw_retransmit
             "raw_GBps_per_core", "raw_cores", "per_core_vs_raw", "line_fraction", "line_rate_gbps", "consumer_busiest_thread",
             "producer_busiest_thread", "consumer_cores", "producer_cores", "cpu_fraction", "host_cores",
             "numa_remote", "memory_node", "nic_node", "summed_windows", "pcie_fraction", "pcie_GBps",
-            "pcie_gen", "pcie_width", "rails", "rail_low", "rail_low_share", "rail_fair_share", "rail_low_vs_fair")
+            "pcie_gen", "pcie_width", "rails", "rail_low", "rail_low_share", "rail_fair_share", "rail_low_vs_fair",
+            "consumer_runnable", "consumer_runnable_wait", "consumer_runnable_cpu", "producer_runnable",
+            "producer_runnable_wait", "producer_runnable_cpu", "machine_cpus", "machine_busy_cores", "machine_busy",
+            "softirq_cores", "ksoftirqd_cores", "steal_cores", "procs_cores", "peer_busy_cores", "peer_cpus",
+            "peer_machine_busy")
 #: The rows attribution judges: every bandwidth figure, and the HiCache suite's pages/s (its headline: every
 #: op has one, exists moves no bytes; its CPU evidence is of that point's own window).
 ATTRIBUTED = (*BW_METRICS, SUITE_PRIMARY)
@@ -128,6 +132,11 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
     if ex.get("aggregate") == "sum_of_windows":
         ev["summed_windows"] = True
     cpu = ex.get("cpu") or {}
+    machines = {side: (cpu.get(side) or {}).get("machine") or {} for side in ("consumer", "producer")}
+    # one machine under both sides: the testbed says so, or both samplers read one kernel's boot id
+    # (network namespaces)
+    shared_host = shared_host or bool(machines["consumer"].get("boot")
+                                      and machines["consumer"].get("boot") == machines["producer"].get("boot"))
     used = 0.0
     for side in ("consumer", "producer"):
         u = cpu.get(side) or {}
@@ -136,8 +145,18 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
             ev[f"{side}_busiest_thread"] = float(u.get("busiest_thread") or 0.0)
             if side == "consumer" or shared_host:
                 used += float(u["cores"])
+        if _num(u.get("runnable")) is not None:
+            wait = float(u.get("runnable_wait") or 0.0)
+            ev.update({f"{side}_runnable": float(u["runnable"]), f"{side}_runnable_wait": wait,
+                       f"{side}_runnable_cpu": max(0.0, float(u["runnable"]) - wait)})
     if host_cores and ("consumer_cores" in ev or "producer_cores" in ev):
         ev["host_cores"], ev["cpu_fraction"] = int(host_cores), used / host_cores
+    ev.update(_machine_evidence(machines["consumer"], used))
+    # the producer's machine: its own reading, or the consumer's where they are one machine
+    peer = machines["consumer"] if shared_host else machines["producer"]
+    if peer.get("cpus") and _num(peer.get("busy_cores")) is not None:
+        ev.update(peer_busy_cores=float(peer["busy_cores"]), peer_cpus=int(peer["cpus"]),
+                  peer_machine_busy=float(peer["busy_cores"]) / int(peer["cpus"]))
     # Bytes per busy core of the figure and of its raw run, counted alike (the consumer; both sides on one machine)
     raw_used = sum(c for s, c in (raw_cpu or {}).items() if s == "consumer" or shared_host)
     if bps and raw_Bps and used > 0 and raw_used > 0 and "consumer_cores" in ev and "consumer" in (raw_cpu or {}):
@@ -153,6 +172,17 @@ def evidence(row: pd.Series | dict, *, raw_Bps: float | None = None, raw_tool: s
         ev.update(memory_node=numa["memory_node"], nic_node=numa["nic_node"],
                   numa_remote=numa["memory_node"] != numa["nic_node"])
     return ev
+
+
+def _machine_evidence(m: dict, procs_cores: float) -> dict[str, Any]:
+    """The consumer machine's CPUs over the window (cpusample's ``machine`` reading): busy, and how much of
+    it was interrupts and softirqs, ksoftirqd, a hypervisor's steal and the measured processes."""
+    if not m.get("cpus") or _num(m.get("busy_cores")) is None:
+        return {}
+    return {"machine_cpus": int(m["cpus"]), "machine_busy_cores": float(m["busy_cores"]),
+            "machine_busy": float(m["busy_cores"]) / int(m["cpus"]),
+            "softirq_cores": float(m.get("softirq_cores") or 0.0), "ksoftirqd_cores": float(m.get("ksoftirqd_cores") or 0.0),
+            "steal_cores": float(m.get("steal_cores") or 0.0), "procs_cores": procs_cores}
 
 
 #: How a rule's threshold reads in a "ruled out" list.

@@ -3,8 +3,11 @@
 ``python -m peercache.lab.system.cpusample --out FILE [--interval S] -- COMMAND...``
 runs COMMAND (stdin, stdout and stderr are its own), and every ``interval``
 seconds appends one JSON line to FILE: the time, the summed user+system CPU
-seconds of every live process of the tree, and the CPU seconds of each
-thread. It exits with the command's status; SIGTERM/SIGINT are passed on.
+seconds of every live process of the tree, the CPU seconds of each thread
+and the seconds each thread waited in a run queue for a CPU
+(``/proc/<pid>/task/<tid>/schedstat``), and the whole machine's CPU time
+(``/proc/stat``: busy, interrupts and softirq, stolen by a hypervisor) with
+the CPU seconds of its ``ksoftirqd`` threads. It exits with the command's status; SIGTERM/SIGINT are passed on.
 It runs on the host of the side it measures, so local, network-namespace and
 SSH hosts are all sampled the same way; the runner fetches the file.
 
@@ -18,7 +21,9 @@ and its memory per node, policy and largest mappings (``numa_maps``). A
 sample line has ``threads``; the others do not.
 
 :func:`window_usage` (pure) turns the samples into what the window used:
-cores (CPU seconds per second) and the busiest thread's share of one core.
+cores (CPU seconds per second), the busiest thread's share of one core, the
+thread that was runnable longest (on a CPU or waiting for one), and the
+machine's busy CPUs with their softirq, ksoftirqd and stolen parts.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from peercache.sysfs import proc_path, read_attr, sysfs_path
 
@@ -216,10 +222,88 @@ class _Bindings:
                 if not (r["binding"]["pid"] in self.settled and r.get("written"))]
 
 
-def sample(pid: int, with_numa: bool = False) -> dict:
-    """One sample of the tree under ``pid``: time, processes, CPU seconds in all and per thread
-    (and, when asked, resident pages per NUMA node)."""
+#: The fields of /proc/stat's ``cpu`` line, in order (USER_HZ ticks summed over every CPU).
+PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
+
+
+def parse_proc_stat(text: str) -> dict:
+    """The machine's CPU seconds from a /proc/stat text (pure): ``busy`` (everything but idle, iowait and
+    steal; ``guest`` time is inside ``user`` already), ``softirq`` (interrupts and softirqs), ``steal``
+    (time a hypervisor ran something else), ``total`` and ``cpus`` (its ``cpuN`` lines)."""
+    ticks: dict[str, int] = {}
+    cpus = 0
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name == "cpu":
+            ticks = dict(zip(PROC_STAT_FIELDS, (int(v) for v in rest.split())))
+        elif name.startswith("cpu") and name[3:].isdigit():
+            cpus += 1
+    if not ticks:
+        raise ValueError("no 'cpu' line in /proc/stat")
+    total = sum(ticks.get(k, 0) for k in PROC_STAT_FIELDS[:8])
+    idle = ticks.get("idle", 0) + ticks.get("iowait", 0) + ticks.get("steal", 0)
+    return {"busy": round((total - idle) / CLK_TCK, 2),
+            "softirq": round((ticks.get("irq", 0) + ticks.get("softirq", 0)) / CLK_TCK, 2),
+            "steal": round(ticks.get("steal", 0) / CLK_TCK, 2), "total": round(total / CLK_TCK, 2), "cpus": cpus}
+
+
+def ksoftirqd_threads() -> list[int]:
+    """The pids of this machine's ``ksoftirqd/N`` threads (the softirq work the interrupted tasks left over)."""
+    out = []
+    for d in proc_path().glob("[0-9]*"):
+        try:
+            if (d / "comm").read_text().startswith("ksoftirqd/"):
+                out.append(int(d.name))
+        except (OSError, ValueError):
+            continue
+    return sorted(out)
+
+
+def _cpu_seconds(stat: Path) -> float:
+    f = _stat_fields(stat.read_text())
+    # fields after comm: state(0) ppid ... utime(11) stime(12)
+    return (int(f[11]) + int(f[12])) / CLK_TCK
+
+
+def _run_delay(task: Path) -> float | None:
+    """Seconds the thread has waited in a run queue for a CPU (schedstat's second field, ns), or None."""
+    try:
+        return int((task / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def boot_id() -> str | None:
+    """This kernel's boot id: two samplers that read the same one ran on one machine (network namespaces)."""
+    text, _ = read_attr(proc_path("sys", "kernel", "random", "boot_id"))
+    return text
+
+
+def machine_sample(ksoftirqd: list[int], boot: str | None = None) -> dict | None:
+    """This machine's CPU seconds (:func:`parse_proc_stat`), its ``ksoftirqd`` threads' and its ``boot`` id
+    (None: unreadable)."""
+    try:
+        out = parse_proc_stat(proc_path("stat").read_text())
+    except (OSError, ValueError):
+        return None
+    if boot:
+        out["boot"] = boot
+    ksoft = 0.0
+    for pid in ksoftirqd:
+        try:
+            ksoft += _cpu_seconds(proc_path(pid, "stat"))
+        except (OSError, ValueError, IndexError):
+            continue
+    out["ksoftirqd"] = round(ksoft, 3)
+    return out
+
+
+def sample(pid: int, with_numa: bool = False, ksoftirqd: list[int] | None = None, boot: str | None = None) -> dict:
+    """One sample of the tree under ``pid``: time, processes, CPU seconds in all and per thread, each thread's
+    run-queue wait, the machine's CPU time (with its ``ksoftirqd`` threads', where given) and, when asked,
+    resident pages per NUMA node."""
     threads: dict[str, float] = {}
+    waits: dict[str, float] = {}
     procs = 0
     pids = tree(pid)
     for p in pids:
@@ -228,13 +312,18 @@ def sample(pid: int, with_numa: bool = False) -> dict:
             procs += 1
         for task in tasks:
             try:
-                f = _stat_fields((task / "stat").read_text())
-            except (OSError, ValueError):
+                threads[f"{p}/{task.name}"] = _cpu_seconds(task / "stat")
+            except (OSError, ValueError, IndexError):
                 continue
-            # fields after comm: state(0) ppid ... utime(11) stime(12)
-            threads[f"{p}/{task.name}"] = (int(f[11]) + int(f[12])) / CLK_TCK
+            wait = _run_delay(task)
+            if wait is not None:
+                waits[f"{p}/{task.name}"] = wait
     out = {"t": time.time(), "procs": procs, "cpu_s": round(sum(threads.values()), 3),
-           "threads": {k: round(v, 3) for k, v in threads.items()}}
+           "threads": {k: round(v, 3) for k, v in threads.items()},
+           "waits": {k: round(v, 4) for k, v in waits.items()}}
+    machine = machine_sample(ksoftirqd or [], boot)
+    if machine:
+        out["machine"] = machine
     if with_numa:
         out["numa_pages"] = numa_pages(pids)
     return out
@@ -250,6 +339,12 @@ class Usage:
     seconds: float               #: the window actually covered by samples
     samples: int
     numa_pages: dict[str, int] | None = None   #: own memory per NUMA node (4 KiB pages), last sample in the window
+    #: the thread that was runnable longest: (on a CPU + waiting for one) per second, 1.0 = the whole window
+    runnable: float | None = None
+    runnable_thread: str | None = None
+    runnable_wait: float | None = None           #: of that: seconds per second it waited in a run queue
+    wait_cores: float | None = None              #: every thread's run-queue wait, seconds per second
+    machine: dict | None = None                  #: the machine's busy CPUs and their parts (:func:`machine_usage`)
 
     @property
     def memory_node(self) -> int | None:
@@ -259,9 +354,27 @@ class Usage:
         return int(max(self.numa_pages, key=self.numa_pages.get))
 
     def as_dict(self) -> dict:
-        return {"cores": round(self.cores, 3), "busiest_thread": round(self.busiest_thread, 3),
-                "busiest": self.busiest, "seconds": round(self.seconds, 3), "samples": self.samples,
-                "numa_pages": self.numa_pages, "memory_node": self.memory_node}
+        out = {"cores": round(self.cores, 3), "busiest_thread": round(self.busiest_thread, 3),
+               "busiest": self.busiest, "seconds": round(self.seconds, 3), "samples": self.samples,
+               "numa_pages": self.numa_pages, "memory_node": self.memory_node}
+        if self.runnable is not None:
+            out.update(runnable=round(self.runnable, 3), runnable_thread=self.runnable_thread,
+                       runnable_wait=round(self.runnable_wait or 0.0, 3), wait_cores=round(self.wait_cores or 0.0, 3))
+        if self.machine:
+            out["machine"] = self.machine
+        return out
+
+
+def machine_usage(a: dict, b: dict, seconds: float) -> dict | None:
+    """The machine's CPUs between two ``machine`` readings ``seconds`` apart, in CPUs (CPU seconds per second):
+    ``busy_cores`` (interrupts, softirqs and ksoftirqd included), ``softirq_cores``, ``ksoftirqd_cores``,
+    ``steal_cores``, ``cpus`` and the kernel's ``boot`` id (pure; None without both readings)."""
+    if not a or not b or seconds <= 0 or not b.get("cpus"):
+        return None
+    per = {k: max(0.0, (b.get(k, 0.0) - a.get(k, 0.0)) / seconds) for k in ("busy", "softirq", "steal", "ksoftirqd")}
+    return {"cpus": int(b["cpus"]), "busy_cores": round(per["busy"], 3), "softirq_cores": round(per["softirq"], 3),
+            "ksoftirqd_cores": round(per["ksoftirqd"], 3), "steal_cores": round(per["steal"], 3),
+            "boot": b.get("boot")}
 
 
 def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
@@ -278,8 +391,17 @@ def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
     per = {k: v - a["threads"].get(k, 0.0) for k, v in b["threads"].items()}
     busiest = max(per, key=per.get) if per else None
     numa = [x["numa_pages"] for x in inside if x.get("numa_pages")]
-    return Usage(max(0.0, sum(per.values()) / dt), (per[busiest] / dt) if busiest else 0.0, busiest, dt,
-                 len(inside), numa[-1] if numa else None)
+    use = Usage(max(0.0, sum(per.values()) / dt), (per[busiest] / dt) if busiest else 0.0, busiest, dt,
+                len(inside), numa[-1] if numa else None)
+    if "waits" in b:   # samplers older than the run-queue reading have none
+        wait = {k: max(0.0, v - a.get("waits", {}).get(k, 0.0)) for k, v in b["waits"].items()}
+        live = {k: per.get(k, 0.0) + wait.get(k, 0.0) for k in set(per) | set(wait)}
+        if live:
+            top = max(sorted(live), key=live.get)
+            use.runnable, use.runnable_thread = live[top] / dt, top
+            use.runnable_wait, use.wait_cores = wait.get(top, 0.0) / dt, sum(wait.values()) / dt
+    use.machine = machine_usage(a.get("machine"), b.get("machine"), dt)
+    return use
 
 
 def combine(usages: dict[str, dict[str, dict]]) -> dict[str, dict]:
@@ -360,9 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(a.out, "a") as f:
         f.write(json.dumps({"t": time.time(), "host": {"nodes": host_nodes()}}) + "\n")
         n = 0
+        ksoftirqd, boot = ksoftirqd_threads(), boot_id()
         while child.poll() is None:
             # numa_maps is costly to read for a big process: every NUMA_EVERY-th sample only.
-            s = sample(child.pid, with_numa=False)
+            s = sample(child.pid, with_numa=False, ksoftirqd=ksoftirqd, boot=boot)
             if n % NUMA_EVERY == NUMA_EVERY - 1:
                 new = held.read(tree(child.pid), s["t"])
                 s["numa_pages"] = _summed({p: r["binding"] for p, r in held.latest.items()

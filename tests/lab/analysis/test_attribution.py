@@ -24,6 +24,12 @@ def cpu(consumer=None, producer=None):
     return out
 
 
+def machine(busy, softirq=0.0, ksoftirqd=0.0, steal=0.0, cpus=2, boot=None):
+    """A side's machine reading over a window, as cpusample.machine_usage gives it."""
+    return {"cpus": cpus, "busy_cores": busy, "softirq_cores": softirq, "ksoftirqd_cores": ksoftirqd,
+            "steal_cores": steal, "boot": boot}
+
+
 @pytest.mark.parametrize("ev_args, rule, text", [
     # 95 % of a 400 Gb/s port
     (dict(r=row(47.5), line_rate_Bps=50e9), "line_rate", "line rate (95% of 400 Gb/s)"),
@@ -62,7 +68,31 @@ def cpu(consumer=None, producer=None):
     (dict(r=row(1.0, cpu=cpu(consumer=(0.5, 0.5))), raw_Bps=4e9, raw_tool="iperf3", line_rate_Bps=50e9),
      "unknown", "unknown (nothing at its limit: line_fraction 0.02 (line_rate at ≥ 0.9); fraction_of_raw 0.25 "
                 "(raw_path at ≥ 0.8); consumer_busiest_thread 0.50 (consumer_core at ≥ 0.9); not measured: "
-                "pcie_fraction, producer_busiest_thread, cpu_fraction)"),
+                "pcie_fraction, producer_busiest_thread, consumer_runnable, producer_runnable, softirq_cores, "
+                "cpu_fraction, machine_busy, peer_machine_busy)"),
+    # a consumer thread on a CPU 0.62 of the window and waiting for one 0.33 of it: the CPUs were shared
+    (dict(r=row(2.0, cpu={"consumer": {"cores": 0.7, "busiest_thread": 0.62, "runnable": 0.95, "runnable_wait": 0.33}})),
+     "consumer_run_queue", "CPU contention (a consumer thread was runnable 95% of the window: 0.62 of a core on a "
+                           "CPU, 0.33 waiting in a run queue)"),
+    (dict(r=row(2.0, cpu={"producer": {"cores": 0.7, "busiest_thread": 0.5, "runnable": 0.91, "runnable_wait": 0.41}})),
+     "producer_run_queue", "CPU contention (a producer thread was runnable 91% of the window: 0.50 of a core"),
+    # a whole CPU in the kernel's interrupts and softirqs (veth and TCP/IP work between namespaces)
+    (dict(r=row(2.0, cpu={"consumer": {"cores": 0.4, "busiest_thread": 0.3, "runnable": 0.5,
+                                       "machine": machine(1.5, softirq=0.95, ksoftirqd=0.1)}})),
+     "softirq", "the kernel's packet work (0.95 CPUs in interrupts and softirqs, 0.10 in ksoftirqd threads)"),
+    # two namespaces on one 2-CPU machine (one boot id): both sides' processes and the kernel's work fill it
+    (dict(r=row(2.0, cpu={"consumer": {"cores": 0.5, "busiest_thread": 0.4, "runnable": 0.6,
+                                       "machine": machine(1.86, softirq=0.6, boot="b1")},
+                          "producer": {"cores": 0.6, "busiest_thread": 0.5, "runnable": 0.7,
+                                       "machine": machine(1.86, softirq=0.6, boot="b1")}}), host_cores=2),
+     "machine_busy", "CPU (1.86 of the machine's 2 CPUs busy: 1.10 in the measured processes, 0.60 in interrupts "
+                     "and softirqs, 0.00 in ksoftirqd; 0.00 stolen by the hypervisor)"),
+    # the producer on a machine of its own (another boot id), all its CPUs busy
+    (dict(r=row(2.0, cpu={"consumer": {"cores": 0.5, "busiest_thread": 0.4, "runnable": 0.6,
+                                       "machine": machine(0.6, boot="b1")},
+                          "producer": {"cores": 1.9, "busiest_thread": 0.5, "runnable": 0.7,
+                                       "machine": machine(1.96, boot="b2")}}), host_cores=2),
+     "peer_cpu", "the producer's CPU (1.96 of its 2 CPUs busy)"),
 ])
 def test_each_rule_fires_on_its_evidence(ev_args, rule, text):
     r = ev_args.pop("r")
