@@ -19,9 +19,22 @@ APT_PKGS := build-essential python3-dev python3-venv numactl iperf3 perftest soc
 
 NATIVE_SRC := $(wildcard native/*.c native/*.h)
 
-.PHONY: run test test-rdma test-2host test-hicache bench lab setup apt clean engines
+.PHONY: run test test-rdma test-2host test-hicache bench lab setup shell apt clean engines
 
-setup: $(VENV)/.installed
+# Everything goes into $(VENV) (no system site-packages): use it with `. $(VENV)/bin/activate`, or
+# `make shell`. setup also registers the notebooks' Jupyter kernel ("PeerCache Lab", peercache-lab) in
+# the venv, so `papermill notebooks/explore.ipynb out.ipynb` finds it.
+setup: $(VENV)/.installed $(VENV)/.kernel
+
+$(VENV)/.kernel: $(VENV)/.installed
+	$(PY) -m peercache.lab.jupyter --register-kernel
+	@touch $@
+
+# A shell with the venv active (its python, snakemake, papermill, peercache-bench first on PATH);
+# `exit` leaves it.
+shell: setup
+	@echo "a shell with $(abspath $(VENV)) active (python, snakemake, papermill, peercache-bench); exit to leave"
+	@VIRTUAL_ENV="$(abspath $(VENV))" PATH="$(abspath $(VENV))/bin:$$PATH" exec "$${SHELL:-/bin/bash}" -i
 
 apt: $(VENV)/.apt
 $(VENV)/.apt: Makefile

@@ -1,6 +1,7 @@
 """``make lab``: JupyterLab on ``notebooks/`` with the project's kernel, on loopback with a token.
 
     python -m peercache.lab.jupyter [--port 8888] [--ip 127.0.0.1] [--token T]
+    python -m peercache.lab.jupyter --register-kernel   (only the kernel: what ``make setup`` runs)
     peercache-lab jupyter ...                     (the same command)
 
 The kernel "PeerCache Lab" (``peercache-lab``) is this interpreter, registered
@@ -133,10 +134,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-prefix", default=sys.prefix,
                    help="environment prefix the kernel spec is written under [this venv: %(default)s]")
     p.add_argument("--dry-run", action="store_true", help="register the kernel, print the command, start nothing")
+    p.add_argument("--register-kernel", action="store_true",
+                   help="register the kernel and exit (what `make setup` runs, so papermill finds it)")
+
+
+def register(prefix: str | Path) -> int:
+    """Register the kernel under ``prefix`` and say where (``--register-kernel``, run by ``make setup``)."""
+    try:
+        kdir = ensure_kernel(prefix)
+    except (RuntimeError, OSError) as e:
+        print(f"peercache-lab jupyter: cannot register the \"{KERNEL_DISPLAY_NAME}\" kernel under {prefix}: {e}; "
+              "pass a writable --kernel-prefix or fix the environment", file=sys.stderr)
+        return 2
+    print(f"Jupyter kernel \"{KERNEL_DISPLAY_NAME}\" ({KERNEL_NAME}, {sys.executable}): {kdir}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Register the kernel, say where the server is and who can reach it, then become the server."""
+    if args.register_kernel:
+        return register(args.kernel_prefix)
     nb_dir = Path(args.notebook_dir) if args.notebook_dir else repo_root() / "notebooks"
     if not nb_dir.is_dir():
         print(f"peercache-lab jupyter: notebook folder {nb_dir} does not exist; pass --notebook-dir",

@@ -55,6 +55,18 @@ def test_kernel_spec_is_this_interpreter_named_peercache_lab(tmp_path):
     assert (d / "kernel.json").stat().st_mtime_ns == before
 
 
+def test_make_setup_registers_the_kernel_where_papermill_finds_it(tmp_path, capsys):
+    # what `make setup` runs (Makefile: $(VENV)/.kernel), into a prefix of its own here
+    assert "$(PY) -m peercache.lab.jupyter --register-kernel" in (ROOT / "Makefile").read_text()
+    assert jupyter.main(["--register-kernel", "--kernel-prefix", str(tmp_path)]) == 0
+    assert f"kernel \"PeerCache Lab\" (peercache-lab, {sys.executable})" in capsys.readouterr().out
+    from jupyter_client.kernelspec import KernelSpecManager   # how papermill looks a kernel up
+    ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "share" / "jupyter" / "kernels")])
+    assert ksm.get_kernel_spec("peercache-lab").argv[0] == sys.executable
+    assert jupyter.main(["--register-kernel", "--kernel-prefix", "/proc/no-such-prefix"]) == 2
+    assert "pass a writable --kernel-prefix" in capsys.readouterr().err
+
+
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:

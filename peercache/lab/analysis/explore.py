@@ -27,18 +27,22 @@ matplotlib.use("Agg")  # the notebook shows figures inline; files never need a d
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
 
 from peercache.lab.analysis import charts, collect, report  # noqa: E402
 from peercache.lab.analysis.format import (display, fmt_number, fmt_size, limit_text, markdown_table,  # noqa: E402
-                                           why_empty)
+                                           point_label, why_empty)
 from peercache.lab.analysis.metablock import host_summary  # noqa: E402
 from peercache.lab.analysis.rawlimit import BW_METRICS  # noqa: E402
 from peercache.lab.analysis.markup import Markdown, md, md_code  # noqa: E402
-from peercache.lab.analysis.references import load_references  # noqa: E402
+from peercache.lab.analysis.references import line_capacity_bps, load_references, row_extra  # noqa: E402
+from peercache.lab.tidy import convert  # noqa: E402
 
 #: Where runs are looked for, relative to the repository root (absolute paths work too).
 DEFAULT_ROOTS = ("data/tidy", "data/reference", "results/bench")
 DEFAULT_REFERENCES = "data/reference/references.yaml"
+#: The published baselines the notebook shows side by side when nothing else is asked (data/reference/).
+DEFAULT_BASELINES = ("peercache-8xcx7-roce", "ib-write-bw-200gbe-qp-sweep")
 
 #: Knobs a metric can be plotted against: the name a person types -> the tidy column.
 KNOBS = {"size": "size_bytes", "size_bytes": "size_bytes", "page_size": "size_bytes", "message_size": "size_bytes",
@@ -52,6 +56,45 @@ _KNOB_LABELS = {"size_bytes": "size", "qps": "QPs / channels / streams", "thread
                 "processes": "processes", "batch": "batch"}
 
 
+# --- parameters ------------------------------------------------------------------
+# papermill hands a list parameter over as a list with -y "roots: [a, b]", but as a string with
+# -p roots "[a, b]" or -p roots a,b; every function here takes any of those forms.
+
+def as_list(value: Any, name: str = "value") -> list[str]:
+    """A list parameter as a list of strings: a list, a YAML list string ("[a, b]"), "a,b", "a", or empty."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value if str(v).strip()]
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: {value!r} is a {type(value).__name__}; give a list, e.g. -y \"{name}: [a, b]\" "
+                        f"or -p {name} a,b")
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ValueError(f"{name}: {value!r} is not a list (unbalanced brackets or quotes?); give "
+                             f"-y \"{name}: [a, b]\" or -p {name} a,b") from None
+        return as_list(parsed, name)
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def as_mapping(value: Any, name: str = "where") -> dict[str, Any]:
+    """A mapping parameter as a dict: a dict, a YAML mapping string ("{scenario: multi_rail}"), or empty."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ValueError(f"{name}: {value!r} is not a mapping (unbalanced braces or quotes?); give "
+                             f"-y \"{name}: {{scenario: multi_rail}}\"") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: {value!r} is not a mapping; give -y \"{name}: {{scenario: multi_rail}}\"")
+    return value
+
+
 # --- runs ------------------------------------------------------------------------
 
 def _kind(path: Path) -> str:
@@ -62,7 +105,7 @@ def _kind(path: Path) -> str:
 
 def _run_dirs(roots) -> list[Path]:
     out = []
-    for root in roots:
+    for root in as_list(roots, "roots"):
         root = report.resolve(root)
         if root is None or not root.is_dir():
             continue
@@ -90,6 +133,30 @@ def list_runs(roots=DEFAULT_ROOTS) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=cols)
 
 
+def looked_in(roots=DEFAULT_ROOTS) -> list[str]:
+    """What each root of ``roots`` holds: its runs, or why it holds none (said beside the listing)."""
+    lines = []
+    for root in as_list(roots, "roots"):
+        where = report.resolve(root)
+        if where is None or not where.is_dir():
+            lines.append(f"{root}: no such folder ({where})")
+            continue
+        names = [d.name for d in _run_dirs([str(where)])]
+        lines.append(f"{root}: {len(names)} run(s)" + (f" ({', '.join(names)})" if names else
+                     f": no folder in {where} holds rows.parquet or rows.csv"))
+    return lines
+
+
+def runs_markdown(listing: pd.DataFrame, roots=DEFAULT_ROOTS) -> str:
+    """The listing as Markdown, with what each root held; no run at all is an error naming where it looked."""
+    if listing.empty:
+        raise LookupError("no runs under `roots` (" + "; ".join(looked_in(roots)) + "); run the pipeline "
+                          "(`make run`) or `make bench` first, or point `roots` at a folder of runs "
+                          "(-y \"roots: [data/reference, my/runs]\")")
+    return ("## Runs\n\n" + markdown_table(records(listing)) + "\nLooked in:\n\n"
+            + "\n".join(md("- {}", l) for l in looked_in(roots)) + "\n")
+
+
 def default_run(listing: pd.DataFrame) -> str:
     """The run the notebook opens when none is named: the newest with recorded dates, else the first listed."""
     if listing.empty:
@@ -109,7 +176,7 @@ def find_run(name: str | Path, roots=DEFAULT_ROOTS) -> Path:
     hits = [d for d in _run_dirs(roots) if d.name == str(name)]
     if len(hits) == 1:
         return hits[0]
-    where = ", ".join(str(report.resolve(r)) for r in roots)
+    where = ", ".join(str(report.resolve(r)) for r in as_list(roots, "roots"))
     if len(hits) > 1:
         raise LookupError(f"run {name!r} is in several places ({', '.join(map(str, hits))}); pass its path")
     known = ", ".join(d.name for d in _run_dirs(roots)) or "none"
@@ -297,6 +364,20 @@ def plot_metric(run: Run, metric: str, knob: str, facet: str | None = "protocol"
     there were, their spread, their verdicts and the run ids. ``where``: equality
     filters on row columns (``{"scenario": "multi_rail", "tool": "peercache-bench"}``).
     """
+    picked = []
+    if not metric:
+        metric = next((m for m in BW_METRICS if ((run.rows["metric"] == m) & (run.rows["status"] == "ok")).any()), "")
+        if not metric:
+            raise ValueError(f"run {run.name} has no measured {' or '.join(BW_METRICS)} row to pick as the metric; "
+                             f"name one of its metrics: {', '.join(sorted(set(run.rows['metric'])))}")
+        picked.append(f"metric {metric} (parameter `metric` was empty: the run's throughput)")
+    if not knob:
+        ok_rows = run.rows[(run.rows["metric"] == metric) & (run.rows["status"] == "ok")]
+        spread = {c: ok_rows[c].dropna().nunique() for c in dict.fromkeys(KNOBS.values()) if c in ok_rows}
+        knob = max(spread, key=lambda c: spread[c]) if spread else "size_bytes"
+        picked.append(f"knob {_KNOB_LABELS.get(knob, knob)} (parameter `knob` was empty: the knob with the most "
+                      f"values, {spread.get(knob, 0)})")
+    where = as_mapping(where)
     col = knob_column(knob)
     if facet is not None and facet not in run.rows.columns:
         raise ValueError(f"cannot facet by {facet!r}: not a row column; use one of {', '.join(FACETS)} or None")
@@ -372,7 +453,112 @@ def plot_metric(run: Run, metric: str, knob: str, facet: str | None = "protocol"
     fig.set_size_inches(w, h + extra)
     fig.tight_layout(rect=(0, extra / (h + extra), 1, 0.95))
     fig.text(0.01, 0.01, "\n".join(l[:160] for l in meta), fontsize=6.5, family="monospace", va="bottom")
-    return Plot(fig, pd.DataFrame(table), list(dict.fromkeys(notes)))
+    return Plot(fig, pd.DataFrame(table), picked + list(dict.fromkeys(notes)))
+
+
+# --- baselines side by side ------------------------------------------------------
+
+#: Columns of the side-by-side table.
+BASELINE_COLUMNS = ["baseline", "scenario", "tool", "side", "knobs", "value", "unit", "Gb/s", "% of line rate",
+                    "verdict", "limited by"]
+
+
+@dataclass
+class SideBySide:
+    """Runs shown side by side: each throughput row in one table (Gb/s, share of line rate), one panel each."""
+
+    runs: list[Run]
+    fig: Any
+    table: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        """The table, then each run's label and source, then the notes."""
+        parts = [md("### {}\n", " | ".join(r.name for r in self.runs)),
+                 markdown_table(records(self.table)), ""]
+        for r in self.runs:
+            parts += [md("- {}", line) for line in r.meta_lines()[:2]]
+        parts += [md("- note: {}", n) for n in self.notes]
+        return "\n".join(parts) + "\n"
+
+
+def _short(text: str, most: int = 72) -> str:
+    """A long "limited by" cut for a wide table (the overview and the rows keep it whole)."""
+    return text if len(text) <= most else text[:most - 1].rstrip() + "…"
+
+
+def _knobs(r: dict) -> str:
+    """A row's knobs, and what tells published rows of one point apart (min/max/mean, GPU/host memory)."""
+    extra = row_extra(pd.Series(r))
+    told = " ".join(str(extra[k]) for k in ("statistic", "destination") if extra.get(k))
+    return f"{point_label(r, ('size_bytes', 'batch', 'qps', 'threads', 'processes'))} {told}".strip()
+
+
+def _bar_label(r: dict) -> str:
+    side = "" if r.get("side") in ("client", "", None) else f" {r['side']}"
+    return f"{r['scenario']}: {r['tool']}{side} {_knobs(r)}"
+
+
+def side_by_side(names=DEFAULT_BASELINES, roots=DEFAULT_ROOTS,
+                 references: str | Path | None = DEFAULT_REFERENCES) -> SideBySide:
+    """The throughput rows of runs ``names`` (the two published baselines by default) in one table and one
+    figure of a panel per run: each row in Gb/s beside its testbed's line rate, with its verdict.
+
+    A name is looked up under ``roots`` and then under data/reference/, where the published baselines live.
+    """
+    names = as_list(names, "baselines")
+    roots = list(dict.fromkeys([*as_list(roots, "roots"), "data/reference"]))
+    if not names:
+        raise ValueError("no baselines named (parameter `baselines` is empty); name runs listed above, e.g. "
+                         f"-y \"baselines: [{', '.join(DEFAULT_BASELINES)}]\"")
+    runs = [load_run(n, roots, references) for n in names]
+    refs = load_references(report.resolve(references)) if references else {}
+    table, notes = [], []
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 5.2), squeeze=False)
+    for run, ax in zip(runs, axes[0]):
+        bw = run.rows[run.rows["metric"].isin(BW_METRICS) & (run.rows["status"] == "ok") & run.rows["value"].notna()]
+        if bw.empty:
+            raise ValueError(f"run {run.name} has no measured throughput ({' or '.join(BW_METRICS)}) row to show: "
+                             f"{why_empty(run.rows[run.rows['metric'].isin(BW_METRICS)], 'throughput')}; "
+                             "name another run in `baselines`")
+        bw = bw.sort_values(["scenario", "size_bytes", "qps", "threads", "side"], kind="stable", na_position="first")
+        tb_refs = refs.get(run.testbed)
+        labels, gbits, colours = [], [], []
+        for r in bw.to_dict("records"):
+            gbit = convert(float(r["value"]), r["unit"], "Gbit/s")
+            cap = line_capacity_bps(pd.Series(r), tb_refs) if tb_refs else None
+            verdict = r.get("verdict") or "unchecked"
+            table.append({"baseline": run.name, "scenario": r["scenario"], "tool": r["tool"], "side": r["side"],
+                          "knobs": _knobs(r),
+                          "value": fmt_number(r["value"]), "unit": r["unit"], "Gb/s": fmt_number(gbit),
+                          "% of line rate": fmt_number(100 * gbit * 1e9 / cap, 3) if cap else "—",
+                          "verdict": verdict, "limited by": _short(r.get("limited_by") or "—")})
+            labels.append(_bar_label(r))
+            gbits.append(gbit)
+            colours.append({"ok": "tab:blue", "above_line_rate": "tab:red", "low": "tab:orange"}.get(verdict,
+                                                                                                      "tab:gray"))
+        ys = np.arange(len(labels))
+        ax.barh(ys, gbits, color=colours)
+        for y, v in zip(ys, gbits):
+            ax.text(v, y, " " + fmt_number(v), va="center", fontsize=7)
+        ax.set_yticks(ys, labels, fontsize=7)
+        ax.invert_yaxis()
+        one = tb_refs.line_rate_bps("") if tb_refs else None
+        if one:
+            ax.axvline(one / 1e9, color="k", linestyle="--", linewidth=1,
+                       label=f"line rate of one NIC, {fmt_number(one / 1e9)} Gb/s")
+            ax.legend(fontsize=7, loc="lower right")
+        else:
+            notes.append(f"{run.name}: no line rate for testbed {run.testbed} in {references}; none drawn")
+        if max(gbits) / max(min(gbits), 1e-9) >= 20:
+            ax.set_xscale("log")
+        ax.set_xlabel("throughput (Gb/s" + (", log" if ax.get_xscale() == "log" else "") + ")")
+        ax.set_title(f"{run.name}\n({run.kind}; testbed {run.testbed})", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("Baselines side by side: every throughput row (blue ok, red above line rate, orange low, "
+                 "grey unchecked)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return SideBySide(runs, fig, pd.DataFrame(table, columns=BASELINE_COLUMNS), notes)
 
 
 # --- ad-hoc reads against a running serve ------------------------------------------

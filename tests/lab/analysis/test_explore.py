@@ -147,3 +147,53 @@ def test_explore_notebook_without_serve_or_second_run_says_so_and_skips_them(run
     assert f"Run {B}" in text                                  # "" picks the newest run
     assert "No second run named" in text and "No serve named (parameter <code>serve</code> is empty)" in text
     assert "Ad-hoc reads from serve" not in text and "Run comparison" not in text
+
+
+def test_list_parameters_take_a_list_or_its_string_forms():
+    for given in (["a", "b"], "[a, b]", "a,b", " a , b ", ("a", "b")):
+        assert explore.as_list(given, "roots") == ["a", "b"], given
+    assert explore.as_list("", "roots") == [] and explore.as_list("data/reference", "roots") == ["data/reference"]
+    with pytest.raises(ValueError, match=r'roots: .* is not a list .*-y "roots: \[a, b\]"'):
+        explore.as_list("[a, b", "roots")
+    assert explore.as_mapping('{scenario: multi_rail}') == {"scenario": "multi_rail"} and explore.as_mapping("") == {}
+    with pytest.raises(ValueError, match="where: .* is not a mapping"):
+        explore.as_mapping("[1, 2]")
+
+
+def test_roots_that_hold_no_run_say_where_they_looked(tmp_path):
+    (tmp_path / "empty").mkdir()
+    roots = f"{tmp_path / 'empty'},{tmp_path / 'missing'}"          # the string form -p roots a,b
+    listing = explore.list_runs(roots)
+    assert listing.empty
+    with pytest.raises(LookupError) as e:
+        explore.runs_markdown(listing, roots)
+    said = str(e.value)
+    assert f"{tmp_path / 'missing'}: no such folder" in said
+    assert f"{tmp_path / 'empty'}: 0 run(s): no folder in {tmp_path / 'empty'} holds rows.parquet or rows.csv" in said
+
+
+def test_the_published_baselines_side_by_side_table_and_figure():
+    sbs = explore.side_by_side()                                   # the defaults: both published baselines
+    t = sbs.table
+    assert [r.name for r in sbs.runs] == list(explore.DEFAULT_BASELINES)
+    assert set(t["baseline"]) == set(explore.DEFAULT_BASELINES)
+    ib = t[(t["scenario"] == "single_nic") & (t["tool"] == "ib_read_bw")].iloc[0]
+    assert (ib["value"], ib["unit"], ib["Gb/s"], ib["% of line rate"]) == ("49", "GB/s", "392", "98")
+    sweep = t[t["baseline"] == "ib-write-bw-200gbe-qp-sweep"]
+    assert len(sweep) == 16 and set(sweep["knobs"]) >= {"1 KiB q1", "1 MiB q4"}
+    assert "per_device 128 KiB 8 proc max" not in set(t["knobs"]) and "128 KiB 8 proc max" in set(t["knobs"])
+    assert [ax.get_title().split("\n")[0] for ax in sbs.fig.axes] == list(explore.DEFAULT_BASELINES)
+    assert "line rate of one NIC, 200 Gb/s" in [x.get_text() for x in sbs.fig.axes[1].get_legend().get_texts()]
+    assert "### peercache-8xcx7-roce | ib-write-bw-200gbe-qp-sweep" in sbs.markdown().replace("\\|", "|")
+    with pytest.raises(LookupError, match="no run 'nope'"):
+        explore.side_by_side("peercache-8xcx7-roce,nope")
+
+
+def test_explore_notebook_defaults_show_the_baselines_and_plot_the_run(tmp_path):
+    # a fresh clone: only data/reference holds runs
+    _, html = papermill_run.run_notebook(ROOT / "notebooks" / "explore.ipynb", tmp_path,
+                                         dict(roots="data/reference", run="ib-write-bw-200gbe-qp-sweep"))
+    text = html.read_text()
+    assert "Published baselines side by side" in text and "line rate (98% of 400 Gb/s)" in text
+    assert "metric bw (parameter <code>metric</code> was empty" in text and "Not plotted" not in text
+    assert text.count("data:image/png;base64") >= 2                 # the baselines, the run's plot
