@@ -156,7 +156,7 @@ class Client:
         if i in r.too_big:
             size = int(r.lengths[i])
             if buffer:
-                raise ConfigError(f"reading {key!r}: the object is {size} bytes, larger than its output buffer "
+                raise ConfigError(f"reading {key!r}: the object is {size} bytes, larger than the output buffer "
                                   f"({room} bytes); pass a buffer of {size} bytes or more")
             raise ConfigError(f"reading {key!r}: " + mismatch(SURFACE, "page_size", room, Geometry(size),
                                                                f"the producer of {key!r}"))

@@ -268,6 +268,13 @@ def geometry_defaults() -> dict:
     return {attr: FLAGS[name].flag_default for name, attr in GEOMETRY.items()}
 
 
+def fill_geometry(args) -> None:
+    """drive's geometry flags left unset (not given, nor learned from a producer): their defaults."""
+    for attr, value in geometry_defaults().items():
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, value)
+
+
 def geometry_flags() -> dict:
     """attribute -> the flag that sets it ('page_size' -> '--page-size')."""
     return {attr: FLAGS[name].flag.name for name, attr in GEOMETRY.items()}
@@ -363,23 +370,34 @@ def node_config(args) -> NodeConfig:
     return NodeConfig.from_args(args, devices=tuple(devices(args)))
 
 
-def check_flags(args) -> None:
-    """Each flag by its declaration, and --directory (ConfigError names the flag); a geometry flag drive
-    was not given is not checked (it is the producer's)."""
+def check_flags(args, mode: str) -> None:
+    """Each flag by its declaration, --directory, and the rules between flags that do not involve the
+    geometry (ConfigError names the flag): what drive checks before it asks the producer for the geometry
+    it was not given."""
     check_directory(args)
     node_config(args)
     config.checked(config.options(BenchOptions), args)
     if args.device_name and args.devices:
         raise ConfigError("give either --device-name or --devices, not both")
+    if mode != "drive":
+        return
+    if getattr(args, "metrics_scrapes", False) and not getattr(args, "metrics_addr", None):
+        raise ConfigError("--metrics-scrapes keeps what each process's metrics endpoint answers; give "
+                          "--metrics-addr with it (e.g. --metrics-addr 127.0.0.1:0)")
+    if getattr(args, "start_at", None) is not None and getattr(args, "start_file", None):
+        raise ConfigError("give either --start-at (a start time known in advance) or --start-file (a start "
+                          "time written once every driver is ready), not both")
+    if getattr(args, "zipf_s", None) is not None and args.access != "zipf":
+        raise ConfigError(f"--zipf-s is the exponent of --access zipf, but --access is {args.access}; "
+                          "give --access zipf with it, or drop --zipf-s")
+    _timeline_buckets(args)
 
 
 def validate(args, mode: str) -> None:
     """Refuse impossible combinations and out-of-range values before anything starts (ConfigError names
     the flag). drive's geometry flags not given, nor learned from the producer, get their defaults."""
-    check_flags(args)
-    for attr, value in geometry_defaults().items():
-        if getattr(args, attr, None) is None:
-            setattr(args, attr, value)
+    check_flags(args, mode)
+    fill_geometry(args)
     objs = objects_per_page(args.layout)
     if mode == "serve":
         check_join(args)
@@ -397,15 +415,6 @@ def validate(args, mode: str) -> None:
               f"the pool and --dir-table-entries {entries} (about {TABLE_BYTES_PER_ENTRY:.0f} B each)",
               "lower --dir-table-entries (0 = no table)")
         return
-    if getattr(args, "metrics_scrapes", False) and not getattr(args, "metrics_addr", None):
-        raise ConfigError("--metrics-scrapes keeps what each process's metrics endpoint answers; give "
-                          "--metrics-addr with it (e.g. --metrics-addr 127.0.0.1:0)")
-    if getattr(args, "start_at", None) is not None and getattr(args, "start_file", None):
-        raise ConfigError("give either --start-at (a start time known in advance) or --start-file (a start "
-                          "time written once every driver is ready), not both")
-    if getattr(args, "zipf_s", None) is not None and args.access != "zipf":
-        raise ConfigError(f"--zipf-s is the exponent of --access zipf, but --access is {args.access}; "
-                          "give --access zipf with it, or drop --zipf-s")
     buckets = _timeline_buckets(args)
     pages = union_pages(args)
     if args.batch_size > pages:

@@ -15,7 +15,6 @@ from ..directory.client import connect_directory
 from ..directory.redis.url import is_redis, parse_url
 from ..errors import ConfigError, PeerCacheError
 from ..node.geometry import Geometry, Surface, mismatch, producer_text, published, settle
-from ..timeouts import DEFAULT as TIMEOUTS
 from . import options
 
 #: How drive names the geometry's settings in its messages: its flags.
@@ -57,55 +56,47 @@ def apply(args, nodes: Mapping) -> Optional[Geometry]:
     return served
 
 
-def learn(args, say: Callable[[str], None]) -> Optional[Geometry]:
-    """Read the producer's geometry from drive's directory and :func:`apply` it. While a flag is left to
-    the producer and no producer has registered, wait for one (every POLL_S, up to --ready-timeout);
-    with every flag given, one read, and a directory that does not answer leaves the flags as they are."""
+def learn(args, say: Callable[[str], None], timeout: float) -> Optional[Geometry]:
+    """Read the producer's geometry from drive's directory (each read bounded by ``timeout`` s) and
+    :func:`apply` it. While a flag is left to the producer and the directory answers but no producer has
+    registered there, wait for one (every POLL_S, up to --ready-timeout). A directory that does not answer
+    leaves the flags and their defaults, as before: the driver processes then report it."""
     need = any(v is None for v in options.geometry_given(args).values())
     spec = options.directory(args)
     where = parse_url(spec).safe if is_redis(spec) else spec
     deadline = time.monotonic() + args.ready_timeout
-    directory, nodes, failed = None, None, None
+    nodes = None
+    try:
+        directory = connect_directory(spec, timeout=timeout, auth=curve_keys(options.auth_secret(args)))
+    except ConfigError:
+        raise
+    except PeerCacheError:
+        return None
     try:
         while True:
             try:
-                if directory is None:
-                    directory = connect_directory(spec, timeout=TIMEOUTS.directory_s,
-                                                  auth=curve_keys(options.auth_secret(args)))
-                nodes, failed = directory.members().nodes or {}, None
-            except ConfigError:
-                raise
-            except PeerCacheError as e:     # not up yet (serve hosts it), or gone: the next read may answer
-                nodes, failed = None, e
-            if nodes is not None and (not need or choose(nodes, options.key_prefixes(args))[0] is not None
-                                      or older_producer(nodes)):
-                break
-            if (nodes is None and not need) or time.monotonic() >= deadline:
+                nodes = directory.members().nodes or {}
+            except PeerCacheError:
+                return None
+            if not need or choose(nodes, options.key_prefixes(args))[0] is not None or older_producer(nodes) \
+                    or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
     finally:
-        if directory is not None:
-            directory.close()
-    if nodes is None and not need:
-        return None            # the flags as given; the driver processes report the directory themselves
-    if nodes is None:
-        raise PeerCacheError(f"drive reads its --page-size/--layout/--working-set from the producer, but the "
-                             f"directory at {where} did not answer within {args.ready_timeout:.0f} s ({failed}); "
-                             "start `peercache-bench serve` there, or check --discovery-addr/--directory")
-    if need and choose(nodes, options.key_prefixes(args))[0] is None and not older_producer(nodes):
-        prefixes = options.key_prefixes(args)
-        raise PeerCacheError(f"no producer{' of --key-prefix ' + ','.join(prefixes) if prefixes else ''} "
-                             f"registered at {where} within {args.ready_timeout:.0f} s, so drive has no "
-                             f"--page-size/--layout/--working-set to read; start `peercache-bench serve` there "
-                             f"(with the same --key-prefix), or give all three flags")
-    given = options.geometry_given(args)
-    served = apply(args, nodes)
-    if served is not None and any(v is None for v in given.values()):
-        say(f"drive: {choose(nodes, options.key_prefixes(args))[1]} serves {served.describe()}; "
-            f"reading with --layout {args.layout} --page-size {args.page_size} --working-set {args.working_set}")
+        directory.close()
+    prefixes = options.key_prefixes(args)
+    served, who = choose(nodes, prefixes)
+    if need and served is None and not older_producer(nodes):
+        of = f" of --key-prefix {','.join(prefixes)}" if prefixes else ""
+        raise PeerCacheError(f"no producer{of} registered at {where} within {args.ready_timeout:.0f} s, so drive "
+                             "has no --page-size/--layout/--working-set to read; start `peercache-bench serve` "
+                             f"there{' with that --key-prefix' if prefixes else ''}, or give all three flags")
+    apply(args, nodes)
+    reading = f"reading with --layout {args.layout} --page-size {args.page_size} --working-set {args.working_set}"
+    if served is not None and need:
+        say(f"drive: {who} serves {served.describe()}; {reading}")
     elif served is None and need:
-        say(f"drive: the producer at {where} publishes no geometry (an older serve); reading with "
-            f"--layout {args.layout} --page-size {args.page_size} --working-set {args.working_set}")
+        say(f"drive: the producer at {where} publishes no geometry (an older serve); {reading}")
     return served
 
 

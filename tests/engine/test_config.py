@@ -34,9 +34,9 @@ def test_every_option_has_a_one_line_doc_a_check_and_a_surface():
         assert o.unit in ("", "s", "ms", "B", "µs", "pages", "threads", "entries"), (o.name, o.unit)
 
 
-#: What Node takes beside a NodeConfig: the node's name and pool size in slots, and transport options
-#: added to the config's (none of them an option, all None by default).
-NODE_OWN = {"config", "name", "pool_slots", "transport_options"}
+#: What Node takes beside a NodeConfig: the node's name and pool size in slots, transport options
+#: added to the config's, and the geometry a producer registers (none of them an option, all None by default).
+NODE_OWN = {"config", "name", "pool_slots", "transport_options", "geometry"}
 
 
 @pytest.mark.parametrize("cls, own", [(Node, NODE_OWN), (peercache.Client, {"config"})], ids=["Node", "Client"])

@@ -63,6 +63,7 @@ class DriveConfig:
     @classmethod
     def from_args(cls, args, worker: type) -> "DriveConfig":
         """The settings of drive's parsed flags (checked already by options.validate)."""
+        options.fill_geometry(args)
         spec = options.directory(args)
         return cls(
             discovery_addr=args.discovery_addr, directory=spec, protocol=args.protocol, layout=args.layout,

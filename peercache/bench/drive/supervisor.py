@@ -34,8 +34,9 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
     process runs instead of drive's own reader (hicache_drive's HiCacheWorker).
     """
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    options.check_flags(args)
-    producer.learn(args, say)       # the geometry flags not given: the producer's (ConfigError if one differs)
+    options.check_flags(args, "drive")
+    # the geometry flags not given: the producer's (ConfigError if one given differs)
+    producer.learn(args, say, IO_TIMEOUT_S * args.time_scale)
     options.validate(args, "drive")
     check_prerequisites(args)
     if getattr(args, "metrics_addr", None):

@@ -17,7 +17,8 @@ from .store import PAGE_TOKENS, SERVE_GENERATION, BenchStore, HostPagePool, Stor
 
 
 class _BatchResult:
-    __slots__ = ("status", "error", "generations", "content_mismatch", "redirected", "miss_reason")
+    __slots__ = ("status", "error", "generations", "content_mismatch", "redirected", "miss_reason", "lengths",
+                 "too_big")
 
 
 class _V1Reader:
@@ -55,6 +56,8 @@ class _V1Reader:
         r.error = None
         r.generations = np.full(len(keys), SERVE_GENERATION, np.uint64)
         r.content_mismatch = np.empty(0, np.intp)
+        # the store reports no object's size: each is its room (a page of the host pool), none too big
+        r.lengths, r.too_big = np.asarray(caps, np.uint64), np.empty(0, np.intp)
         if check_pattern and ok.any():
             hit = np.repeat(ok, objs)
             rows = w.host.object_views(pages)[hit]

@@ -157,10 +157,12 @@ def test_errors_fail_the_point_unless_faults_are_expected():
 # ---------------------------------------------------------------- a driver thread losing a producer
 
 class _Result:
-    def __init__(self, status, error):
+    def __init__(self, status, error, lengths):
         self.status, self.error = status, error
         self.redirected, self.content_mismatch, self.miss_reason = np.empty(0, np.intp), np.empty(0, np.intp), None
         self.generations = np.zeros(len(status), np.uint64)
+        # every object its page's size (the room drive gave it): none too big
+        self.lengths, self.too_big = np.asarray(lengths, np.uint64), np.empty(0, np.intp)
 
 
 class _Node:
@@ -186,12 +188,12 @@ class _Node:
         time.sleep(0.002)
         st = np.full(len(keys), int(Get.HIT), np.int8)
         if time.time() < self.gone_at:
-            return _Result(st, None)
+            return _Result(st, None, caps)
         if self.raise_every and n % self.raise_every == 0:
             raise TransportError("connect to 127.0.0.1:9 failed: connection refused")
         gone = np.array([k.startswith(b"pc/pB/") for k in keys])
         st[gone] = int(Get.ERROR)
-        return _Result(st, "read from node n2 failed: peer gone (connection reset)" if gone.any() else None)
+        return _Result(st, "read from node n2 failed: peer gone (connection reset)" if gone.any() else None, caps)
 
 
 def _worker(cfg, node):
