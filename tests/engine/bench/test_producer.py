@@ -119,3 +119,24 @@ def test_against_a_producer_that_publishes_no_geometry_a_wrong_page_size_is_name
             assert (f"drive --page-size {page} but the producer of b'pc/" in r.stderr
                     and "serves 16384-byte pages; drop --page-size or pass --page-size 16384" in r.stderr), r.stderr
             assert "key(s) of a batch failed" not in r.stderr
+
+
+def test_drive_waits_for_a_producer_to_register_where_the_directory_is_anothers(procs, port, tmp_path):
+    """meta hosts the directory: drive told nothing waits for serve to register its geometry (here one that
+    joins later), and without one within --ready-timeout it says what to start or give."""
+    addr = f"127.0.0.1:{port}"
+    meta = procs.start([*BENCH, "meta", "--discovery-addr", addr])
+    procs.wait_line(meta, "ready on")
+    base = [*BENCH, "drive", "--discovery-addr", addr, "--batch-size", "4", "--duration", "0.5", "--warmup", "0.2"]
+    r = subprocess.run([*base, "--ready-timeout", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"no producer registered at {addr} within 1 s" in r.stderr
+    assert "start `peercache-bench serve` there, or give all three flags" in r.stderr
+    out = tmp_path / "d.json"
+    d = procs.start([*base, "--ready-timeout", "20", "--out", str(out)])
+    time.sleep(1.0)
+    serve = procs.start([*BENCH, "serve", "--discovery-addr", addr, "--join", "--readers", "0", "--page-size",
+                         "8192", "--working-set", "16"])
+    procs.wait_line(serve, READY_LINE)
+    assert d.wait(timeout=60) == 0, d.stderr.read()
+    m = json.loads(out.read_text())["meta"]
+    assert (m["page_size"], m["layout"], m["working_set"]) == (8192, "mla", 16)
