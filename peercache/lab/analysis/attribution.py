@@ -24,6 +24,7 @@ import yaml
 
 from peercache.lab.analysis.rawlimit import BW_METRICS
 from peercache.lab.analysis.references import convert, row_devices, row_extra
+from peercache.lab.analysis.spread import point_of
 from peercache.lab.tools.hicache_suite import PRIMARY as SUITE_PRIMARY
 
 RULES_FILE = Path(__file__).resolve().parents[3] / "data" / "reference" / "attribution.yaml"
@@ -294,4 +295,31 @@ def attribute(rows: pd.DataFrame, runs: pd.DataFrame, raw_of, rules: list[Rule] 
                       # a group's own row is one rail of the whole machine: its share says nothing of it alone
                       rail_shares=None if r.get("side") == "per_device" else shares.get((r["run_id"], _threads(r))))
         out.at[i, "limit"], out.at[i, "limited_by"] = limited_by(ev, rules)
+    return out
+
+
+def within_spread(rows: pd.DataFrame, raw_of) -> pd.DataFrame:
+    """``rows`` judged "above raw" by a rule but measured several times with a run at or below the raw limit:
+    the ranges overlap, so the verdict is not drawn. Such a row says "the path itself, within the spread of
+    raw" with the point's runs (rule id ``raw_spread``); a point measured once keeps its rule's verdict."""
+    out = rows.copy()
+    above = out[(out["limit"] == "above_raw") & out["value"].notna()]
+    if above.empty:
+        return out
+    # every run of the point (its run ids less the repetition), of the same figure
+    keys = ["metric", "side", "devices"]
+    all_ok = out[(out["status"] == "ok") & out["value"].notna() & out["metric"].isin(list(ATTRIBUTED))]
+    point = all_ok["run_id"].map(point_of)
+    for i, r in above.iterrows():
+        same = all_ok[(point == point_of(r["run_id"]))
+                      & (all_ok[keys].astype(str) == pd.Series({k: str(r[k]) for k in keys})).all(axis=1)]
+        lim = raw_of(r)
+        if len(same) < 2 or lim is None or not lim.gbs:
+            continue
+        gbs = sorted(convert(float(v), str(u), "GB/s") for v, u in zip(same["value"], same["unit"]))
+        if gbs[0] <= lim.gbs:
+            out.at[i, "limit"] = "raw_spread"
+            out.at[i, "limited_by"] = (
+                f"the path itself, within the spread of raw: its {len(gbs)} runs {gbs[0]:.4g}–{gbs[-1]:.4g} GB/s "
+                f"against {lim.label} at {lim.gbs:.4g} GB/s")
     return out

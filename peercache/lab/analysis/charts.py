@@ -49,9 +49,11 @@ def judge(rows: pd.DataFrame, runs: pd.DataFrame, refs: dict[str, TestbedRefs], 
     """Rows with their verdict (references) and what limited them (attribution rules), for every view."""
     rows = apply_verdicts(rows, refs)
     tb = refs.get(testbed)
-    rows = attribution.attribute(rows, runs, limits_by_scenario(rows),
-                                 line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
+    raw_of = limits_by_scenario(rows)
+    rows = attribution.attribute(rows, runs, raw_of, line_rate_of=(lambda r: line_capacity_bps(r, tb)) if tb
                                  else (lambda r: None))
+    # "above raw" only where every run of a point is: else within the spread
+    rows = attribution.within_spread(rows, raw_of)
     # A value above the line rate is a measurement error first: that verdict stays.
     above = (rows["limit"] == "above_raw") & (rows["verdict"] != "above_line_rate")
     rows.loc[above, "verdict"] = "above_raw"

@@ -210,10 +210,15 @@ def raw_for(r, limits: dict[Shape, RawLimit]) -> RawLimit | None:
                     per_nic.retransmits)
 
 
-def pct_text(pct: float, of: str = "", digits: int = 0) -> str:
+def pct_text(pct: float, of: str = "", digits: int = 0, lowest: float | None = None) -> str:
     """A figure's percentage of its raw limit as every table, figure and overview writes it (the one rule):
-    "109% of memcpy (above raw)" -- the flag wherever the figure is above its limit."""
-    return f"{pct:.{digits}f}%" + (f" of {of}" if of else "") + (" (above raw)" if pct > 100 else "")
+    "109% of memcpy (above raw)" -- the flag wherever the figure is above its limit; for a point measured
+    several times (``lowest``: its lowest run's percentage) only where every run is, else "(within the spread
+    of raw)"."""
+    flag = ""
+    if pct > 100:
+        flag = " (above raw)" if lowest is None or lowest > 100 else " (within the spread of raw)"
+    return f"{pct:.{digits}f}%" + (f" of {of}" if of else "") + flag
 
 
 def scenario_limits(rows: pd.DataFrame, scenario: str) -> dict[Shape, RawLimit]:

@@ -19,6 +19,7 @@ import pandas as pd
 from peercache.lab.analysis.format import fmt_number, point_label, short_run, throughput_text
 from peercache.lab.analysis.rawlimit import BW_METRICS, RAW_TOOLS, RawLimit, pct_text, raw_for, why_none
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
+from peercache.lab.analysis.spread import by_point, range_text
 from peercache.lab.pipeline import experiments
 
 #: Scenarios whose figures are PeerCache GETs (their kinds say so; see pipeline/kinds.py).
@@ -89,14 +90,17 @@ def gbs(r) -> float | None:
         return None
 
 
-def overview_row(scenario: str, label: str, r, limits: Limits, note: str = "") -> dict[str, Any]:
+def overview_row(scenario: str, label: str, r, limits: Limits, note: str = "",
+                 sp: dict[str, Any] | None = None) -> dict[str, Any]:
     """One overview row for the measured row ``r``: its throughput, its % of the single-NIC raw limit (a GET
     of a GET scenario; the raw tool itself in single_nic), what limited it and the notes (not a GET,
-    unverified, a verdict other than ok)."""
+    unverified, a verdict other than ok). ``sp``: the spread of the point's repetitions, ``r`` its median run."""
     g = gbs(r)
     is_raw = r["tool"] in RAW_TOOLS
     comparable = scenario in GET_SCENARIOS and not is_raw
     notes = [n for n in (note, row_extra(r).get("note")) if n]
+    if sp is not None:
+        notes.insert(0, f"median of {sp['n']} runs ({range_text(sp)} GB/s)" if sp["n"] > 1 else "measured once")
     frac = "—"
     if is_raw and scenario == "single_nic":
         frac = "100% (the raw limit)"
@@ -106,7 +110,8 @@ def overview_row(scenario: str, label: str, r, limits: Limits, note: str = "") -
             notes.append("no % of raw: " + why_none(r, limits))
         elif lim.gbs:
             pct = 100.0 * g / lim.gbs
-            frac = pct_text(pct, "" if lim.label == lim.tool or " x " not in lim.label else lim.label)
+            frac = pct_text(pct, "" if lim.label == lim.tool or " x " not in lim.label else lim.label,
+                            lowest=None if sp is None else 100.0 * sp["min"] / lim.gbs)
     elif not comparable:
         notes.append(f"{r['tool']} {r['metric']}, not a GET")
     if r["metric"] == "get_throughput" and row_extra(r).get("verified") is False:
@@ -146,11 +151,11 @@ class Scenario:
         return self.headline(scenario, s, rows, limits)
 
     def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:
-        """The overview rows of the scenario's measured bandwidth rows ``s``: by default its best point (the
-        section has them all)."""
-        r = s.loc[s.apply(gbs, axis=1).idxmax()]
+        """The overview rows of the scenario's measured bandwidth rows ``s``: by default its best point by the
+        median of its repetitions, that median run's row (the section has them all)."""
+        r, sp, _ = max(by_point(s, lambda r: gbs(r) or 0.0), key=lambda p: p[1]["median"])
         return [overview_row(scenario, "best point " + point_label(r, ["size_bytes", "batch", "qps", "threads",
-                                                                         "processes"]), r, limits)]
+                                                                         "processes"]), r, limits, sp=sp)]
 
     def conclusions(self, sub: pd.DataFrame, limits: Limits) -> list[Conclusion]:
         """The key conclusions the scenario's rows ``sub`` support (``limits``: every ok bandwidth row's raw

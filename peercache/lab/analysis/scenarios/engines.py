@@ -24,6 +24,7 @@ from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, pc
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
 from peercache.lab.analysis.scenarios.declare import Chart, Conclusion, Limits, NotDrawn, Scenario, Table
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig
+from peercache.lab.analysis.spread import apart, range_text, spread, spread_text  
 
 SCENARIO = "engines"
 #: The ``tool`` column of each engine's rows -> its name in the table, in table order.
@@ -71,24 +72,6 @@ def _latency(ok: pd.DataFrame, run_ids, metric: str) -> str:
 
 #: bytes in a GiB (CPU-seconds per GiB moved)
 GIB = float(1 << 30)
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    """The median, the lowest and the highest of a cell's repetitions, and how many there were (pure). The
-    median is the lower middle one of an even count: always a run that was measured, so the row's other
-    columns (its "limited by", its CPU) can be that run's own."""
-    vals = sorted(values)
-    return {"median": vals[(len(vals) - 1) // 2], "min": vals[0], "max": vals[-1], "n": len(vals)}
-
-
-def range_text(sp: dict[str, Any], fmt=fmt_number) -> str:
-    """"1.10–1.31, 3 runs", or "measured once"."""
-    return "measured once" if sp["n"] == 1 else f"{fmt(sp['min'])}–{fmt(sp['max'])}, {sp['n']} runs"
-
-
-def spread_text(sp: dict[str, Any], fmt=fmt_number) -> str:
-    """"1.23 (1.10–1.31, 3 runs)", or "1.23 (measured once)"."""
-    return f"{fmt(sp['median'])} ({range_text(sp, fmt)})"
 
 
 def cpu_s_per_gib(r) -> dict[str, float]:
@@ -307,9 +290,9 @@ def compare(ours: dict[str, Any], other: dict[str, Any]) -> str:
     highest, "behind X: ..." the other way, else "within the spread of X" (pure)."""
     a, b = ours["spread"], other["spread"]
     times = f"{a['median'] / b['median']:.3g} × by medians" if b["median"] > 0 else "it moved nothing"
-    if a["min"] > b["max"]:
+    if apart(a, b):
         return f"ahead of {other['engine']}: {times}"
-    if a["max"] < b["min"]:
+    if apart(b, a):
         return f"behind {other['engine']}: {times}"
     return f"within the spread of {other['engine']}: {times}, the ranges overlap"
 

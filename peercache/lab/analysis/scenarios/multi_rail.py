@@ -16,6 +16,7 @@ from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits,
                                                       ok_bw, ok_rows, to_gbs)
 from peercache.lab.analysis.scenarios.draw import MARKERS, new_fig, series_colors
 from peercache.lab.analysis.scenarios.rails import rail_shares_text, shares_column
+from peercache.lab.analysis.spread import apart, by_point, range_text, spread, spread_text
 
 #: A series "falls beyond" its peak when its last point is this fraction below the peak.
 FALLS_BEYOND = 0.05
@@ -35,15 +36,19 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     colors = series_colors(len(series), raw=False)
     for k, ((size, batch), g) in enumerate(series):
         pts = g.groupby("threads", sort=True)
-        xs, ys = [], []
+        xs, ys, lo, hi = [], [], [], []
         for thr, gg in pts:
-            mean = sum(to_gbs(v) for _, v in gg.iterrows()) / len(gg)
+            vals = [to_gbs(v) for _, v in gg.iterrows()]
+            sp = spread(vals)
+            mid = gg.iloc[vals.index(sp["median"])]
             xs.append(int(thr))
-            ys.append(mean)
+            ys.append(sp["median"])
+            lo.append(sp["median"] - sp["min"])
+            hi.append(sp["max"] - sp["median"])
             stat = {row_extra(v).get("statistic") for _, v in gg.iterrows()} - {None}
             table.append({"page size": fmt_size(size), "batch": batch, "threads": int(thr),
-                          **dict(zip(("value", "unit"), display(gg["value"].mean(), gg["unit"].iloc[0]))),
-                          "n": len(gg),
+                          **dict(zip(("value", "unit"), display(mid["value"], mid["unit"]))),
+                          "range": range_text(sp), "n": len(gg),
                           "statistic": ",".join(sorted(stat)) or "—",
                           "verdict": ",".join(sorted(set(gg["verdict"]))) if "verdict" in gg else "unchecked",
                           "limited by": limit_text(gg),
@@ -52,14 +57,16 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
                           "run": ",".join(dict.fromkeys(gg["run_id"]))})
         peak_only = all(row_extra(v).get("statistic") == "peak" for _, v in g.iterrows())
         label = f"{fmt_size(size)}, batch {fmt_number(batch)}" + (" (peak only)" if peak_only else "")
-        ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], color=colors[k], label=label)
+        # medians of the repetitions, whiskers from the lowest to the highest run
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker=MARKERS[k % len(MARKERS)], color=colors[k], capsize=3, label=label)
     threads = sorted({int(t) for t in ok["threads"]})
     ax.set_xticks(threads, [str(t) for t in threads])   # threads are whole: no 1.5-thread ticks
     ax.set_xlabel("threads (concurrency)")
     ax.set_ylabel("GET throughput (GB/s)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    return Chart("multi_rail", "Multi-rail, one process: GB/s vs threads", fig, table, meta_block(ok, runs))
+    return Chart("multi_rail", "Multi-rail, one process: GB/s vs threads (medians of the repetitions, lowest to "
+                 "highest run as whiskers)", fig, table, meta_block(ok, runs))
 
 
 class MultiRail(Scenario):
@@ -73,10 +80,10 @@ class MultiRail(Scenario):
         ok = ok[ok["threads"].notna()]
         recs = []
         for (size, batch), g in ok.groupby(["size_bytes", "batch"], dropna=False, sort=True):
-            vals = [(int(t), gbs(r), r["run_id"]) for t, r in ((r["threads"], r) for _, r in g.iterrows())]
+            vals = [(int(r["threads"]), sp["median"], r["run_id"], sp) for r, sp, _ in by_point(g, gbs)]
             best = max(vals, key=lambda v: v[1])
             recs.append({"page size": fmt_size(size), "batch": fmt_number(batch),
-                         "peak": f"{fmt_number(best[1])} GB/s",
+                         "peak": f"{spread_text(best[3])} GB/s",
                          "best threads": f"{best[0]} (of {', '.join(str(v[0]) for v in sorted(vals))})",
                          # each rail's share of the peak's bytes (rdma with metrics scrapes; no column without rails)
                          **shares_column(rail_shares_text(sub, [best[2]], best[0])),
@@ -84,25 +91,34 @@ class MultiRail(Scenario):
         return [("", recs)] if recs else []
 
     def conclusions(self, sub: pd.DataFrame, limits: Limits) -> list[Conclusion]:
-        """Per page size and batch (3 thread counts or more): peaks and falls beyond, or still rises."""
+        """Per page size and batch (3 thread counts or more), by the medians of the repetitions: peaks and falls
+        beyond (only where the last point's runs are all below the peak's), or still rises."""
         out = []
         bw = ok_bw(sub)
         multi = bw[bw["threads"].notna()]
         for (size, batch), g in multi.groupby(["size_bytes", "batch"], dropna=False, sort=True):
-            pts = sorted(((int(r["threads"]), gbs(r), r["run_id"]) for _, r in g.iterrows()))
+            pts = sorted(((int(r["threads"]), sp, runs) for r, sp, runs in by_point(g, gbs)), key=lambda p: p[0])
             if len(pts) < 3:
                 continue
-            best = max(pts, key=lambda p: p[1])
+            best = max(pts, key=lambda p: p[1]["median"])
             last = pts[-1]
             what = f"{fmt_size(size)} pages, batch {fmt_number(batch)}"
-            if best[0] < last[0] and last[1] < best[1] * (1 - FALLS_BEYOND):
-                out.append(Conclusion(
-                    f"One process ({what}) peaks at {best[0]} threads ({fmt_number(best[1])} GB/s) and falls "
-                    f"beyond: {fmt_number(last[1])} GB/s at {last[0]} threads "
-                    f"({100 * (last[1] - best[1]) / best[1]:.0f}%).", [best[2], last[2]]))
+            top, end = best[1]["median"], last[1]["median"]
+            if best[0] < last[0] and end < top * (1 - FALLS_BEYOND):
+                if apart(best[1], last[1]):
+                    out.append(Conclusion(
+                        f"One process ({what}) peaks at {best[0]} threads ({spread_text(best[1])} GB/s) and falls "
+                        f"beyond: {spread_text(last[1])} GB/s at {last[0]} threads "
+                        f"({100 * (end - top) / top:.0f}% by medians).", best[2] + last[2]))
+                else:
+                    out.append(Conclusion(
+                        f"One process ({what}) is highest at {best[0]} threads ({spread_text(best[1])} GB/s); at "
+                        f"{last[0]} threads, {spread_text(last[1])} GB/s, it is within the spread of that, so it "
+                        "does not fall beyond it measurably.", best[2] + last[2]))
             elif best[0] == last[0]:
                 out.append(Conclusion(
                     f"One process ({what}) still rises at {last[0]} threads, the most measured: "
-                    f"{fmt_number(pts[0][1])} GB/s at {pts[0][0]} → {fmt_number(last[1])} GB/s.",
-                    [pts[0][2], last[2]]))
+                    f"{spread_text(pts[0][1])} GB/s at {pts[0][0]} → {spread_text(last[1])} GB/s"
+                    + ("." if apart(last[1], pts[0][1]) else ", within the spread of each other."),
+                    pts[0][2] + last[2]))
         return out

@@ -19,6 +19,7 @@ from peercache.lab.analysis.references import TestbedRefs, row_extra
 from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits, NotDrawn, Scenario, Table, gbs,
                                                       ok_bw, ok_rows, overview_row, to_gbs)
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig, raw_legend
+from peercache.lab.analysis.spread import by_point, point_of, range_text, spread, spread_text
 
 
 def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
@@ -36,26 +37,32 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     limits = raw_limits(ok)
     fig, axes = new_fig(w=max(7.0, 1.3 * len(groups)))
     ax = axes[0][0]
-    table, labels, heights, colors, pcts = [], [], [], [], []
+    table, labels, heights, colors, pcts, whiskers = [], [], [], [], [], ([], [])
     for r, g in groups:
-        gbs_ = sum(to_gbs(v) for _, v in g.iterrows()) / len(g)
+        vals = [to_gbs(v) for _, v in g.iterrows()]
+        sp = spread(vals)
+        gbs_, mid = sp["median"], g.iloc[vals.index(sp["median"])]
         is_raw = r["tool"] in RAW_TOOLS
         raw = None if is_raw else raw_for(r, limits)
         pct = None if raw is None or not raw.gbs else 100.0 * gbs_ / raw.gbs  # no (or a zero) raw figure: no %
         labels.append(bar_label(r))
         heights.append(gbs_)
-        pcts.append(pct)
+        whiskers[0].append(gbs_ - sp["min"])
+        whiskers[1].append(sp["max"] - gbs_)
+        pcts.append(None if pct is None else (pct, 100.0 * sp["min"] / raw.gbs))
         colors.append(RAW_COLOR if is_raw else PEERCACHE_COLOR)
-        value, unit = display(g["value"].mean(), r["unit"])
-        table.append({"measurement": measurement(r), "value": value, "unit": unit, "n": len(g),
-                      "% of raw": "—" if pct is None else pct_text(pct, digits=1),
+        value, unit = display(mid["value"], mid["unit"])
+        table.append({"measurement": measurement(r), "value": value, "unit": unit, "range": range_text(sp),
+                      "n": len(g),
+                      "% of raw": "—" if pct is None else pct_text(pct, digits=1, lowest=100.0 * sp["min"] / raw.gbs),
                       "raw limit": "—" if is_raw else (raw.label if raw else "none: " + why_none(r, limits)),
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
                       "limited by": limit_text(g), "run": ",".join(dict.fromkeys(g["run_id"]))})
-    bars = ax.bar(range(len(heights)), heights, color=colors)
-    for b, p, h in zip(bars, pcts, heights):
-        ax.annotate(f"{h:.3g} GB/s\n{pct_text(p, 'raw')}" if p is not None else f"{h:.3g} GB/s",
-                    (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=8)
+    # medians of the repetitions, whiskers from the lowest to the highest run
+    bars = ax.bar(range(len(heights)), heights, color=colors, yerr=list(whiskers), capsize=3)
+    for b, p, h, up in zip(bars, pcts, heights, whiskers[1]):
+        ax.annotate(f"{h:.3g} GB/s\n{pct_text(p[0], 'raw', lowest=p[1])}" if p is not None else f"{h:.3g} GB/s",
+                    (b.get_x() + b.get_width() / 2, h + up), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("GET / read throughput (GB/s)")
     ax.set_ylim(0, max(heights) * 1.3)
@@ -64,7 +71,8 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     for r, _ in groups:
         if r["tool"] not in RAW_TOOLS and raw_for(r, limits) is None:
             notes.append(f"{measurement(r)}: no percentage: {why_none(r, limits)}")
-    return Chart("single_nic", "Single NIC: PeerCache vs the raw limit", fig, table,
+    return Chart("single_nic", "Single NIC: PeerCache vs the raw limit (medians of the repetitions, lowest to "
+                 "highest run as whiskers)", fig, table,
                  meta_block(ok, runs), list(dict.fromkeys(notes)))
 
 
@@ -101,39 +109,45 @@ class SingleNic(Scenario):
     figures = {"single_nic": figure}
 
     def tables(self, sub: pd.DataFrame, limits: Limits) -> list[Table]:
-        """Each measurement's GET throughput and its % of its raw limit."""
+        """Each measurement's GET throughput (median, min–max of its repetitions) and its % of its raw limit."""
         recs = []
-        for _, r in ok_bw(sub).iterrows():
+        for r, sp, runs in by_point(ok_bw(sub), gbs):
             lim = None if r["tool"] in RAW_TOOLS else raw_for(r, limits)
-            g = gbs(r)
-            recs.append({"measurement": measurement(r), "GET throughput": throughput_text(g),
+            recs.append({"measurement": measurement(r),
+                         "GET throughput": throughput_text(sp["median"]) + f" ({range_text(sp)} GB/s)"
+                         if sp["n"] > 1 else throughput_text(sp["median"]) + " (measured once)",
                          "% of raw": "raw limit" if r["tool"] in RAW_TOOLS else (
-                             pct_text(100 * g / lim.gbs, lim.label) if lim and lim.gbs
-                             else f"— ({why_none(r, limits)})"),
-                         "run": short_run(r["run_id"])})
+                             pct_text(100 * sp["median"] / lim.gbs, lim.label, lowest=100 * sp["min"] / lim.gbs)
+                             if lim and lim.gbs else f"— ({why_none(r, limits)})"),
+                         "run": runs_text(runs)})
         return [("", recs)] if recs else []
 
     def headline(self, scenario: str, s: pd.DataFrame, rows: pd.DataFrame, limits: Limits) -> list[dict[str, Any]]:
-        """Every PeerCache row and the raw rows it is compared with (every raw row where there is no
-        PeerCache row; the section lists every raw run)."""
+        """Every PeerCache point (its median run, with its range) and the raw points it is compared with (every
+        raw point where there is no PeerCache row; the section lists every raw run)."""
         peer = s[~s["tool"].isin(RAW_TOOLS)]
-        cited = {run for _, r in peer.iterrows() for run in (getattr(raw_for(r, limits), "runs", ()) or ())}
-        return [overview_row(scenario, measurement(r), r, limits) for _, r in s.iterrows()
-                if not (r["tool"] in RAW_TOOLS and not peer.empty and r["run_id"] not in cited)]
+        cited = {point_of(run) for _, r in peer.iterrows() for run in (getattr(raw_for(r, limits), "runs", ()) or ())}
+        return [overview_row(scenario, measurement(r), r, limits, sp=sp) for r, sp, _ in by_point(s, gbs)
+                if not (r["tool"] in RAW_TOOLS and not peer.empty and point_of(r["run_id"]) not in cited)]
 
     def conclusions(self, sub: pd.DataFrame, limits: Limits) -> list[Conclusion]:
-        """What share of its raw limit each PeerCache point reaches (or exceeds)."""
+        """What share of its raw limit each PeerCache point reaches (by its median), and whether it exceeds it:
+        only where its every run is above the raw limit, else within the spread."""
         out = []
         bw = ok_bw(sub)
-        for _, r in bw[~bw["tool"].isin(RAW_TOOLS)].iterrows():
+        for r, sp, runs in by_point(bw[~bw["tool"].isin(RAW_TOOLS)], gbs):
             lim = raw_for(r, limits)
             if lim is None or not lim.gbs:
                 continue
-            g = gbs(r)
-            pct = 100 * g / lim.gbs
-            verb = "reaches" if pct <= 100 else "exceeds"
+            pct = 100 * sp["median"] / lim.gbs
+            verb = ("exceeds" if sp["min"] > lim.gbs else "is within the spread of") if pct > 100 else "reaches"
             out.append(Conclusion(
                 f"Single NIC: PeerCache ({measurement(r).removeprefix('PeerCache GET ')}) {verb} "
-                f"{pct:.0f}% of raw {lim.label}: {fmt_number(g)} vs {fmt_number(lim.gbs)} GB/s.",
-                [r["run_id"], *lim.runs]))
+                f"{pct:.0f}% of raw {lim.label}: {spread_text(sp)} vs {fmt_number(lim.gbs)} GB/s.",
+                [*runs, *lim.runs]))
         return out
+
+
+def runs_text(runs: list[str]) -> str:
+    """The first run of a point and how many more: "local/…/rep0 (+2)"."""
+    return short_run(runs[0]) + (f" (+{len(runs) - 1})" if len(runs) > 1 else "")
