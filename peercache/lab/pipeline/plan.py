@@ -37,7 +37,8 @@ class Plan:
                 f"{testbed_path}: field 'results': must end in the testbed name ({self.name!r}) so the "
                 f"collect stage finds it, e.g. data/raw/{self.name}")
         self.raw_root = str(Path(self.raw).parent)
-        self._order = run_order(self.points, self.scenarios, int(self.testbed["repetitions"]))
+        self._order = run_order(self.points, self.scenarios, int(self.testbed["repetitions"]),
+                                exact=bool(self.testbed.get("repetitions_exact")))
         self._before = {(p.scenario, p.name, k): prev for (p, k), prev in
                         zip(self._order, [None, *self._order[:-1]])
                         if self.scenarios[p.scenario].get("rotate") and prev is not None
@@ -108,13 +109,14 @@ class Plan:
         return "|".join(sorted({p.name for p in self.points})) or "^$"
 
 
-def repetitions(scenario: dict, testbed_reps: int) -> int:
+def repetitions(scenario: dict, testbed_reps: int, exact: bool = False) -> int:
     """How many times each point of ``scenario`` runs: the testbed's repetitions, or the scenario's own
-    ``repetitions`` where it asks for more (a scenario whose figures are compared with each other)."""
-    return max(testbed_reps, int(scenario.get("repetitions", 1)))
+    ``repetitions`` where it asks for more (a scenario whose figures are compared with each other), unless the
+    testbed says its own are ``exact`` (a functional check of the pipeline)."""
+    return testbed_reps if exact else max(testbed_reps, int(scenario.get("repetitions", 1)))
 
 
-def run_order(points: list[experiments.Point], scenarios: dict, testbed_reps: int
+def run_order(points: list[experiments.Point], scenarios: dict, testbed_reps: int, exact: bool = False
               ) -> list[tuple[experiments.Point, int]]:
     """Every (point, repetition) in the order they run (pure).
 
@@ -126,7 +128,7 @@ def run_order(points: list[experiments.Point], scenarios: dict, testbed_reps: in
     out: list[tuple[experiments.Point, int]] = []
     for name in dict.fromkeys(p.scenario for p in points):
         mine = [p for p in points if p.scenario == name]
-        n = repetitions(scenarios[name], testbed_reps)
+        n = repetitions(scenarios[name], testbed_reps, exact)
         if not scenarios[name].get("rotate"):
             out += [(p, k) for p in mine for k in range(n)]
             continue

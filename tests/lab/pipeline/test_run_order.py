@@ -16,9 +16,11 @@ def test_a_compared_scenario_runs_every_point_three_times_though_the_testbed_ask
     reps = {}
     for p, k in plan.order():
         reps.setdefault((p.scenario, p.name), []).append(k)
-    eng = {n: r for (s, n), r in reps.items() if s == "engines"}
+    compared = {s for s, sc in plan.scenarios.items() if sc.get("repetitions", 1) >= 3}
+    assert {"engines", "single_nic", "multi_rail", "msgsize_sweep"} <= compared
+    eng = {n: r for (s, n), r in reps.items() if s in compared}
     assert eng and all(r == [0, 1, 2] for r in eng.values()), eng
-    assert all(r == [0] for (s, _), r in reps.items() if s != "engines")
+    assert all(r == [0] for (s, _), r in reps.items() if s not in compared)
     assert len(plan.result_paths()) == len(plan.expected()) == sum(len(r) for r in reps.values())
 
 
@@ -35,10 +37,12 @@ def test_no_engine_runs_after_the_same_neighbour_in_two_repetitions(plan):
     assert firsts == ["iperf3", "iperf3"]
 
 
-def test_each_engines_job_waits_for_the_one_before_it_and_no_other_scenario_is_chained(plan):
+def test_each_job_of_a_rotating_scenario_waits_for_the_one_before_it_and_no_other_scenario_is_chained(plan):
     order = plan.order()
+    rotating = {s for s, sc in plan.scenarios.items() if sc.get("rotate")}
+    assert {"engines", "single_nic"} <= rotating and "directory_faults" not in rotating
     for (prev, kp), (p, k) in zip(order, order[1:]):
-        want = [plan.result_path(prev, kp)] if p.scenario == prev.scenario == "engines" else []
+        want = [plan.result_path(prev, kp)] if p.scenario == prev.scenario and p.scenario in rotating else []
         assert plan.before(p.scenario, p.name, k) == want
     first = next(x for x in order if x[0].scenario == "engines")
     assert plan.before(first[0].scenario, first[0].name, first[1]) == []
@@ -50,3 +54,13 @@ def test_the_balanced_order_puts_each_point_after_each_other_once(n):
     assert all(sorted(r) == list(range(n)) for r in rows)
     pairs = [(r[i], r[i + 1]) for r in rows for i in range(n - 1)]
     assert len(pairs) == len(set(pairs)) == n * (n - 1)
+
+
+def test_a_testbed_whose_repetitions_are_exact_runs_every_point_that_many_times(plan):
+    """softroce-2host (make test's two-machine stage) checks the pipeline runs: its one repetition holds for
+    the compared scenarios too."""
+    assert repetitions(plan.scenarios["single_nic"], 1) == 3
+    assert repetitions(plan.scenarios["single_nic"], 1, exact=True) == 1
+    two = Plan("experiments/testbeds/softroce-2host.yaml")
+    assert two.testbed.get("repetitions_exact") is True
+    assert {k for _, k in two.order()} == {0}
