@@ -126,4 +126,6 @@ def test_a_failure_fails_the_raw_rows_at_once_in_perftests_words(tmp_path, monke
     row, = rows
     assert (row.status, row.tool, row.side) == ("failed", "ib_read_bw", "aggregate")
     assert "cannot register the test buffer" in row.reason and "'s client)" in row.reason, row.reason
-    assert len(argv) == 2
+    # nothing run again; the other pair's client may be stopped before it wrote its argv (the first failure
+    # ends the pattern at once: under load it had not got that far)
+    assert 1 <= len(argv) <= 2, argv
