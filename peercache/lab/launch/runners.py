@@ -107,6 +107,8 @@ class PairResult:
     error: str | None
     start: float
     end: float
+    #: the client's warm-up run before the measured one, where the pair had one (its figure discarded)
+    warmup: SideResult | None = None
 
     @property
     def complete(self) -> bool:
@@ -115,7 +117,7 @@ class PairResult:
 
     def commands(self) -> dict[str, list[str]]:
         """side -> exact argv, for RunMeta.commands."""
-        return {s.role: s.argv for s in (self.server, self.client) if s is not None}
+        return {s.role: s.argv for s in (self.server, self.warmup, self.client) if s is not None}
 
     def numa_bindings(self) -> dict[str, dict[str, Any]]:
         """side -> binding record, for RunMeta.numa_binding."""
@@ -337,14 +339,19 @@ def _finish_servers(servers: Sequence[_Side], timeout: float, server_exits: bool
 # --- pair runner --------------------------------------------------------------
 
 class PairRunner:
-    """Server first, readiness, then client; bounded waits; everything ended on every path."""
+    """Server first, readiness, then client; bounded waits; everything ended on every path.
+
+    ``warmup``: a client run against the same server before the measured one, waited for and its output kept
+    apart (``warmup.log``): the steady state of a tool that has no warm-up of its own (its window starts
+    with its connection)."""
 
     def __init__(self, server: SideSpec, client: SideSpec, ready: Readiness, *,
                  client_timeout: float = 60.0, server_timeout: float = 10.0,
                  server_exits: bool = True, grace: float = 2.0,
-                 log_dir: str | os.PathLike | None = None, name: str = "pair"):
+                 log_dir: str | os.PathLike | None = None, name: str = "pair", warmup: SideSpec | None = None):
         self.server = server
         self.client = client
+        self.warmup = warmup
         self.ready = ready
         self.client_timeout = client_timeout      #: seconds the client may run
         self.server_timeout = server_timeout      #: seconds a one-shot server may take to exit after
@@ -360,15 +367,23 @@ class PairRunner:
         t0 = time.time()
         server = _Side("server", self.server, self.log_dir)
         client = _Side("client", self.client, self.log_dir)
-        sides = [server, client]
+        warm = _Side("warmup", self.warmup, self.log_dir) if self.warmup else None
+        sides = [server, client] + ([warm] if warm else [])
         error: str | None = None
         try:
             server.start()
             found = _await_ready(server, self.ready, time.monotonic() + self.ready.timeout)
             if found:
                 client.command = fill_placeholders(client.command, found)
-            client.start()
-            error = _wait_clients([server], [client], self.client_timeout, self.server_exits)
+            if warm is not None:
+                warm.command = fill_placeholders(warm.command, found) if found else warm.command
+                warm.start()
+                error = _wait_clients([server], [warm], self.client_timeout, self.server_exits)
+                if error is not None:
+                    error = f"the warm-up run before the measured one failed: {error}"
+            if error is None:
+                client.start()
+                error = _wait_clients([server], [client], self.client_timeout, self.server_exits)
             if error is None:
                 error = _finish_servers([server], self.server_timeout, self.server_exits, self.grace)
         except HostError as e:
@@ -378,7 +393,8 @@ class PairRunner:
             _stop_all(sides, self.grace)
         result = PairResult(name=self.name, server=server.result(),
                             client=client.result(),
-                            ok=error is None, error=error, start=t0, end=time.time())
+                            ok=error is None, error=error, start=t0, end=time.time(),
+                            warmup=warm.result() if warm is not None else None)
         if error is not None:
             raise PairFailed(f"pair {self.name!r} failed: {error}", result)
         return result

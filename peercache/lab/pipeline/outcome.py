@@ -18,7 +18,7 @@ def run_pair(pr: PointRun, kind: type[PairKind], th: TestbedHosts) -> None:
     if launch is None:              # recorded skipped by the kind, with why
         return
     res, err = pr.pair(launch.server, launch.client, launch.ready, th, launch.devices,
-                       server_exits=launch.server_exits)
+                       server_exits=launch.server_exits, warmup=launch.warmup)
     pr.record(res)
     try:
         result = kind.read(pr, th, launch, res)

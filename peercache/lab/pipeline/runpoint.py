@@ -608,9 +608,10 @@ class PointRun:
             self.rows.append(r)
 
     def pair(self, server: list[str], client: list[str], ready: Readiness, th: TestbedHosts,
-             devices: list[str], server_exits: bool = True):
+             devices: list[str], server_exits: bool = True, warmup: list[str] | None = None):
         """Run ``server`` on the producer and ``client`` on the consumer, each bound to its NIC's node and
-        under the CPU sampler; (result, None), or (what there is, why) when the pair failed."""
+        under the CPU sampler (``warmup``: a client run before the measured one, bound alike, not sampled, its
+        figure discarded); (result, None), or (what there is, why) when the pair failed."""
         pnode = self.numa_side("server", devices, "producer")
         cnode = self.numa_side("client", devices, "consumer")
         pdev = (self.tb.role_devices("producer", devices) or [None])[0]
@@ -620,7 +621,8 @@ class PointRun:
         runner = PairRunner(SideSpec(th.producer, server, pnode, pdev), SideSpec(th.consumer, client, cnode, dev),
                             ready, client_timeout=self.timeout, server_exits=server_exits,
                             server_timeout=self.scaled(SERVER_EXIT_S),
-                            log_dir=self.raw_dir, name=self.point.name)
+                            log_dir=self.raw_dir, name=self.point.name,
+                            warmup=SideSpec(th.consumer, warmup, cnode, dev) if warmup else None)
         try:
             return runner.run(), None
         except PairFailed as e:

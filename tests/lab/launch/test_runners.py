@@ -112,6 +112,32 @@ def test_success_leaves_nothing_running():
     assert_none_left(m)
 
 
+def test_a_warm_up_run_goes_to_its_end_against_the_ready_server_before_the_measured_client(tmp_path):
+    """The steady state of a tool with no warm-up of its own (Mooncake's transfer_engine_bench): a first run
+    against the same server, its output kept apart, then the measured one."""
+    m = marker()
+    h = LocalHost()
+    stamp = "import time; print(time.time(), flush=True)"
+    r = PairRunner(SideSpec(h, py(SERVER_FOREVER, m)), SideSpec(h, py(stamp, m)), Readiness(pattern="^ready$", timeout=5),
+                   server_exits=False, grace=1, log_dir=tmp_path, warmup=SideSpec(h, py(stamp + "; time.sleep(0.3)", m))).run()
+    assert r.ok and r.warmup is not None and r.warmup.rc == 0
+    assert float(r.warmup.stdout) + 0.3 <= float(r.client.stdout), (r.warmup.stdout, r.client.stdout)
+    assert r.client.stdout != r.warmup.stdout and (tmp_path / "warmup.log").exists()
+    assert list(r.commands()) == ["server", "warmup", "client"]
+    assert_none_left(m)
+
+
+def test_a_warm_up_run_that_fails_fails_the_pair_and_the_client_never_starts():
+    m = marker()
+    h = LocalHost()
+    with pytest.raises(PairFailed, match="the warm-up run before the measured one failed") as e:
+        PairRunner(SideSpec(h, py(SERVER_FOREVER, m)), SideSpec(h, py("print('x')", m)),
+                   Readiness(pattern="^ready$", timeout=5), server_exits=False, grace=1,
+                   warmup=SideSpec(h, py("import sys; sys.exit(3)", m))).run()
+    assert e.value.result.client.start is None
+    assert_none_left(m)
+
+
 def test_long_lived_server_is_stopped_after_client():
     m = marker()
     r = local_pair(SERVER_FOREVER, "print('done')", m, server_exits=False, grace=1).run()

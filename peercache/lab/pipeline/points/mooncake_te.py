@@ -3,11 +3,12 @@ initiator on the consumer, at a PeerCache point's page size, batch and threads.
 
 Declaration (:class:`MooncakeTeRun`), launch (the target first, ready once it has logged the port its P2P
 handshake picked, which the pair runner puts in the initiator's ``--segment_id``; the initiator READs for
-the point's duration, rounded up to whole seconds as the tool takes them; the target is stopped after it),
+the point's duration, rounded up to whole seconds as the tool takes them, after a discarded first run of the
+warm-up's length against the same target, since the tool has no warm-up of its own; the target is stopped after it),
 read and rows (:func:`peercache.lab.tools.mooncake_te.parse_log`: one result line whose
 printed rate agrees with its own counts, or the failure it logged). Transport: tcp on a testbed without
 RDMA, rdma with the testbed's first device and its GID index (``MC_GID_INDEX``) on one with it. The tool
-has no warm-up and never checks the bytes it reads, so its rows say ``unverified``.
+never checks the bytes it reads, so its rows say ``unverified``.
 """
 from __future__ import annotations
 
@@ -67,14 +68,22 @@ class MooncakeTeRun(PairKind, EngineRun):
         target = te.target_command(binary, p["protocol"], th.producer_addr, block, batch, threads, buf, pdev, gid)
         initiator = te.initiator_command(binary, p["protocol"], th.consumer_addr, f"{th.producer_addr}:{{te_port}}",
                                          block, batch, threads, buf, secs, cdev, gid)
+        # The tool has no warm-up: its window starts as its threads start, right after it opens the target's
+        # segment. Its steady state: a first run of the warm-up's length (whole seconds, as the tool takes
+        # them) against the same target, discarded, then the measured run.
+        warm_s = max(1, math.ceil(pr.warmup)) if pr.warmup > 0 else 0
+        warmup = te.initiator_command(binary, p["protocol"], th.consumer_addr, f"{th.producer_addr}:{{te_port}}",
+                                      block, batch, threads, buf, warm_s, cdev, gid) if warm_s else None
         ctx = pr.ctx(tool=te.TOOL, side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], devices=",".join(devs), numa_node=pr.numa_of(devs),
-                     extra={"engine": "mooncake_te", "buffer_bytes": buf, "warmup": "none (the tool has none)",
+                     extra={"engine": "mooncake_te", "buffer_bytes": buf,
+                            "warmup": (f"a {warm_s} s run against the same target, discarded (the tool has none)"
+                                       if warm_s else "none (the testbed asks none)"),
                             "duration_asked_s": secs})
         return Launch(target, initiator, Readiness(pattern=te.TARGET_READY, timeout=pr.scaled(TARGET_READY_S)), ctx,
                       failed=dict(tool=te.TOOL, protocol=p["protocol"], size_bytes=block, batch=batch, threads=threads,
                                   processes=1),
-                      devices=devs, server_exits=False, own={"device": cdev})
+                      devices=devs, server_exits=False, own={"device": cdev}, warmup=warmup)
 
     @classmethod
     def read(cls, pr: PointRun, th: TestbedHosts, launch: Launch, res) -> te.TeResult:

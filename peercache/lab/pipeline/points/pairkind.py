@@ -32,6 +32,9 @@ class Launch:
     out: str | None = None                 #: the file the client writes on the consumer, if any
     own: dict[str, Any] = field(default_factory=dict)   #: what the kind's read needs of its launch
     cleanup: Callable[[], None] | None = None   #: runs after the read, whatever it found
+    #: argv on the consumer run to its end against the ready server before ``client``, its figure discarded:
+    #: the warm-up of a tool that has none of its own
+    warmup: list[str] | None = None
 
 
 class PairKind(Kind):
