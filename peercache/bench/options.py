@@ -147,7 +147,8 @@ class BenchOptions:
         flag=Flag("--working-set"))
     quiet: bool = option(False, "no progress lines", flag=Flag("--quiet"))
     readers: int = option(
-        1, "drivers to wait for before exiting", check=config.whole(0, MAX_READERS), flag=Flag("--readers"))
+        1, "drivers to wait for before exiting; 0: serve until interrupted (Ctrl-C, SIGTERM) or --max-wait, "
+           "for drivers that come and go", check=config.whole(0, MAX_READERS), flag=Flag("--readers"))
     max_wait: float = option(
         3600.0, "exit after this many seconds even if readers are missing", unit="s",
         check=config.seconds(allow_inf=True), flag=Flag("--max-wait"))
@@ -245,17 +246,64 @@ def _add(p: argparse.ArgumentParser, *names: str, help: str | None = None) -> No
 GEOMETRY = {"layout": "layout", "page_bytes": "page_size", "working_set": "working_set"}
 
 
+def _flag(name: str, learned: bool = False):
+    """The declaration of flag ``name``; ``learned`` (drive): a geometry flag defaults to what the producer
+    publishes."""
+    o = FLAGS[name]
+    if learned and name in GEOMETRY:
+        o = dataclasses.replace(o, flag=dataclasses.replace(
+            o.flag, default=None, shown=f"the producer's, else {o.flag_default}"))
+    return o
+
+
+#: Flags serve and drive share (they must agree on the working set), in the order add_common adds them.
+COMMON = ("discovery_addr", "directory", "protocol", "device_name", "devices", "ib_port", "gid_index", *GEOMETRY,
+          "max_channels", "tcp_poll_us", "quiet", "integrity", "auth_key_file", "metrics_addr")
+
+
 def add_common(p: argparse.ArgumentParser, learned: bool = False) -> None:
-    """Flags shared by serve and drive (they must agree on the working set); ``learned`` (drive): the
-    geometry's flags default to what the producer publishes."""
-    _add(p, "discovery_addr", "directory", "protocol", "device_name", "devices", "ib_port", "gid_index")
-    for name in GEOMETRY:
-        o = FLAGS[name]
-        if learned:
-            o = dataclasses.replace(o, flag=dataclasses.replace(
-                o.flag, default=None, shown=f"the producer's, else {o.flag_default}"))
-        config.add_flag(p, o)
-    _add(p, "max_channels", "tcp_poll_us", "quiet", "integrity", "auth_key_file", "metrics_addr")
+    """Flags shared by serve and drive (they must agree on the working set), ungrouped (the HiCache suite's
+    parser); ``learned`` (drive): the geometry's flags default to what the producer publishes."""
+    for name in COMMON:
+        config.add_flag(p, _flag(name, learned))
+
+
+# --help of serve and drive, group by group: (title, description, option names). The group titled None is
+# argparse's own "options" (with -h), shown first: the everyday flags. The groups after it hold what a first
+# run leaves at its default: RDMA's device flags, tuning, and the flags the lab's runners set.
+RDMA_TITLE = "RDMA devices (with --protocol rdma)"
+EXPERT = ("expert: tuning, security, metrics",
+          "the defaults suit a first run; change these when measuring one effect")
+LAB = ("lab-internal: set by the lab's runners (python -m peercache.lab.pipeline)",
+       "several drivers started on one window, emulated hosts, fault scenarios, metrics and timelines kept in "
+       "the result document; a drive run by hand needs none of these")
+SERVE_HELP = (
+    (None, None, ("discovery_addr", "directory", "protocol", *GEOMETRY, "readers", "max_wait", "bind",
+                  "key_prefix", "out", "quiet")),
+    (RDMA_TITLE, None, ("device_name", "devices", "ib_port", "gid_index")),
+    (*EXPERT, ("max_channels", "tcp_poll_us", "integrity", "auth_key_file", "metrics_addr", "heartbeat_timeout",
+               "dir_table_entries", "join")),
+)
+DRIVE_HELP = (
+    (None, None, ("discovery_addr", "directory", "protocol", *GEOMETRY, "batch_size", "concurrencies",
+                  "processes", "duration", "warmup", "op", "verify", "access", "zipf_s", "key_prefix", "out",
+                  "quiet")),
+    (RDMA_TITLE + " and GPU memory (--gpu)", None, ("device_name", "devices", "ib_port", "gid_index", "gpu", "gpu_device")),
+    (*EXPERT, ("max_channels", "tcp_poll_us", "integrity", "auth_key_file", "metrics_addr", "dir_cache_ttl",
+               "recv_buffer", "seed", "ready_timeout")),
+    (*LAB, ("start_at", "start_file", "time_scale", "metrics_scrapes", "timeline_ms", "faults_expected")),
+)
+
+
+def _add_groups(p: argparse.ArgumentParser, table: tuple, *, learned: bool = False,
+                helps: dict[str, str] | None = None) -> None:
+    """Add the flags of ``table`` (SERVE_HELP, DRIVE_HELP) to ``p``, group by group; ``helps``: a subcommand's
+    own help text of a flag, by option name."""
+    p.usage = "%(prog)s [-h] [options]"       # the groups below list every flag; a usage of all of them is noise
+    for title, description, names in table:
+        where = p if title is None else p.add_argument_group(title, description)
+        for name in names:
+            config.add_flag(where, _flag(name, learned), help=(helps or {}).get(name))
 
 
 def geometry_given(args) -> dict:
@@ -311,24 +359,19 @@ def auth_secret(args) -> bytes | None:
 
 
 def serve_parser(p: argparse.ArgumentParser) -> None:
-    """Flags of ``serve``."""
-    add_common(p)
-    _add(p, "readers", "bind", "max_wait", "heartbeat_timeout", "dir_table_entries", "join")
-    _add(p, "key_prefix", help="publish the working set under key prefix P: keys pc/P/<i> (mha: pc/P/<i>/k and "
-                               "/v) instead of pc/<i>, so several serves can share one directory")
-    _add(p, "out", help="write serve's JSON summary here")
+    """Flags of ``serve``: everyday ones first, then RDMA's and the expert ones (SERVE_HELP)."""
+    _add_groups(p, SERVE_HELP, helps={
+        "key_prefix": "publish the working set under key prefix P: keys pc/P/<i> (mha: pc/P/<i>/k and /v) instead "
+                      "of pc/<i>, so several serves can share one directory",
+        "out": "write serve's JSON summary here"})
 
 
 def drive_parser(p: argparse.ArgumentParser) -> None:
-    """Flags of ``drive``."""
-    add_common(p, learned=True)
-    _add(p, "batch_size", "concurrencies", "processes", "dir_cache_ttl", "duration", "warmup", "op", "verify",
-         "recv_buffer", "access", "zipf_s", "seed", "ready_timeout", "start_at", "start_file", "time_scale", "gpu",
-         "gpu_device", "metrics_scrapes", "timeline_ms", "faults_expected")
-    _add(p, "key_prefix", help="read the union of the working sets serves published under these key prefixes "
-                               "(P1,P2,...; --working-set pages each): every batch is drawn from the union, so "
-                               "one batch spans several producers")
-    _add(p, "out")
+    """Flags of ``drive``: everyday ones first, then RDMA's and GPU's, the expert ones and the lab's (DRIVE_HELP)."""
+    _add_groups(p, DRIVE_HELP, learned=True, helps={
+        "key_prefix": "read the union of the working sets serves published under these key prefixes (P1,P2,...; "
+                      "--working-set pages each): every batch is drawn from the union, so one batch spans several "
+                      "producers"})
 
 
 def meta_parser(p: argparse.ArgumentParser) -> None:
