@@ -507,10 +507,17 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     /* Zeroed views: PyBuffer_Release ignores the ones never filled. */
     Py_buffer lv = {0}, wv = {0}, dv = {0}, ov = {0}, cv = {0}, sv = {0}, lnv = {0}, gv = {0}, kv = {0};
     int have_caps = caps_o != Py_None;
+    /* dest: one buffer (payloads at offsets of it), or a list of one buffer per key */
+    int many = PyList_Check(dest_o);
     if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
     Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
+    if (many && PyList_GET_SIZE(dest_o) != n) {
+        PyBuffer_Release(&lv);
+        return PyErr_Format(PyExc_ValueError, "dest is a list of %zd buffers for %zd keys; give one per key",
+                            PyList_GET_SIZE(dest_o), n);
+    }
     if (get_buf(want_o, &wv, 0, "want (uint64 array: the key hash of each key asked for)", 8, n) < 0 ||
-        get_buf(dest_o, &dv, 1, "dest", 0, -1) < 0 ||
+        (!many && get_buf(dest_o, &dv, 1, "dest", 0, -1) < 0) ||
         get_buf(off_o, &ov, 0, "offsets (uint64 array)", 8, n) < 0 ||
         (have_caps && get_buf(caps_o, &cv, 0, "capacities (uint64 array)", 8, n) < 0) ||
         get_buf(st_o, &sv, 1, "status (int8 array)", 1, n) < 0 ||
@@ -531,9 +538,22 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
      * held until the reads are done. */
     PyObject *result = NULL;
     size_t nn = 0, cap_nodes = 8;
+    Py_ssize_t got = 0;   /* views of dests taken */
+    Py_buffer *dvs = NULL;
+    pc_local *dests = NULL;
     pc_slot_peer *nodes = PyMem_Malloc(cap_nodes * sizeof *nodes);
     void *scratch = PyMem_Malloc(pc_slot_scratch_bytes(b.n));
     if (!nodes || !scratch) { PyErr_NoMemory(); goto out; }
+    if (many) {
+        dvs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *dvs);
+        dests = PyMem_Malloc((n ? (size_t)n : 1) * sizeof *dests);
+        if (!dvs || !dests) { PyErr_NoMemory(); goto out; }
+        for (; got < n; got++) {
+            if (get_buf(PyList_GET_ITEM(dest_o, got), &dvs[got], 1, "each buffer of dest", 0, -1) < 0) goto out;
+            dests[got] = (pc_local){dvs[got].buf, (uint64_t)dvs[got].len};
+        }
+        b.dests = dests;
+    }
     for (size_t i = 0; (i = pc_slot_nodes(b.locs, i, b.n, nodes, cap_nodes, &nn)) < b.n;) {
         cap_nodes *= 2;
         pc_slot_peer *g = PyMem_Realloc(nodes, cap_nodes * sizeof *g);
@@ -561,6 +581,9 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
                            (Py_ssize_t)r.checksum_missing, (Py_ssize_t)r.redirected);
 out:
     for (size_t d = 0; d < nn; d++) Py_XDECREF((PyObject *)nodes[d].owner);
+    for (Py_ssize_t j = 0; j < got; j++) PyBuffer_Release(&dvs[j]);
+    PyMem_Free(dvs);
+    PyMem_Free(dests);
     PyMem_Free(nodes);
     PyMem_Free(scratch);
     PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
@@ -774,7 +797,8 @@ static PyMethodDef module_methods[] = {
      "read_slots(peers, locs, want, dest, offsets, caps, status, lengths, gens, codes[, checks]) -> "
      "(hits, stale, need_peer, errors, first_error_code, first_error_node, first_error_text, "
      "content_bad, checksum_bad, checksum_missing, redirected); want: the key hash (tags.key_hash) of "
-     "each key asked for, which its slot tag must hold (never the one its location carries); checks "
+     "each key asked for, which its slot tag must hold (never the one its location carries); dest: one "
+     "buffer (each payload at offsets[i] of it) or a list of one buffer per key (at offsets[i] of its own); checks "
      "(optional) is CHECK_PATTERN | CHECK_INTEGRITY, run on each hit right after its tag check."},
     {"table_lookup", py_table_lookup, METH_VARARGS,
      "table_lookup(source, keys, spec, nums, slot_limit, epoch, rows, state) -> (code, epoch, resolved, "

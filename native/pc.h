@@ -239,7 +239,10 @@ typedef struct pc_slot_batch {
     const uint64_t *want;      /* per key: tags.key_hash of the key asked for, computed by the consumer */
     uint8_t *dest;
     uint64_t destlen;
-    const uint64_t *offsets;   /* where each payload goes in dest */
+    /* per key, its own destination buffer (a caller's buffer per key: its payload is local
+     * buffer PC_SLOT_DEST + i, at offsets[i] of it), or NULL: every payload in dest */
+    const pc_local *dests;
+    const uint64_t *offsets;   /* where each payload goes in dest (in dests[i]) */
     const uint64_t *caps;      /* most payload bytes each key takes, or NULL */
     int8_t *status;            /* PC_GET_* */
     int32_t *codes;            /* 0, the status of its first failed op, or a per-key code (PC_NEED_PEER...) */
@@ -265,10 +268,12 @@ typedef struct pc_slot_result {
  * nodes and call again from there. */
 size_t pc_slot_nodes(const pc_loc *locs, size_t i, size_t n, pc_slot_peer *nodes, size_t cap, size_t *nn);
 /* Bytes of scratch pc_read_slots needs for n keys: per key its tags (PC_TAG_WORDS), up to
- * PC_SLOT_MAX_OPS ops, their statuses and keys, the index of its first op and the outcome
- * of its payload checks. */
+ * PC_SLOT_MAX_OPS ops, their statuses and keys, the index of its first op, the outcome
+ * of its payload checks and its local buffer (a batch with dests). */
 static inline size_t pc_slot_scratch_bytes(size_t n) {
-    return (n ? n : 1) * (PC_TAG_BYTES + PC_SLOT_MAX_OPS * (sizeof(pc_op) + 4 + 4) + 4 + 4);
+    /* ... and, for a batch with dests, the call's local buffers (the tags, then one per key) */
+    return (n ? n : 1) * (PC_TAG_BYTES + PC_SLOT_MAX_OPS * (sizeof(pc_op) + 4 + 4) + 4 + 4 + sizeof(pc_local))
+           + sizeof(pc_local);
 }
 /* Reads the batch: one read_batch per node of nodes[0..nn) that has a handle,
  * then the tag check of every key read and, on the hits, the checks of b->checks. scratch: pc_slot_scratch_bytes(b->n)

@@ -1,6 +1,7 @@
 /* Slot reads: the engine of peercache._native.read_slots, without the GIL.
  *
- * A batch is one directory location per key and a destination buffer. The
+ * A batch is one directory location per key and a destination buffer (or one
+ * buffer per key, b->dests: the caller's own, each payload straight into it). The
  * keys of each node become one read_batch of that node's backend: per key
  * the ops of pc_slot_ops (pc.h), header and trailer into a tag scratch of
  * PC_TAG_BYTES per key, the payload straight into the destination. A key is
@@ -74,12 +75,14 @@ static size_t node_ops(const pc_slot_batch *b, const pc_slot_peer *p, pc_op *ops
             status[i] = PC_GET_ERROR; codes[i] = PC_TOO_BIG; errors++;
             continue;
         }
-        if (offsets[i] > destlen || l->length > destlen - offsets[i]) {
+        uint64_t room = b->dests ? b->dests[i].len : destlen;
+        if (offsets[i] > room || l->length > room - offsets[i]) {
             status[i] = PC_GET_ERROR; codes[i] = PC_LOCAL_RANGE; errors++;
             continue;
         }
         first[i] = (int32_t)m;
         size_t k = pc_slot_ops(l, (uint64_t)i * PC_TAG_BYTES, offsets[i], &ops[m]);
+        if (b->dests && l->length) ops[m + 1].local_region = PC_SLOT_DEST + (uint32_t)i;  /* its own buffer */
         for (size_t j = 0; j < k; j++) opkey[m + j] = (uint32_t)i;
         m += k;
     }
@@ -93,7 +96,7 @@ static size_t node_ops(const pc_slot_batch *b, const pc_slot_peer *p, pc_op *ops
  * Returns PC_OK or the per-key code of the first that failed. */
 static int32_t check_payload(const pc_slot_batch *b, size_t i, const uint64_t *tag) {
     const pc_loc *l = &b->locs[i];
-    const uint8_t *payload = b->dest + b->offsets[i];
+    const uint8_t *payload = (b->dests ? b->dests[i].base : b->dest) + b->offsets[i];
     uint64_t kh = b->want[i];
     if (b->checks & PC_CHECK_INTEGRITY) {
         uint64_t sum = tag[PC_TAG_CHECKSUM];
@@ -214,6 +217,7 @@ void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn,
     int32_t *first = opst + PC_SLOT_MAX_OPS * n;
     uint32_t *opkey = (uint32_t *)(first + n);
     int32_t *checked = (int32_t *)(opkey + PC_SLOT_MAX_OPS * n);
+    pc_local *many = (pc_local *)(checked + n);   /* 8-aligned: 8n int32s since ops */
     r->hits = r->stale = r->redirected = r->need_peer = r->errors = 0;
     r->content_bad = r->checksum_bad = r->checksum_missing = 0;
     r->err_code = 0;
@@ -225,9 +229,16 @@ void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn,
     for (size_t i = 0; i < n; i++) {
         status[i] = PC_GET_MISS; codes[i] = 0; lengths[i] = 0; gens[i] = 0; first[i] = -1; checked[i] = 0;
     }
-    pc_local locals[2];
+    pc_local two[2], *locals = two;
+    size_t nlocals = 2;
+    if (b->dests) {   /* the tags, then each key's own buffer */
+        locals = many;
+        nlocals = n + 1;
+        for (size_t i = 0; i < n; i++) locals[PC_SLOT_DEST + i] = b->dests[i];
+    } else {
+        locals[PC_SLOT_DEST] = (pc_local){b->dest, b->destlen};
+    }
     locals[PC_SLOT_TAGS] = (pc_local){(uint8_t *)tags, (uint64_t)n * PC_TAG_BYTES};
-    locals[PC_SLOT_DEST] = (pc_local){b->dest, b->destlen};
     slot_checks x = {b, tags, opst, first, opkey, checked};
     pc_notify notify = {slot_op_landed, slot_op_copy, &x};
     for (size_t d = 0; d < nn; d++) {
@@ -235,7 +246,7 @@ void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn,
         size_t m = node_ops(b, p, ops, first, opkey, r);
         if (!m) continue;
         char berr[sizeof r->err] = "";
-        p->be->read_batch(p->conn, ops, m, locals, 2, opst, berr, sizeof berr, b->checks ? &notify : NULL);
+        p->be->read_batch(p->conn, ops, m, locals, nlocals, opst, berr, sizeof berr, b->checks ? &notify : NULL);
         node_results(b, p->node, tags, opst, first, checked, berr, r);
     }
 }

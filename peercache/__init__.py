@@ -4,13 +4,14 @@
 lab's small remote tools (``python -m peercache.lab.cli hostinfo``, cpusample) start without it:
 on an emulated host each of those imports costs seconds.
 """
-from .errors import (ConfigError, DiscoveryUnreachable, PeerCacheError, RpcError,
-                     TransportError, TransportUnavailable)
+from .errors import (ConfigError, DeadlineExceeded, DiscoveryUnreachable, HostNotFound, InvalidArgument,
+                     InvalidLocation, PeerCacheError, RpcError, TransportError, TransportUnavailable)
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "connect", "PeerCacheError", "ConfigError", "DiscoveryUnreachable",
-           "RpcError", "TransportError", "TransportUnavailable", "__version__"]
+__all__ = ["Client", "connect", "PeerCacheError", "ConfigError", "DeadlineExceeded", "DiscoveryUnreachable",
+           "HostNotFound", "InvalidArgument", "InvalidLocation", "RpcError", "TransportError",
+           "TransportUnavailable", "__version__"]
 
 _LAZY = {"Client", "connect"}
 

@@ -13,6 +13,15 @@ class DiscoveryUnreachable(PeerCacheError):
     """The discovery node did not answer within the bounded wait."""
 
 
+class HostNotFound(DiscoveryUnreachable):
+    """The host of the discovery address (or of the directory's URL) does not resolve to an address."""
+
+
+class InvalidArgument(PeerCacheError, TypeError):
+    """An argument of the wrong type or shape (a key that is not str or bytes, a value or output buffer
+    that is not a C-contiguous bytes-like object); a TypeError too, as Python's own were before."""
+
+
 class RpcError(PeerCacheError):
     """A control-plane request got an error reply."""
 

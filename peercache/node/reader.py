@@ -73,7 +73,7 @@ class Reader:
     def get_batch_into(self, keys: Sequence[bytes], dest, offsets: Sequence[int] | np.ndarray,
                        capacities: Sequence[int] | np.ndarray | None = None, *,
                        check_pattern: bool = False, deadline: Deadline | None = None) -> BatchResult:
-        """:meth:`peercache.node.Node.get_batch_into`."""
+        """:meth:`peercache.node.Node.get_batch_into` (``dest``: one buffer, or a list of one per key)."""
         recorder = self.batches
         started = perf_counter() if recorder is not None else 0.0
         n = len(keys)
@@ -82,13 +82,18 @@ class Reader:
         native = self.native is not None
         offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
         caps = None if capacities is None else np.ascontiguousarray(capacities, dtype=np.uint64)
-        if len(offsets) != n or (caps is not None and len(caps) != n):
+        many = isinstance(dest, (list, tuple))     # one buffer per key (the caller's own): still one batch
+        if len(offsets) != n or (caps is not None and len(caps) != n) or (many and len(dest) != n):
             raise ConfigError(f"get_batch_into: {n} keys but {len(offsets)} offsets"
-                              + ("" if caps is None else f" and {len(caps)} capacities"))
+                              + ("" if caps is None else f" and {len(caps)} capacities")
+                              + (f" and {len(dest)} destination buffers" if many else ""))
+        if many and not isinstance(dest, list):
+            dest = list(dest)
         locate, read = ((self.resolver.lookup_rows, self.read_native) if native
                         else (self.resolver.locate, self.read_via_transport))
         if native:
-            self.transport.prepare_local(dest)   # rdma: registered on every rail (cached)
+            for buf in (dest if many else (dest,)):
+                self.transport.prepare_local(buf)   # rdma: registered on every rail (cached)
         checks = (CHECK_PATTERN if check_pattern else 0) | (CHECK_INTEGRITY if self.integrity else 0)
         # Per call: only the arrays the result hands back (np.full's Python wrapper costs a
         # microsecond of a 4 KiB GET's ~20, so the status array is filled in place).
@@ -128,7 +133,8 @@ class Reader:
                 late.append(stale)
             else:
                 sub_late = deadline.take_late()   # indices into skeys
-                err2, _, other = self._read_in_time(read, deadline, sub_late, skeys, want[stale], again, dest,
+                sdest = [dest[i] for i in stale] if many else dest
+                err2, _, other = self._read_in_time(read, deadline, sub_late, skeys, want[stale], again, sdest,
                                                     offsets[stale], None if caps is None else caps[stale],
                                                     s_st, s_len, s_gen, s_content, checks)
                 late += [stale[i] for i in sub_late]
@@ -304,6 +310,7 @@ class Reader:
                            checks: int) -> tuple[str | None, np.ndarray, np.ndarray]:
         """One transport batch per node, tags and payload checks here (the reference)."""
         n = len(keys)
+        many = isinstance(dest, list)   # one buffer per key: key i's payload is local buffer SLOT_DEST + i
         tagbuf = np.zeros((n, tags.TAG_WORDS), dtype=np.uint64)
         refused = np.zeros(n, dtype=bool)   # misses by integrity: the bytes are wrong, not stale
         other = np.zeros(n, dtype=bool)     # misses by a slot that holds another key
@@ -332,8 +339,9 @@ class Reader:
                                 np.fromiter((l.rkey for l in L), np.uint64, m),
                                 np.fromiter((l.offset for l in L), np.uint64, m), ln,
                                 np.fromiter((l.capacity for l in L), np.uint64, m),
-                                ii * tags.TAG_BYTES, offsets[idxs])
-            st = np.asarray(self.transport.read_batch(node_id, info, ops, [tagbytes, dest]))
+                                ii * tags.TAG_BYTES, offsets[idxs], dest_local=ii.astype(np.uint32) if many else None)
+            st = np.asarray(self.transport.read_batch(node_id, info, ops, [tagbytes, *dest] if many
+                                                      else [tagbytes, dest]))
             failed = np.zeros(m, dtype=bool)
             np.logical_or.at(failed, key, st != Status.OK)
             ok_ops = ~failed
@@ -367,10 +375,11 @@ class Reader:
         ``match``: False where integrity refuses the bytes (a miss); bench-pattern mismatches go
         to ``content``."""
         keep = np.ones(len(good), dtype=bool)
-        view = np.frombuffer(dest, dtype=np.uint8) if not isinstance(dest, np.ndarray) else dest.reshape(-1).view(np.uint8)
+        views = [_bytes_view(d) for d in dest] if isinstance(dest, list) else None
+        view = _bytes_view(dest) if views is None else None
         for j in np.flatnonzero(match):
             i, o, k = int(good[j]), int(offsets[good[j]]), int(ln[j])
-            page = view[o:o + k]
+            page = (view if views is None else views[i])[o:o + k]
             if checks & CHECK_INTEGRITY:
                 want = int(tagbuf[i, tags.CHECKSUM])
                 if want == 0:
@@ -384,3 +393,8 @@ class Reader:
             if checks & CHECK_PATTERN and not tags.verify_patterns(page.reshape(1, -1), kh[j:j + 1], gen[j:j + 1])[0]:
                 content[i] = True
         return keep
+
+
+def _bytes_view(buf) -> np.ndarray:
+    """``buf`` as a flat uint8 array (no copy)."""
+    return buf.reshape(-1).view(np.uint8) if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)

@@ -117,11 +117,15 @@ def make_ops(n: int) -> np.ndarray:
 SLOT_TAGS, SLOT_DEST = 0, 1
 
 
-def slot_ops(region, rkey, offset, length, capacity, tag_offset, dest_offset) -> tuple[np.ndarray, np.ndarray]:
+def slot_ops(region, rkey, offset, length, capacity, tag_offset, dest_offset,
+             dest_local=None) -> tuple[np.ndarray, np.ndarray]:
     """The reads of slots, one entry per key in each argument, in the order the seqlock check needs:
     header, payload, trailer; header and trailer land at ``tag_offset`` of the tag scratch
     (local buffer SLOT_TAGS, header then trailer), the payload at ``dest_offset`` of the
     destination (SLOT_DEST); an empty object has no payload op.
+
+    ``dest_local`` (per key, optional): the payload lands at ``dest_offset`` of local buffer
+    SLOT_DEST + ``dest_local`` instead (one buffer per key, as read_slots takes a list of them).
 
     This is the one Python definition of the layout (``pc_slot_ops`` in native/pc.h is the C one).
     Returns the ops and, for each op, the index of its key.
@@ -144,6 +148,8 @@ def slot_ops(region, rkey, offset, length, capacity, tag_offset, dest_offset) ->
         ops["remote_offset"][idx] = remote
         ops["length"][idx] = ln
         ops["local_offset"][idx] = loff
+    if dest_local is not None:
+        ops["local_region"][pay] = SLOT_DEST + np.asarray(dest_local, np.uint32)[full]
     return ops, key
 
 

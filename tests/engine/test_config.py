@@ -39,7 +39,7 @@ def test_every_option_has_a_one_line_doc_a_check_and_a_surface():
 NODE_OWN = {"config", "name", "pool_slots", "transport_options", "geometry"}
 
 
-@pytest.mark.parametrize("cls, own", [(Node, NODE_OWN), (peercache.Client, {"config"})], ids=["Node", "Client"])
+@pytest.mark.parametrize("cls, own", [(Node, NODE_OWN)], ids=["Node"])
 def test_node_and_client_take_their_defaults_from_nodeconfig_alone(cls, own):
     params = inspect.signature(cls.__init__).parameters
     with_default = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
@@ -48,6 +48,25 @@ def test_node_and_client_take_their_defaults_from_nodeconfig_alone(cls, own):
     fields = {f.name for f in dataclasses.fields(NodeConfig)}
     assert not (set(params) & (fields | set(node.KEYWORDS) | set(client.KEYWORDS))), set(params)
     assert params["config"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+def test_client_keywords_are_nodeconfigs_fields_typed_and_without_defaults_of_their_own():
+    # help(peercache.connect) lists them: each a NodeConfig field (page_size is page_bytes), keyword-only,
+    # typed as the field (Optional), None by default (NodeConfig's default applies): no second list of defaults
+    params = inspect.signature(peercache.Client.__init__).parameters
+    fields = {f.name: f.type for f in dataclasses.fields(NodeConfig)}
+    spelled = {v: k for k, v in client.KEYWORDS.items()}     # field -> the client's keyword
+    named = {n: p for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert {client.KEYWORDS.get(n, n) for n in named} == set(fields), set(named) ^ set(fields)
+    for n, p in named.items():
+        t = fields[client.KEYWORDS.get(n, n)]
+        assert p.default is None, n
+        assert p.annotation == (t if t.startswith("Optional[") else f"Optional[{t}]"), (n, p.annotation, t)
+    assert params["config"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and params["config"].default is None
+    assert set(inspect.signature(peercache.connect).parameters) == set(params) - {"self"}
+    doc = peercache.connect.__doc__
+    for n, o in NodeConfig.options().items():
+        assert f"``{spelled.get(n, n)}``" in doc and o.doc in doc, n
 
 
 def test_the_keyword_form_is_nodeconfig_with_the_old_spellings():
