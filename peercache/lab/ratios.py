@@ -91,6 +91,13 @@ figures run with verification off. What each figure measures:
   (no target) is over redis-benchmark's MGET of the same 128 keys every time, which stay hot in
   redis-server's caches (about a third of the server CPU per MGET): shown, not the limit.
 
+- ``get_batch_outs_vs_copy_4k``: the library's zero-copy batch read, ``Client.get_batch(keys, outs)`` (a
+  caller's buffer per key, as a serving engine reads), over its copying form ``Client.get_batch(keys)``
+  measured just before it in the same round: batches of 32 random 4 KiB pages over shm, directory cached,
+  one thread (``python -m peercache.bench.getbatch``: a producer and a consumer Client in one process;
+  calls/s of each form; every key a hit of the right length). Not a point kind of the scenario: the
+  tool runs its own paired rounds, after the points (``LIBRARY``).
+
 Ratios come from paired rounds: each round's PeerCache figure over the baseline measured
 just before it (in the same round); the median of those per-round ratios, with min and max.
 """
@@ -102,6 +109,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,7 +157,13 @@ FIGURES: dict[str, tuple[str, str]] = {
     "redis_mget_128": ("keys_per_s", "ops/s"),
     "redis_mget_128_fixed": ("keys_per_s", "ops/s"),
     "dirlookup_redis_128": ("keys_per_s", "ops/s"),
+    "get_batch_copy_4k": ("calls_per_s", "calls/s"),
+    "get_batch_outs_4k": ("calls_per_s", "calls/s"),
 }
+#: figures measured by a tool of their own in its own paired rounds (not points of the scenario):
+#: figure -> the key of each round in the tool's JSON; the tool's argv (rounds and durations added).
+LIBRARY: dict[str, str] = {"get_batch_copy_4k": "copy_calls_per_s", "get_batch_outs_4k": "outs_calls_per_s"}
+LIBRARY_ARGV = ("-m", "peercache.bench.getbatch", "--page-size", "4096", "--batch", "32", "--protocol", "shm")
 #: ratio -> (PeerCache figure, baseline figure measured just before it in each round; None: the figure itself).
 RATIOS: dict[str, tuple[str, str | None]] = {
     "shm_vs_memcpy_128k": ("peercache_shm_128k", "memcpy_128k"),
@@ -174,6 +188,7 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "dir_lookups_embedded_rpc_16384": ("dirlookup_embedded_rpc_16384", None),
     "dir_lookups_redis_vs_mget_128": ("dirlookup_redis_128", "redis_mget_128"),
     "dir_lookups_redis_vs_mget_fixed_128": ("dirlookup_redis_128", "redis_mget_128_fixed"),
+    "get_batch_outs_vs_copy_4k": ("get_batch_outs_4k", "get_batch_copy_4k"),
 }
 #: ``check`` line -> the verified part behind it.
 CHECKS: dict[str, str] = {"shm_128k": "shm_128k_check", "tcp_128k": "tcp_128k_check",
@@ -207,6 +222,8 @@ class BenchPlan:
     testbed: experiments.Testbed
     points: dict[str, experiments.Point]
     schedule: list[tuple[experiments.Point, int]]
+    #: the LIBRARY figures to measure after the points (none in an --only run that does not name them)
+    library: tuple = ()
 
 
 def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCENARIOS_FILE,
@@ -225,7 +242,7 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
         by_part[p.part] = p
     named = set(FIGURES) | {x for pc, base in RATIOS.values() for x in (pc, base) if x} | set(CHECKS.values()) \
         | {part for _, parts in STAGES for part in parts}
-    missing = sorted(named - set(by_part))
+    missing = sorted(named - set(by_part) - set(LIBRARY))
     if missing:
         raise experiments.DefinitionError(f"{scenarios_file}: field '{SCENARIO}.local': no part(s) {missing}, "
                                           f"which peercache.lab.ratios measures (it has {sorted(by_part)})")
@@ -239,7 +256,27 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
             raise experiments.DefinitionError(f"--only: no ratio(s) {unknown}; the bench's ratios are {sorted(RATIOS)}")
         keep = {x for name in only for x in RATIOS[name] if x}
         schedule = [(pt, r) for pt, r in schedule if pt.part in keep]
-    return BenchPlan(tb, by_part, schedule)
+        library = tuple(part for part in LIBRARY if part in keep)
+    else:
+        library = tuple(LIBRARY)
+    return BenchPlan(tb, by_part, schedule, library)
+
+
+def measure_library(parts: tuple, rounds: int, duration: float, warmup: float) -> dict[str, list[float]]:
+    """The LIBRARY figures ``parts``, each round's (its tool's own paired rounds); BenchError when it fails."""
+    if not parts:
+        return {}
+    argv = [sys.executable, *LIBRARY_ARGV, "--rounds", str(rounds), "--duration", f"{duration:g}",
+            "--warmup", f"{warmup:g}"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 2 * rounds * (duration + warmup))
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{', '.join(parts)}: {' '.join(argv[1:])} did not finish in time") from None
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BenchError(f"{', '.join(parts)}: {' '.join(argv[1:])} failed (exit {out.returncode}): {tail}")
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    return {part: [float(r[LIBRARY[part]]) for r in doc["rounds"]] for part in parts}
 
 
 def figure(rows: list[tidy.Row], part: str) -> float:
@@ -294,8 +331,8 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
     in_rounds = {part for how, parts in STAGES if how == "rounds" for part in parts}
     measured = {part for part, _ in point_rows}
     for part in FIGURES:
-        if only and part not in measured:
-            continue
+        if part in LIBRARY or (only and part not in measured):
+            continue          # LIBRARY figures: their rounds are in res already (measure_library)
         reps = sorted(k for p, k in point_rows if p == part)
         vals = [figure(point_rows[(part, k)], part) for k in reps]
         if part in in_rounds:
@@ -386,6 +423,8 @@ def run(bp: BenchPlan, run_dir: Path, log=print) -> tuple[dict, dict]:
             out = run_dir / pt.scenario / pt.name / f"rep{k}" / tidy.RESULT_FILE
             point_rows[(pt.part, k)] = runpoint.run_point(tb, pt, k, out, hosts=lo if pt.loopback else pair,
                                                           quiet=True)
+    lib = measure_library(bp.library, tb["repetitions"], tb["duration"], tb["warmup"])
+    res["rounds"].update({part: [round(v, 4) for v in vals] for part, vals in lib.items()})
     return res, point_rows
 
 

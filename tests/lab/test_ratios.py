@@ -107,7 +107,7 @@ def test_every_ratio_has_a_target_in_the_references_data():
                  "verify_vs_noverify_tcp_128k": 0.9, "verify_vs_noverify_shm_128k": 0.85,
                  "integrity_vs_off_128k": 0.85, "hicache_v1_vs_drive_128k": 0.9, "metrics_on_vs_off_tcp_128k": 0.95,
                  "dir_lookups_embedded_128": 1e6, "dir_lookups_redis_vs_mget_128": 0.8,
-                 "dir_lookups_embedded_rpc_16384": 5e5}
+                 "dir_lookups_embedded_rpc_16384": 5e5, "get_batch_outs_vs_copy_4k": 1.0}
     # every ratio the bench prints has one, but the shm integrity figure (shown for what it costs there)
     # and the 4 KiB GETs over the baseline that waits as they do (shown beside the targets)
     assert set(ratios.RATIOS) - set(t) - set(load_bench_targets(bound="at_most")) == {
@@ -157,3 +157,29 @@ def test_a_malformed_target_names_itself(tmp_path):
     p.write_text("schema_version: 1\nbench_targets:\n  shm: 0.9\n")
     with pytest.raises(ValueError, match="bench_targets.shm must be"):
         load_bench_targets(p)
+
+
+def test_the_library_figures_are_paired_rounds_of_their_own_tool(monkeypatch):
+    """get_batch_outs_vs_copy_4k: the zero-copy form over the copying one, each round's, from getbatch's JSON."""
+    assert ratios.RATIOS["get_batch_outs_vs_copy_4k"] == ("get_batch_outs_4k", "get_batch_copy_4k")
+    bp = ratios.plan(rounds=2, duration=1.5, warmup=0.5, only=["get_batch_outs_vs_copy_4k"])
+    assert bp.schedule == [] and set(bp.library) == {"get_batch_outs_4k", "get_batch_copy_4k"}
+    assert ratios.plan(1, 1.0, 0.5, only=["shm_vs_memcpy_128k"]).library == ()
+    seen = {}
+
+    class Done:
+        returncode, stderr = 0, ""
+        stdout = ('{"rounds": [{"copy_calls_per_s": 100.0, "outs_calls_per_s": 90.0}, '
+                  '{"copy_calls_per_s": 100.0, "outs_calls_per_s": 120.0}]}\n')
+
+    monkeypatch.setattr(ratios.subprocess, "run", lambda argv, **kw: seen.setdefault("argv", argv) and Done())
+    got = ratios.measure_library(bp.library, 2, 1.5, 0.5)
+    assert "peercache.bench.getbatch" in seen["argv"] and seen["argv"][-6:] == ["--rounds", "2", "--duration",
+                                                                                "1.5", "--warmup", "0.5"]
+    res = {"raw": {}, "ratios": {}, "rounds": got, "checks": []}
+    ratios.summarise(res, {}, 2, only=["get_batch_outs_vs_copy_4k"])
+    r = res["ratios"]["get_batch_outs_vs_copy_4k"]
+    assert (r["median"], r["min"], r["max"]) == (pytest.approx(1.05), 0.9, 1.2)
+    Done.returncode, Done.stderr = 1, "getbatch: a key was not a hit"
+    with pytest.raises(ratios.BenchError, match="failed \\(exit 1\\): getbatch: a key was not a hit"):
+        ratios.measure_library(bp.library, 2, 1.5, 0.5)
