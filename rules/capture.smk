@@ -17,7 +17,7 @@ rule preflight:
         py=PY,
         testbed=PLAN.testbed_path,
         # a list: `:q` quotes each word (an empty list adds nothing)
-        scenarios=["--scenarios", PLAN.scenarios_path] if PLAN.scenarios_path else [],
+        scenarios=["--scenarios-file", PLAN.scenarios_path] if PLAN.scenarios_path else [],
     conda:
         "../envs/lab.yaml"
     log:

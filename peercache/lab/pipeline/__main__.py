@@ -15,6 +15,8 @@ from peercache.lab.pipeline.plan import ROLES, Plan
 from peercache.lab.system import hostinfo
 from peercache.lab.system.slowness import scaled
 
+#: --testbed's help: a file, not the folder of them.
+TESTBED_HELP = "the testbed definition, a YAML file (e.g. experiments/testbeds/local.yaml)"
 #: Seconds one host's hostinfo capture may take on a plain machine.
 CAPTURE_S = 120.0
 
@@ -83,18 +85,50 @@ def describe_kinds() -> str:
     return "\n".join(out)
 
 
+def scenario_list(text: str) -> list[str]:
+    """'single_nic,engines' -> ['single_nic', 'engines'] (argparse type of --scenarios)."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give scenario names separated by commas, none empty "
+                                         "(e.g. single_nic,engines)")
+    for n in names:
+        if "/" in n or n.endswith((".yaml", ".yml")):
+            raise argparse.ArgumentTypeError(f"{n!r} looks like a file, but --scenarios takes scenario names "
+                                             "(e.g. single_nic,engines); give a scenario file with --scenarios-file")
+    return names
+
+
+def _scenario_flags(p: argparse.ArgumentParser) -> None:
+    """--scenarios (names: which of the testbed's scenarios) and --scenarios-file (which scenario file)."""
+    p.add_argument("--scenarios", action="append", type=scenario_list, metavar="NAMES",
+                   help="only these of the testbed's scenarios: names separated by commas, or the flag repeated "
+                        "(e.g. --scenarios single_nic,engines) [every scenario the testbed runs]")
+    p.add_argument("--scenarios-file", metavar="FILE",
+                   help="the scenario file the names refer to [experiments/scenarios.yaml]")
+
+
+def _plan(a, allow_placeholders: bool = False) -> Plan:
+    """The testbed's plan, with only the points of the scenarios --scenarios names (all when none)."""
+    plan = Plan(a.testbed, a.scenarios_file, allow_placeholders=allow_placeholders)
+    if a.scenarios:
+        chosen = experiments.chosen_scenarios(plan.testbed, [n for names in a.scenarios for n in names],
+                                              plan.scenarios)
+        plan.points = [pt for pt in plan.points if pt.scenario in chosen]
+    return plan
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m peercache.lab.pipeline")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture", help="capture a host's testbed block")
-    c.add_argument("--testbed", required=True)
+    c.add_argument("--testbed", required=True, metavar="FILE", help=TESTBED_HELP)
     c.add_argument("--role", required=True,
                    help="producer or consumer (testbed/<role>.json), or the name of a host of a testbed that "
                         "lists its hosts (testbed/<name>.json)")
     c.add_argument("--out", required=True)
     v = sub.add_parser("validate", help="validate a testbed and list its points (--connect: check its hosts too)")
-    v.add_argument("--testbed", required=True)
-    v.add_argument("--scenarios", default=None)
+    v.add_argument("--testbed", required=True, metavar="FILE", help=TESTBED_HELP)
+    _scenario_flags(v)
     v.add_argument("--connect", action="store_true",
                    help="also check each host before anything runs: ssh, its python and PeerCache revision, "
                         "tools, RDMA devices, reachability (peercache.lab.pipeline.preflight)")
@@ -104,20 +138,22 @@ def main(argv=None) -> int:
                         "(each planned as placeholder-<n>); not with --connect")
     f = sub.add_parser("preflight", help="check the testbed's hosts (the pipeline's first rule); "
                                          "exit non-zero on any failure")
-    f.add_argument("--testbed", required=True)
-    f.add_argument("--scenarios", default=None)
+    f.add_argument("--testbed", required=True, metavar="FILE", help=TESTBED_HELP)
+    _scenario_flags(f)
     f.add_argument("--out", default=None, help="write the check's results here (JSON)")
     sub.add_parser("kinds", help="list the point kinds, their knobs (type, default, meaning) and metrics")
     sub.add_parser("schema", help="print the JSON schema of a scenario file (generated from the kinds)")
     m = sub.add_parser("measure", help="capture every host and run every point (what the guest runs)")
-    m.add_argument("--testbed", required=True)
-    m.add_argument("--scenarios", default=None)
+    m.add_argument("--testbed", required=True, metavar="FILE", help=TESTBED_HELP)
+    # --scenarios FILE: the name the Soft-RoCE guest's command (Plan.guest_command) still gives it
+    m.add_argument("--scenarios-file", "--scenarios", dest="scenarios_file", metavar="FILE",
+                   help="the scenario file [experiments/scenarios.yaml]")
     a = p.parse_args(argv)
     try:
         if a.cmd == "capture":
             return capture(a.testbed, a.role, a.out)
         if a.cmd == "measure":
-            return measure(a.testbed, a.scenarios)
+            return measure(a.testbed, a.scenarios_file)
         if a.cmd == "kinds":
             print(describe_kinds())
             return 0
@@ -125,18 +161,18 @@ def main(argv=None) -> int:
             print(json.dumps(experiments.scenarios_schema(), indent=1))
             return 0
         if a.cmd == "preflight":
-            return preflight.run(a.testbed, a.scenarios, a.out)
+            return preflight.run(a.testbed, a.scenarios_file, a.out, plan=_plan(a))
         if a.allow_placeholders and a.connect:
             print("validate: --allow-placeholders plans an example without its hosts and --connect logs in to "
                   "them; fill the testbed's <placeholders> in, then use --connect without --allow-placeholders",
                   file=sys.stderr)
             return 2
-        plan = Plan(a.testbed, a.scenarios, allow_placeholders=a.allow_placeholders)
+        plan = _plan(a, allow_placeholders=a.allow_placeholders)
         for pt in plan.points:
             print(f"{pt.scenario}/{pt.name}: {pt.kind}" + (f" (skipped: {pt.skip_reason})" if pt.skip_reason else ""))
         if a.connect:
             sys.stdout.flush()
-            return preflight.run(a.testbed, a.scenarios, a.out, plan=plan)
+            return preflight.run(a.testbed, a.scenarios_file, a.out, plan=plan)
         return 0
     except experiments.DefinitionError as e:
         print(f"invalid definition: {e}", file=sys.stderr)

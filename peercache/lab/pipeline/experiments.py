@@ -208,11 +208,23 @@ class Testbed:
         return self.doc.get(key, default)
 
 
-def _load_yaml(path: Path) -> Any:
+#: Where each kind of definition file lives: what a missing or mistaken path's error points to.
+WHERE = {"testbed": f"testbeds live in {EXPERIMENTS_DIR / 'testbeds'}",
+         "scenario": f"the scenario file is {SCENARIOS_FILE}",
+         "schema": f"the testbed schema is {SCHEMA_FILE}"}
+
+
+def _load_yaml(path: Path, what: str = "testbed") -> Any:
+    """The YAML document of ``path``, a ``what`` (a key of WHERE); DefinitionError saying what to give instead."""
+    if path.is_dir():
+        files = sorted(f.name for f in path.glob("*.y*ml"))
+        inside = f" (it holds {', '.join(files[:8])}{', ...' if len(files) > 8 else ''})" if files else ""
+        raise DefinitionError(f"{path} is a folder, not a {what} file; give one YAML file{inside}, "
+                              f"e.g. {path / files[0] if files else path / 'NAME.yaml'}")
     try:
         return yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise DefinitionError(f"{path}: no such file; testbeds live in {EXPERIMENTS_DIR / 'testbeds'}")
+        raise DefinitionError(f"{path}: no such {what} file; {WHERE[what]}")
     except yaml.YAMLError as e:
         raise DefinitionError(f"{path}: not valid YAML: {e}")
 
@@ -223,7 +235,7 @@ def _field(err: jsonschema.ValidationError) -> str:
 
 def testbed_schema(scenarios: dict[str, Any] | None = None) -> dict[str, Any]:
     """The testbed schema (experiments/testbed.schema.yaml) with the scenario names filled in from the scenarios."""
-    schema = _load_yaml(SCHEMA_FILE)
+    schema = _load_yaml(SCHEMA_FILE, "schema")
     names = list(scenario_names(scenarios))
     props = schema["properties"]
     props["scenarios"]["items"] = {"enum": names}
@@ -378,12 +390,18 @@ def _schema_errors(schema: dict[str, Any], doc: Any) -> list[str]:
                 where = ".".join(map(str, [*e.absolute_path, extra]))
                 lines.append(f"  field '{where}': not a known field here; known: {', '.join(sorted(known))}")
             continue
-        if e.validator == "pattern" and e.schema.get("allowed"):
-            # the schema's own words for what the pattern admits: a raw regex tells a reader little
-            lines.append(f"  field '{_field(e)}': {e.instance!r} is not allowed here; use {e.schema['allowed']}")
+        if e.validator == "pattern":
+            # the schema's own words for what the pattern admits (`allowed`, beside every pattern): a raw
+            # regex tells a reader little
+            allowed = e.schema.get("allowed") or "a value of the form the schema's description of this field gives"
+            lines.append(f"  field '{_field(e)}': {e.instance!r} is not allowed here; use {allowed}")
             continue
         lines.append(f"  field '{_field(e)}': {e.message}")
     return lines
+
+
+#: What a scenario's and a part's name may be, in words (the `allowed` of their pattern).
+SNAKE_NAME = "a name of lowercase letters, digits and _, starting with a letter (e.g. single_nic)"
 
 
 def scenarios_schema(forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
@@ -393,7 +411,7 @@ def scenarios_schema(forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "PeerCache Lab scenarios (generated from peercache.lab.pipeline.kinds)",
         "type": "object", "minProperties": 1,
-        "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$"},
+        "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$", "allowed": SNAKE_NAME},
         "additionalProperties": {"$ref": "#/$defs/scenario"},
         "$defs": {
             "scenario": {"type": "object", "additionalProperties": False,
@@ -407,7 +425,7 @@ def scenarios_schema(forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
                                         "rotate": {"type": "boolean"},
                                         **{f: {"$ref": "#/$defs/form"} for f in FORMS}}},
             "form": {"type": "object", "minProperties": 1,
-                     "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$"},
+                     "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$", "allowed": SNAKE_NAME},
                      "additionalProperties": {"$ref": "#/$defs/part"}},
             "part": kinds.part_schema(),
             **kinds.kind_defs(),
@@ -418,7 +436,7 @@ def scenarios_schema(forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
 def load_scenarios(path: str | Path = SCENARIOS_FILE, forms: tuple[str, ...] = FORMS) -> dict[str, Any]:
     """Read a scenario file and validate it against :func:`scenarios_schema`; DefinitionError names the field."""
     path = Path(path)
-    doc = _load_yaml(path)
+    doc = _load_yaml(path, "scenario")
     lines = _schema_errors(scenarios_schema(forms), doc)
     if lines:
         raise DefinitionError(f"{path}: invalid scenario definition\n" + "\n".join(lines[:10])
@@ -430,6 +448,21 @@ def load_scenarios(path: str | Path = SCENARIOS_FILE, forms: tuple[str, ...] = F
 def scenario_names(scenarios: dict[str, Any] | None = None) -> tuple[str, ...]:
     """The scenario names, in file order (the one list every other place reads)."""
     return tuple(scenarios if scenarios is not None else load_scenarios())
+
+
+def chosen_scenarios(testbed: Testbed, names: list[str], scenarios: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The scenarios of ``names`` (validate/preflight --scenarios), each one ``testbed`` runs, in the testbed's
+    order; DefinitionError naming the scenarios it runs."""
+    runs = list(testbed["scenarios"])
+    for name in names:
+        if name in runs:
+            continue
+        if name in scenario_names(scenarios):
+            raise DefinitionError(f"--scenarios: {name!r} is a scenario, but testbed {testbed.name} does not run it; "
+                                  f"add it to the testbed's field 'scenarios', or name one it runs: {', '.join(runs)}")
+        raise DefinitionError(f"--scenarios: {name!r} is no scenario; testbed {testbed.name} runs {', '.join(runs)} "
+                              f"(every scenario: {', '.join(scenario_names(scenarios))})")
+    return tuple(n for n in runs if n in names)
 
 
 def get_scenarios(scenarios: dict[str, Any] | None = None) -> tuple[str, ...]:
