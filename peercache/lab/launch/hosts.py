@@ -577,6 +577,55 @@ MAX_CONTROL_DIR = 107 - 1 - 40 - 17
 SSH_CONNECT_TIMEOUT_S = 10
 
 
+#: ssh's own failures, told apart by OpenSSH's words on stderr, first match wins: (its words, what
+#: happened, what to do). ``{host}``, ``{port}``, ``{timeout}`` and ``{keygen}`` are filled in by
+#: :func:`ssh_failure`.
+SSH_FAILURES = (
+    (("Could not resolve hostname",),
+     "the host name {host} does not resolve",
+     "check the name in the testbed's host spec (or the Host alias of the ssh config), or give its IP address"),
+    (("Connection refused",),
+     "connection refused: nothing listens for ssh on {host} port {port}",
+     "start sshd on that host (e.g. `sudo systemctl start ssh`), or give the port it listens on "
+     "(ssh:user@host:PORT)"),
+    (("Connection timed out", "Operation timed out"),
+     "connection timed out: {host} did not answer on port {port} within {timeout} s",
+     "check that the host is up and that no firewall drops this machine's packets to its ssh port "
+     "(`nc -vz {host} {port}`)"),
+    (("No route to host", "Network is unreachable"),
+     "no route from this machine to {host}",
+     "check the address and this machine's network (`ip route get <address of {host}>`)"),
+    (("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED"),
+     "host key verification failed: {host}'s key is not the one known_hosts holds for it (or unknown, and "
+     "checking is strict)",
+     "if the host was reinstalled, remove its old key (`{keygen}`) and log in once by hand (`ssh {host}`) to "
+     "accept the new one; otherwise find out why its key changed"),
+    (("Permission denied",),
+     "authentication failed (permission denied): {host} accepted no key of this machine, and batch mode asks "
+     "for no password",
+     "install this machine's public key for that user on the host (`ssh-copy-id user@{host}`), or name the "
+     "key to use in ~/.ssh/config (IdentityFile)"),
+    (("kex_exchange_identification", "Connection closed by", "Connection reset by peer"),
+     "{host} closed the connection before the login",
+     "check sshd's log on that host (MaxStartups, AllowUsers, a firewall), and that sshd, not another "
+     "service, listens on port {port}"),
+)
+
+
+def ssh_failure(stderr: str, host: str, port: int | None = None, timeout: int | None = None,
+                known_hosts: str | None = None) -> tuple[str, str] | None:
+    """What ssh's ``stderr`` says went wrong reaching ``host``, and what to do, or None when it is none of
+    :data:`SSH_FAILURES` (pure)."""
+    keygen = shlex.join(["ssh-keygen", *(["-f", known_hosts] if known_hosts else []), "-R",
+                         host if not port or port == 22 else f"[{host}]:{port}"])
+    for words, what, fix in SSH_FAILURES:
+        if any(w in stderr for w in words):
+            fill = {"host": host, "port": port or 22, "timeout": timeout if timeout is not None else "?",
+                    "keygen": keygen}
+            return what.format(**fill), fix.format(**fill)
+    return None
+
+
 class SshHost(Host):
     """A remote host over OpenSSH: batch mode, keys only, one reused master connection.
 
@@ -717,16 +766,23 @@ class SshHost(Host):
                 raise HostError(f"{self.spec}: {self.ssh!r} not found; install "
                                 "openssh-client") from e
             except subprocess.TimeoutExpired:
-                raise HostError(f"{self.spec}: ssh master connection did not come up "
-                                f"within {self.connect_timeout + 10}s; check the host "
-                                "is reachable") from None
+                raise HostError(f"{self.spec}: " + self.failure("Connection timed out", None)) from None
         if r.returncode != 0:
-            msg = Path(errlog).read_text(errors="replace").strip()
-            raise HostError(f"{self.spec}: ssh failed (rc {r.returncode}): {msg or 'no message'}; "
-                            "batch mode allows no password prompt: install a key "
-                            "(identity=...) accepted by the host, and check the host key")
+            raise HostError(f"{self.spec}: " + self.failure(Path(errlog).read_text(errors="replace"), r.returncode))
         os.unlink(errlog)     # nothing to report; a shared folder would otherwise collect one per process
         self._master_up = True
+
+    def failure(self, stderr: str, rc: int | None) -> str:
+        """One line on why ssh to this host failed (``stderr``: ssh's; ``rc``: its exit status, None when it
+        was stopped at our timeout): what happened, what ssh said, and what to do."""
+        said = " ".join(stderr.split())[-400:]
+        host = _TARGET_RE.fullmatch(self.target)["host"] if _TARGET_RE.fullmatch(self.target) else self.target
+        why = ssh_failure(stderr, host, self.port, self.connect_timeout, self.known_hosts)
+        if why is None:
+            return (f"ssh failed (exit {rc}): {said or 'no message'}; run `ssh -o BatchMode=yes {self.target} true` "
+                    "by hand to see why (batch mode asks for no password)")
+        what, fix = why
+        return f"{what} (ssh said: {said}); {fix}" if said and rc is not None else f"{what}; {fix}"
 
     def _check(self) -> None:
         self.connect()

@@ -48,7 +48,7 @@ from peercache import sysfs
 from peercache.sysfs import gid_ipv4
 from peercache.bench import meta as bench_meta
 from peercache.lab.launch import netns
-from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, parse_host
+from peercache.lab.launch.hosts import CommandTimeout, Host, HostError, LocalHost, SshHost, parse_host
 from peercache.lab.pipeline import experiments
 from peercache.lab.pipeline.plan import Plan
 from peercache.lab.pipeline.runpoint import host_python
@@ -543,8 +543,8 @@ def check(tb: experiments.Testbed, points: list | None = None, sysfs_root: str |
                         "check the host's load and its shell"], [], {}, None
             except HostError as err:
                 return [f"{e.who}: {_one_line(str(err), 600)}"], [], {}, None
-            if r.rc == 255 and h.reached_over_ssh:
-                return [f"{e.who}: ssh failed running the probe: {_one_line(r.stderr) or 'no message'}"], [], {}, None
+            if r.rc == 255 and isinstance(h, SshHost):       # 255: ssh's own failure, told apart by its words
+                return [f"{e.who}: ssh failed running the probe: {_one_line(h.failure(r.stderr, r.rc), 600)}"], [], {}, None
             p = parse_probe(r.stdout)
             fail, notes, summary = probe_findings(e, p)
             if h.on_this_machine:

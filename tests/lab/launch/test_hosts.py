@@ -255,3 +255,103 @@ def test_a_pair_in_use_is_refused_not_removed_under_its_holder():
         assert c.rc == 0 and first.addr_a in c.stdout       # still there for its holder
     with netns.NetnsPair(tag=tag, index=229) as again:     # released with the first: usable again
         assert again.ns_a == first.ns_a
+
+
+# ssh's failures told apart by OpenSSH's own words on stderr (issue 41, item 6): each names what happened and
+# what to do, never a Python argument
+SSH_SAID = {
+    "refused": "ssh: connect to host 10.0.0.9 port 2222: Connection refused",
+    "timeout": "ssh: connect to host 10.0.0.9 port 2222: Connection timed out",
+    "timeout-bsd": "ssh: connect to host 10.0.0.9 port 2222: Operation timed out",
+    "banner": "Connection timed out during banner exchange\nConnection to 10.0.0.9 port 2222 timed out",
+    "host key": "No ED25519 host key is known for [10.0.0.9]:2222 and you have requested strict checking.\n"
+                "Host key verification failed.",
+    "changed": "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+               "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+               "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\nHost key verification failed.",
+    "auth": "alice@10.0.0.9: Permission denied (publickey).",
+    "auth-pw": "alice@10.0.0.9: Permission denied (publickey,password).",
+    "resolve": "ssh: Could not resolve hostname nohost: Name or service not known",
+    "route": "ssh: connect to host 10.0.0.9 port 2222: No route to host",
+    "closed": "kex_exchange_identification: read: Connection reset by peer\n"
+              "Connection reset by 10.0.0.9 port 2222",
+}
+SSH_TOLD = {   # (what it says happened, what it says to do)
+    "refused": ("connection refused: nothing listens for ssh on 10.0.0.9 port 2222",
+                "start sshd on that host (e.g. `sudo systemctl start ssh`), or give the port it listens on"),
+    "timeout": ("connection timed out: 10.0.0.9 did not answer on port 2222 within 7 s",
+                "check that the host is up and that no firewall drops"),
+    "host key": ("host key verification failed: 10.0.0.9's key is not the one known_hosts holds",
+                 "remove its old key (`ssh-keygen -f /kh -R '[10.0.0.9]:2222'`) and log in once by hand"),
+    "auth": ("authentication failed (permission denied): 10.0.0.9 accepted no key of this machine, and batch "
+             "mode asks for no password", "install this machine's public key for that user on the host "
+             "(`ssh-copy-id user@10.0.0.9`), or name the key to use in ~/.ssh/config (IdentityFile)"),
+    "resolve": ("the host name 10.0.0.9 does not resolve", "give its IP address"),
+    "route": ("no route from this machine to 10.0.0.9", "check the address and this machine's network"),
+    "closed": ("10.0.0.9 closed the connection before the login", "check sshd's log on that host"),
+}
+SSH_KIND = {"timeout-bsd": "timeout", "banner": "timeout", "changed": "host key", "auth-pw": "auth"}
+
+
+@pytest.mark.parametrize("said", sorted(SSH_SAID))
+def test_each_ssh_failure_is_told_apart_with_its_fix(said):
+    from peercache.lab.launch.hosts import ssh_failure
+    what, fix = ssh_failure(SSH_SAID[said], "10.0.0.9", 2222, 7, "/kh")
+    want_what, want_fix = SSH_TOLD[SSH_KIND.get(said, said)]
+    assert what.startswith(want_what) and want_fix in fix, (what, fix)
+    for other, (w, _) in SSH_TOLD.items():          # and it is none of the others
+        if other != SSH_KIND.get(said, said):
+            assert not what.startswith(w), (said, other)
+    assert "identity=" not in what + fix
+
+
+def test_an_unknown_ssh_failure_is_not_guessed():
+    from peercache.lab.launch.hosts import ssh_failure
+    assert ssh_failure("ssh: some new message", "h") is None
+
+
+def _failing_ssh(tmp_path, stderr: str, rc: int = 255) -> str:
+    fake = tmp_path / "ssh"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write({stderr!r} + '\\n')\nsys.exit({rc})\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.parametrize("said", ["refused", "timeout", "host key", "auth"])
+def test_an_ssh_host_that_cannot_connect_says_which_failure_and_its_fix(tmp_path, said):
+    h = SshHost("alice@10.0.0.9", port=2222, connect_timeout=7, known_hosts="/kh",
+                ssh=_failing_ssh(tmp_path, SSH_SAID[said]))
+    try:
+        with pytest.raises(HostError) as e:
+            h.run(["true"], timeout=20)
+    finally:
+        h.close()
+    msg = str(e.value)
+    what, fix = SSH_TOLD[said]
+    assert msg.startswith(f"ssh:alice@10.0.0.9:2222: {what}"), msg
+    assert f"(ssh said: {' '.join(SSH_SAID[said].split())})" in msg and fix in msg, msg
+    assert "identity=" not in msg and "install a key" not in msg
+
+
+def test_an_unknown_ssh_failure_says_how_to_see_why(tmp_path):
+    h = SshHost("alice@box", ssh=_failing_ssh(tmp_path, "ssh: something new"))
+    try:
+        with pytest.raises(HostError) as e:
+            h.run(["true"], timeout=20)
+    finally:
+        h.close()
+    assert str(e.value) == ("ssh:alice@box: ssh failed (exit 255): ssh: something new; run "
+                            "`ssh -o BatchMode=yes alice@box true` by hand to see why (batch mode asks for no "
+                            "password)")
+
+
+def test_a_real_refused_connection_is_told_as_one():
+    """OpenSSH itself, against a port nothing listens on."""
+    h = SshHost("root@127.0.0.1", port=1)
+    try:
+        with pytest.raises(HostError) as e:
+            h.run(["true"], timeout=20)
+    finally:
+        h.close()
+    assert "connection refused: nothing listens for ssh on 127.0.0.1 port 1" in str(e.value)
+    assert "start sshd on that host" in str(e.value)

@@ -58,10 +58,31 @@ def test_ssh_wrong_key_is_a_clear_error(sshd, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
     h = SshHost("root@127.0.0.1", port=port, identity=str(tmp_path / "other"), known_hosts=kh)
     try:
-        with pytest.raises(HostError, match="batch mode allows no password prompt"):
+        with pytest.raises(HostError) as e:
             h.run(["true"], timeout=20)
     finally:
         h.close()
+    msg = str(e.value)
+    assert "authentication failed (permission denied): 127.0.0.1 accepted no key of this machine" in msg, msg
+    assert "Permission denied (publickey" in msg and "ssh-copy-id user@127.0.0.1" in msg, msg
+
+
+def test_ssh_changed_host_key_is_told_apart_from_a_refused_login(sshd, tmp_path):
+    """A known_hosts that holds another key for the server: host key verification fails, and the message
+    says how to drop the old key."""
+    port, key, _kh = sshd
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{port} " + " ".join((tmp_path / "impostor.pub").read_text().split()[:2]) + "\n")
+    h = SshHost("root@127.0.0.1", port=port, identity=key, known_hosts=str(kh), strict_host_key_checking="yes")
+    try:
+        with pytest.raises(HostError) as e:
+            h.run(["true"], timeout=20)
+    finally:
+        h.close()
+    msg = str(e.value)
+    assert "host key verification failed: 127.0.0.1's key is not the one known_hosts holds" in msg, msg
+    assert f"ssh-keygen -f {kh} -R '[127.0.0.1]:{port}'" in msg and "permission denied" not in msg, msg
 
 
 def test_ssh_stop_kills_the_remote_group(host):

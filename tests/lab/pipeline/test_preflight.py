@@ -282,7 +282,9 @@ def test_an_unreachable_host_is_one_line(tmp_path, capsys):
     tb = make_testbed(tmp_path, {"host": "ssh:root@127.0.0.1:1"})
     rc, fail, lines = validate(tb, capsys)
     assert rc == 1 and len(fail) == 1, lines
-    assert fail[0].startswith("consumer (ssh:root@127.0.0.1:1): cannot log in over SSH with BatchMode: ssh failed")
+    assert fail[0].startswith("consumer (ssh:root@127.0.0.1:1): cannot log in over SSH with BatchMode: connection "
+                              "refused: nothing listens for ssh on 127.0.0.1 port 1"), fail
+    assert "start sshd on that host" in fail[0] and "identity=" not in fail[0]
 
 
 def test_the_local_testbed_passes_validate_connect():
