@@ -145,8 +145,7 @@ def main(argv=None) -> int:
     sub.add_parser("schema", help="print the JSON schema of a scenario file (generated from the kinds)")
     m = sub.add_parser("measure", help="capture every host and run every point (what the guest runs)")
     m.add_argument("--testbed", required=True, metavar="FILE", help=TESTBED_HELP)
-    # --scenarios FILE: the name the Soft-RoCE guest's command (Plan.guest_command) still gives it
-    m.add_argument("--scenarios-file", "--scenarios", dest="scenarios_file", metavar="FILE",
+    m.add_argument("--scenarios-file", dest="scenarios_file", metavar="FILE",
                    help="the scenario file [experiments/scenarios.yaml]")
     a = p.parse_args(argv)
     try:

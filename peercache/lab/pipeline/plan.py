@@ -51,7 +51,7 @@ class Plan:
     def guest_command(self) -> str:
         """The shell command that runs every measurement of the testbed inside the Soft-RoCE guest."""
         g = self.guest or {}
-        scen = ["--scenarios", self.scenarios_path] if self.scenarios_path else []
+        scen = ["--scenarios-file", self.scenarios_path] if self.scenarios_path else []
         argv = [sys.executable, "-m", "peercache.lab.launch.guest", "--rails", str(g.get("rails", 2)),
                 "--mtu", str(g.get("mtu", 1500)), "--cluster-hosts", str(g.get("cluster_hosts", 0)),
                 "--cpus", str(g.get("cpus", 2)),
