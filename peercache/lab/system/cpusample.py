@@ -405,7 +405,9 @@ def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
 
 
 def combine(usages: dict[str, dict[str, dict]]) -> dict[str, dict]:
-    """Per-group {label: usage} -> one {label: usage}: cores summed, the busiest thread of all."""
+    """Per-group {label: usage} -> one {label: usage}: cores and run-queue waits summed, the busiest thread and
+    the thread runnable longest of all, and the machine's reading (one machine per label: the groups' samplers
+    on one host read the same /proc/stat; the first group's is kept)."""
     out: dict[str, dict] = {}
     for per in usages.values():
         for label, u in per.items():
@@ -416,6 +418,13 @@ def combine(usages: dict[str, dict[str, dict]]) -> dict[str, dict]:
             o["groups"] += 1
             if u["busiest_thread"] > o["busiest_thread"]:
                 o["busiest_thread"], o["busiest"] = u["busiest_thread"], u["busiest"]
+            if u.get("runnable") is not None:
+                o["wait_cores"] = round(o.get("wait_cores", 0.0) + (u.get("wait_cores") or 0.0), 3)
+                if u["runnable"] > o.get("runnable", -1.0):
+                    o.update(runnable=u["runnable"], runnable_thread=u.get("runnable_thread"),
+                             runnable_wait=u.get("runnable_wait"))
+            if u.get("machine") and "machine" not in o:
+                o["machine"] = u["machine"]
     return out
 
 

@@ -68,3 +68,18 @@ def test_two_spinning_processes_on_one_cpu_each_wait_for_it_about_half_the_time(
     assert use.runnable >= 0.85, use.as_dict()
     assert use.runnable_wait >= 0.3 and use.busiest_thread <= 0.7, use.as_dict()
     assert use.machine and use.machine["cpus"] >= 1 and use.machine["busy_cores"] > 0.5, use.as_dict()
+
+
+def test_groups_of_one_point_combine_their_waits_and_keep_the_machine():
+    """A raw run of several iperf3 pairs is several sampled groups: the point's evidence is the thread runnable
+    longest of all of them and the one machine they ran on (it was "not measured" before)."""
+    m = {"cpus": 2, "busy_cores": 1.96, "softirq_cores": 0.4, "ksoftirqd_cores": 0.0, "steal_cores": 0.0, "boot": "b"}
+    got = cpusample.combine({
+        "p0": {"consumer": {"cores": 0.3, "busiest_thread": 0.2, "busiest": "1/1", "runnable": 0.5,
+                            "runnable_thread": "1/1", "runnable_wait": 0.3, "wait_cores": 0.3, "machine": m}},
+        "p1": {"consumer": {"cores": 0.4, "busiest_thread": 0.35, "busiest": "2/2", "runnable": 0.92,
+                            "runnable_thread": "2/2", "runnable_wait": 0.57, "wait_cores": 0.6, "machine": m}}})
+    c = got["consumer"]
+    assert c["cores"] == 0.7 and c["busiest_thread"] == 0.35 and c["groups"] == 2
+    assert (c["runnable"], c["runnable_thread"], c["runnable_wait"], c["wait_cores"]) == (0.92, "2/2", 0.57, 0.9)
+    assert c["machine"] == m

@@ -110,6 +110,7 @@ def table(rows: pd.DataFrame) -> list[dict[str, Any]]:
             said = str(mid["limited_by"]) if "limited_by" in g and pd.notna(mid["limited_by"]) else ""
             recs.append({"page": size, "threads": conns, "engine": name, "GB/s": sp["median"], "spread": sp,
                          "% of raw": None if lim is None or not lim.gbs else 100.0 * sp["median"] / lim.gbs,
+                         "lowest % of raw": None if lim is None or not lim.gbs else 100.0 * sp["min"] / lim.gbs,
                          "raw limit": lim.label if lim is not None else f"none: {why}",
                          "cpu_s_per_gib": cpu_s_per_gib(mid),
                          "p50": _latency(ok, g["run_id"], "latency_p50"),
@@ -135,7 +136,7 @@ def shown(r: dict[str, Any]) -> dict[str, Any]:
     """One record as the section's table and the figure's Markdown show it."""
     return {"page": fmt_size(r["page"]), "threads": r["threads"], "engine": r["engine"],
             "GB/s": spread_text(r["spread"]) if r.get("spread") else fmt_number(r["GB/s"]),
-            "% of raw": "—" if r["% of raw"] is None else pct_text(r["% of raw"]),
+            "% of raw": "—" if r["% of raw"] is None else pct_text(r["% of raw"], lowest=r.get("lowest % of raw")),
             "CPU per GiB": cpu_text(r.get("cpu_s_per_gib") or {}),
             "p50": r["p50"], "p99": r["p99"], "limited by": r["limited by"], "verification": r["verification"],
             "run": runs_text(r["run"])}
@@ -257,7 +258,7 @@ class Engines(Scenario):
                                     f"{best['threads']} thr",
                         "GET throughput": throughput_text(best["GB/s"]),
                         "% of single-NIC raw limit": "—" if pct is None else
-                        pct_text(pct, best["raw limit"]),
+                        pct_text(pct, best["raw limit"], lowest=best.get("lowest % of raw")),
                         "limited by": best["limited by"], "notes": "; ".join(n for n in notes if n),
                         "run": runs_text(best["run"])})
         return out
