@@ -38,7 +38,7 @@ EVIDENCE = ("fraction_of_raw", "raw_tool", "raw_busiest_thread", "raw_retransmit
             "pcie_gen", "pcie_width", "rails", "rail_low", "rail_low_share", "rail_fair_share", "rail_low_vs_fair",
             "consumer_runnable", "consumer_runnable_wait", "consumer_runnable_cpu", "producer_runnable",
             "producer_runnable_wait", "producer_runnable_cpu", "machine_cpus", "machine_busy_cores", "machine_busy",
-            "softirq_cores", "ksoftirqd_cores", "steal_cores", "procs_cores", "peer_busy_cores", "peer_cpus",
+            "softirq_cores", "ksoftirqd_cores", "steal_cores", "procs_cores", "other_cores", "peer_busy_cores", "peer_cpus",
             "peer_machine_busy")
 #: The rows attribution judges: every bandwidth figure, and the HiCache suite's pages/s (its headline: every
 #: op has one, exists moves no bytes; its CPU evidence is of that point's own window).
@@ -183,7 +183,9 @@ def _machine_evidence(m: dict, procs_cores: float) -> dict[str, Any]:
     return {"machine_cpus": int(m["cpus"]), "machine_busy_cores": float(m["busy_cores"]),
             "machine_busy": float(m["busy_cores"]) / int(m["cpus"]),
             "softirq_cores": float(m.get("softirq_cores") or 0.0), "ksoftirqd_cores": float(m.get("ksoftirqd_cores") or 0.0),
-            "steal_cores": float(m.get("steal_cores") or 0.0), "procs_cores": procs_cores}
+            "steal_cores": float(m.get("steal_cores") or 0.0), "procs_cores": procs_cores,
+            # busy neither in the measured processes nor in interrupts and softirqs: other processes, kernel threads
+            "other_cores": max(0.0, float(m["busy_cores"]) - procs_cores - float(m.get("softirq_cores") or 0.0))}
 
 
 #: How a rule's threshold reads in a "ruled out" list.

@@ -86,7 +86,8 @@ def machine(busy, softirq=0.0, ksoftirqd=0.0, steal=0.0, cpus=2, boot=None):
                           "producer": {"cores": 0.6, "busiest_thread": 0.5, "runnable": 0.7,
                                        "machine": machine(1.86, softirq=0.6, boot="b1")}}), host_cores=2),
      "machine_busy", "CPU (1.86 of the machine's 2 CPUs busy: 1.10 in the measured processes, 0.60 in interrupts "
-                     "and softirqs, 0.00 in ksoftirqd; 0.00 stolen by the hypervisor)"),
+                     "and softirqs, 0.16 elsewhere (other processes, kernel threads; 0.00 in ksoftirqd); 0.00 stolen "
+                     "by the hypervisor)"),
     # the producer on a machine of its own (another boot id), all its CPUs busy
     (dict(r=row(2.0, cpu={"consumer": {"cores": 0.5, "busiest_thread": 0.4, "runnable": 0.6,
                                        "machine": machine(0.6, boot="b1")},
