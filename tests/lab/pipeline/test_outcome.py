@@ -39,7 +39,7 @@ def _stand_in_pair(monkeypatch, client_stdout: str, err: str | None) -> list:
     failure ``err``; the calls it got are returned (server, client, readiness, ...)."""
     calls = []
 
-    def pair(self, server, client, ready, th, devices, server_exits=True):
+    def pair(self, server, client, ready, th, devices, server_exits=True, warmup=None):
         calls.append((server, client, ready, devices, server_exits))
         now = time.time()
         res = PairResult("p", _side("server"), _side("client", client_stdout), ok=err is None, error=err,
