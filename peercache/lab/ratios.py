@@ -93,10 +93,10 @@ figures run with verification off. What each figure measures:
 
 - ``get_batch_outs_vs_copy_4k``: the library's zero-copy batch read, ``Client.get_batch(keys, outs)`` (a
   caller's buffer per key, as a serving engine reads), over its copying form ``Client.get_batch(keys)``
-  measured just before it in the same round: batches of 32 random 4 KiB pages over shm, directory cached,
-  one thread (``python -m peercache.bench.getbatch``: a producer and a consumer Client in one process;
-  calls/s of each form; every key a hit of the right length). Not a point kind of the scenario: the
-  tool runs its own paired rounds, after the points (``LIBRARY``).
+  measured just before it in the same round: batches of 32 random 4 KiB pages over shm from a serve,
+  directory cached, one thread (``node_api`` points with ``api: client`` and ``api: client_outs``:
+  ``peercache.lab.tools.nodeloop``; pages/s of each; every key a hit of the right length, then a
+  verified pass).
 
 Ratios come from paired rounds: each round's PeerCache figure over the baseline measured
 just before it (in the same round); the median of those per-round ratios, with min and max.
@@ -109,7 +109,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -157,13 +156,9 @@ FIGURES: dict[str, tuple[str, str]] = {
     "redis_mget_128": ("keys_per_s", "ops/s"),
     "redis_mget_128_fixed": ("keys_per_s", "ops/s"),
     "dirlookup_redis_128": ("keys_per_s", "ops/s"),
-    "get_batch_copy_4k": ("calls_per_s", "calls/s"),
-    "get_batch_outs_4k": ("calls_per_s", "calls/s"),
+    "get_batch_copy_4k": ("pages_per_s", "pages/s"),
+    "get_batch_outs_4k": ("pages_per_s", "pages/s"),
 }
-#: figures measured by a tool of their own in its own paired rounds (not points of the scenario):
-#: figure -> the key of each round in the tool's JSON; the tool's argv (rounds and durations added).
-LIBRARY: dict[str, str] = {"get_batch_copy_4k": "copy_calls_per_s", "get_batch_outs_4k": "outs_calls_per_s"}
-LIBRARY_ARGV = ("-m", "peercache.bench.getbatch", "--page-size", "4096", "--batch", "32", "--protocol", "shm")
 #: ratio -> (PeerCache figure, baseline figure measured just before it in each round; None: the figure itself).
 RATIOS: dict[str, tuple[str, str | None]] = {
     "shm_vs_memcpy_128k": ("peercache_shm_128k", "memcpy_128k"),
@@ -202,6 +197,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("mooncake_tcp_128k", "nixl_tcp_128k", "iperf3_tcp_128k", "peercache_tcp_128k",
                 "peercache_tcp_verified_128k", "peercache_tcp_integrity_128k", "peercache_tcp_metrics_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
+    ("rounds", ("get_batch_copy_4k", "get_batch_outs_4k")),
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
     ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",
                 "peercache_tcp_4k_cached_sleep", "peercache_tcp_4k_cached_metrics")),
@@ -222,8 +218,6 @@ class BenchPlan:
     testbed: experiments.Testbed
     points: dict[str, experiments.Point]
     schedule: list[tuple[experiments.Point, int]]
-    #: the LIBRARY figures to measure after the points (none in an --only run that does not name them)
-    library: tuple = ()
 
 
 def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCENARIOS_FILE,
@@ -242,7 +236,7 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
         by_part[p.part] = p
     named = set(FIGURES) | {x for pc, base in RATIOS.values() for x in (pc, base) if x} | set(CHECKS.values()) \
         | {part for _, parts in STAGES for part in parts}
-    missing = sorted(named - set(by_part) - set(LIBRARY))
+    missing = sorted(named - set(by_part))
     if missing:
         raise experiments.DefinitionError(f"{scenarios_file}: field '{SCENARIO}.local': no part(s) {missing}, "
                                           f"which peercache.lab.ratios measures (it has {sorted(by_part)})")
@@ -256,27 +250,7 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
             raise experiments.DefinitionError(f"--only: no ratio(s) {unknown}; the bench's ratios are {sorted(RATIOS)}")
         keep = {x for name in only for x in RATIOS[name] if x}
         schedule = [(pt, r) for pt, r in schedule if pt.part in keep]
-        library = tuple(part for part in LIBRARY if part in keep)
-    else:
-        library = tuple(LIBRARY)
-    return BenchPlan(tb, by_part, schedule, library)
-
-
-def measure_library(parts: tuple, rounds: int, duration: float, warmup: float) -> dict[str, list[float]]:
-    """The LIBRARY figures ``parts``, each round's (its tool's own paired rounds); BenchError when it fails."""
-    if not parts:
-        return {}
-    argv = [sys.executable, *LIBRARY_ARGV, "--rounds", str(rounds), "--duration", f"{duration:g}",
-            "--warmup", f"{warmup:g}"]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 2 * rounds * (duration + warmup))
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{', '.join(parts)}: {' '.join(argv[1:])} did not finish in time") from None
-    if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BenchError(f"{', '.join(parts)}: {' '.join(argv[1:])} failed (exit {out.returncode}): {tail}")
-    doc = json.loads(out.stdout.strip().splitlines()[-1])
-    return {part: [float(r[LIBRARY[part]]) for r in doc["rounds"]] for part in parts}
+    return BenchPlan(tb, by_part, schedule)
 
 
 def figure(rows: list[tidy.Row], part: str) -> float:
@@ -331,8 +305,8 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
     in_rounds = {part for how, parts in STAGES if how == "rounds" for part in parts}
     measured = {part for part, _ in point_rows}
     for part in FIGURES:
-        if part in LIBRARY or (only and part not in measured):
-            continue          # LIBRARY figures: their rounds are in res already (measure_library)
+        if only and part not in measured:
+            continue
         reps = sorted(k for p, k in point_rows if p == part)
         vals = [figure(point_rows[(part, k)], part) for k in reps]
         if part in in_rounds:
@@ -423,8 +397,6 @@ def run(bp: BenchPlan, run_dir: Path, log=print) -> tuple[dict, dict]:
             out = run_dir / pt.scenario / pt.name / f"rep{k}" / tidy.RESULT_FILE
             point_rows[(pt.part, k)] = runpoint.run_point(tb, pt, k, out, hosts=lo if pt.loopback else pair,
                                                           quiet=True)
-    lib = measure_library(bp.library, tb["repetitions"], tb["duration"], tb["warmup"])
-    res["rounds"].update({part: [round(v, 4) for v in vals] for part, vals in lib.items()})
     return res, point_rows
 
 

@@ -34,8 +34,9 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     assert order[i + 2:i + 4] == [("peercache_shm_verified_128k", 1), ("peercache_shm_integrity_128k", 1)]
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
-    # checks and the 64 B drive once; two groups of four and the node loop in each of the 2 rounds
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 7 + 1 + 6 + 2 + 6)
+    # checks and the 64 B drive once; in each of the 2 rounds: the shm four, the tcp seven, the node loop, the
+    # library's two batch reads, drive and HiCache, the six latency points, the six lookup points
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 7 + 1 + 2 + 2 + 6 + 6)
     # Mooncake, then NIXL first in each tcp round, at the tcp drive's shape
     assert order[j - 3:j] == [("mooncake_tcp_128k", 0), ("nixl_tcp_128k", 0), ("iperf3_tcp_128k", 0)]
     nx = bp.points["nixl_tcp_128k"]
@@ -159,27 +160,28 @@ def test_a_malformed_target_names_itself(tmp_path):
         load_bench_targets(p)
 
 
-def test_the_library_figures_are_paired_rounds_of_their_own_tool(monkeypatch):
-    """get_batch_outs_vs_copy_4k: the zero-copy form over the copying one, each round's, from getbatch's JSON."""
+def test_the_librarys_two_batch_reads_are_points_of_the_rounds_each_measured_against_a_serve(tmp_path):
+    """get_batch_outs_vs_copy_4k: the zero-copy Client.get_batch(keys, outs) over the copying get_batch(keys),
+    two node_api points run back to back in each round, by the same harness as every other figure."""
+    from peercache.lab.launch.hosts import LocalHost
+    from peercache.lab.pipeline import runpoint
     assert ratios.RATIOS["get_batch_outs_vs_copy_4k"] == ("get_batch_outs_4k", "get_batch_copy_4k")
-    bp = ratios.plan(rounds=2, duration=1.5, warmup=0.5, only=["get_batch_outs_vs_copy_4k"])
-    assert bp.schedule == [] and set(bp.library) == {"get_batch_outs_4k", "get_batch_copy_4k"}
-    assert ratios.plan(1, 1.0, 0.5, only=["shm_vs_memcpy_128k"]).library == ()
-    seen = {}
-
-    class Done:
-        returncode, stderr = 0, ""
-        stdout = ('{"rounds": [{"copy_calls_per_s": 100.0, "outs_calls_per_s": 90.0}, '
-                  '{"copy_calls_per_s": 100.0, "outs_calls_per_s": 120.0}]}\n')
-
-    monkeypatch.setattr(ratios.subprocess, "run", lambda argv, **kw: seen.setdefault("argv", argv) and Done())
-    got = ratios.measure_library(bp.library, 2, 1.5, 0.5)
-    assert "peercache.bench.getbatch" in seen["argv"] and seen["argv"][-6:] == ["--rounds", "2", "--duration",
-                                                                                "1.5", "--warmup", "0.5"]
-    res = {"raw": {}, "ratios": {}, "rounds": got, "checks": []}
-    ratios.summarise(res, {}, 2, only=["get_batch_outs_vs_copy_4k"])
+    bp = ratios.plan(rounds=2, duration=0.5, warmup=0.2, only=["get_batch_outs_vs_copy_4k"])
+    assert [(pt.part, k) for pt, k in bp.schedule] == [("get_batch_copy_4k", 0), ("get_batch_outs_4k", 0),
+                                                      ("get_batch_copy_4k", 1), ("get_batch_outs_4k", 1)]
+    th = runpoint.TestbedHosts(LocalHost(), LocalHost(), "127.0.0.1", "127.0.0.1", None)
+    point_rows = {}
+    for pt, k in bp.schedule[:2]:
+        assert pt.kind == "node_api" and pt.params["api"] in ("client", "client_outs")
+        rows = runpoint.run_point(bp.testbed, pt, k, tmp_path / pt.name / "result.json", hosts=th, quiet=True)
+        got = {r.metric: r for r in rows}
+        assert got["pages_per_s"].status == "ok" and got["pages_per_s"].value > 0, rows
+        assert got["pages_per_s"].extra["api"] == pt.params["api"]
+        assert got["verify_failures"].value == 0 and got["verified_keys"].value > 0
+        point_rows[(pt.part, k)] = rows
+    res = {"raw": {}, "ratios": {}, "rounds": {}, "checks": []}
+    ratios.summarise(res, point_rows, 1, only=["get_batch_outs_vs_copy_4k"])
     r = res["ratios"]["get_batch_outs_vs_copy_4k"]
-    assert (r["median"], r["min"], r["max"]) == (pytest.approx(1.05), 0.9, 1.2)
-    Done.returncode, Done.stderr = 1, "getbatch: a key was not a hit"
-    with pytest.raises(ratios.BenchError, match="failed \\(exit 1\\): getbatch: a key was not a hit"):
-        ratios.measure_library(bp.library, 2, 1.5, 0.5)
+    want = ratios.figure(point_rows[("get_batch_outs_4k", 0)], "get_batch_outs_4k") / \
+        ratios.figure(point_rows[("get_batch_copy_4k", 0)], "get_batch_copy_4k")
+    assert r["median"] == pytest.approx(want, rel=1e-3)

@@ -1,5 +1,6 @@
 """The ``node_api`` kind: the engine's batch API in one consumer process (``peercache.lab.tools.nodeloop``)
-against a serve.
+against a serve: ``Node.get_batch_into``, or the library's ``Client.get_batch`` in its copying or its
+zero-copy form (``api``).
 
 Declaration (:class:`NodeApiRun`), run (serve on the producer, nodeloop on the consumer: pages/s, then
 a verified pass), sanity (every key of the published working set must hit) and metric extraction
@@ -17,6 +18,7 @@ from peercache.lab.pipeline.points.bounds import READY_S
 from peercache.lab.pipeline.points.declare import POSITIVE_INT, Timed, one_of, parameter, sizes, timing, variable
 from peercache.lab.pipeline.points.peercache import READY_LINE
 from peercache.lab.tidy import Row
+from peercache.lab.tools import nodeloop
 
 if TYPE_CHECKING:
     from peercache.lab.pipeline.runpoint import PointRun, TestbedHosts
@@ -39,15 +41,21 @@ class NodeApiRun(Timed):
     batch_size = parameter(POSITIVE_INT, doc="keys per call")
     #: pages serve publishes (int)
     working_set = variable(POSITIVE_INT, doc="pages published")
+    #: the batch read measured (str): node (Node.get_batch_into), client (Client.get_batch(keys)),
+    #: client_outs (Client.get_batch(keys, outs)); see peercache.lab.tools.nodeloop
+    api = variable(one_of(*nodeloop.APIS), "node", "the batch read measured (nodeloop --api)")
 
     @classmethod
     def point_name(cls, one):
-        return f"api_{one['protocol']}_s{sizes(one['page_size'])}_b{one['batch_size']}_ws{one['working_set']}"
+        api = one.get("api", "node")
+        return (f"api_{one['protocol']}{'' if api == 'node' else '_' + api}_s{sizes(one['page_size'])}"
+                f"_b{one['batch_size']}_ws{one['working_set']}")
 
     @classmethod
     def params(cls, one, devices):
         return {"protocol": one["protocol"], "layout": "mla", "page_size": one["page_size"],
-                "batch_size": one["batch_size"], "working_set": one["working_set"], **timing(one)}
+                "batch_size": one["batch_size"], "working_set": one["working_set"], "api": one.get("api", "node"),
+                **timing(one)}
 
     @classmethod
     def run(cls, pr: PointRun, th: TestbedHosts) -> None:
@@ -61,7 +69,7 @@ class NodeApiRun(Timed):
                  "--quiet"]
         client = [*pr.python_tool(th, "consumer", "peercache.lab.tools.nodeloop"), "--discovery-addr", addr,
                   "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"]),
-                  "--batch", str(p["batch_size"]), "--duration", str(pr.duration)]
+                  "--batch", str(p["batch_size"]), "--duration", str(pr.duration), "--api", p.get("api", "node")]
         ctx = pr.ctx(tool="peercache-node-api", side="client", host=str(th.consumer), peer=str(th.producer),
                      protocol=p["protocol"], layout=p["layout"], size_bytes=p["page_size"], batch=p["batch_size"],
                      threads=1, processes=1)
@@ -95,7 +103,7 @@ def sanity(doc: dict[str, Any]) -> str | None:
 def extract(doc: dict[str, Any], ctx: dict[str, Any], measured: bool) -> list[Row]:
     """The pages/s row (when ``measured``), then the verified pass's counts."""
     extra = {"gets": doc["gets"], "hits": doc["hits"], "seconds": doc["seconds"],
-             "working_set": doc["working_set"]}
+             "working_set": doc["working_set"], "api": doc.get("api", "node")}
     rows = []
     if measured:
         rows.append(Row(metric="pages_per_s", value=doc["pages_per_s"], unit="pages/s",
