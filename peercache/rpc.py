@@ -669,8 +669,19 @@ class RpcClient:
         self._lost = False         # a loss read before this call's request concerns no request of its
         rid = next(self._ids).to_bytes(8, "little")
         sock = self._sock
-        sock.send_multipart([b"", rid, body])
         deadline = start + wait
+        # A DEALER's send blocks while it has no connection to queue on: after a secure handshake that
+        # failed, ZeroMQ drops the connection and tries again, and a send in between waited forever (a
+        # client with a secret against a server without one hung in test_auth). The send is bounded too.
+        sock.setsockopt(zmq.SNDTIMEO, max(1, int((deadline - time.monotonic()) * 1000)))
+        try:
+            sock.send_multipart([b"", rid, body])
+        except zmq.Again:
+            self._drain_monitor()
+            err = self._timeout_error(op, wait)
+            self._close()
+            self._sock, self._mon = self._connect()
+            raise err from None
         # The reply is waited for in slices of link_check_s: a reply within the first (the common
         # case) costs one blocking receive; a longer wait reads the connection's events after each.
         check_ms = max(1, int(TIMEOUTS.link_check_s * 1000))

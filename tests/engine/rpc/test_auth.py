@@ -430,3 +430,36 @@ def test_hicache_refuses_etc_shadow_and_weak_keys():
     assert "chmod 600" in str(e.value) or "cannot read" in str(e.value)
     with pytest.raises(ConfigError, match="extra config 'auth_key'"):
         hicache.StoreConfig.from_extra({"auth_key": "k" * 32})
+
+
+def test_a_request_that_cannot_be_queued_is_bounded_by_the_calls_timeout_not_forever():
+    """A DEALER's send blocks while it has no connection to queue on: ZeroMQ drops the connection after a
+    secure handshake fails and tries again, and a send in between waited forever (make test, 2026-12-07:
+    a client with a secret against a server without one hung 300 s in send_multipart). The send is bounded by
+    the call's timeout and ends as a call that got no reply."""
+    c = RpcClient(f"127.0.0.1:{free_port()}", timeout=0.8, what="discovery")
+    seen = {}
+
+    class NoPipe:
+        """The client's socket as it is between a failed handshake and the next connection."""
+
+        def __init__(self, sock):
+            self.sock = sock
+
+        def send_multipart(self, frames, *a, **kw):
+            seen["sndtimeo"] = self.sock.getsockopt(zmq.SNDTIMEO)
+            raise zmq.Again()
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    try:
+        c._sock = NoPipe(c._sock)
+        t = time.monotonic()
+        with pytest.raises(DiscoveryUnreachable, match="no reply from discovery at .* to 'members' within 0.8 s"):
+            c.call("members")
+        assert time.monotonic() - t < scaled(2)
+        assert 0 < seen["sndtimeo"] <= 800, seen          # the send was given the call's bound, not -1 (forever)
+        assert not isinstance(c._sock, NoPipe)             # a fresh socket for the next call
+    finally:
+        c.close()
