@@ -24,7 +24,7 @@ import yaml
 
 from peercache.lab.analysis.rawlimit import BW_METRICS
 from peercache.lab.analysis.references import convert, row_devices, row_extra
-from peercache.lab.analysis.spread import point_of
+from peercache.lab.analysis.spread import point_keys
 from peercache.lab.tools.hicache_suite import PRIMARY as SUITE_PRIMARY
 
 RULES_FILE = Path(__file__).resolve().parents[3] / "data" / "reference" / "attribution.yaml"
@@ -305,23 +305,20 @@ def within_spread(rows: pd.DataFrame, raw_of) -> pd.DataFrame:
     the ranges overlap, so the verdict is not drawn. Such a row says "the path itself, within the spread of
     raw" with the point's runs (rule id ``raw_spread``); a point measured once keeps its rule's verdict."""
     out = rows.copy()
-    above = out[(out["limit"] == "above_raw") & out["value"].notna()]
-    if above.empty:
+    ok = out[(out["status"] == "ok") & out["value"].notna() & out["metric"].isin(list(ATTRIBUTED))]
+    if not (ok["limit"] == "above_raw").any():
         return out
-    # every run of the point (its run ids less the repetition), of the same figure
-    keys = ["metric", "side", "devices"]
-    all_ok = out[(out["status"] == "ok") & out["value"].notna() & out["metric"].isin(list(ATTRIBUTED))]
-    point = all_ok["run_id"].map(point_of)
-    for i, r in above.iterrows():
-        same = all_ok[(point == point_of(r["run_id"]))
-                      & (all_ok[keys].astype(str) == pd.Series({k: str(r[k]) for k in keys})).all(axis=1)]
-        lim = raw_of(r)
-        if len(same) < 2 or lim is None or not lim.gbs:
+    # every run of the point, of the same figure (spread.point_keys: the grouping every spread is read by)
+    for _, same in ok.groupby(point_keys(ok), sort=False, dropna=False):
+        above = same[same["limit"] == "above_raw"]
+        if len(same) < 2 or above.empty:
             continue
         gbs = sorted(convert(float(v), str(u), "GB/s") for v, u in zip(same["value"], same["unit"]))
-        if gbs[0] <= lim.gbs:
-            out.at[i, "limit"] = "raw_spread"
-            out.at[i, "limited_by"] = (
-                f"the path itself, within the spread of raw: its {len(gbs)} runs {gbs[0]:.4g}–{gbs[-1]:.4g} GB/s "
-                f"against {lim.label} at {lim.gbs:.4g} GB/s")
+        for i, r in above.iterrows():
+            lim = raw_of(r)
+            if lim is not None and lim.gbs and gbs[0] <= lim.gbs:
+                out.at[i, "limit"] = "raw_spread"
+                out.at[i, "limited_by"] = (
+                    f"the path itself, within the spread of raw: its {len(gbs)} runs {gbs[0]:.4g}–{gbs[-1]:.4g} "
+                    f"GB/s against {lim.label} at {lim.gbs:.4g} GB/s")
     return out

@@ -26,6 +26,25 @@ def spread(values: list[float]) -> dict[str, Any]:
     return {"median": vals[(len(vals) - 1) // 2], "min": vals[0], "max": vals[-1], "n": len(vals)}
 
 
+def spread_of(rows: pd.DataFrame, value) -> tuple[dict[str, Any], pd.Series]:
+    """The :func:`spread` of ``value(row)`` over ``rows`` (one point's repetitions), and its median run's row."""
+    vals = [value(r) for _, r in rows.iterrows()]
+    sp = spread(vals)
+    return sp, rows.iloc[vals.index(sp["median"])]
+
+
+def yerr(sps: list[dict[str, Any]]) -> list[list[float]]:
+    """Matplotlib's ``yerr`` of medians drawn with whiskers from each one's lowest to its highest run."""
+    return [[sp["median"] - sp["min"] for sp in sps], [sp["max"] - sp["median"] for sp in sps]]
+
+
+def median_note(sp: dict[str, Any], unit: str = "GB/s") -> str:
+    """"median of 3 runs (1.1–1.31 GB/s)", or "measured once"."""
+    if sp["n"] == 1:
+        return "measured once"
+    return f"median of {sp['n']} runs ({fmt_number(sp['min'])}–{fmt_number(sp['max'])} {unit})"
+
+
 def range_text(sp: dict[str, Any], fmt=fmt_number) -> str:
     """"1.10–1.31, 3 runs", or "measured once"."""
     return "measured once" if sp["n"] == 1 else f"{fmt(sp['min'])}–{fmt(sp['max'])}, {sp['n']} runs"
@@ -51,15 +70,19 @@ def point_of(run_id: str) -> str:
 FIGURE_KEYS = ("metric", "side", "devices", "threads")
 
 
+def point_keys(rows: pd.DataFrame) -> list[pd.Series]:
+    """What groups ``rows`` into points' figures (a ``groupby`` key): the run id less the repetition, and
+    ``FIGURE_KEYS``."""
+    return [rows["run_id"].map(point_of)] + [rows[k].astype(str) for k in FIGURE_KEYS if k in rows]
+
+
 def by_point(rows: pd.DataFrame, value) -> list[tuple[pd.Series, dict[str, Any], list[str]]]:
     """The rows of ``rows`` grouped by point (their run ids less the repetition) and figure (``FIGURE_KEYS``),
     in first-seen order: each group's median run's row, its spread of ``value(row)`` and its run ids."""
     out = []
     if rows.empty:
         return out
-    keys = [rows["run_id"].map(point_of)] + [rows[k].astype(str) for k in FIGURE_KEYS if k in rows]
-    for _, g in rows.groupby(keys, sort=False, dropna=False):
-        vals = [value(r) for _, r in g.iterrows()]
-        sp = spread(vals)
-        out.append((g.iloc[vals.index(sp["median"])], sp, list(dict.fromkeys(g["run_id"]))))
+    for _, g in rows.groupby(point_keys(rows), sort=False, dropna=False):
+        sp, mid = spread_of(g, value)
+        out.append((mid, sp, list(dict.fromkeys(g["run_id"]))))
     return out

@@ -375,8 +375,9 @@ class PairRunner:
             found = _await_ready(server, self.ready, time.monotonic() + self.ready.timeout)
             if found:
                 client.command = fill_placeholders(client.command, found)
+                if warm is not None:
+                    warm.command = fill_placeholders(warm.command, found)
             if warm is not None:
-                warm.command = fill_placeholders(warm.command, found) if found else warm.command
                 warm.start()
                 error = _wait_clients([server], [warm], self.client_timeout, self.server_exits)
                 if error is not None:

@@ -279,15 +279,12 @@ def boot_id() -> str | None:
     return text
 
 
-def machine_sample(ksoftirqd: list[int], boot: str | None = None) -> dict | None:
-    """This machine's CPU seconds (:func:`parse_proc_stat`), its ``ksoftirqd`` threads' and its ``boot`` id
-    (None: unreadable)."""
+def machine_sample(ksoftirqd: list[int]) -> dict | None:
+    """This machine's CPU seconds (:func:`parse_proc_stat`) and its ``ksoftirqd`` threads' (None: unreadable)."""
     try:
         out = parse_proc_stat(proc_path("stat").read_text())
     except (OSError, ValueError):
         return None
-    if boot:
-        out["boot"] = boot
     ksoft = 0.0
     for pid in ksoftirqd:
         try:
@@ -298,7 +295,7 @@ def machine_sample(ksoftirqd: list[int], boot: str | None = None) -> dict | None
     return out
 
 
-def sample(pid: int, with_numa: bool = False, ksoftirqd: list[int] | None = None, boot: str | None = None) -> dict:
+def sample(pid: int, with_numa: bool = False, ksoftirqd: list[int] | None = None) -> dict:
     """One sample of the tree under ``pid``: time, processes, CPU seconds in all and per thread, each thread's
     run-queue wait, the machine's CPU time (with its ``ksoftirqd`` threads', where given) and, when asked,
     resident pages per NUMA node."""
@@ -321,7 +318,7 @@ def sample(pid: int, with_numa: bool = False, ksoftirqd: list[int] | None = None
     out = {"t": time.time(), "procs": procs, "cpu_s": round(sum(threads.values()), 3),
            "threads": {k: round(v, 3) for k, v in threads.items()},
            "waits": {k: round(v, 4) for k, v in waits.items()}}
-    machine = machine_sample(ksoftirqd or [], boot)
+    machine = machine_sample(ksoftirqd or [])
     if machine:
         out["machine"] = machine
     if with_numa:
@@ -365,16 +362,16 @@ class Usage:
         return out
 
 
-def machine_usage(a: dict, b: dict, seconds: float) -> dict | None:
+def machine_usage(a: dict, b: dict, seconds: float, boot: str | None = None) -> dict | None:
     """The machine's CPUs between two ``machine`` readings ``seconds`` apart, in CPUs (CPU seconds per second):
     ``busy_cores`` (interrupts, softirqs and ksoftirqd included), ``softirq_cores``, ``ksoftirqd_cores``,
-    ``steal_cores``, ``cpus`` and the kernel's ``boot`` id (pure; None without both readings)."""
+    ``steal_cores``, ``cpus``, and the kernel's ``boot`` id given (pure; None without both readings)."""
     if not a or not b or seconds <= 0 or not b.get("cpus"):
         return None
     per = {k: max(0.0, (b.get(k, 0.0) - a.get(k, 0.0)) / seconds) for k in ("busy", "softirq", "steal", "ksoftirqd")}
     return {"cpus": int(b["cpus"]), "busy_cores": round(per["busy"], 3), "softirq_cores": round(per["softirq"], 3),
             "ksoftirqd_cores": round(per["ksoftirqd"], 3), "steal_cores": round(per["steal"], 3),
-            "boot": b.get("boot")}
+            "boot": boot}
 
 
 def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
@@ -400,7 +397,7 @@ def window_usage(samples: list[dict], start: float, end: float) -> Usage | None:
             top = max(sorted(live), key=live.get)
             use.runnable, use.runnable_thread = live[top] / dt, top
             use.runnable_wait, use.wait_cores = wait.get(top, 0.0) / dt, sum(wait.values()) / dt
-    use.machine = machine_usage(a.get("machine"), b.get("machine"), dt)
+    use.machine = machine_usage(a.get("machine"), b.get("machine"), dt, (host_record(samples) or {}).get("boot"))
     return use
 
 
@@ -489,12 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     with open(a.out, "a") as f:
-        f.write(json.dumps({"t": time.time(), "host": {"nodes": host_nodes()}}) + "\n")
+        f.write(json.dumps({"t": time.time(), "host": {"nodes": host_nodes(), "boot": boot_id()}}) + "\n")
         n = 0
-        ksoftirqd, boot = ksoftirqd_threads(), boot_id()
+        ksoftirqd = ksoftirqd_threads()
         while child.poll() is None:
             # numa_maps is costly to read for a big process: every NUMA_EVERY-th sample only.
-            s = sample(child.pid, with_numa=False, ksoftirqd=ksoftirqd, boot=boot)
+            s = sample(child.pid, with_numa=False, ksoftirqd=ksoftirqd)
             if n % NUMA_EVERY == NUMA_EVERY - 1:
                 new = held.read(tree(child.pid), s["t"])
                 s["numa_pages"] = _summed({p: r["binding"] for p, r in held.latest.items()

@@ -48,13 +48,12 @@ def page_keys(working_set: int) -> list[str]:
     return options.page_keys(working_set, "mla")
 
 
-def reader(api: str, node: Node, addr: str, page: int, batch: int) -> tuple[Callable[[list], int], Callable[[], None]]:
-    """(read(keys) -> hits, close) of the batch API ``api`` (:data:`APIS`): each read one call of it."""
+def reader(api: str, node: Node, into: tuple, addr: str, page: int,
+           batch: int) -> tuple[Callable[[list], int], Callable[[], None]]:
+    """(read(keys) -> hits, close) of the batch API ``api`` (:data:`APIS`): each read one call of it; ``node``
+    reads into ``into`` (its registered buffer, offsets and capacities)."""
     if api == "node":
-        dest = np.zeros(batch * page, dtype=np.uint8)
-        offsets = np.arange(batch, dtype=np.uint64) * page
-        caps = np.full(batch, page, dtype=np.uint64)
-        return (lambda keys: node.get_batch_into(keys, dest, offsets, caps).hits), (lambda: None)
+        return (lambda keys: node.get_batch_into(keys, *into).hits), (lambda: None)
     client = peercache.connect(addr, protocol="shm", page_size=page, dir_cache_ttl=3600.0)
     if api == "client":
         return (lambda keys: sum(1 for v in client.get_batch(keys) if v is not None and len(v) == page)), client.close
@@ -75,7 +74,7 @@ def measure(addr: str, page: int, working_set: int, batch: int, duration: float,
     offsets = np.arange(batch, dtype=np.uint64) * page
     caps = np.full(batch, page, dtype=np.uint64)
     node = Node(addr, protocol="shm", dir_cache_ttl=3600.0, name="lab-node-api")
-    read, close = reader(api, node, addr, page, batch)
+    read, close = reader(api, node, (dest, offsets, caps), addr, page, batch)
     try:
         for b in batches:  # warm the directory cache and the mapping
             read(b)

@@ -28,9 +28,9 @@ def test_proc_stat_gives_busy_softirq_steal_and_the_cpus():
 
 
 def test_the_machine_over_a_window_is_the_difference_of_two_readings():
-    a = {"busy": 100.0, "softirq": 10.0, "steal": 1.0, "ksoftirqd": 2.0, "total": 300.0, "cpus": 2, "boot": "x"}
-    b = {"busy": 103.8, "softirq": 11.2, "steal": 1.1, "ksoftirqd": 2.4, "total": 304.0, "cpus": 2, "boot": "x"}
-    u = cpusample.machine_usage(a, b, 2.0)
+    a = {"busy": 100.0, "softirq": 10.0, "steal": 1.0, "ksoftirqd": 2.0, "total": 300.0, "cpus": 2}
+    b = {"busy": 103.8, "softirq": 11.2, "steal": 1.1, "ksoftirqd": 2.4, "total": 304.0, "cpus": 2}
+    u = cpusample.machine_usage(a, b, 2.0, "x")         # the boot id: the file's host record
     assert u == {"cpus": 2, "busy_cores": 1.9, "softirq_cores": 0.6, "ksoftirqd_cores": 0.2, "steal_cores": 0.05,
                  "boot": "x"}
     assert cpusample.machine_usage(a, None, 2.0) is None

@@ -19,7 +19,7 @@ import pandas as pd
 from peercache.lab.analysis.format import fmt_number, point_label, short_run, throughput_text
 from peercache.lab.analysis.rawlimit import BW_METRICS, RAW_TOOLS, RawLimit, pct_text, raw_for, why_none
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
-from peercache.lab.analysis.spread import by_point
+from peercache.lab.analysis.spread import by_point, median_note
 from peercache.lab.pipeline import experiments
 
 #: Scenarios whose figures are PeerCache GETs (their kinds say so; see pipeline/kinds.py).
@@ -100,8 +100,7 @@ def overview_row(scenario: str, label: str, r, limits: Limits, note: str = "",
     comparable = scenario in GET_SCENARIOS and not is_raw
     notes = [n for n in (note, row_extra(r).get("note")) if n]
     if sp is not None:
-        notes.insert(0, f"median of {sp['n']} runs ({fmt_number(sp['min'])}–{fmt_number(sp['max'])} GB/s)"
-                     if sp["n"] > 1 else "measured once")
+        notes.insert(0, median_note(sp))
     frac = "—"
     if is_raw and scenario == "single_nic":
         frac = "100% (the raw limit)"

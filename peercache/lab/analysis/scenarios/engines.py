@@ -24,7 +24,7 @@ from peercache.lab.analysis.rawlimit import (BW_METRICS, RAW_TOOLS, RawLimit, pc
 from peercache.lab.analysis.references import TestbedRefs, convert, row_extra
 from peercache.lab.analysis.scenarios.declare import Chart, Conclusion, Limits, NotDrawn, Scenario, Table
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig
-from peercache.lab.analysis.spread import apart, range_text, spread, spread_text  
+from peercache.lab.analysis.spread import apart, range_text, spread, spread_text, yerr
 
 SCENARIO = "engines"
 #: The ``tool`` column of each engine's rows -> its name in the table, in table order.
@@ -200,21 +200,20 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     colors = dict(zip(ENGINES.values(), (PEERCACHE_COLOR, "#ff7f0e", "#9467bd", "#2ca02c"), strict=True),
                   **{"raw limit": RAW_COLOR})
     for k, n in enumerate(names):
-        xs, ys, ylo, yhi, tops = [], [], [], [], []
+        xs, ys, sps = [], [], []
         for i, cell in enumerate(cells):
             got = [r for r in recs if (r["page"], r["threads"]) == cell and r["engine"] == n]
             if got:
                 sp = got[0].get("spread") or {"median": got[0]["GB/s"], "min": got[0]["GB/s"], "max": got[0]["GB/s"]}
                 xs.append(i + (k - (len(names) - 1) / 2) * width)
                 ys.append(got[0]["GB/s"])
-                ylo.append(sp["median"] - sp["min"])
-                yhi.append(sp["max"] - sp["median"])
-                tops.append(sp["max"])
+                sps.append(sp)
         # the bars are medians; their whiskers the lowest and highest repetition
-        ax.bar(xs, ys, width, label=n, color=colors[n], yerr=[ylo, yhi] if any(ylo + yhi) else None,
+        err = yerr(sps)
+        ax.bar(xs, ys, width, label=n, color=colors[n], yerr=err if any(err[0] + err[1]) else None,
                error_kw={"elinewidth": 0.8, "capsize": 2})
-        for x, y, top in zip(xs, ys, tops):
-            ax.annotate(f"{y:.3g}", (x, top), ha="center", va="bottom", fontsize=6)
+        for x, y, sp in zip(xs, ys, sps):
+            ax.annotate(f"{y:.3g}", (x, sp["max"]), ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(cells)), [f"{fmt_size(p)}\n{t} thr" for p, t in cells], fontsize=8)
     ax.set_ylabel("read throughput (GB/s)")
     ax.legend(fontsize=7, loc="upper left")

@@ -18,7 +18,7 @@ from peercache.lab.analysis.metablock import meta_block
 from peercache.lab.analysis.references import TestbedRefs, convert
 from peercache.lab.analysis.scenarios.declare import Chart, Conclusion, Limits, NotDrawn, Scenario, Table, ok_rows
 from peercache.lab.analysis.scenarios.draw import MARKERS, new_fig, series_colors
-from peercache.lab.analysis.spread import apart, by_point, range_text, spread, spread_text
+from peercache.lab.analysis.spread import apart, by_point, range_text, spread_of, spread_text, yerr
 
 #: perf stat counters drawn against message size: metric -> label.
 COUNTERS = {"ipc": "IPC", "l1_dcache_load_misses": "L1-dcache load misses",
@@ -36,14 +36,13 @@ def _series(frame: pd.DataFrame, metric: str) -> dict[Any, pd.DataFrame]:
     return {q: g.sort_values("size_bytes") for q, g in f.groupby("qps", dropna=False, sort=True)}
 
 
-def _medians(g: pd.DataFrame, value) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per size of ``g`` (ascending): the size, and the median, lowest and highest ``value(row)`` of its runs."""
-    out: tuple[list[float], ...] = ([], [], [], [])
+def _by_size(g: pd.DataFrame, value) -> tuple[list[float], list[dict]]:
+    """Per size of ``g`` (ascending): the size, and the :func:`spread` of ``value(row)`` over its runs."""
+    sizes, sps = [], []
     for size, rows in g.groupby("size_bytes", sort=True):
-        sp = spread([value(r) for _, r in rows.iterrows()])
-        for col, v in zip(out, (float(size), sp["median"], sp["min"], sp["max"])):
-            col.append(v)
-    return out
+        sizes.append(float(size))
+        sps.append(spread_of(rows, value)[0])
+    return sizes, sps
 
 
 def _size_axis(ax, sizes: pd.Series) -> None:
@@ -73,10 +72,10 @@ def bandwidth_figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs |
         unit = units[0] if units else ""
         colors = series_colors(len(ser), raw=True)
         for k, (q, g) in enumerate(ser.items()):
-            xs, med, lo, hi = _medians(g, lambda r: convert(float(r["value"]), r["unit"], unit))
+            xs, sps = _by_size(g, lambda r: convert(float(r["value"]), r["unit"], unit))
             # the median of each size's repetitions, whiskers from its lowest to its highest run
-            ax.errorbar(xs, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                        marker=MARKERS[k % len(MARKERS)], color=colors[k], capsize=3, label=f"QP {fmt_number(q)}")
+            ax.errorbar(xs, [sp["median"] for sp in sps], yerr=yerr(sps), marker=MARKERS[k % len(MARKERS)],
+                        color=colors[k], capsize=3, label=f"QP {fmt_number(q)}")
         _size_axis(ax, ok["size_bytes"])
         ax.set_ylabel(f"{ylabel} ({unit})" if unit else ylabel)
         if not ser:
@@ -109,8 +108,8 @@ def counters_figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | 
         colors = series_colors(len(ser), raw=True)
         for k, (q, g) in enumerate(ser.items()):
             good = g[(g["status"] == "ok") & g["value"].notna()]
-            xs, med, _, _ = _medians(good, lambda r: float(r["value"]))
-            line = ax.plot(xs, med, marker=MARKERS[k % len(MARKERS)], color=colors[k], label=f"QP {fmt_number(q)}")
+            xs, sps = _by_size(good, lambda r: float(r["value"]))
+            line = ax.plot(xs, [sp["median"] for sp in sps], marker=MARKERS[k % len(MARKERS)], color=colors[k], label=f"QP {fmt_number(q)}")
             missing = g[~g.index.isin(good.index)]
             if not missing.empty:
                 # Missing is not zero: mark where a value should be, at the axis floor, hollow.

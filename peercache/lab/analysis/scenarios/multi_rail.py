@@ -16,7 +16,7 @@ from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits,
                                                       ok_bw, ok_rows, to_gbs)
 from peercache.lab.analysis.scenarios.draw import MARKERS, new_fig, series_colors
 from peercache.lab.analysis.scenarios.rails import rail_shares_text, shares_column
-from peercache.lab.analysis.spread import apart, by_point, range_text, spread, spread_text
+from peercache.lab.analysis.spread import apart, by_point, range_text, spread_of, spread_text, yerr
 
 #: A series "falls beyond" its peak when its last point is this fraction below the peak.
 FALLS_BEYOND = 0.05
@@ -36,15 +36,11 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     colors = series_colors(len(series), raw=False)
     for k, ((size, batch), g) in enumerate(series):
         pts = g.groupby("threads", sort=True)
-        xs, ys, lo, hi = [], [], [], []
+        xs, sps = [], []
         for thr, gg in pts:
-            vals = [to_gbs(v) for _, v in gg.iterrows()]
-            sp = spread(vals)
-            mid = gg.iloc[vals.index(sp["median"])]
+            sp, mid = spread_of(gg, to_gbs)
             xs.append(int(thr))
-            ys.append(sp["median"])
-            lo.append(sp["median"] - sp["min"])
-            hi.append(sp["max"] - sp["median"])
+            sps.append(sp)
             stat = {row_extra(v).get("statistic") for _, v in gg.iterrows()} - {None}
             table.append({"page size": fmt_size(size), "batch": batch, "threads": int(thr),
                           **dict(zip(("value", "unit"), display(mid["value"], mid["unit"]))),
@@ -58,7 +54,8 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
         peak_only = all(row_extra(v).get("statistic") == "peak" for _, v in g.iterrows())
         label = f"{fmt_size(size)}, batch {fmt_number(batch)}" + (" (peak only)" if peak_only else "")
         # medians of the repetitions, whiskers from the lowest to the highest run
-        ax.errorbar(xs, ys, yerr=[lo, hi], marker=MARKERS[k % len(MARKERS)], color=colors[k], capsize=3, label=label)
+        ax.errorbar(xs, [sp["median"] for sp in sps], yerr=yerr(sps), marker=MARKERS[k % len(MARKERS)], color=colors[k],
+                    capsize=3, label=label)
     threads = sorted({int(t) for t in ok["threads"]})
     ax.set_xticks(threads, [str(t) for t in threads])   # threads are whole: no 1.5-thread ticks
     ax.set_xlabel("threads (concurrency)")

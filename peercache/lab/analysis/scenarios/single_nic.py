@@ -19,7 +19,8 @@ from peercache.lab.analysis.references import TestbedRefs, row_extra
 from peercache.lab.analysis.scenarios.declare import (Chart, Conclusion, Limits, NotDrawn, Scenario, Table, gbs,
                                                       ok_bw, ok_rows, overview_row, to_gbs)
 from peercache.lab.analysis.scenarios.draw import PEERCACHE_COLOR, RAW_COLOR, new_fig, raw_legend
-from peercache.lab.analysis.spread import by_point, point_of, range_text, spread, spread_text
+from peercache.lab.analysis.spread import (by_point, median_note, point_of, range_text, spread_of, spread_text,
+                                           yerr)
 
 
 def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> Chart | NotDrawn:
@@ -37,18 +38,16 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
     limits = raw_limits(ok)
     fig, axes = new_fig(w=max(7.0, 1.7 * len(groups)))
     ax = axes[0][0]
-    table, labels, heights, colors, pcts, whiskers = [], [], [], [], [], ([], [])
+    table, labels, heights, colors, pcts, sps = [], [], [], [], [], []
     for r, g in groups:
-        vals = [to_gbs(v) for _, v in g.iterrows()]
-        sp = spread(vals)
-        gbs_, mid = sp["median"], g.iloc[vals.index(sp["median"])]
+        sp, mid = spread_of(g, to_gbs)
+        gbs_ = sp["median"]
         is_raw = r["tool"] in RAW_TOOLS
         raw = None if is_raw else raw_for(r, limits)
         pct = None if raw is None or not raw.gbs else 100.0 * gbs_ / raw.gbs  # no (or a zero) raw figure: no %
         labels.append(bar_label(r))
         heights.append(gbs_)
-        whiskers[0].append(gbs_ - sp["min"])
-        whiskers[1].append(sp["max"] - gbs_)
+        sps.append(sp)
         pcts.append(None if pct is None else (pct, 100.0 * sp["min"] / raw.gbs))
         colors.append(RAW_COLOR if is_raw else PEERCACHE_COLOR)
         value, unit = display(mid["value"], mid["unit"])
@@ -59,7 +58,8 @@ def figure(rows: pd.DataFrame, runs: pd.DataFrame, refs: TestbedRefs | None) -> 
                       "verdict": ",".join(sorted(set(g["verdict"]))) if "verdict" in g else "unchecked",
                       "limited by": limit_text(g), "run": ",".join(dict.fromkeys(g["run_id"]))})
     # medians of the repetitions, whiskers from the lowest to the highest run
-    bars = ax.bar(range(len(heights)), heights, color=colors, yerr=list(whiskers), capsize=3)
+    whiskers = yerr(sps)
+    bars = ax.bar(range(len(heights)), heights, color=colors, yerr=whiskers, capsize=3)
     for b, p, h, up in zip(bars, pcts, heights, whiskers[1]):
         # the flag on a line of its own: "(within the spread of raw)" is wider than a bar
         label = f"{h:.3g} GB/s" if p is None else (f"{h:.3g} GB/s\n"
@@ -116,9 +116,7 @@ class SingleNic(Scenario):
         for r, sp, runs in by_point(ok_bw(sub), gbs):
             lim = None if r["tool"] in RAW_TOOLS else raw_for(r, limits)
             recs.append({"measurement": measurement(r),
-                         "GET throughput": throughput_text(sp["median"]) + (
-                             f", median of {sp['n']} runs ({fmt_number(sp['min'])}–{fmt_number(sp['max'])} GB/s)"
-                             if sp["n"] > 1 else ", measured once"),
+                         "GET throughput": f"{throughput_text(sp['median'])}, {median_note(sp)}",
                          "% of raw": "raw limit" if r["tool"] in RAW_TOOLS else (
                              pct_text(100 * sp["median"] / lim.gbs, lim.label, lowest=100 * sp["min"] / lim.gbs)
                              if lim and lim.gbs else f"— ({why_none(r, limits)})"),
