@@ -11,6 +11,7 @@
 
 #include "handshake.h"
 #include "pc.h"
+#include "trace.h"
 #include "server_type.h"
 
 #define ERRLEN 512
@@ -367,12 +368,14 @@ static PyObject *LocCache_lookup(LocCacheObject *self, PyObject *args) {
     pc_loc *locs = lv.buf;
     uint64_t *want = wv.buf;
     Py_ssize_t found = 0;
+    pc_trace(PC_TR_DIR_ENTER, 0);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         if (pc_map_get(self->map, k[i].p, k[i].n, now, &locs[i], want ? &want[i] : NULL)) found++;
         else locs[i].node = PC_ABSENT;
     }
     Py_END_ALLOW_THREADS
+    pc_trace(PC_TR_DIR_EXIT, 0);
     atomic_fetch_add(&self->hits, (unsigned long long)found);
     atomic_fetch_add(&self->misses, (unsigned long long)(n - found));
     PyBuffer_Release(&wv);
@@ -498,6 +501,7 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *peers, *locs_o, *want_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
     unsigned int checks = 0;
+    pc_trace(PC_TR_READ_ENTER, 0);
     if (!PyArg_ParseTuple(args, "OOOOOOOOOO|I", &peers, &locs_o, &want_o, &dest_o, &off_o, &caps_o, &st_o,
                           &len_o, &gen_o, &code_o, &checks))
         return NULL;
@@ -573,8 +577,11 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     }
     pc_slot_result r;
     Py_BEGIN_ALLOW_THREADS
+    pc_trace(PC_TR_READ_NOGIL, 0);
     pc_read_slots(&b, nodes, nn, scratch, &r);
+    pc_trace(PC_TR_READ_CHECKED, 0);
     Py_END_ALLOW_THREADS
+    pc_trace(PC_TR_READ_GIL, 0);
     result = Py_BuildValue("(nnnniIsnnnn)", (Py_ssize_t)r.hits, (Py_ssize_t)r.stale, (Py_ssize_t)r.need_peer,
                            (Py_ssize_t)r.errors, (int)r.err_code, (unsigned)r.err_node, r.err,
                            (Py_ssize_t)r.content_bad, (Py_ssize_t)r.checksum_bad,
@@ -589,6 +596,7 @@ out:
     PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
     PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&wv);
     PyBuffer_Release(&lv);
+    pc_trace(PC_TR_READ_EXIT, 0);
     return result;
 }
 
@@ -650,9 +658,11 @@ static PyObject *py_table_lookup(PyObject *mod, PyObject *args) {
     b.rows = rv.buf;
     b.state = sv.buf;
     pc_table_result r;
+    pc_trace(PC_TR_TABLE_ENTER, 0);
     Py_BEGIN_ALLOW_THREADS
     pc_table_read(&b, &r);
     Py_END_ALLOW_THREADS
+    pc_trace(PC_TR_TABLE_EXIT, 0);
     result = Py_BuildValue("(iKnis)", r.code, (unsigned long long)r.epoch, (Py_ssize_t)r.resolved,
                            (int)r.err_code, r.err);
 out:
@@ -778,6 +788,29 @@ static PyObject *py_copy_pages(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ------------------------------------------------------------------ latency trace */
+
+static PyObject *py_trace_start(PyObject *mod, PyObject *arg) {
+    (void)mod;
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n <= 0 || n > ((Py_ssize_t)1 << 26))
+        return PyErr_Format(PyExc_ValueError, "trace_start(%zd): give a capacity of 1 to 2**26 records", n);
+    if (pc_trace_start((size_t)n) < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_trace_stop(PyObject *mod, PyObject *unused) {
+    (void)mod; (void)unused;
+    pc_trace_rec *recs = NULL;
+    uint64_t dropped = 0;
+    size_t n = pc_trace_stop(&recs, &dropped);
+    PyObject *b = PyBytes_FromStringAndSize((const char *)recs, (Py_ssize_t)(n * sizeof *recs));
+    if (!b) return NULL;
+    return Py_BuildValue("(NK)", b, (unsigned long long)dropped);
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef module_methods[] = {
@@ -817,6 +850,12 @@ static PyMethodDef module_methods[] = {
      "KEY_MISMATCH per key (the tag check of read_slots, want the key hash of each key asked for)."},
     {"copy_pages", py_copy_pages, METH_VARARGS,
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
+    {"trace_start", py_trace_start, METH_O,
+     "trace_start(capacity): record timestamps at the read path's and the tcp server's points "
+     "(native/trace.h, TRACE_POINTS) until trace_stop; off by default (peercache.lab.latency)."},
+    {"trace_stop", py_trace_stop, METH_NOARGS,
+     "trace_stop() -> (records, dropped): the records as bytes of TRACE_DTYPE's layout (u64 ns on "
+     "CLOCK_MONOTONIC, u64 request id, u32 point, u32 thread id), and how many found no room."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -860,5 +899,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "TABLE_DOUBT", PC_TABLE_DOUBT);
     PyModule_AddIntConstant(m, "TABLE_FOUND", PC_TABLE_FOUND);
     PyModule_AddIntConstant(m, "TABLE_ABSENT", PC_TABLE_ABSENT);
+    PyObject *names = PyTuple_New(PC_TR_N);
+    if (!names) return NULL;
+    for (int i = 0; i < PC_TR_N; i++) PyTuple_SET_ITEM(names, i, PyUnicode_FromString(pc_trace_names[i]));
+    PyModule_AddObject(m, "TRACE_POINTS", names);
+    PyModule_AddIntConstant(m, "TRACE_RECORD_BYTES", (long)sizeof(pc_trace_rec));
     return m;
 }

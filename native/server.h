@@ -17,7 +17,7 @@ enum {
     PC_ST_REQ_BAD_MAGIC, PC_ST_REQ_TOO_MANY_OPS, PC_ST_REQ_NO_OPS, PC_ST_REQ_TOO_LARGE, PC_ST_CONN_OVER_LIMIT,
     PC_ST_CONN_IDLE, PC_ST_CONN_SLOW, PC_ST_ACCEPT_ERRORS, PC_ST_NOMEM, PC_ST_CONN_NO_TOKEN,
     PC_ST_CONN_BAD_TOKEN, PC_ST_CONN_HELLO_TIMEOUT, PC_ST_CONN_EVICTED, PC_ST_REPLY_WAITS, PC_ST_REQ_BUSY,
-    PC_ST_REQ_BAD_TAG, PC_SRV_N_STATS
+    PC_ST_REQ_BAD_TAG, PC_ST_POLL_CAUGHT, PC_ST_POLL_MISSED, PC_SRV_N_STATS
 };
 extern const char *const pc_srv_stat_names[PC_SRV_N_STATS];
 
@@ -54,6 +54,7 @@ typedef struct pc_srv_config {
     long max_greet_src;        /* of them from one source address */
     long long mem_cap;         /* reply memory, over all workers */
     int sndbuf;                /* SO_SNDBUF asked per connection (0: the kernel's autotuning) */
+    double poll_s;             /* after serving, poll for the next request this long before sleeping (0: never) */
 } pc_srv_config;
 
 /* Runs one worker of the server on t until stop_fd becomes readable, then closes its

@@ -77,17 +77,20 @@ static PyObject *RegionTable_get_connections(RegionTableObject *self, void *c) {
 }
 
 /* RegionTable.serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout,
- *                   hello_timeout, max_greeting, max_greeting_per_source, reply_memory, send_buffer) */
+ *                   hello_timeout, max_greeting, max_greeting_per_source, reply_memory, send_buffer[, poll_us]) */
 static PyObject *RegionTable_serve(RegionTableObject *self, PyObject *args) {
     pc_srv_config c;
-    if (!PyArg_ParseTuple(args, "iildddllLi", &c.listen_fd, &c.stop_fd, &c.max_conns, &c.idle_s,
-                          &c.request_s, &c.hello_s, &c.max_greet, &c.max_greet_src, &c.mem_cap, &c.sndbuf))
+    int poll_us = 0;
+    if (!PyArg_ParseTuple(args, "iildddllLi|i", &c.listen_fd, &c.stop_fd, &c.max_conns, &c.idle_s,
+                          &c.request_s, &c.hello_s, &c.max_greet, &c.max_greet_src, &c.mem_cap, &c.sndbuf,
+                          &poll_us))
         return NULL;
     if (c.max_conns < 1 || !(c.idle_s > 0) || !(c.request_s > 0) || !(c.hello_s > 0) || c.max_greet < 1 ||
-        c.max_greet_src < 1 || c.mem_cap < 1 || c.sndbuf < 0)
+        c.max_greet_src < 1 || c.mem_cap < 1 || c.sndbuf < 0 || poll_us < 0 || poll_us > 1000000)
         return PyErr_Format(PyExc_ValueError, "max_connections, idle_timeout, request_timeout, hello_timeout, "
                             "max_greeting, max_greeting_per_source and reply_memory must be positive, "
-                            "send_buffer not negative");
+                            "send_buffer not negative, poll_us 0 to 1000000");
+    c.poll_s = poll_us * 1e-6;
     int rc;
     Py_INCREF(self);
     Py_BEGIN_ALLOW_THREADS
@@ -129,8 +132,9 @@ static PyObject *RegionTable_stats(RegionTableObject *self, PyObject *unused) {
 static PyMethodDef RegionTable_methods[] = {
     {"serve", (PyCFunction)RegionTable_serve, METH_VARARGS,
      "serve(listen_fd, stop_fd, max_connections, idle_timeout, request_timeout, hello_timeout, "
-     "max_greeting, max_greeting_per_source, reply_memory, send_buffer): one worker of the data "
-     "server; accepts on the non-blocking listen_fd (shared by all workers) and serves its "
+     "max_greeting, max_greeting_per_source, reply_memory, send_buffer[, poll_us]): one worker of the data "
+     "server (poll_us: after serving, poll this long for the next request before sleeping; 0, the "
+     "default, sleeps at once); accepts on the non-blocking listen_fd (shared by all workers) and serves its "
      "connections without the GIL until stop_fd becomes readable, then closes them. max_greeting "
      "and max_greeting_per_source are this worker's; max_connections and reply_memory are the "
      "table's (all workers)."},

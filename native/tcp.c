@@ -53,6 +53,7 @@
 #include "clock.h"
 #include "handshake.h"
 #include "pc.h"
+#include "trace.h"
 
 #define HEAD_BYTES 20
 #define WIRE_OP_BYTES 32
@@ -490,7 +491,10 @@ static int send_chunk(const tcp_conn *c, chan *k, const pc_op *ops, const chunk 
         pc_hs_request_tag(w, k->session, k->seq++, buf, buf + HEAD_BYTES, (size_t)(w - buf) - HEAD_BYTES);
         w += TAG_BYTES;
     }
-    return send_all(k->fd, buf, (size_t)(w - buf));
+    pc_trace(PC_TR_SEND_BEGIN, ch->req_id);
+    int rc = send_all(k->fd, buf, (size_t)(w - buf));
+    pc_trace(PC_TR_SEND_END, ch->req_id);
+    return rc;
 }
 
 /* 0 ok; -1 socket failure (errno); -2 protocol error (err set); -3 refused (err set);
@@ -500,6 +504,7 @@ static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, co
     uint8_t head[HEAD_BYTES];
     int hr = recv_reply_head(c, fd, head);
     if (hr < 0) return hr;
+    pc_trace(PC_TR_REPLY_HEAD, ch->req_id);
     uint32_t code, m;
     uint64_t rid;
     memcpy(&code, head + 4, 4);
@@ -540,6 +545,7 @@ static int recv_chunk(tcp_conn *c, int fd, const pc_op *ops, const chunk *ch, co
         }
     }
     if (k && recv_iov(fd, iov, k) < 0) return -1;
+    pc_trace(PC_TR_REPLY_DONE, ch->req_id);
     if (notify)   /* this reply's payloads (at most PC_TCP_REQ_BYTES) are still in cache */
         for (size_t i = ch->start; i < ch->end; i++)
             if (status[i] == PC_OK) notify->done(notify->ctx, i);

@@ -307,8 +307,9 @@ class NodeConfig:
         None, "GID table index (rdma; RoCE v2 IPv4 entry found automatically when omitted)",
         check=whole(0, 255, " (an entry of the GID table)"), flag=Flag("--gid-index"), key="gid_index")
     tcp_poll_us: Optional[int] = option(
-        None, "tcp: poll the socket this long for a reply before sleeping (0: sleep at once; backs off "
-              "against slow peers)", unit="µs", check=_tcp_poll_us,
+        None, "tcp: poll this long before sleeping, a consumer for each reply and the data server for the "
+              "next request after serving one (0: sleep at once; each backs off against slow peers)", unit="µs",
+        check=_tcp_poll_us,
         flag=Flag("--tcp-poll-us", metavar="US", shown="$PEERCACHE_TCP_POLL_US, else 50"))
     pool_bytes: int = option(
         0, "memory of the pool this node publishes pages from (0: a reader that stores nothing)", unit="B",

@@ -230,6 +230,9 @@ class BenchOptions:
                "thread still does", flag=Flag("--faults-expected"))
     out: Optional[str] = option(
         None, "write the JSON result document here", check=checks.writable_file, flag=Flag("--out"))
+    trace: Optional[str] = option(
+        None, "record the tcp data server's latency trace (native/trace.h) and write it here at exit "
+              "(peercache.lab.latency joins it with a client's)", check=checks.writable_file, flag=Flag("--trace"))
 
 
 #: Every flag's declaration, by option name: the node's, then the bench's own.
@@ -283,6 +286,7 @@ SERVE_HELP = (
     (RDMA_TITLE, None, ("device_name", "devices", "ib_port", "gid_index")),
     (*EXPERT, ("max_channels", "tcp_poll_us", "integrity", "auth_key_file", "metrics_addr", "heartbeat_timeout",
                "dir_table_entries", "join")),
+    (*LAB, ("trace",)),
 )
 DRIVE_HELP = (
     (None, None, ("discovery_addr", "directory", "protocol", *GEOMETRY, "batch_size", "concurrencies",

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from .. import fdlimit, metrics, tags
+from .. import fdlimit, metrics, tags, trace
 from ..address import split
 from ..node import Geometry, Node
 from ..transport.tcp import fds_needed
@@ -101,6 +101,8 @@ def run(args) -> int:
             node.put_batch(keys[i:i + PUBLISH_BATCH], fill=fill_page)
         pub_s = time.monotonic() - t0
         total = len(keys) * args.page_size
+        if args.trace:
+            trace.start()
         # before the ready line: a signal sent as soon as it shows ends serve in order
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
@@ -140,3 +142,5 @@ def run(args) -> int:
         if endpoint is not None:
             endpoint.close()
         node.close()
+        if args.trace:
+            trace.write(args.trace, side="server")

@@ -185,6 +185,9 @@ RATIOS: dict[str, tuple[str, str | None]] = {
     "dir_lookups_redis_vs_mget_fixed_128": ("dirlookup_redis_128", "redis_mget_128_fixed"),
     "get_batch_outs_vs_copy_4k": ("get_batch_outs_4k", "get_batch_copy_4k"),
 }
+#: latency breakdown -> the get_trace part behind it (``--only latency_breakdown`` runs just these)
+BREAKDOWNS: dict[str, str] = {"tcp_4k_cached": "trace_tcp_4k_cached", "tcp_4k_uncached": "trace_tcp_4k_uncached"}
+ONLY_BREAKDOWN = "latency_breakdown"
 #: ``check`` line -> the verified part behind it.
 CHECKS: dict[str, str] = {"shm_128k": "shm_128k_check", "tcp_128k": "tcp_128k_check",
                           "node_64b": "node_api_pages_per_s_64b"}
@@ -204,6 +207,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("dirlookup_embedded_128", "dirlookup_embedded_rpc_128", "dirlookup_embedded_rpc_16384",
                 "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),
+    ("once", tuple(BREAKDOWNS.values())),
 )
 
 
@@ -235,7 +239,7 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
                                               "takes one point per part; give each parameter one value")
         by_part[p.part] = p
     named = set(FIGURES) | {x for pc, base in RATIOS.values() for x in (pc, base) if x} | set(CHECKS.values()) \
-        | {part for _, parts in STAGES for part in parts}
+        | {part for _, parts in STAGES for part in parts} | set(BREAKDOWNS.values())
     missing = sorted(named - set(by_part))
     if missing:
         raise experiments.DefinitionError(f"{scenarios_file}: field '{SCENARIO}.local': no part(s) {missing}, "
@@ -245,10 +249,13 @@ def plan(rounds: int, duration: float, warmup: float, scenarios_file: Path = SCE
         for r in range(rounds if how == "rounds" else 1):
             schedule += [(by_part[part], r) for part in parts]
     if only:
-        unknown = sorted(set(only) - set(RATIOS))
+        unknown = sorted(set(only) - set(RATIOS) - {ONLY_BREAKDOWN})
         if unknown:
-            raise experiments.DefinitionError(f"--only: no ratio(s) {unknown}; the bench's ratios are {sorted(RATIOS)}")
-        keep = {x for name in only for x in RATIOS[name] if x}
+            raise experiments.DefinitionError(f"--only: no ratio(s) {unknown}; the bench's ratios are {sorted(RATIOS)}, "
+                                              f"and {ONLY_BREAKDOWN} its latency breakdown")
+        keep = {x for name in only if name != ONLY_BREAKDOWN for x in RATIOS[name] if x}
+        if ONLY_BREAKDOWN in only:
+            keep |= set(BREAKDOWNS.values())
         schedule = [(pt, r) for pt, r in schedule if pt.part in keep]
     return BenchPlan(tb, by_part, schedule)
 
@@ -318,6 +325,9 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
             continue
         reps = sorted(k for p, k in point_rows if p == part)
         res["checks"].append(check_line(name, point_rows[(part, reps[-1])]))
+    for name, part in BREAKDOWNS.items():
+        if (part, 0) in point_rows:
+            res.setdefault("breakdowns", {})[name] = breakdown_of(point_rows[(part, 0)], part)
     for name, (pc, base) in RATIOS.items():
         if only and name not in only:
             continue
@@ -327,6 +337,28 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
             paired(res, name, pc, base)
     # raw lines in figure order (as the bench always printed them)
     res["raw"] = {k: res["raw"][k] for k in FIGURES if k in res["raw"]}
+
+
+def breakdown_of(rows: list[tidy.Row], part: str) -> dict:
+    """A get_trace point's breakdown from its rows: the untraced and traced p50 and each part's p50 and share."""
+    val = {r.metric: r.value for r in rows if r.status == "ok" and r.metric in ("latency_p50", "traced_p50")}
+    if "latency_p50" not in val:
+        bad = [r.reason for r in rows if r.status == "failed"] or ["no such row"]
+        raise BenchError(f"{part}: no latency breakdown measured: {bad[0]}")
+    parts = [{"label": r.extra["label"], "segment": r.extra["segment"], "p50_us": r.value, "share": r.extra["share"]}
+             for r in rows if r.metric == "part_p50" and r.status == "ok"]   # share None: within the part above
+    joined = next((r.extra.get("joined") for r in rows if r.metric == "traced_p50"), None)
+    return {"untraced_p50_us": val["latency_p50"], "traced_p50_us": val.get("traced_p50"), "joined": joined,
+            "parts": parts}
+
+
+def breakdown_lines(name: str, b: dict) -> list[str]:
+    """The printed table of one breakdown: a header line, then one line per part (µs, share)."""
+    out = [f"breakdown {name}: p50 {b['untraced_p50_us']:.1f} us untraced, {b['traced_p50_us']:.1f} us traced "
+           f"(parts: p50 of each over the {b['joined']} GETs whose points came in the usual order)"]
+    out += [f"  {p['p50_us']:6.2f} us {100 * p['share']:5.1f} %  {p['label']}" if p["share"] is not None
+            else f"  ({p['p50_us']:5.2f} us)          {p['label']}" for p in b["parts"]]
+    return out
 
 
 def ratio_rows(res: dict, run_id: str, targets: dict[str, float],
@@ -377,7 +409,7 @@ def write_tidy(run_dir: Path, point_rows: dict, res: dict | None, targets: dict[
 
 def run(bp: BenchPlan, run_dir: Path, log=print) -> tuple[dict, dict]:
     """Every point of the plan in order on the bench testbed's hosts; (summary, {(part, round): rows})."""
-    res: dict = {"ratios": {}, "raw": {}, "rounds": {}, "checks": [], "notes": []}
+    res: dict = {"ratios": {}, "raw": {}, "rounds": {}, "checks": [], "notes": [], "breakdowns": {}}
     point_rows: dict[tuple[str, int], list[tidy.Row]] = {}
     tb = bp.testbed
     # The netns pair only when a scheduled part uses it (an --only run of loopback parts leaves it alone);
@@ -468,6 +500,9 @@ def main(argv=None) -> int:
         else:
             print(f"#   target >= {t:g} (data/reference/references.yaml): "
                   f"{'met' if v['median'] >= t else 'NOT met'}")
+    for k, b in res.get("breakdowns", {}).items():
+        for line in breakdown_lines(k, b):
+            print(line)
     print(f"# results: {run_dir}/ (rows.parquet, runs.parquet, one folder per point)")
     print(f"# bench took {time.monotonic() - t0:.0f} s")
     doc = dict(res, meta={**host, "git_revision": meta.git_revision(), "end": meta.now_iso(),

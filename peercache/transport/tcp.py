@@ -109,8 +109,9 @@ DEFAULT_SEND_BUFFER = 256 << 10
 PROGRESS_BYTES = 256 << 10
 DEFAULT_LOG_INTERVAL = 5.0       #: s between two refusal summaries
 #: The native client polls its socket this long (µs) for a reply before it sleeps in a blocking
-#: receive (native/tcp.c says why and how it backs off); PEERCACHE_TCP_POLL_US or ``poll_us``
-#: change it, 0 sleeps at once.
+#: receive, and the data server's workers poll as long for the next request after serving one
+#: (native/tcp.c and native/server.c say why and how each backs off); PEERCACHE_TCP_POLL_US or
+#: ``poll_us`` change it, 0 sleeps at once.
 DEFAULT_POLL_US = 50
 MAX_POLL_US = 1_000_000
 LISTEN_BACKLOG = 512
@@ -121,7 +122,8 @@ _BACKOFF_MIN, _BACKOFF_MAX = 0.010, 0.100
 STAT_NAMES = ("accepted", "served", "ops_bad_region", "ops_out_of_range", "ops_zero_length",
               "req_bad_magic", "req_too_many_ops", "req_no_ops", "req_too_large", "conn_over_limit",
               "conn_idle", "conn_slow", "accept_errors", "nomem", "conn_no_token", "conn_bad_token",
-              "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy", "req_bad_tag")
+              "conn_hello_timeout", "conn_evicted", "reply_memory_waits", "req_busy", "req_bad_tag",
+              "poll_caught", "poll_missed")
 #: Counters of refused ops and requests: the ``refused`` total.
 _REFUSALS = ("ops_bad_region", "ops_out_of_range", "ops_zero_length", "req_bad_magic",
              "req_too_many_ops", "req_no_ops", "req_too_large", "conn_no_token", "conn_bad_token", "req_busy",
@@ -343,7 +345,7 @@ class _Server:
                  max_greeting_per_source: int = DEFAULT_MAX_GREETING_PER_SOURCE,
                  reply_memory: int = DEFAULT_REPLY_MEMORY, send_buffer: int = DEFAULT_SEND_BUFFER,
                  workers: int | None = None, log_interval: float = DEFAULT_LOG_INTERVAL,
-                 key: bytes | None = None):
+                 key: bytes | None = None, poll_us: int = 0):
         if key is not None and len(key) != DATA_KEY_BYTES:
             raise TransportError(f"a data key is {DATA_KEY_BYTES} bytes, not {len(key)}")
         #: what a connection's handshake proves (None: connections are admitted without one)
@@ -366,6 +368,8 @@ class _Server:
         self.max_greeting_per_source = int(max_greeting_per_source)
         self.reply_memory = int(reply_memory)
         self.send_buffer = int(send_buffer)
+        #: µs a worker polls for the next request after serving one, before it sleeps (0: at once)
+        self.poll_us = poll_us_setting(poll_us)
         self._table = _native_or_raise().RegionTable(
             [(rid, rkey, mv) for rid, (mv, rkey) in regions.items()], self.key)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
@@ -414,7 +418,7 @@ class _Server:
         try:
             self._table.serve(self.lsock.fileno(), self._stop_r, self.max_connections, self.idle_timeout,
                               self.request_timeout, self.hello_timeout, greet, per_source,
-                              self.reply_memory, self.send_buffer)
+                              self.reply_memory, self.send_buffer, self.poll_us)
         except Exception:  # noqa: BLE001 - say why this worker is gone
             log.exception("tcp data server worker failed")
 
@@ -492,7 +496,7 @@ class TcpTransport(NativeReads, Transport):
     def start(self, bind_host: str) -> dict[str, Any]:
         data = self.credentials.data
         self._server = _Server(self._regions, bind_host, self.port, key=data.key if data else None,
-                               **self.server_limits)
+                               poll_us=self.poll_us, **self.server_limits)
         return {"host": bind_host, "port": self._server.port}
 
     @property

@@ -34,9 +34,14 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     assert order[i + 2:i + 4] == [("peercache_shm_verified_128k", 1), ("peercache_shm_integrity_128k", 1)]
     j = order.index(("peercache_tcp_128k", 0))
     assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
-    # checks and the 64 B drive once; in each of the 2 rounds: the shm four, the tcp seven, the node loop, the
-    # library's two batch reads, drive and HiCache, the six latency points, the six lookup points
-    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 * (4 + 7 + 1 + 2 + 2 + 6 + 6)
+    # checks, the 64 B drive and the two traced GETs once; in each of the 2 rounds: the shm four, the tcp seven,
+    # the node loop, the library's two batch reads, drive and HiCache, the six latency points, the six lookup points
+    assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 + 2 * (4 + 7 + 1 + 2 + 2 + 6 + 6)
+    # the latency breakdown last, alone: nothing else runs while its GETs are traced
+    assert order[-2:] == [("trace_tcp_4k_cached", 0), ("trace_tcp_4k_uncached", 0)]
+    assert {bp.points[p].kind for p in ratios.BREAKDOWNS.values()} == {"get_trace"}
+    assert (bp.points["trace_tcp_4k_cached"].params["dir_cache_ttl"],
+            bp.points["trace_tcp_4k_uncached"].params["dir_cache_ttl"]) == (3600, 0)
     # Mooncake, then NIXL first in each tcp round, at the tcp drive's shape
     assert order[j - 3:j] == [("mooncake_tcp_128k", 0), ("nixl_tcp_128k", 0), ("iperf3_tcp_128k", 0)]
     nx = bp.points["nixl_tcp_128k"]
@@ -185,3 +190,38 @@ def test_the_librarys_two_batch_reads_are_points_of_the_rounds_each_measured_aga
     want = ratios.figure(point_rows[("get_batch_outs_4k", 0)], "get_batch_outs_4k") / \
         ratios.figure(point_rows[("get_batch_copy_4k", 0)], "get_batch_copy_4k")
     assert r["median"] == pytest.approx(want, rel=1e-3)
+
+
+@pytest.mark.skipif(native_module()[0] is None, reason="native module not built")
+def test_the_latency_breakdown_joins_both_sides_of_each_traced_get(tmp_path):
+    """--only latency_breakdown: the two get_trace points, run by the same harness; each GET's timeline holds
+    the client's points and the server's (joined by request id), and the uncached one its table read too."""
+    from peercache.lab.launch.hosts import LocalHost
+    from peercache.lab.pipeline import runpoint
+    bp = ratios.plan(rounds=3, duration=0.5, warmup=0.2, only=[ratios.ONLY_BREAKDOWN])
+    assert [(pt.part, k) for pt, k in bp.schedule] == [("trace_tcp_4k_cached", 0), ("trace_tcp_4k_uncached", 0)]
+    th = runpoint.TestbedHosts(LocalHost(), LocalHost(), "127.0.0.1", "127.0.0.1", None)
+    point_rows = {}
+    for pt, k in bp.schedule:
+        pt.params["gets"] = 300
+        out = tmp_path / pt.name / "result.json"
+        point_rows[(pt.part, k)] = runpoint.run_point(bp.testbed, pt, k, out, hosts=th, quiet=True)
+        assert (out.parent / "breakdown.json").exists() and (out.parent / "trace.server.json").exists()
+    res = {"raw": {}, "ratios": {}, "rounds": {}, "checks": []}
+    ratios.summarise(res, point_rows, 1, only=[ratios.ONLY_BREAKDOWN])
+    for name, b in res["breakdowns"].items():
+        assert b["untraced_p50_us"] > 0 and b["traced_p50_us"] > 0 and b["joined"] >= 150, b
+        segs = [p["segment"] for p in b["parts"]]
+        assert segs[0].startswith("call -> ") and segs[-1].endswith(" -> return")
+        # the server's handling of the data read is inside the client's timeline
+        assert any(s.endswith("srv_body -> reply_head") for s in segs), segs
+        assert all(p["p50_us"] >= 0 for p in b["parts"])
+        assert sum(p["share"] for p in b["parts"] if p["share"] is not None) == pytest.approx(1)
+        # the two send calls, off the path, within the segment they fall in
+        assert [p["label"] for p in b["parts"] if p["share"] is None][-2:] == [
+            "of which the client's send call", "of which the server's sendmsg"], b["parts"]
+        lines = ratios.breakdown_lines(name, b)
+        assert lines[0].startswith(f"breakdown {name}: p50 ") and len(lines) == 1 + len(b["parts"])
+    cached, uncached = (res["breakdowns"][n]["parts"] for n in ("tcp_4k_cached", "tcp_4k_uncached"))
+    assert not any(p["label"].startswith("table read:") for p in cached)
+    assert any(p["label"] == "table read: server: the request read and checked" for p in uncached), uncached

@@ -28,7 +28,7 @@ def _sections(text: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("mode, everyday, lab", [
-    ("serve", ["--discovery-addr", "--page-size", "--working-set", "--readers", "--max-wait", "--out"], []),
+    ("serve", ["--discovery-addr", "--page-size", "--working-set", "--readers", "--max-wait", "--out"], ["--trace"]),
     ("drive", ["--discovery-addr", "--page-size", "--batch-size", "--concurrencies", "--duration", "--out"],
      ["--start-at", "--start-file", "--time-scale", "--metrics-scrapes", "--timeline-ms", "--faults-expected"]),
 ])

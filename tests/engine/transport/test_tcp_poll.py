@@ -110,3 +110,49 @@ def test_bad_poll_settings_are_refused_naming_the_option(monkeypatch):
         TcpTransport()
     with pytest.raises(ValueError, match="poll_us must be 0..1000000"):
         mod.tcp_connect("127.0.0.1", 1, 1, 1.0, None, 2_000_000)
+
+
+def _server(poll_us: int):
+    pool = Pool(4, 4096)
+    pool.bytes[:] = (np.arange(pool.size) % 251).astype(np.uint8)
+    prod = TcpTransport(poll_us=poll_us)
+    prod.expose(2, pool.mm, RKEY)
+    return pool, prod, prod.start("127.0.0.1")
+
+
+@pytest.mark.parametrize("poll_us", [200_000, 0])
+def test_the_data_server_polls_for_the_next_request_only_when_asked(poll_us):
+    """After serving, a worker polls for the next request (poll_caught counts the wake-ups the poll caught);
+    with 0 it sleeps at once and never polls. The bytes are the same either way."""
+    pool, prod, info = _server(poll_us)
+    cons = TcpTransport(max_channels=1, poll_us=200_000)
+    try:
+        _reads(cons.native_peer("p", info), pool, 200)
+        st = prod.server_stats()
+        assert st["served"] >= 200
+        if poll_us:   # every request after the first came while its worker polled (a 200 ms budget)
+            assert st["poll_caught"] >= 190 and st["poll_missed"] == 0, st
+        else:
+            assert st["poll_caught"] == 0 and st["poll_missed"] == 0, st
+    finally:
+        cons.close()
+        prod.close()
+        pool.close()
+
+
+def test_the_data_servers_poll_backs_off_against_a_slow_client():
+    """A client slower than the poll: each poll runs out; after 8 in a row (POLL_MISSES, native/server.c) the
+    next 256 wake-ups sleep at once, so a slow client costs at most 8 polls, not one per request."""
+    pool, prod, info = _server(1000)
+    cons = TcpTransport(max_channels=1, poll_us=0)
+    try:
+        peer = cons.native_peer("p", info)
+        for _ in range(16):
+            _reads(peer, pool, 1)
+            time.sleep(0.03)
+        st = prod.server_stats()
+        assert st["served"] >= 16 and st["poll_caught"] == 0 and st["poll_missed"] == 8, st
+    finally:
+        cons.close()
+        prod.close()
+        pool.close()

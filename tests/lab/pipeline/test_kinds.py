@@ -35,7 +35,7 @@ def test_point_names_are_those_of_the_tidy_data_and_charts():
 def test_every_kind_declares_typed_knobs_metrics_in_known_units_and_a_runner():
     assert set(kinds.KINDS) == {"perftest", "iperf3", "memcpy", "peercache", "group", "node_api", "sockperf", "hicache",
                                  "dirlookup", "redis_benchmark", "mooncake_te", "peercache_pypi", "nixl",
-                                 "hicache_suite", "cluster", "growth", "directory_faults"}
+                                 "hicache_suite", "cluster", "growth", "directory_faults", "get_trace"}
     for name, k in kinds.KINDS.items():
         # one module per kind: its declaration, its run, its sanity check and its metric extraction
         assert k.__module__ == f"peercache.lab.pipeline.points.{name}", name

@@ -10,6 +10,7 @@ extraction (in the shape of ReFrame's ``osu.py``):
 ``hicache``            the peercache pair read through SGLang HiCache's v1 path
 ``group``              one serve/drive pair per NIC over one shared window
 ``node_api``           the engine's batch API in one consumer process
+``get_trace``          one-key GETs over tcp traced on both sides: where a GET's microseconds go
 ``dirlookup``          directory lookups/s (dirbench)
 ``redis_benchmark``    redis-benchmark's MGET (the raw limit of the Redis directory)
 ``mooncake_te``        Mooncake's transfer_engine_bench at a PeerCache point's shape (its own venv)
@@ -28,7 +29,7 @@ counters, the result's meta) is :class:`peercache.lab.pipeline.runpoint.PointRun
 order (the order ``python -m peercache.lab.pipeline kinds`` lists them in).
 """
 from peercache.lab.pipeline.points import perftest, iperf3, sockperf, memcpy  # noqa: F401  (registers them)
-from peercache.lab.pipeline.points import peercache, hicache, group, node_api  # noqa: F401
+from peercache.lab.pipeline.points import peercache, hicache, group, node_api, get_trace  # noqa: F401
 from peercache.lab.pipeline.points import dirlookup, redis_benchmark  # noqa: F401
 from peercache.lab.pipeline.points import mooncake_te, peercache_pypi, nixl  # noqa: F401  (other engines)
 from peercache.lab.pipeline.points import hicache_suite, cluster  # noqa: F401
