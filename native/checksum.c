@@ -13,7 +13,9 @@
  *
  * The fused copies of the shm path: pc_copy_pattern copies and compares in
  * one AVX2 pass (each line loaded once, stored, compared in registers, the
- * source prefetched ahead), so the bench check costs little beyond the copy;
+ * source prefetched ahead; a large page's stores streamed past the cache from
+ * the destination's first 32-byte boundary on, see PC_STREAM_ABOVE), so the
+ * bench check costs little beyond the copy;
  * pc_copy_checksum copies PC_CHECK_CHUNK bytes at a time and hashes them
  * while they are in L1, the next chunk prefetched meanwhile (checksum.h):
  * one pass over memory instead of two, but the hash's own work remains.
@@ -101,11 +103,19 @@ int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_h
     uint64_t seed = key_hash ^ (generation * MIX);
     int ok = 1;
     if (have_avx2()) {   /* one pass: each line loaded once, stored, and compared in registers */
-        size_t w = pc_copy_pattern_avx2(dst, src, len / 8, seed, GOLDEN);
+        /* words up to a 32-byte boundary of dst first, so the AVX2 pass may stream its stores */
+        size_t head = ((32 - ((uintptr_t)dst & 31)) & 31) / 8;
+        if (((uintptr_t)dst & 7) || head * 8 > len) head = 0;
+        if (head) {
+            memcpy(dst, src, head * 8);
+            ok = pattern_from(dst, head * 8, seed, 0);
+        }
+        size_t w = pc_copy_pattern_avx2(dst + head * 8, src + head * 8, len / 8 - head, seed + head * GOLDEN, GOLDEN);
         if (w == (size_t)-1) {
             ok = 0;
-            w = len / 8 & ~(size_t)7;
+            w = (len / 8 - head) & ~(size_t)7;
         }
+        w += head;
         size_t start = w * 8;
         if (start < len) {
             memcpy(dst + start, src + start, len - start);
