@@ -6,6 +6,17 @@
  * (pc_key_hash, the hash its slot tag must carry), computed here from the
  * key bytes when the entry is made: a read of a cached key checks its tag
  * against the key it asked for without hashing it again.
+ *
+ * A batch lookup (pc_map_get_many) overlaps the cache misses of its keys: it
+ * hashes every key first (their bytes fetched in parallel), then prefetches
+ * each key's bucket, then each bucket's first entry, and only then looks the
+ * keys up one by one under their shards' locks. Those prefetch passes read
+ * without the lock, so a shard's bucket array carries its own size and a
+ * replaced array is kept until the map is freed (they read memory that stays
+ * mapped), and the bucket heads are written with atomic stores; an entry freed
+ * meanwhile is only ever prefetched, never dereferenced, outside the lock. On
+ * this project's 2-vCPU VM a lookup of 128 random keys of 4096 went from 47 to
+ * ... ns a key.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,10 +38,17 @@ typedef struct ent {
     uint8_t key[];
 } ent;
 
+/* A shard's buckets: their count (a power of two) with them, so a reader without the lock uses an
+ * array with its own size; a replaced one is kept on the retired chain until the map is freed. */
+typedef struct btab {
+    struct btab *retired;
+    size_t n;
+    ent *slot[];
+} btab;
+
 typedef struct shard {
     pthread_mutex_t mu;
-    ent **buckets;
-    size_t nbuckets;   /* power of two */
+    btab *tab;         /* read without the lock by the prefetch passes: stored atomically */
     size_t count;
     char pad[64];      /* keep neighbouring shard locks off one cache line */
 } shard;
@@ -47,19 +65,32 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
+/* The map's own hash of a key (not pc_key_hash, the slot tag's): one multiply-xor round a word, one
+ * finalizer at the end (a bijection of the last state), cheap for the short keys a cache holds. */
 static uint64_t hash_bytes(const uint8_t *p, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)n * 0x9fb21c651e98df25ULL);
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
-        h = (h ^ mix64(w)) * 0x9fb21c651e98df25ULL;
+        h = (h ^ w) * 0x9fb21c651e98df25ULL;
         h ^= h >> 29;
         p += 8; n -= 8;
     }
     uint64_t w = 0;
     memcpy(&w, p, n);
-    return mix64(h ^ mix64(w ^ n));
+    return mix64(h ^ w);
 }
+
+static btab *btab_new(size_t n, btab *retired) {
+    btab *t = calloc(1, sizeof *t + n * sizeof(ent *));
+    if (!t) return NULL;
+    t->n = n;
+    t->retired = retired;
+    return t;
+}
+
+/* Bucket heads and the table pointer are read by the prefetch passes without the lock. */
+static inline void set_link(ent **pp, ent *e) { __atomic_store_n(pp, e, __ATOMIC_RELAXED); }
 
 pc_map *pc_map_new(void) {
     pc_map *m = calloc(1, sizeof *m);
@@ -67,18 +98,18 @@ pc_map *pc_map_new(void) {
     for (unsigned i = 0; i < NSHARDS; i++) {
         shard *s = &m->shards[i];
         pthread_mutex_init(&s->mu, NULL);
-        s->nbuckets = 16;
-        s->buckets = calloc(s->nbuckets, sizeof(ent *));
-        if (!s->buckets) { pc_map_free(m); return NULL; }
+        s->tab = btab_new(16, NULL);
+        if (!s->tab) { pc_map_free(m); return NULL; }
     }
     return m;
 }
 
 static void shard_clear(shard *s) {
-    for (size_t b = 0; b < s->nbuckets; b++) {
-        ent *e = s->buckets[b];
+    btab *t = s->tab;
+    for (size_t b = 0; b < t->n; b++) {
+        ent *e = t->slot[b];
+        set_link(&t->slot[b], NULL);
         while (e) { ent *n = e->next; free(e); e = n; }
-        s->buckets[b] = NULL;
     }
     s->count = 0;
 }
@@ -87,7 +118,10 @@ void pc_map_free(pc_map *m) {
     if (!m) return;
     for (unsigned i = 0; i < NSHARDS; i++) {
         shard *s = &m->shards[i];
-        if (s->buckets) { shard_clear(s); free(s->buckets); }
+        if (s->tab) {
+            shard_clear(s);
+            for (btab *t = s->tab, *r; t; t = r) { r = t->retired; free(t); }
+        }
         pthread_mutex_destroy(&s->mu);
     }
     free(m);
@@ -96,7 +130,7 @@ void pc_map_free(pc_map *m) {
 static inline shard *shard_of(pc_map *m, uint64_t h) { return &m->shards[h >> (64 - SHARD_BITS)]; }
 
 static ent **find(shard *s, uint64_t h, const uint8_t *key, size_t klen) {
-    ent **pp = &s->buckets[h & (s->nbuckets - 1)];
+    ent **pp = &s->tab->slot[h & (s->tab->n - 1)];
     for (; *pp; pp = &(*pp)->next) {
         ent *e = *pp;
         if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0) return pp;
@@ -117,36 +151,37 @@ static ent **lock_find(pc_map *m, const uint8_t *key, size_t klen, shard **sp, u
 /* Unlinks and frees the entry *pp of s (under its lock). */
 static void unlink_ent(pc_map *m, shard *s, ent **pp) {
     ent *e = *pp;
-    *pp = e->next;
+    set_link(pp, e->next);
     free(e);
     s->count--;
     atomic_fetch_sub(&m->total, 1);
 }
 
 static void grow(shard *s) {
-    size_t nb = s->nbuckets * 2;
-    ent **nbk = calloc(nb, sizeof(ent *));
-    if (!nbk) return;  /* keep the longer chains; correctness does not depend on it */
-    for (size_t b = 0; b < s->nbuckets; b++) {
-        ent *e = s->buckets[b];
+    btab *old = s->tab;
+    size_t nb = old->n * 2;
+    btab *t = btab_new(nb, old);   /* the old one stays readable: retired, freed with the map */
+    if (!t) return;  /* keep the longer chains; correctness does not depend on it */
+    for (size_t b = 0; b < old->n; b++) {
+        ent *e = old->slot[b];
         while (e) {
             ent *n = e->next;
             size_t i = e->hash & (nb - 1);
-            e->next = nbk[i];
-            nbk[i] = e;
+            e->next = t->slot[i];
+            t->slot[i] = e;
             e = n;
         }
     }
-    free(s->buckets);
-    s->buckets = nbk;
-    s->nbuckets = nb;
+    __atomic_store_n(&s->tab, t, __ATOMIC_RELEASE);
 }
 
-int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out, uint64_t *want) {
+/* The lookup of key (hash h) under its shard's lock: see pc_map_get. */
+static int get_hashed(pc_map *m, const uint8_t *key, size_t klen, uint64_t h, double now, pc_loc *out,
+                      uint64_t *want) {
     int found = 0;
-    shard *s;
-    uint64_t h;
-    ent **pp = lock_find(m, key, klen, &s, &h);
+    shard *s = shard_of(m, h);
+    pthread_mutex_lock(&s->mu);
+    ent **pp = find(s, h, key, klen);
     if (pp) {
         ent *e = *pp;
         if (e->expiry > now) {
@@ -159,6 +194,44 @@ int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *o
     }
     pthread_mutex_unlock(&s->mu);
     if (want && !found) *want = pc_key_hash(key, klen);
+    return found;
+}
+
+int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out, uint64_t *want) {
+    return get_hashed(m, key, klen, hash_bytes(key, klen), now, out, want);
+}
+
+/* Keys a prefetch pass runs ahead of the lookups (their misses overlap). */
+#define AHEAD 16
+
+size_t pc_map_get_many(pc_map *m, const pc_bytes *keys, size_t n, double now, pc_loc *out, uint64_t *want,
+                       uint32_t absent) {
+    size_t found = 0;
+    uint64_t h[AHEAD];
+    for (size_t j = 0; j < n && j < AHEAD; j++) __builtin_prefetch(keys[j].p, 0, 3);
+    for (size_t base = 0; base < n; base += AHEAD) {
+        size_t k = n - base < AHEAD ? n - base : AHEAD;
+        for (size_t j = base + AHEAD; j < n && j < base + 2 * AHEAD; j++)   /* the next group's key bytes */
+            __builtin_prefetch(keys[j].p, 0, 3);
+        for (size_t j = 0; j < k; j++) {   /* hash: this group's bytes are on their way or here */
+            h[j] = hash_bytes(keys[base + j].p, keys[base + j].n);
+            btab *t = __atomic_load_n(&shard_of(m, h[j])->tab, __ATOMIC_ACQUIRE);
+            __builtin_prefetch(&t->slot[h[j] & (t->n - 1)], 0, 3);
+        }
+        for (size_t j = 0; j < k; j++) {   /* each bucket's first entry: only prefetched, never read here */
+            btab *t = __atomic_load_n(&shard_of(m, h[j])->tab, __ATOMIC_ACQUIRE);
+            ent *e = __atomic_load_n(&t->slot[h[j] & (t->n - 1)], __ATOMIC_RELAXED);
+            if (e) {
+                __builtin_prefetch(e, 0, 3);
+                __builtin_prefetch((const uint8_t *)e + 64, 0, 3);
+            }
+        }
+        for (size_t j = 0; j < k; j++) {
+            size_t i = base + j;
+            if (get_hashed(m, keys[i].p, keys[i].n, h[j], now, &out[i], want ? &want[i] : NULL)) found++;
+            else out[i].node = absent;
+        }
+    }
     return found;
 }
 
@@ -176,10 +249,10 @@ int pc_map_put(pc_map *m, const uint8_t *key, size_t klen, const pc_loc *loc, do
     if (!e) { pthread_mutex_unlock(&s->mu); return -1; }
     e->hash = h; e->want = pc_key_hash(key, klen); e->expiry = expiry; e->loc = *loc; e->klen = (uint32_t)klen;
     memcpy(e->key, key, klen);
-    if (s->count + 1 > s->nbuckets) grow(s);
-    size_t b = h & (s->nbuckets - 1);
-    e->next = s->buckets[b];
-    s->buckets[b] = e;
+    if (s->count + 1 > s->tab->n) grow(s);
+    size_t b = h & (s->tab->n - 1);
+    e->next = s->tab->slot[b];
+    set_link(&s->tab->slot[b], e);
     s->count++;
     atomic_fetch_add(&m->total, 1);
     pthread_mutex_unlock(&s->mu);
@@ -204,8 +277,8 @@ size_t pc_map_drop_node(pc_map *m, uint32_t node) {
     for (unsigned i = 0; i < NSHARDS; i++) {
         shard *s = &m->shards[i];
         pthread_mutex_lock(&s->mu);
-        for (size_t b = 0; b < s->nbuckets; b++) {
-            ent **pp = &s->buckets[b];
+        for (size_t b = 0; b < s->tab->n; b++) {
+            ent **pp = &s->tab->slot[b];
             while (*pp) {
                 if ((*pp)->loc.node == node) {
                     unlink_ent(m, s, pp);

@@ -347,33 +347,30 @@ static void drop_keys(PyObject *seq, keyref *k, Py_ssize_t n) {
     Py_DECREF(seq);
 }
 
-static PyObject *LocCache_lookup(LocCacheObject *self, PyObject *args) {
-    PyObject *keys, *locs_o, *want_o = Py_None;
-    double now;
-    if (!PyArg_ParseTuple(args, "OdO|O", &keys, &now, &locs_o, &want_o)) return NULL;
+/* The lookup of LocCache.lookup (read_cached's too): how many keys were found, *total the keys, or
+ * -1 with an exception set. */
+static Py_ssize_t cache_lookup(LocCacheObject *self, PyObject *keys, double now, PyObject *locs_o, PyObject *want_o,
+                               Py_ssize_t *total) {
     keyref *k;
     Py_ssize_t n;
     PyObject *seq = grab_keys(keys, &k, &n);
-    if (!seq) return NULL;
+    if (!seq) return -1;
     Py_buffer lv, wv = {0};
     if (get_buf(locs_o, &lv, 1, "locs (LOC_DTYPE array)", sizeof(pc_loc), n) < 0) {
         drop_keys(seq, k, n);
-        return NULL;
+        return -1;
     }
     if (want_o != Py_None && get_buf(want_o, &wv, 1, "want (uint64 array)", 8, n) < 0) {
         PyBuffer_Release(&lv);
         drop_keys(seq, k, n);
-        return NULL;
+        return -1;
     }
     pc_loc *locs = lv.buf;
     uint64_t *want = wv.buf;
     Py_ssize_t found = 0;
     pc_trace(PC_TR_DIR_ENTER, 0);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (pc_map_get(self->map, k[i].p, k[i].n, now, &locs[i], want ? &want[i] : NULL)) found++;
-        else locs[i].node = PC_ABSENT;
-    }
+    found = (Py_ssize_t)pc_map_get_many(self->map, k, (size_t)n, now, locs, want, PC_ABSENT);
     Py_END_ALLOW_THREADS
     pc_trace(PC_TR_DIR_EXIT, 0);
     atomic_fetch_add(&self->hits, (unsigned long long)found);
@@ -381,7 +378,16 @@ static PyObject *LocCache_lookup(LocCacheObject *self, PyObject *args) {
     PyBuffer_Release(&wv);
     PyBuffer_Release(&lv);
     drop_keys(seq, k, n);
-    return PyLong_FromSsize_t(found);
+    *total = n;
+    return found;
+}
+
+static PyObject *LocCache_lookup(LocCacheObject *self, PyObject *args) {
+    PyObject *keys, *locs_o, *want_o = Py_None;
+    double now;
+    if (!PyArg_ParseTuple(args, "OdO|O", &keys, &now, &locs_o, &want_o)) return NULL;
+    Py_ssize_t n, found = cache_lookup(self, keys, now, locs_o, want_o, &n);
+    return found < 0 ? NULL : PyLong_FromSsize_t(found);
 }
 
 static PyObject *LocCache_put(LocCacheObject *self, PyObject *args) {
@@ -497,14 +503,14 @@ static PyTypeObject LocCacheType = {
 
 /* read_slots: the arrays of the batch and a handle per node of it, taken
  * while the GIL is held; the reads themselves are pc_read_slots (slots.c). */
-static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
-    (void)mod;
-    PyObject *peers, *locs_o, *want_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
-    unsigned int checks = 0;
-    pc_trace(PC_TR_READ_ENTER, 0);
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO|I", &peers, &locs_o, &want_o, &dest_o, &off_o, &caps_o, &st_o,
-                          &len_o, &gen_o, &code_o, &checks))
-        return NULL;
+/* read_slots' work on its parsed arguments (read_cached's too). */
+/* raw: the locations, key hashes and codes as C arrays of raw->n (read_cached's own), instead of
+ * locs_o, want_o and code_o; res: the result is put there (and None returned) instead of a tuple. */
+typedef struct raw_slots { const pc_loc *locs; const uint64_t *want; int32_t *codes; Py_ssize_t n; } raw_slots;
+
+static PyObject *read_slots_of(PyObject *peers, PyObject *locs_o, PyObject *want_o, PyObject *dest_o,
+                               PyObject *off_o, PyObject *caps_o, PyObject *st_o, PyObject *len_o, PyObject *gen_o,
+                               PyObject *code_o, unsigned int checks, const raw_slots *raw, pc_slot_result *res) {
     if (checks & ~(unsigned)(PC_CHECK_PATTERN | PC_CHECK_INTEGRITY))
         return PyErr_Format(PyExc_ValueError, "checks 0x%x: only CHECK_PATTERN and CHECK_INTEGRITY exist", checks);
     if (!PyList_Check(peers)) return PyErr_Format(PyExc_TypeError, "peers must be a list");
@@ -513,30 +519,30 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     int have_caps = caps_o != Py_None;
     /* dest: one buffer (payloads at offsets of it), or a list of one buffer per key */
     int many = PyList_Check(dest_o);
-    if (get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
-    Py_ssize_t n = lv.len / (Py_ssize_t)sizeof(pc_loc);
+    if (!raw && get_buf(locs_o, &lv, 0, "locs (LOC_DTYPE array)", sizeof(pc_loc), -1) < 0) return NULL;
+    Py_ssize_t n = raw ? raw->n : lv.len / (Py_ssize_t)sizeof(pc_loc);
     if (many && PyList_GET_SIZE(dest_o) != n) {
         PyBuffer_Release(&lv);
         return PyErr_Format(PyExc_ValueError, "dest is a list of %zd buffers for %zd keys; give one per key",
                             PyList_GET_SIZE(dest_o), n);
     }
-    if (get_buf(want_o, &wv, 0, "want (uint64 array: the key hash of each key asked for)", 8, n) < 0 ||
+    if ((!raw && get_buf(want_o, &wv, 0, "want (uint64 array: the key hash of each key asked for)", 8, n) < 0) ||
         (!many && get_buf(dest_o, &dv, 1, "dest", 0, -1) < 0) ||
         get_buf(off_o, &ov, 0, "offsets (uint64 array)", 8, n) < 0 ||
         (have_caps && get_buf(caps_o, &cv, 0, "capacities (uint64 array)", 8, n) < 0) ||
         get_buf(st_o, &sv, 1, "status (int8 array)", 1, n) < 0 ||
         get_buf(len_o, &lnv, 1, "lengths (uint64 array)", 8, n) < 0 ||
         get_buf(gen_o, &gv, 1, "generations (uint64 array)", 8, n) < 0 ||
-        get_buf(code_o, &kv, 1, "codes (int32 array)", 4, n) < 0) {
+        (!raw && get_buf(code_o, &kv, 1, "codes (int32 array)", 4, n) < 0)) {
         PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
         PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&wv);
         PyBuffer_Release(&lv);
         return NULL;
     }
     pc_slot_batch b = {
-        .n = (size_t)n, .locs = lv.buf, .want = wv.buf, .dest = dv.buf, .destlen = (uint64_t)dv.len, .offsets = ov.buf,
-        .caps = have_caps ? cv.buf : NULL, .status = sv.buf, .codes = kv.buf, .lengths = lnv.buf,
-        .gens = gv.buf, .checks = checks,
+        .n = (size_t)n, .locs = raw ? raw->locs : lv.buf, .want = raw ? raw->want : wv.buf, .dest = dv.buf,
+        .destlen = (uint64_t)dv.len, .offsets = ov.buf, .caps = have_caps ? cv.buf : NULL, .status = sv.buf,
+        .codes = raw ? raw->codes : kv.buf, .lengths = lnv.buf, .gens = gv.buf, .checks = checks,
     };
     /* The distinct nodes of the batch, then the open Peer of each (its index in peers),
      * held until the reads are done. */
@@ -582,6 +588,12 @@ static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
     pc_trace(PC_TR_READ_CHECKED, 0);
     Py_END_ALLOW_THREADS
     pc_trace(PC_TR_READ_GIL, 0);
+    if (res) {
+        *res = r;
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto out;
+    }
     result = Py_BuildValue("(nnnniIsnnnn)", (Py_ssize_t)r.hits, (Py_ssize_t)r.stale, (Py_ssize_t)r.need_peer,
                            (Py_ssize_t)r.errors, (int)r.err_code, (unsigned)r.err_node, r.err,
                            (Py_ssize_t)r.content_bad, (Py_ssize_t)r.checksum_bad,
@@ -596,7 +608,81 @@ out:
     PyBuffer_Release(&kv); PyBuffer_Release(&gv); PyBuffer_Release(&lnv); PyBuffer_Release(&sv);
     PyBuffer_Release(&cv); PyBuffer_Release(&ov); PyBuffer_Release(&dv); PyBuffer_Release(&wv);
     PyBuffer_Release(&lv);
+    return result;
+}
+
+static PyObject *py_read_slots(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *peers, *locs_o, *want_o, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o, *code_o;
+    unsigned int checks = 0;
+    pc_trace(PC_TR_READ_ENTER, 0);
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO|I", &peers, &locs_o, &want_o, &dest_o, &off_o, &caps_o, &st_o,
+                          &len_o, &gen_o, &code_o, &checks))
+        return NULL;
+    PyObject *r = read_slots_of(peers, locs_o, want_o, dest_o, off_o, caps_o, st_o, len_o, gen_o, code_o, checks,
+                                NULL, NULL);
     pc_trace(PC_TR_READ_EXIT, 0);
+    return r;
+}
+
+/* read_cached: the fast path of a batch whose keys are all cached and all hits. The cache's lookup
+ * of every key (LocCache.lookup's: its counters too), then, when it held them all, the slot reads
+ * (read_slots' work) on those locations, into scratch of its own for the locations, key hashes and
+ * codes. True when every key was a hit (status, lengths and gens filled); None when a key was not
+ * cached (nothing read) or the read was anything but all hits (a node to connect, a stale or
+ * redirected slot, a failed op, a payload check that failed): the caller then reads the batch by
+ * its full path, which says what happened to each key. */
+static PyObject *py_read_cached(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *cache, *keys, *peers, *dest_o, *off_o, *caps_o, *st_o, *len_o, *gen_o;
+    double now;
+    unsigned int checks = 0;
+    if (!PyArg_ParseTuple(args, "OOdOOOOOOO|I", &cache, &keys, &now, &peers, &dest_o, &off_o, &caps_o, &st_o,
+                          &len_o, &gen_o, &checks))
+        return NULL;
+    if (!Py_IS_TYPE(cache, &LocCacheType)) return PyErr_Format(PyExc_TypeError, "cache must be a LocCache");
+    LocCacheObject *lc = (LocCacheObject *)cache;
+    keyref *k;
+    Py_ssize_t n;
+    PyObject *seq = grab_keys(keys, &k, &n);
+    if (!seq) return NULL;
+    size_t m = n ? (size_t)n : 1;
+    pc_loc *locs = PyMem_Malloc(m * sizeof *locs);
+    uint64_t *want = PyMem_Malloc(m * sizeof *want);
+    int32_t *codes = PyMem_Malloc(m * sizeof *codes);
+    PyObject *result = NULL;
+    if (!locs || !want || !codes) { PyErr_NoMemory(); goto out; }
+    size_t found;
+    pc_trace(PC_TR_DIR_ENTER, 0);
+    Py_BEGIN_ALLOW_THREADS
+    found = pc_map_get_many(lc->map, k, (size_t)n, now, locs, want, PC_ABSENT);
+    Py_END_ALLOW_THREADS
+    pc_trace(PC_TR_DIR_EXIT, 0);
+    atomic_fetch_add(&lc->hits, (unsigned long long)found);
+    atomic_fetch_add(&lc->misses, (unsigned long long)((size_t)n - found));
+    if (found < (size_t)n) {   /* the full path looks them up again: counted once */
+        atomic_fetch_sub(&lc->hits, (unsigned long long)found);
+        atomic_fetch_sub(&lc->misses, (unsigned long long)((size_t)n - found));
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto out;
+    }
+    raw_slots raw = {locs, want, codes, n};
+    pc_slot_result r;
+    pc_trace(PC_TR_READ_ENTER, 0);
+    result = read_slots_of(peers, NULL, NULL, dest_o, off_o, caps_o, st_o, len_o, gen_o, NULL, checks, &raw, &r);
+    pc_trace(PC_TR_READ_EXIT, 0);
+    if (result && (r.hits != (size_t)n || r.content_bad)) {   /* not all plain hits: the full path reads it again */
+        atomic_fetch_sub(&lc->hits, (unsigned long long)found);
+        Py_SETREF(result, Py_NewRef(Py_None));
+    } else if (result) {
+        Py_SETREF(result, Py_NewRef(Py_True));
+    }
+out:
+    PyMem_Free(codes);
+    PyMem_Free(want);
+    PyMem_Free(locs);
+    drop_keys(seq, k, n);
     return result;
 }
 
@@ -833,6 +919,11 @@ static PyMethodDef module_methods[] = {
      "each key asked for, which its slot tag must hold (never the one its location carries); dest: one "
      "buffer (each payload at offsets[i] of it) or a list of one buffer per key (at offsets[i] of its own); checks "
      "(optional) is CHECK_PATTERN | CHECK_INTEGRITY, run on each hit right after its tag check."},
+    {"read_cached", py_read_cached, METH_VARARGS,
+     "read_cached(cache, keys, now, peers, dest, offsets, caps, status, lengths, gens[, checks]) -> True "
+     "when the LocCache cache held every key and every key was a hit (status, lengths, gens filled, as "
+     "read_slots fills them), else None: a key not cached (nothing read), or a read that was anything but "
+     "all hits; the caller then reads the batch by its full path."},
     {"table_lookup", py_table_lookup, METH_VARARGS,
      "table_lookup(source, keys, spec, nums, slot_limit, epoch, rows, state) -> (code, epoch, resolved, "
      "first_status, error_text); reads the keys' buckets of a directory table (source: its node's Peer, "

@@ -281,6 +281,9 @@ static inline size_t pc_slot_scratch_bytes(size_t n) {
 void pc_read_slots(const pc_slot_batch *b, const pc_slot_peer *nodes, size_t nn, void *scratch,
                    pc_slot_result *r);
 
+/* Some bytes (a key). */
+typedef struct pc_bytes { const uint8_t *p; size_t n; } pc_bytes;
+
 /* Native directory-cache map (dircache.c). */
 typedef struct pc_map pc_map;
 pc_map *pc_map_new(void);
@@ -289,6 +292,10 @@ void pc_map_free(pc_map *m);
  * want (may be NULL): the key's hash, pc_key_hash, which the map computed when it took the key
  * (so a hit costs no hash), or computes now for a key it does not hold. */
 int pc_map_get(pc_map *m, const uint8_t *key, size_t klen, double now, pc_loc *out, uint64_t *want);
+/* pc_map_get of n keys at once, their cache misses overlapped (dircache.c): out[i].node = absent
+ * for a key not found; returns how many were found. */
+size_t pc_map_get_many(pc_map *m, const pc_bytes *keys, size_t n, double now, pc_loc *out, uint64_t *want,
+                       uint32_t absent);
 int pc_map_put(pc_map *m, const uint8_t *key, size_t klen, const pc_loc *loc, double expiry);
 int pc_map_del(pc_map *m, const uint8_t *key, size_t klen);
 size_t pc_map_drop_node(pc_map *m, uint32_t node);
@@ -314,7 +321,6 @@ enum { PC_TABLE_DOUBT = 0, PC_TABLE_FOUND = 1, PC_TABLE_ABSENT = 2 };
  * unknown to it): the caller maps its numbers again and calls pc_table_map. */
 enum { PC_TABLE_DONE = 0, PC_TABLE_READ_FAILED = 1, PC_TABLE_BAD_HEADER = 2, PC_TABLE_REMAP = 3 };
 
-typedef struct pc_bytes { const uint8_t *p; size_t n; } pc_bytes;
 
 typedef struct pc_table_batch {
     size_t n;

@@ -38,6 +38,12 @@ class DirectoryCache:
         self._node_index: dict[str, int] = {}
         self._misses = 0            # lookups with the cache off (ttl 0), which never reach the map
 
+    @property
+    def native_map(self):
+        """The native map itself (``_native.LocCache``) for a read that looks its keys up in the same
+        native call (``_native.read_cached``); None with the cache off (ttl 0)."""
+        return self._native if self.ttl > 0 else None
+
     # -- counters ---------------------------------------------------------------------
     @property
     def hits(self) -> int:

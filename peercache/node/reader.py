@@ -52,6 +52,11 @@ class Reader:
         self.integrity = integrity
         #: seconds a batch read has in all, every tier included
         self.timeout = timeout
+        #: the cache's native map for the one-call fast path (None with the cache off), and its clock
+        self._cmap, self._clock = (cache.native_map, cache.clock) if cache is not None else (None, None)
+        #: what makes a destination buffer ready for the transport (rdma: registered); None where nothing does
+        self._prepare = None if transport is None or type(transport).prepare_local is Transport.prepare_local \
+            else transport.prepare_local
         #: native peer handles indexed by the cache's node index (None = not connected)
         self._handles: list = []
         self._handles_lock = threading.Lock()
@@ -91,10 +96,24 @@ class Reader:
             dest = list(dest)
         locate, read = ((self.resolver.lookup_rows, self.read_native) if native
                         else (self.resolver.locate, self.read_via_transport))
-        if native:
+        if native and self._prepare is not None:
             for buf in (dest if many else (dest,)):
-                self.transport.prepare_local(buf)   # rdma: registered on every rail (cached)
+                self._prepare(buf)   # rdma: registered on every rail (cached)
         checks = (CHECK_PATTERN if check_pattern else 0) | (CHECK_INTEGRITY if self.integrity else 0)
+        cmap = self._cmap if native and deadline is None else None
+        if cmap is not None:
+            # The fast path: every key cached and every key a hit, in one native call (read_cached) that
+            # looks the keys up and reads their slots; anything else (a key not cached, a stale slot, a
+            # node to connect, a failed check or op) is read again below by the full path.
+            status = np.empty(n, dtype=np.int8)
+            lengths = np.empty(n, dtype=np.uint64)
+            gens = np.empty(n, dtype=np.uint64)
+            if self.native.read_cached(cmap, keys, self._clock(), self._handles, dest, offsets, caps, status,
+                                       lengths, gens, checks):
+                if recorder is not None:
+                    recorder.record(perf_counter() - started, status, lengths)
+                return BatchResult(status, lengths, gens, None, frozenset(),
+                                   NO_INDICES if checks & CHECK_PATTERN else None, hits=n)
         # Per call: only the arrays the result hands back (np.full's Python wrapper costs a
         # microsecond of a 4 KiB GET's ~20, so the status array is filled in place).
         status = np.empty(n, dtype=np.int8)
@@ -226,11 +245,19 @@ class Reader:
     def read_native(self, keys, want, locs, dest, offsets, caps, status, lengths, gens, content,
                     checks: int) -> tuple[str | None, np.ndarray, np.ndarray]:
         """One native batch (all nodes, payload checks in the same pass)."""
-        mod = self.native
         codes = np.empty(len(locs), dtype=np.int32)
         args = (locs, want, dest, offsets, caps, status, lengths, gens, codes, checks)
-        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing, other = mod.read_slots(
-            self._handles, *args)
+        return self._native_outcome(self.native.read_slots(self._handles, *args), args, keys, locs, lengths, caps,
+                                    status, content)
+
+    def _native_outcome(self, got: tuple, args: tuple, keys, locs, lengths, caps, status, content,
+                        ) -> tuple[str | None, np.ndarray, np.ndarray]:
+        """What a native batch (read_slots' tuple ``got``, of its arguments ``args``) answered: handles
+        connected and the batch read again where a node needed one, a failed node forgotten, and
+        (first error, indices whose slot tag did not match, those of them whose slot holds another key)."""
+        mod = self.native
+        codes = args[8]
+        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing, other = got
         error = None
         if need:
             error, made = self._connect_needed(locs, codes)
