@@ -15,8 +15,8 @@
  * replaced array is kept until the map is freed (they read memory that stays
  * mapped), and the bucket heads are written with atomic stores; an entry freed
  * meanwhile is only ever prefetched, never dereferenced, outside the lock. On
- * this project's 2-vCPU VM a lookup of 128 random keys of 4096 went from 47 to
- * ... ns a key.
+ * this project's 2-vCPU VM a lookup of 128 random keys of 4096 cached ones
+ * (LocCache.lookup from Python) went from 6.7 to 5.3 us, with the cheaper hash.
  */
 #include <pthread.h>
 #include <stdatomic.h>

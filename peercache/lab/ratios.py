@@ -159,6 +159,8 @@ FIGURES: dict[str, tuple[str, str]] = {
     "get_batch_copy_4k": ("pages_per_s", "pages/s"),
     "get_batch_outs_4k": ("pages_per_s", "pages/s"),
 }
+#: part -> another metric of its rows printed beside its figure (median and rounds), with its unit.
+ALSO: dict[str, tuple[str, str]] = {"node_api_pages_per_s_64b": ("cpu_ns_per_page", "ns")}
 #: ratio -> (PeerCache figure, baseline figure measured just before it in each round; None: the figure itself).
 RATIOS: dict[str, tuple[str, str | None]] = {
     "shm_vs_memcpy_128k": ("peercache_shm_128k", "memcpy_128k"),
@@ -325,6 +327,12 @@ def summarise(res: dict, point_rows: dict[tuple[str, int], list[tidy.Row]], roun
             continue
         reps = sorted(k for p, k in point_rows if p == part)
         res["checks"].append(check_line(name, point_rows[(part, reps[-1])]))
+    for part, (metric, unit) in ALSO.items():
+        vals = [r.value for k in sorted(k for p, k in point_rows if p == part) for r in point_rows[(part, k)]
+                if r.metric == metric and r.status == "ok" and r.value is not None]
+        if vals:
+            res.setdefault("also", {})[f"{part}.{metric}"] = {"median": statistics.median(vals), "unit": unit,
+                                                             "rounds": [round(v, 2) for v in vals]}
     for name, part in BREAKDOWNS.items():
         if (part, 0) in point_rows:
             res.setdefault("breakdowns", {})[name] = breakdown_of(point_rows[(part, 0)], part)
@@ -487,6 +495,8 @@ def main(argv=None) -> int:
     for k, v in res["raw"].items():
         rounds = res["rounds"].get(k)
         print(f"raw {k} {v} {FIGURES[k][1]}" + (f" rounds={','.join(str(x) for x in rounds)}" if rounds else ""))
+    for k, v in res.get("also", {}).items():
+        print(f"raw {k} {v['median']:.1f} {v['unit']} rounds={','.join(str(x) for x in v['rounds'])}")
     for k, v in res["ratios"].items():
         fmt = (lambda x: f"{x:.3f}") if v["median"] < 100 else (lambda x: f"{x:.4g}")
         print(f"ratio {k} {fmt(v['median'])} (median of {v['rounds']} paired rounds; min {fmt(v['min'])}, "

@@ -12,7 +12,8 @@ is what is measured, not a driver loop):
 - ``client_outs``: ``Client.get_batch(keys, outs)``, its zero-copy form into a caller's buffer per key
   (a serving engine's).
 
-Then it checks every batch once more with the page patterns
+The loop's thread CPU time (its own clock, ``time.thread_time``) over the pages it read is
+``cpu_ns_per_page``. Then it checks every batch once more with the page patterns
 (``peercache.tags``), tells serve it is done (one of serve's ``--readers``)
 and prints one JSON line::
 
@@ -79,13 +80,13 @@ def measure(addr: str, page: int, working_set: int, batch: int, duration: float,
         for b in batches:  # warm the directory cache and the mapping
             read(b)
         hits = calls = 0
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         deadline = t0 + duration
         while time.perf_counter() < deadline:
             for b in batches[:LOOP_BATCHES]:
                 hits += read(b)
             calls += LOOP_BATCHES
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         failures = checked = 0
         khash = {k: tags.key_hash(k) for k in keys}
         for b in batches:  # correctness: verification on
@@ -103,6 +104,7 @@ def measure(addr: str, page: int, working_set: int, batch: int, duration: float,
         node.close()
     return {"tool": "peercache-node-api", "api": api, "page_size": page, "working_set": working_set, "batch": batch,
             "gets": calls * batch, "hits": hits, "seconds": seconds, "pages_per_s": hits / seconds,
+            "cpu_ns_per_page": cpu / max(hits, 1) * 1e9,
             "verified_keys": checked, "verify_failures": failures}
 
 
