@@ -3,6 +3,7 @@
 #ifndef PC_SERVER_H
 #define PC_SERVER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +11,8 @@
 #include "pc.h"
 
 #define PC_SRV_KEY_BYTES 32
+/* Workers of one table that take part in the hand-off of accepted connections (more still serve). */
+#define PC_SRV_MAX_WORKERS 16
 
 /* Counters of RegionTable.stats(), in this order (pc_srv_stat_names). */
 enum {
@@ -39,10 +42,17 @@ typedef struct pc_srv_table {
     atomic_int accept_failing; /* 1 from an accept error until the next accepted connection */
     int has_key;               /* connections must pass the handshake of handshake.h with key */
     uint8_t key[PC_SRV_KEY_BYTES];
+    /* The workers serving now, for the hand-off of accepted connections (server.c): each one's
+     * connections and the write end of its hand-off pipe (-1: none), under mu. */
+    pthread_mutex_t mu;
+    int handoff_w[PC_SRV_MAX_WORKERS];
+    atomic_long worker_conns[PC_SRV_MAX_WORKERS];
 } pc_srv_table;
 
 /* Zeroes the shared state of t (its regions and key are the caller's to fill). */
 void pc_srv_table_init(pc_srv_table *t);
+/* Frees what pc_srv_table_init made (no worker serving). */
+void pc_srv_table_free(pc_srv_table *t);
 
 /* One worker's arguments (RegionTable.serve's, checked by the caller: limits positive,
  * send_buffer not negative). */

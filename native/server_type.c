@@ -21,6 +21,7 @@ typedef struct {
 
 static void RegionTable_dealloc(RegionTableObject *self) {
     for (size_t i = 0; i < self->t.n; i++) PyBuffer_Release(&self->views[i]);
+    pc_srv_table_free(&self->t);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -126,6 +127,19 @@ static PyObject *RegionTable_stats(RegionTableObject *self, PyObject *unused) {
         Py_XDECREF(more[i].v);
     }
     if (bad) { Py_DECREF(d); return NULL; }
+    /* each serving worker's connections (the hand-off keeps them within one of each other) */
+    PyObject *per = PyList_New(0);
+    if (!per) { Py_DECREF(d); return NULL; }
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < PC_SRV_MAX_WORKERS && !bad; i++) {
+        if (t->handoff_w[i] < 0) continue;
+        PyObject *v = PyLong_FromLong(atomic_load(&t->worker_conns[i]));
+        bad |= !v || PyList_Append(per, v) < 0;
+        Py_XDECREF(v);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (bad || PyDict_SetItemString(d, "worker_connections", per) < 0) { Py_DECREF(per); Py_DECREF(d); return NULL; }
+    Py_DECREF(per);
     return d;
 }
 

@@ -74,3 +74,42 @@ def test_unreachable_peer_is_peer_gone(client):
     st = cons.read_batch("gone", {"host": "127.0.0.1", "port": dead_port}, ops, [bytearray(8)])
     assert st.tolist() == [Status.PEER_GONE]
     cons.close()
+
+
+@pytest.mark.parametrize("workers, conns", [(2, 6), (3, 7), (2, 2)])
+def test_accepted_connections_are_spread_over_the_workers(workers, conns):
+    """EPOLLEXCLUSIVE wakes one worker per new connection, often the same one: the worker that accepts
+    hands a connection to the one serving the fewest, so busy clients never share a thread while
+    another idles. Each worker ends within one connection of every other, and every connection is
+    served (each reads a range back)."""
+    import time
+    from peercache.pool import Pool
+    pool = Pool(4, 4096)
+    pool.bytes[:] = (np.arange(pool.size) % 249).astype(np.uint8)
+    prod = TcpTransport(server_workers=workers)
+    prod.expose(5, pool.mm, 0x33)
+    info = prod.start("127.0.0.1")
+    clients = []
+    try:
+        for _ in range(conns):
+            cons = TcpTransport(max_channels=1)
+            clients.append(cons)
+            peer = cons.native_peer("p", info)
+            ops = make_ops(1)
+            ops[0] = (5, 0, 0x33, 4096, 4096, 0)
+            dest, st = np.zeros(4096, np.uint8), np.zeros(1, np.int32)
+            assert peer.read_batch(ops, [dest], st) is None and st[0] == Status.OK
+            assert (dest == pool.bytes[4096:8192]).all()
+        deadline = time.monotonic() + 5
+        while True:
+            per = prod.server_stats()["worker_connections"]
+            if sum(per) == conns or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert len(per) == workers and sum(per) == conns, per
+        assert max(per) - min(per) <= 1, per
+    finally:
+        for c in clients:
+            c.close()
+        prod.close()
+        pool.close()
