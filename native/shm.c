@@ -29,12 +29,27 @@
 /* Above this size glibc memcpy may use `rep movsb`, whose loads can be
  * reordered with later loads; an lfence keeps the trailer read after it. */
 #define PC_FENCE_ABOVE 1024
+/* Copies from this size on start at a cache line of their destination (copy_aligned). */
+#define ALIGN_ABOVE 4096u
 
 void pc_copy_fence(uint64_t len) {
 #if defined(__x86_64__) || defined(__i386__)
     if (len > PC_FENCE_ABOVE) __builtin_ia32_lfence();
 #endif
     atomic_thread_fence(memory_order_acquire);
+}
+
+/* A large copy to a destination off a cache line (a buffer from malloc is 16 bytes off one): glibc's
+ * rep movsb runs at 0.88 of its speed to such a destination (C loop on the test machine, 128 KiB
+ * slots to a destination 16 bytes off: 20.2 against 23.0 GB/s), so the bytes up to the line go first. */
+static void copy_aligned(uint8_t *dst, const uint8_t *src, uint64_t len) {
+    uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+    if (len < ALIGN_ABOVE || !head) {
+        memcpy(dst, src, len);
+        return;
+    }
+    memcpy(dst, src, head);
+    memcpy(dst + head, src + head, len - head);
 }
 
 /* A copy of len bytes, inlined for the small fixed sizes a slot read is made of (a 64-byte header,
@@ -46,7 +61,7 @@ static inline void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t len) {
     case 32: __builtin_memcpy(dst, src, 32); return;
     case 64: __builtin_memcpy(dst, src, 64); return;
     case 128: __builtin_memcpy(dst, src, 128); return;
-    default: memcpy(dst, src, len);
+    default: copy_aligned(dst, src, len);
     }
 }
 
