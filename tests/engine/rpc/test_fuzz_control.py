@@ -281,7 +281,11 @@ def test_fuzzed_control_messages_get_replies_and_leave_the_server_whole(port, tm
                     garbage += 1
                 if sent % 1000 == 0:
                     legit_check()
-                if sent == 2000:                    # allocator warm: the baseline
+                # The baseline once the allocator and the fuzz's registered nodes are warm: measured, the
+                # meta process grows 18 MB in the first 10000 messages, then 8 MB in the next 50000
+                # (3, 3, 0.5, 1, 0 a 10000), a plateau, not a leak; from 2000 on, a loaded machine took it
+                # past the bound
+                if sent == min(10_000, int(MIN_MESSAGES / SLOWNESS / 2)):
                     rss0, fd0 = rss_kib(meta.pid), fds(meta.pid)
             took = time.monotonic() - start
             for i in range(4):
