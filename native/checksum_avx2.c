@@ -32,32 +32,25 @@ size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint
     const __m256i step = _mm256_set1_epi64x((long long)(4 * golden));
     size_t whole = words & ~(size_t)7, k = 0;
     __m256i acc = _mm256_setzero_si256();
-    if (((uintptr_t)dst & 31) == 0 && words * 8 >= PC_STREAM_ABOVE) {
-        for (; k < whole; k += 8) {  /* non-temporal stores: no read of the destination's lines first */
-            __builtin_prefetch(src + k * 8 + PC_PREFETCH_AHEAD, 0, 3);
-            __m256i a = _mm256_loadu_si256((const __m256i *)(src + k * 8));
-            __m256i b = _mm256_loadu_si256((const __m256i *)(src + k * 8 + 32));
-            _mm256_stream_si256((__m256i *)(dst + k * 8), a);
-            _mm256_stream_si256((__m256i *)(dst + k * 8 + 32), b);
-            acc = _mm256_or_si256(acc, _mm256_xor_si256(a, want));
-            want = _mm256_add_epi64(want, step);
-            acc = _mm256_or_si256(acc, _mm256_xor_si256(b, want));
-            want = _mm256_add_epi64(want, step);
-        }
-        _mm_sfence();
-        return _mm256_testz_si256(acc, acc) ? whole : (size_t)-1;
-    }
+    /* non-temporal stores (no read of the destination's lines first) for a large aligned copy */
+    int stream = ((uintptr_t)dst & 31) == 0 && words * 8 >= PC_STREAM_ABOVE;
     for (; k < whole; k += 8) {      /* 64 bytes a step: one cache line */
         __builtin_prefetch(src + k * 8 + PC_PREFETCH_AHEAD, 0, 3);
         __m256i a = _mm256_loadu_si256((const __m256i *)(src + k * 8));
         __m256i b = _mm256_loadu_si256((const __m256i *)(src + k * 8 + 32));
-        _mm256_storeu_si256((__m256i *)(dst + k * 8), a);
-        _mm256_storeu_si256((__m256i *)(dst + k * 8 + 32), b);
+        if (stream) {
+            _mm256_stream_si256((__m256i *)(dst + k * 8), a);
+            _mm256_stream_si256((__m256i *)(dst + k * 8 + 32), b);
+        } else {
+            _mm256_storeu_si256((__m256i *)(dst + k * 8), a);
+            _mm256_storeu_si256((__m256i *)(dst + k * 8 + 32), b);
+        }
         acc = _mm256_or_si256(acc, _mm256_xor_si256(a, want));
         want = _mm256_add_epi64(want, step);
         acc = _mm256_or_si256(acc, _mm256_xor_si256(b, want));
         want = _mm256_add_epi64(want, step);
     }
+    if (stream) _mm_sfence();
     return _mm256_testz_si256(acc, acc) ? whole : (size_t)-1;
 }
 

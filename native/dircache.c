@@ -208,6 +208,7 @@ size_t pc_map_get_many(pc_map *m, const pc_bytes *keys, size_t n, double now, pc
                        uint32_t absent) {
     size_t found = 0;
     uint64_t h[AHEAD];
+    ent **head[AHEAD];   /* each key's bucket, in the table seen then (a retired one stays mapped) */
     for (size_t j = 0; j < n && j < AHEAD; j++) __builtin_prefetch(keys[j].p, 0, 3);
     for (size_t base = 0; base < n; base += AHEAD) {
         size_t k = n - base < AHEAD ? n - base : AHEAD;
@@ -216,11 +217,11 @@ size_t pc_map_get_many(pc_map *m, const pc_bytes *keys, size_t n, double now, pc
         for (size_t j = 0; j < k; j++) {   /* hash: this group's bytes are on their way or here */
             h[j] = hash_bytes(keys[base + j].p, keys[base + j].n);
             btab *t = __atomic_load_n(&shard_of(m, h[j])->tab, __ATOMIC_ACQUIRE);
-            __builtin_prefetch(&t->slot[h[j] & (t->n - 1)], 0, 3);
+            head[j] = &t->slot[h[j] & (t->n - 1)];
+            __builtin_prefetch(head[j], 0, 3);
         }
         for (size_t j = 0; j < k; j++) {   /* each bucket's first entry: only prefetched, never read here */
-            btab *t = __atomic_load_n(&shard_of(m, h[j])->tab, __ATOMIC_ACQUIRE);
-            ent *e = __atomic_load_n(&t->slot[h[j] & (t->n - 1)], __ATOMIC_RELAXED);
+            ent *e = __atomic_load_n(head[j], __ATOMIC_RELAXED);
             if (e) {
                 __builtin_prefetch(e, 0, 3);
                 __builtin_prefetch((const uint8_t *)e + 64, 0, 3);

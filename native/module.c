@@ -658,13 +658,8 @@ static PyObject *py_read_cached(PyObject *mod, PyObject *args) {
     found = pc_map_get_many(lc->map, k, (size_t)n, now, locs, want, PC_ABSENT);
     Py_END_ALLOW_THREADS
     pc_trace(PC_TR_DIR_EXIT, 0);
-    atomic_fetch_add(&lc->hits, (unsigned long long)found);
-    atomic_fetch_add(&lc->misses, (unsigned long long)((size_t)n - found));
-    if (found < (size_t)n) {   /* the full path looks them up again: counted once */
-        atomic_fetch_sub(&lc->hits, (unsigned long long)found);
-        atomic_fetch_sub(&lc->misses, (unsigned long long)((size_t)n - found));
-        Py_INCREF(Py_None);
-        result = Py_None;
+    if (found < (size_t)n) {   /* the full path looks them up again, and counts them */
+        result = Py_NewRef(Py_None);
         goto out;
     }
     raw_slots raw = {locs, want, codes, n};
@@ -673,9 +668,9 @@ static PyObject *py_read_cached(PyObject *mod, PyObject *args) {
     result = read_slots_of(peers, NULL, NULL, dest_o, off_o, caps_o, st_o, len_o, gen_o, NULL, checks, &raw, &r);
     pc_trace(PC_TR_READ_EXIT, 0);
     if (result && (r.hits != (size_t)n || r.content_bad)) {   /* not all plain hits: the full path reads it again */
-        atomic_fetch_sub(&lc->hits, (unsigned long long)found);
         Py_SETREF(result, Py_NewRef(Py_None));
-    } else if (result) {
+    } else if (result) {   /* answered here: the keys' cache hits are counted here */
+        atomic_fetch_add(&lc->hits, (unsigned long long)found);
         Py_SETREF(result, Py_NewRef(Py_True));
     }
 out:
@@ -943,7 +938,7 @@ static PyMethodDef module_methods[] = {
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
     {"trace_start", py_trace_start, METH_O,
      "trace_start(capacity): record timestamps at the read path's and the tcp server's points "
-     "(native/trace.h, TRACE_POINTS) until trace_stop; off by default (peercache.lab.latency)."},
+     "(native/trace.h, TRACE_POINTS) until trace_stop; off by default (peercache.trace; the get_trace point kind)."},
     {"trace_stop", py_trace_stop, METH_NOARGS,
      "trace_stop() -> (records, dropped): the records as bytes of TRACE_DTYPE's layout (u64 ns on "
      "CLOCK_MONOTONIC, u64 request id, u32 point, u32 thread id), and how many found no room."},

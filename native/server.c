@@ -48,7 +48,7 @@
  * epoll_wait again, as the tcp client polls for its reply (tcp.c): a sleeping
  * worker costs each request a wake-up (a scheduler round trip and, in a VM,
  * an IPI and a halt exit: 12-19 us of a 4 KiB GET's ~50 on this project's
- * 2-vCPU VM, measured with peercache.lab.latency's trace), on top of the
+ * 2-vCPU VM, measured with the trace of `ratios --only latency_breakdown`), on top of the
  * sender's cost of waking it. The poll backs off as the client's does: after
  * POLL_MISSES polls in a row that ran out, the next POLL_SKIP wake-ups sleep
  * at once, so an idle or slow client costs at most poll_s of CPU per
@@ -352,7 +352,6 @@ typedef struct worker {
 /* An accepted connection handed to another worker: its socket and whom it came from. */
 typedef struct handoff {
     int fd;
-    socklen_t sl;
     struct sockaddr_storage ss;
 } handoff;
 
@@ -883,7 +882,7 @@ static void adopt(worker *w, int fd, const struct sockaddr_storage *ss, double n
  * by one thread while another idles (make bench's directory lookups: 1.1-1.3 M keys/s in such runs,
  * 2.3 M when they were apart). 1 when handed to another worker (it counts it), else 0 (counted here:
  * adopt it). */
-static int hand_off(worker *w, int fd, const struct sockaddr_storage *ss, socklen_t sl) {
+static int hand_off(worker *w, int fd, const struct sockaddr_storage *ss) {
     pc_srv_table *t = w->t;
     if (w->slot < 0) return 0;
     pthread_mutex_lock(&t->mu);
@@ -896,7 +895,7 @@ static int hand_off(worker *w, int fd, const struct sockaddr_storage *ss, sockle
     }
     int sent = 0;
     if (best != w->slot) {
-        handoff h = {.fd = fd, .sl = sl};
+        handoff h = {.fd = fd};
         memcpy(&h.ss, ss, sizeof h.ss);
         /* one message, less than PIPE_BUF: written whole or not at all */
         if (write(t->handoff_w[best], &h, sizeof h) == (ssize_t)sizeof h) {
@@ -979,7 +978,7 @@ static void do_accept(worker *w, double now) {
         w->backoff = BACKOFF_MIN;
         if (atomic_load_explicit(&t->accept_failing, memory_order_relaxed))
             atomic_store(&t->accept_failing, 0);
-        if (hand_off(w, fd, &ss, sl)) continue;
+        if (hand_off(w, fd, &ss)) continue;
         adopt(w, fd, &ss, now);
     }
 }

@@ -1,5 +1,5 @@
 /* Latency trace of one process: timestamps at fixed points of the read path and the tcp
- * server, off by default (one relaxed load a point when off). peercache.lab.latency starts it
+ * server, off by default (one relaxed load a point when off). The get_trace point kind starts it
  * in both processes of a 4 KiB GET (--trace), takes the records at exit and joins them by the
  * request id the tcp wire carries: both sides read CLOCK_MONOTONIC of one kernel (network
  * namespaces share it), so a client's send and the server's wake-up compare directly.

@@ -232,7 +232,7 @@ class BenchOptions:
         None, "write the JSON result document here", check=checks.writable_file, flag=Flag("--out"))
     trace: Optional[str] = option(
         None, "record the tcp data server's latency trace (native/trace.h) and write it here at exit "
-              "(peercache.lab.latency joins it with a client's)", check=checks.writable_file, flag=Flag("--trace"))
+              "(the get_trace point kind joins it with a client's)", check=checks.writable_file, flag=Flag("--trace"))
 
 
 #: Every flag's declaration, by option name: the node's, then the bench's own.

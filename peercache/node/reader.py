@@ -245,19 +245,11 @@ class Reader:
     def read_native(self, keys, want, locs, dest, offsets, caps, status, lengths, gens, content,
                     checks: int) -> tuple[str | None, np.ndarray, np.ndarray]:
         """One native batch (all nodes, payload checks in the same pass)."""
+        mod = self.native
         codes = np.empty(len(locs), dtype=np.int32)
         args = (locs, want, dest, offsets, caps, status, lengths, gens, codes, checks)
-        return self._native_outcome(self.native.read_slots(self._handles, *args), args, keys, locs, lengths, caps,
-                                    status, content)
-
-    def _native_outcome(self, got: tuple, args: tuple, keys, locs, lengths, caps, status, content,
-                        ) -> tuple[str | None, np.ndarray, np.ndarray]:
-        """What a native batch (read_slots' tuple ``got``, of its arguments ``args``) answered: handles
-        connected and the batch read again where a node needed one, a failed node forgotten, and
-        (first error, indices whose slot tag did not match, those of them whose slot holds another key)."""
-        mod = self.native
-        codes = args[8]
-        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing, other = got
+        hits, stale, need, errors, ecode, enode, etext, c_bad, k_bad, k_missing, other = mod.read_slots(
+            self._handles, *args)
         error = None
         if need:
             error, made = self._connect_needed(locs, codes)

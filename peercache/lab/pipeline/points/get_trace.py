@@ -19,6 +19,7 @@ from peercache.lab.launch.runners import Readiness
 from peercache.lab.pipeline.points.bounds import READY_S
 from peercache.lab.pipeline.points.declare import (NULLABLE_MICROSECONDS, POSITIVE_INT, Timed, one_of, parameter,
                                                    sizes, timing, variable)
+from peercache.lab.pipeline.points.node_api import one_reader_serve
 from peercache.lab.pipeline.points.peercache import READY_LINE
 from peercache.lab.tidy import Row
 from peercache.lab.tools import gettrace
@@ -67,10 +68,7 @@ class GetTraceRun(Timed):
         port = pr.ports.allocate()
         addr = f"{th.producer_addr}:{port}"
         server_trace = f"/tmp/pclab-trace-{uuid.uuid4().hex[:10]}.json"
-        serve = [*pr.python_tool(th, "producer", "peercache.bench.cli"), "serve", "--discovery-addr", addr,
-                 "--protocol", p["protocol"], "--layout", p["layout"], "--page-size", str(p["page_size"]),
-                 "--working-set", str(p["working_set"]), "--readers", "1", "--max-wait", str(int(pr.timeout)),
-                 "--trace", server_trace, "--quiet"]
+        serve = one_reader_serve(pr, th, addr, p, "--trace", server_trace)
         client = [*pr.python_tool(th, "consumer", "peercache.lab.tools.gettrace"), "--discovery-addr", addr,
                   "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"]),
                   "--gets", str(p["gets"]), "--dir-cache-ttl", str(p["dir_cache_ttl"]),

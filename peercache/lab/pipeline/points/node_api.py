@@ -63,10 +63,7 @@ class NodeApiRun(Timed):
         p = pr.point.params
         port = pr.ports.allocate()
         addr = f"{th.producer_addr}:{port}"
-        serve = [*pr.python_tool(th, "producer", "peercache.bench.cli"), "serve", "--discovery-addr", addr,
-                 "--protocol", p["protocol"], "--layout", p["layout"], "--page-size", str(p["page_size"]),
-                 "--working-set", str(p["working_set"]), "--readers", "1", "--max-wait", str(int(pr.timeout)),
-                 "--quiet"]
+        serve = one_reader_serve(pr, th, addr, p)
         client = [*pr.python_tool(th, "consumer", "peercache.lab.tools.nodeloop"), "--discovery-addr", addr,
                   "--page-size", str(p["page_size"]), "--working-set", str(p["working_set"]),
                   "--batch", str(p["batch_size"]), "--duration", str(pr.duration), "--api", p.get("api", "node")]
@@ -89,6 +86,15 @@ class NodeApiRun(Timed):
             pr.fail("pages_per_s", "pages/s", why, **{k: ctx[k] for k in ("tool", "protocol", "size_bytes", "batch")})
         pr.rows += extract(doc, ctx, measured=why is None)
         pr.attach_pair_cpu(*pr.pair_window(res))
+
+
+def one_reader_serve(pr: PointRun, th: TestbedHosts, addr: str, p: dict[str, Any], *extra: str) -> list[str]:
+    """argv of a serve on the producer at ``addr`` publishing the point's working set for one reader (a kind
+    whose consumer is one tool process of its own), with ``extra`` flags."""
+    return [*pr.python_tool(th, "producer", "peercache.bench.cli"), "serve", "--discovery-addr", addr,
+            "--protocol", p["protocol"], "--layout", p["layout"], "--page-size", str(p["page_size"]),
+            "--working-set", str(p["working_set"]), "--readers", "1", "--max-wait", str(int(pr.timeout)),
+            *extra, "--quiet"]
 
 
 def sanity(doc: dict[str, Any]) -> str | None:
