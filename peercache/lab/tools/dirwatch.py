@@ -5,7 +5,8 @@ Every ``--interval`` seconds it asks the directory, through the public client (`
 with no location cache), whether each key of the working sets ``serve --key-prefix`` publishes exists
 (one ``exists_batch`` of them all), and prints one JSON line::
 
-    {"t": 1796600000.123, "found": 512, "keys": 512, "s": 0.004}     # epoch s, entries resolved, of, call s
+    {"t": 1796600000.123, "found": 512, "keys": 512, "s": 0.004, "by": {"pA": 256, "pB": 256}}
+    # epoch s, entries resolved, of, the call's s, resolved per producer (key prefix)
     {"t": 1796600000.223, "error": "DiscoveryUnreachable: ..."}        # the directory did not answer
 
 An entry counts when the directory answers for it now: on Redis an entry whose owner's registration is
@@ -50,8 +51,8 @@ def command(python: list[str], directory: str, prefixes: list[str], working_set:
 
 
 def parse(text: str) -> list[dict[str, Any]]:
-    """The samples of its output (pure): ``{"t", "found", "keys"}`` or ``{"t", "error"}``, in order; lines that
-    are not samples (its ready line, a log line) are skipped."""
+    """The samples of its output (pure): ``{"t", "found", "keys", "s", "by"}`` or ``{"t", "error"}``, in order;
+    lines that are not samples (its ready line, a log line) are skipped."""
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -70,8 +71,10 @@ def _print(rec: dict[str, Any]) -> None:
     print(json.dumps(rec), flush=True)
 
 
-def watch(directory: str, keys: list[bytes], interval: float, stop: threading.Event) -> None:
-    """Sample until ``stop``: connect (again, after a failed start), then one exists_batch per interval."""
+def watch(directory: str, keys: dict[str, list[bytes]], interval: float, stop: threading.Event) -> None:
+    """Sample until ``stop``: connect (again, after a failed start), then one exists_batch of every prefix's
+    keys (``keys``: prefix -> its keys) per interval."""
+    every = [k for ks in keys.values() for k in ks]
     client = None
     ready = False
     try:
@@ -80,10 +83,14 @@ def watch(directory: str, keys: list[bytes], interval: float, stop: threading.Ev
             try:
                 if client is None:
                     client = peercache.connect(directory=directory, dir_cache_ttl=0, timeout=CALL_TIMEOUT_S)
-                found = sum(client.exists_batch(keys))
-                _print({"t": round(t, 4), "found": found, "keys": len(keys), "s": round(time.time() - t, 4)})
+                there = client.exists_batch(every)
+                by, at = {}, 0
+                for prefix, ks in keys.items():
+                    by[prefix], at = sum(there[at:at + len(ks)]), at + len(ks)
+                _print({"t": round(t, 4), "found": sum(by.values()), "keys": len(every),
+                        "s": round(time.time() - t, 4), "by": by})
                 if not ready:
-                    print(f"{READY} {len(keys)} keys at {redact(directory)}", flush=True)
+                    print(f"{READY} {len(every)} keys at {redact(directory)}", flush=True)
                     ready = True
             except Exception as e:  # noqa: BLE001 - the directory is expected to fail; say how, go on
                 _print({"t": round(t, 4), "error": redact(f"{type(e).__name__}: {e}")[:ERROR_CHARS]})
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    watch(a.directory, options.page_keys(a.working_set, a.layout, prefixes), a.interval, stop)
+    watch(a.directory, {x: options.page_keys(a.working_set, a.layout, x) for x in prefixes}, a.interval, stop)
     return 0
 
 

@@ -24,9 +24,10 @@ measures one shared window (the group runner) and the fault is an event (:class:
 Rows (:func:`fault_rows`): from the consumers' summed timeline the hit rate before the fault, the time
 reads were failing or missing after it (``unavailable_s``) and the time until the hit rate was back within
 :data:`RATE_TOLERANCE` of its level before the fault and stayed there (``recovery_s``); from the watcher
-the entries lost (before the fault minus the fewest resolved after it) and republished (the last count
-minus that), the time until the directory answered again and until every entry was back, and how often
-each producer registered again (it says so in its log: the directory had forgotten it); the wrong
+the entries lost (before the fault minus the fewest resolved after it, per producer; all of a producer's
+when the directory told it that it had forgotten it) and republished (the last count minus what
+survived), the time until the directory answered again and until every entry was back, and how often each
+producer registered again (it says so in its log: the directory had forgotten it); the wrong
 pages, errors, each consumer's longest stall against its drive's fault bound; for ``stop`` the time the
 old master took to report itself a replica after SIGCONT. The aggregate ``unavailable_s`` row keeps the
 hit rate, GB/s and errors per bucket, the fault's moment and the watcher's counts for the report.
@@ -501,11 +502,19 @@ def judge(buckets: list[dict[str, float]], fault_s: float, width: float, level: 
             "bad_buckets": sum(bad), "buckets_after": len(after), "outages": outages}
 
 
-def entries(samples: list[dict[str, Any]], fault_t: float, end_t: float) -> dict[str, Any]:
+def entries(samples: list[dict[str, Any]], fault_t: float, end_t: float,
+            forgotten: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """What the watcher saw of the directory around the fault (``fault_t``, epoch s) until the window's end
-    (``end_t``; then the producers leave): the entries resolved just before the fault, the fewest after it
-    (what survived), at the end, how many were lost and republished, the seconds until the directory
-    answered again and until every entry it held before was back."""
+    (``end_t``; then the producers leave): the entries resolved just before the fault, how many of them
+    survived it, at the end, how many were lost and republished, the seconds until the directory answered
+    again and until every entry it held before was back.
+
+    Counted per producer (the samples' ``by``, key prefix -> resolved): what survived is the fewest the
+    watcher saw after the fault, except for a producer in ``forgotten`` (the directory told it that it did
+    not know it, so it resolved none of its entries: :func:`registered_again`), whose entries all count as
+    lost. A watcher samples every 100 ms and a forgotten producer republishes at its next heartbeat, which
+    can come before the watcher's first answer from the restarted directory: the producer's own word is
+    what makes that loss seen. Samples without ``by`` count the whole directory as one."""
     samples = [s for s in samples if s["t"] <= end_t]
     ok = [s for s in samples if "found" in s]
     before = [s for s in ok if s["t"] < fault_t]
@@ -514,12 +523,20 @@ def entries(samples: list[dict[str, Any]], fault_t: float, end_t: float) -> dict
                            "errors_after": sum(1 for s in samples if "error" in s and s["t"] >= fault_t)}
     if not before or not after:
         return dict(out, why="the watcher has no answer " + ("before" if not before else "after") + " the fault")
-    held = before[-1]["found"]
+
+    def count(s: dict[str, Any]) -> dict[str, int]:
+        return s.get("by") or {"": s["found"]}
+    held_by = count(before[-1])
+    survived_by = {p: 0 if p in forgotten else min(count(s).get(p, 0) for s in after) for p in held_by}
+    end_by = count(after[-1])
+    held, survived, end = sum(held_by.values()), sum(survived_by.values()), sum(end_by.values())
     trough = min(after, key=lambda s: s["found"])
-    end = after[-1]["found"]
     back_all = next((s for s in after if s["t"] >= trough["t"] and s["found"] >= held), None)
-    return dict(out, before=held, trough=trough["found"], end=end, lost=max(0, held - trough["found"]),
-                republished=max(0, end - trough["found"]), back_s=round(after[0]["t"] - fault_t, 3),
+    lost_by = {p: max(0, held_by[p] - survived_by[p]) for p in held_by if p}
+    return dict(out, before=held, trough=trough["found"], survived=survived, end=end,
+                lost=max(0, held - survived), republished=max(0, end - survived),
+                **({"lost_by": lost_by} if lost_by else {}),
+                back_s=round(after[0]["t"] - fault_t, 3),
                 republished_s=(round(back_all["t"] - fault_t, 3) if back_all is not None else None))
 
 
@@ -558,7 +575,7 @@ def fault_rows(docs: dict[str, dict], agg, fault: dict[str, Any], events: list[d
             ctx, side="per_host", devices=c, host=consumer_host, peer=producer_host,
             extra=dict(ctx["extra"], bound_s=bound,
                        within_bound=None if bound is None or stall is None else stall <= bound))))
-    seen = entries(samples, fault["t"], agg.window_end)
+    seen = entries(samples, fault["t"], agg.window_end, {p for p, n in (again or {}).items() if n})
     watch_series = [[round(s["t"] - agg.window_start, 3), s.get("found")] for s in samples]
     ev = dict(base, extra=dict(ctx["extra"], registered_again=again or {},
                                **{k: v for k, v in seen.items() if k not in ("lost", "republished")}))

@@ -81,6 +81,25 @@ def test_entries_lost_and_republished_from_the_watcher():
     assert "after the fault" in df.entries(s[:10], 11.0, 20.0)["why"]
 
 
+def test_a_producer_the_directory_forgot_lost_every_entry_though_it_republished_before_the_watcher_looked():
+    """The fault CI caught: the restarted directory forgot both producers; pA republished at its heartbeat
+    before the watcher's first answer from the new directory, so the watcher never saw pA's entries missing.
+    pA's own word (registered again) counts them lost; pB's loss the watcher saw."""
+    def s(t, a, b):
+        return {"t": t, "found": a + b, "keys": 128, "by": {"pA": a, "pB": b}}
+    samples = ([s(10 + i / 10, 64, 64) for i in range(10)] + [{"t": 11.05, "error": "ConnectionError"}]
+               + [s(11.2, 64, 0), s(11.3, 64, 0), s(11.4, 64, 64), s(11.5, 64, 64)])
+    both = df.entries(samples, 11.0, 20.0, {"pA", "pB"})
+    assert (both["before"], both["survived"], both["lost"], both["republished"], both["end"]) == (128, 0, 128, 128, 128)
+    assert both["lost_by"] == {"pA": 64, "pB": 64} and both["trough"] == 64
+    # without the producers' word, only what the watcher saw: pB's entries
+    seen = df.entries(samples, 11.0, 20.0)
+    assert (seen["lost"], seen["republished"], seen["lost_by"]) == (64, 64, {"pA": 0, "pB": 64})
+    # per producer: pA missing at one sample and pB at another is both lost, though no sample missed both
+    apart = [s(10.0, 64, 64), s(11.1, 0, 64), s(11.2, 64, 0), s(11.3, 64, 64)]
+    assert df.entries(apart, 11.0, 20.0)["lost"] == 128
+
+
 def test_the_redis_answers_that_pick_a_target():
     info = {"role": "master", "connected_slaves": "1",
             "slave0": "ip=198.18.77.1,port=42004,state=online,offset=100,lag=0"}
@@ -95,9 +114,10 @@ def test_the_watchers_command_and_output():
     argv = dirwatch.command(["python3"], "10.0.0.1:5", ["pA", "pB"], 64)
     assert argv[:3] == ["python3", "-m", "peercache.lab.tools.dirwatch"]
     assert argv[argv.index("--key-prefix") + 1] == "pA,pB" and argv[argv.index("--working-set") + 1] == "64"
-    text = ('{"t": 1.0, "found": 3, "keys": 4, "s": 0.01}\npeercache dirwatch: watching 4 keys at x\n'
+    text = ('{"t": 1.0, "found": 3, "keys": 4, "s": 0.01, "by": {"pA": 2, "pB": 1}}\n'
+            'peercache dirwatch: watching 4 keys at x\n'
             '{"t": 1.1, "error": "DiscoveryUnreachable: gone"}\nnot json {\n{"other": 1}\n')
-    assert dirwatch.parse(text) == [{"t": 1.0, "found": 3, "keys": 4, "s": 0.01},
+    assert dirwatch.parse(text) == [{"t": 1.0, "found": 3, "keys": 4, "s": 0.01, "by": {"pA": 2, "pB": 1}},
                                     {"t": 1.1, "error": "DiscoveryUnreachable: gone"}]
 
 
@@ -116,8 +136,9 @@ def point(rates: list[float | None], fault_s: float, samples: list[dict], fault:
 
 
 def test_a_points_rows():
-    samples = ([{"t": 100 + i / 10, "found": 512, "keys": 512} for i in range(10)]
-               + [{"t": 101.5 + i / 10, "found": 256 if i < 2 else 512, "keys": 512} for i in range(10)])
+    samples = ([{"t": 100 + i / 10, "found": 512, "keys": 512, "by": {"pA": 256, "pB": 256}} for i in range(10)]
+               + [{"t": 101.5 + i / 10, "found": 256 if i < 2 else 512, "keys": 512,
+                   "by": {"pA": 256, "pB": 0 if i < 2 else 256}} for i in range(10)])
     rows = point([1.0] * 10 + [0.0] * 5 + [1.0] * 15, 1.0, samples)
     by = {(r.metric, r.side, r.devices): r for r in rows}
     agg = "consumer1,consumer2"
