@@ -14,7 +14,7 @@
  * The fused copies of the shm path: pc_copy_pattern copies and compares in
  * one AVX2 pass (each line loaded once, stored, compared in registers, the
  * source prefetched ahead; a large page's stores streamed past the cache from
- * the destination's first 32-byte boundary on, see PC_STREAM_ABOVE), so the
+ * the destination's first cache line on, see PC_STREAM_ABOVE), so the
  * bench check costs little beyond the copy;
  * pc_copy_checksum copies PC_CHECK_CHUNK bytes at a time and hashes them
  * while they are in L1, the next chunk prefetched meanwhile (checksum.h):
@@ -103,8 +103,10 @@ int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_h
     uint64_t seed = key_hash ^ (generation * MIX);
     int ok = 1;
     if (have_avx2()) {   /* one pass: each line loaded once, stored, and compared in registers */
-        /* words up to a 32-byte boundary of dst first, so the AVX2 pass may stream its stores */
-        size_t head = ((32 - ((uintptr_t)dst & 31)) & 31) / 8;
+        /* words up to a cache line of dst first, so the AVX2 pass may stream its stores to whole lines:
+         * a line written partly by ordinary stores (this head, a neighbour page's tail) and partly
+         * streamed is flushed from the cache and read again */
+        size_t head = ((64 - ((uintptr_t)dst & 63)) & 63) / 8;
         if (((uintptr_t)dst & 7) || head * 8 > len) head = 0;
         if (head) {
             memcpy(dst, src, head * 8);

@@ -22,7 +22,7 @@
         __builtin_prefetch((src) + q_, 0, 3)
 
 /* From this many bytes on, the fused copy + pattern compare streams its stores (non-temporal, from a
- * 32-byte boundary of the destination): a store then needs no read of the destination line first,
+ * cache line of the destination): a store then needs no read of the destination line first,
  * which is what kept the fused pass at 0.82-0.88 of glibc's memcpy (rep movsb) on 128 KiB pages in
  * make bench's shm drive. In a C loop on the test machine (random 128 KiB slots of a 32 MiB pool,
  * batches of 32): memcpy 21.2-21.6 GB/s, the fused pass 18.2-19.0 with ordinary stores, 21.4-21.7
@@ -37,7 +37,7 @@ uint64_t pc_copy_xxh3_avx2(uint8_t *dst, const uint8_t *src, size_t len, uint64_
 size_t pc_pattern_avx2(const uint8_t *buf, size_t words, uint64_t seed, uint64_t golden);
 /* The same compare fused with the copy of those words from src to dst, in one pass (whole
  * 64-byte lines; the source prefetched PC_PREFETCH_AHEAD ahead; stores streamed when dst is on
- * a 32-byte boundary and the copy is PC_STREAM_ABOVE bytes or more): how many words were
+ * a cache line and the copy is PC_STREAM_ABOVE bytes or more): how many words were
  * copied (a multiple of 8), or SIZE_MAX when one differs (all of them copied then too). */
 size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint64_t seed, uint64_t golden);
 

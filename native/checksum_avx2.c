@@ -33,7 +33,7 @@ size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint
     size_t whole = words & ~(size_t)7, k = 0;
     __m256i acc = _mm256_setzero_si256();
     /* non-temporal stores (no read of the destination's lines first) for a large aligned copy */
-    int stream = ((uintptr_t)dst & 31) == 0 && words * 8 >= PC_STREAM_ABOVE;
+    int stream = ((uintptr_t)dst & 63) == 0 && words * 8 >= PC_STREAM_ABOVE;
     for (; k < whole; k += 8) {      /* 64 bytes a step: one cache line */
         __builtin_prefetch(src + k * 8 + PC_PREFETCH_AHEAD, 0, 3);
         __m256i a = _mm256_loadu_si256((const __m256i *)(src + k * 8));

@@ -161,21 +161,21 @@ def test_pattern_check_at_odd_sizes_and_edges_agrees_with_the_reference(protocol
 
 
 def test_pattern_check_of_large_pages_at_every_destination_alignment(protocol, path):
-    """Pages past the streaming threshold (64 KiB: the copy's stores bypass the cache from a 32-byte
-    boundary of the destination on, the words before it copied and checked apart), read to destinations
-    8, 16 and 24 bytes off that boundary as well as on it, one byte flipped in the words before the
-    boundary, right after it, in the middle or at the end: the bytes land and every flip is found."""
+    """Pages past the streaming threshold (64 KiB: the copy's stores bypass the cache from a cache line
+    of the destination on, the words before it copied and checked apart), read to destinations 8 to 56
+    bytes off a line as well as on it, one byte flipped in the words before the line, right after it,
+    in the middle or at the end: the bytes land and every flip is found."""
     size, room = 70001, 70400
     addr = f"127.0.0.1:{free_port()}"
-    prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=24 * (room + 256),
+    prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=64 * (room + 256),
                             page_size=room)
     cons = peercache.Client(addr, protocol=protocol, page_size=room)
     if path == "python":
         cons.node.reader.native = None
     try:
         keys, flips, pages = [], {}, []
-        for shift in (0, 8, 16, 24):
-            for where in (None, 0, 8, 40, size // 2, size - 1):
+        for shift in (0, 8, 16, 24, 40, 56):
+            for where in (None, 0, 8, 40, 56, 64, size // 2, size - 1):
                 key = f"a{shift}-{where}".encode()
                 page = np.zeros(size, np.uint8)
                 tags.fill_pattern(page, tags.key_hash(key), 1)
@@ -186,7 +186,7 @@ def test_pattern_check_of_large_pages_at_every_destination_alignment(protocol, p
                 pages.append((shift, page))
                 prod.put(key, page.tobytes())
         dest = np.zeros(len(keys) * room + 64, np.uint8)
-        base = (-dest.ctypes.data) % 32                       # dest + base is on a 32-byte boundary
+        base = (-dest.ctypes.data) % 64                       # dest + base is on a cache line
         offsets = np.asarray([base + i * room + shift for i, (shift, _) in enumerate(pages)], np.uint64)
         r = cons.node.get_batch_into(keys, dest, offsets, check_pattern=True)
         assert (r.status == Get.HIT).all()
