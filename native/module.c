@@ -870,6 +870,54 @@ static PyObject *py_copy_pages(PyObject *mod, PyObject *args) {
 }
 
 
+/* The offsets in a host KV pool's buffer of the objects of the pages whose token indices are given (SGLang's
+ * page_first layouts: page row r's object j at bases[j] + r * stride, the row being a page's first token
+ * index // tokens, as the pool's get_page_buffer_meta has it), each checked to leave obj bytes before
+ * the buffer's end: what PeerCacheStore's batch_get_v1 did in eight numpy calls, each of which costs
+ * tens of microseconds right after a batch's copy has pushed numpy's own data out of the caches. */
+static PyObject *py_page_offsets(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *idx_o, *bases_o, *out_o;
+    unsigned long long tokens, stride, limit;
+    if (!PyArg_ParseTuple(args, "OKKOKO", &idx_o, &tokens, &stride, &bases_o, &limit, &out_o)) return NULL;
+    if (tokens == 0) return PyErr_Format(PyExc_ValueError, "page_offsets: tokens per page must be 1 or more");
+    Py_buffer iv, bv, ov;
+    if (get_buf(idx_o, &iv, 0, "indices (int64 array)", 8, -1) < 0) return NULL;
+    if (get_buf(bases_o, &bv, 0, "bases (uint64 array)", 8, -1) < 0) { PyBuffer_Release(&iv); return NULL; }
+    Py_ssize_t ni = iv.len / 8, nb = bv.len / 8;
+    if (nb == 0 || ni % (Py_ssize_t)tokens) {
+        PyBuffer_Release(&iv); PyBuffer_Release(&bv);
+        return PyErr_Format(PyExc_ValueError, "page_offsets: %zd token indices are not whole pages of %llu "
+                            "(or no object offsets)", ni, tokens);
+    }
+    Py_ssize_t pages = ni / (Py_ssize_t)tokens;
+    if (get_buf(out_o, &ov, 1, "out (uint64 array)", 8, pages * nb) < 0) {
+        PyBuffer_Release(&iv); PyBuffer_Release(&bv);
+        return NULL;
+    }
+    const int64_t *idx = iv.buf;
+    const uint64_t *bases = bv.buf;
+    uint64_t *out = ov.buf;
+    Py_ssize_t bad = -1;
+    int64_t first = 0;
+    for (Py_ssize_t p = 0; p < pages && bad < 0; p++) {
+        first = idx[p * (Py_ssize_t)tokens];
+        uint64_t at;
+        if (first < 0 || __builtin_mul_overflow((uint64_t)first / tokens, stride, &at)) { bad = p; break; }
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            uint64_t off;
+            if (__builtin_add_overflow(at, bases[j], &off) || off > limit) { bad = p; break; }
+            out[p * nb + j] = off;
+        }
+    }
+    PyBuffer_Release(&iv); PyBuffer_Release(&bv); PyBuffer_Release(&ov);
+    if (bad >= 0)
+        return PyErr_Format(PyExc_ValueError, "page %zd of the batch (token index %lld) lies outside the buffer",
+                            bad, (long long)first);
+    Py_RETURN_NONE;
+}
+
+
 /* ------------------------------------------------------------------ latency trace */
 
 static PyObject *py_trace_start(PyObject *mod, PyObject *arg) {
@@ -936,6 +984,9 @@ static PyMethodDef module_methods[] = {
      "KEY_MISMATCH per key (the tag check of read_slots, want the key hash of each key asked for)."},
     {"copy_pages", py_copy_pages, METH_VARARGS,
      "copy_pages(src, dst, src_offsets, dst_offsets, length): plain memcpy loop without the GIL."},
+    {"page_offsets", py_page_offsets, METH_VARARGS,
+     "page_offsets(indices, tokens, stride, bases, limit, out): each page's objects' offsets (bases[j] + "
+     "(first token index // tokens) * stride) into out, page by page; ValueError for one past limit."},
     {"trace_start", py_trace_start, METH_O,
      "trace_start(capacity): record timestamps at the read path's and the tcp server's points "
      "(native/trace.h, TRACE_POINTS) until trace_stop; off by default (peercache.trace; the get_trace point kind)."},

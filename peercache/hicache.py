@@ -128,6 +128,9 @@ def model_part(model_name: Any) -> str:
 #: without '_', which begins the object suffix, and without '/', which ends the generic space's mark
 _PAGE_CHARS = re.compile(r"[A-Za-z0-9.:@+-]*")
 _plain_page = _PAGE_CHARS.fullmatch
+#: the characters of plain page names (_PAGE_CHARS) and the newline that joins a batch of them
+#: (PeerCacheStore.object_keys), as bytes.translate deletes them
+_PLAIN_BATCH = bytes(c for c in range(128) if _plain_page(chr(c))) + b"\n"
 
 
 def page_part(name: Any) -> str:
@@ -165,6 +168,75 @@ class _Region:
     size: int
     view: np.ndarray
     owner: Any   # keeps the pool's buffer alive while the view exists
+
+
+@dataclass(frozen=True)
+class _LinearPages:
+    """A host pool whose page ``r``'s objects lie at ``bases + r * stride`` in its buffer (a page_first
+    layout over one tensor, as SGLang's are), found by :func:`_linear_pages`: a batch's offsets are then one
+    native call on its token indices, not the pool's ``get_page_buffer_meta`` (a tensor index per page in
+    SGLang's pools) and the numpy calls on its lists."""
+
+    tokens: int          # token indices per page
+    stride: int          # bytes from one page to the next
+    bases: np.ndarray    # each object's offset in page 0, uint64, in the pool's order
+    size: int            # bytes of each object
+
+    def offsets(self, host_indices, n: int, region_size: int, native) -> np.ndarray | None:
+        """Offsets in the buffer of the objects of the ``n`` pages ``host_indices`` holds (page by page, as
+        the pool lists them), in one native call; None when they are not ``n`` whole pages of int64 token
+        indices (the pool's own call then answers, or says what is wrong). Raises ConfigError for a page
+        past the buffer's end."""
+        idx = host_indices if type(host_indices) is np.ndarray else np.asarray(host_indices)
+        if idx.ndim != 1 or idx.size != n * self.tokens or idx.dtype != np.int64:
+            return None
+        out = np.empty(n * len(self.bases), np.uint64)
+        try:
+            native.page_offsets(idx, self.tokens, self.stride, self.bases, region_size - self.size, out)
+        except ValueError as e:
+            raise ConfigError(f"{e}: a page buffer of the host pool lies outside its registered kv_buffer; "
+                              "register_mem_pool_host again after the pool is reallocated") from None
+        return out
+
+
+#: how many rows of the host pool the layout probe asks for at most (spread over the buffer)
+PROBE_ROWS = 48
+
+
+def _linear_pages(pool, base: int, size: int, index_array) -> _LinearPages | None:
+    """The pool's layout as :class:`_LinearPages` when its ``get_page_buffer_meta`` says, for rows 0 to 3,
+    the last row the buffer (``base``, ``size`` bytes) can hold at that stride and a few past it, the powers
+    of two and their neighbours and a spread of others (:data:`PROBE_ROWS` in all), that every object lies at
+    its row-0 offset plus the row times one stride, all of one size; None otherwise (every batch then asks
+    the pool). A row the pool refuses (past its pages) is left out; rows 0 to 2 must answer. ``index_array``: token indices -> what the pool takes (a torch tensor
+    where torch is installed)."""
+    tokens = int(getattr(pool, "page_size", 1) or 1)
+
+    def row(r: int) -> tuple[np.ndarray, set] | None:
+        try:
+            ptrs, sizes = pool.get_page_buffer_meta(index_array(np.arange(r * tokens, (r + 1) * tokens)))
+        except Exception:  # noqa: BLE001 - a row past the pool's pages, or indices it does not take
+            return None
+        return (np.asarray(ptrs, np.int64) - base, set(sizes)) if len(ptrs) else None
+
+    first = [row(r) for r in range(3)]
+    if any(f is None for f in first) or len({len(f[0]) for f in first}) != 1:
+        return None
+    bases, sizes = first[0]
+    stride = first[1][0] - bases
+    if len(sizes) != 1 or stride[0] <= 0 or (stride != stride[0]).any():
+        return None
+    step, obj = int(stride[0]), next(iter(sizes))
+    last = max(3, (size - obj - int(bases.max())) // step)    # the last row the buffer holds at this stride
+    # rows past it too: a pool that answers for one (has that page) with a pointer off the line is not linear
+    rows = [3, last, last + 1, last + 2, 2 * last + 1]
+    rows += [r for k in range(2, 63) if (1 << k) < last for r in ((1 << k) - 1, 1 << k, (1 << k) + 1)]
+    rows += [3 + (i * 7919) % (last - 2) for i in range(PROBE_ROWS)]
+    for r in list(dict.fromkeys(rows))[:PROBE_ROWS]:
+        got = row(r)
+        if got is not None and (got[1] != sizes or len(got[0]) != len(bases) or (got[0] != bases + r * step).any()):
+            return None
+    return _LinearPages(tokens, step, bases.astype(np.uint64), obj)
 
 
 def _address_and_size(buf) -> tuple[int, int]:
@@ -256,6 +328,8 @@ class PeerCacheStore(HiCacheStorage):
         self.mem_pool_host = None
         self._region: Optional[_Region] = None
         self._sizes_cache: dict = {}
+        #: the host pool's layout when its pages lie at one stride (register_mem_pool_host)
+        self._linear: _LinearPages | None = None
         self._node: Optional[Node] = None
         self._node_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -289,6 +363,24 @@ class PeerCacheStore(HiCacheStorage):
         """The PeerCache keys of SGLang page hashes ``keys`` with ``objs`` objects per page:
         ``<prefix><page>_<object>`` (the page part holds no '_', see :func:`page_part`)."""
         suf, prefix = self._suffixes(objs), self.prefix
+        n = len(keys)
+        # A batch of plain names (SGLang's hex hashes) is built with whole-batch string calls: the names
+        # joined by newlines and checked once, then each suffix's keys made as one string, encoded and
+        # split. A newline inside a name, the prefix or a suffix changes the count of parts: then the
+        # loop below, as for a name with other characters or one that is not a str.
+        try:
+            plain = n and not "\n".join(keys).encode("ascii").translate(None, _PLAIN_BATCH)
+        except (TypeError, UnicodeEncodeError):
+            plain = False
+        if plain:
+            parts = [(prefix + (s + "\n" + prefix).join(keys) + s).encode().split(b"\n") for s in suf]
+            if all(len(part) == n for part in parts):
+                if objs == 1:
+                    return parts[0]
+                out: list = [None] * (n * objs)
+                for j, part in enumerate(parts):
+                    out[j::objs] = part
+                return out
         return [f"{prefix}{p}{s}".encode() for p in map(page_part, keys) for s in suf]
 
     def generic_key(self, key: str) -> bytes:
@@ -336,16 +428,24 @@ class PeerCacheStore(HiCacheStorage):
         addr, size = _address_and_size(buf)
         self._region = _Region(addr, size, _byte_view(addr, size), buf)
         page = self._first_page_bytes(mem_pool_host)
+        # with the native module (its page_offsets): else every batch asks the pool
+        self._linear = (_linear_pages(mem_pool_host, addr, size, self._index_array) if self._native is not None
+                        else None)
         node = self._ensure_node(self.config.page_bytes or page)
         node.transport.prepare_local(self._region.view)   # rdma: registered on every rail, once
 
     @staticmethod
-    def _indices(n: int):
+    def _index_array(values: np.ndarray):
+        """Token indices as SGLang's pools take them: a torch tensor (numpy without torch)."""
         try:
             import torch   # optional, as in _new_page
-            return torch.arange(n, dtype=torch.int64)
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
         except ImportError:
-            return np.arange(n, dtype=np.int64)
+            return np.asarray(values, dtype=np.int64)
+
+    @classmethod
+    def _indices(cls, n: int):
+        return cls._index_array(np.arange(n, dtype=np.int64))
 
     def _first_page_bytes(self, pool) -> int:
         page_tokens = int(getattr(pool, "page_size", 1) or 1)
@@ -359,24 +459,35 @@ class PeerCacheStore(HiCacheStorage):
         if self._region is None or self.mem_pool_host is None:
             raise ConfigError("batch_get_v1/batch_set_v1 before register_mem_pool_host; SGLang registers the "
                               "host pool at attach (set \"interface_v1\": 1 only with a host pool)")
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         n = len(keys)
-        if n == 0 or len(ptrs) % n:
-            raise ConfigError(f"{len(ptrs)} page buffers for {n} keys; the host pool's page size does not "
-                              "match the keys")
         r = self._region
-        # Per-batch work in plain Python where it is cheaper than a numpy call (128 pages).
-        big = max(sizes)
-        if min(ptrs) < r.base or max(ptrs) + big > r.base + r.size:
-            raise ConfigError("a page buffer of the host pool lies outside its registered kv_buffer; "
-                              "register_mem_pool_host again after the pool is reallocated")
-        p = np.fromiter(ptrs, np.uint64, len(ptrs))
-        p -= np.uint64(r.base)
-        if min(sizes) == big:   # one object size (every SGLang pool): a cached array of it
-            key = (len(sizes), big)
+        # As few calls a batch as can be: they run right after the last batch's copy has pushed the
+        # interpreter's and numpy's own data out of the caches, where each costs several times its timeit.
+        lin = self._linear
+        p = lin.offsets(host_indices, n, r.size, self._native) if lin is not None and n else None   # one call
+        if p is not None:
+            big, uniform, sizes = lin.size, True, None
+        else:
+            ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+            if n == 0 or len(ptrs) % n:
+                raise ConfigError(f"{len(ptrs)} page buffers for {n} keys; the host pool's page size does not "
+                                  "match the keys")
+            if type(sizes) is not list:    # SGLang's pools give lists
+                sizes = list(sizes)
+            big = sizes[0]
+            uniform = sizes.count(big) == len(sizes)      # one object size (every SGLang pool)
+            if not uniform:
+                big = max(sizes)
+            p = np.fromiter(ptrs, np.uint64, len(ptrs))
+            p -= np.uint64(r.base)      # a pointer below the base wraps to far above the region's end
+            if int(p.max()) + big > r.size:
+                raise ConfigError("a page buffer of the host pool lies outside its registered kv_buffer; "
+                                  "register_mem_pool_host again after the pool is reallocated")
+        if uniform:                 # a cached array of the one size
+            key = (len(p), big)
             s = self._sizes_cache.get(key)
             if s is None:
-                s = self._sizes_cache[key] = np.full(len(sizes), big, dtype=np.uint64)
+                s = self._sizes_cache[key] = np.full(len(p), big, dtype=np.uint64)
                 s.flags.writeable = False
         else:
             s = np.fromiter(sizes, np.uint64, len(sizes))
@@ -403,8 +514,8 @@ class PeerCacheStore(HiCacheStorage):
             return [False] * len(keys), None
         dt = time.perf_counter() - t0
         n = len(keys)
-        # HIT is 0, and a hit's length is at most its capacity: all hit and at least as long = all whole.
-        if not r.status.any() and r.lengths.min() >= sizes.max():   # the common case
+        # All hit, each as long as its room: all whole (the common case; two C-level compares).
+        if r.hits == len(okeys) and r.lengths.tobytes() == sizes.tobytes():
             self._count_read(n, int(sizes[0]) * len(sizes), n, 0, 0, dt)
             return [True] * n, r
         whole = (r.status == _HIT) & (r.lengths == sizes)

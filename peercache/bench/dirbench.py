@@ -216,7 +216,7 @@ def keys_at(indices) -> list[bytes]:
     """The bench keys at ``indices`` of ``options.page_keys(n, "mla")`` (any n above them), without
     building the whole list (a client of 10^7 published keys needs only the ones it draws)."""
     (sfx,) = options.LAYOUTS["mla"]
-    return [f"pc/{int(i)}{sfx}".encode() for i in indices]
+    return [f"{options.KEY_ROOT}{int(i)}{sfx}".encode() for i in indices]
 
 
 def client_loop(cfg: dict, idx: int, t0: float) -> dict:

@@ -565,6 +565,10 @@ def _fits(need: int, what: str, hint: str) -> None:
         raise ConfigError(f"{what} needs {human_bytes(need)}; this host has {human_bytes(total)}; {hint}")
 
 
+#: what every bench object key starts with (page_keys)
+KEY_ROOT = "pc/"
+
+
 def page_keys(n: int, layout: str, prefixes: str | Sequence[str] = "") -> list[bytes]:
     """Object keys of the bench working set: page i -> one (mla) or two (mha) keys, ``pc/<i>`` (and
     ``/k`` ``/v``), or ``pc/<P>/<i>`` under the prefix P (a string; "" or none: no prefix).
@@ -572,14 +576,14 @@ def page_keys(n: int, layout: str, prefixes: str | Sequence[str] = "") -> list[b
     With several prefixes, the union of their working sets of ``n`` pages each, prefix by prefix: page j
     of the union is page ``j % n`` of prefix ``prefixes[j // n]`` (its keys at ``j * objects per page``)."""
     heads = [prefixes] if isinstance(prefixes, str) else list(prefixes) or [""]
-    return [(f"pc/{p}/{i}{sfx}" if p else f"pc/{i}{sfx}").encode()
+    return [(f"{KEY_ROOT}{p}/{i}{sfx}" if p else f"{KEY_ROOT}{i}{sfx}").encode()
             for p in heads for i in range(n) for sfx in LAYOUTS[layout]]
 
 
 def key_scheme(layout: str, prefix: str = "") -> str:
     """How :func:`page_keys` names page i: 'pc/<i>', 'pc/<i>/k|v' (mha), 'pc/P/<i>' (prefix P)."""
     sfx = "|".join(s.lstrip("/") for s in LAYOUTS[layout] if s)
-    return f"pc/{prefix + '/' if prefix else ''}<i>" + (f"/{sfx}" if sfx else "")
+    return f"{KEY_ROOT}{prefix + '/' if prefix else ''}<i>" + (f"/{sfx}" if sfx else "")
 
 
 def slot_bytes(page_size: int) -> int:

@@ -3,6 +3,7 @@ read through SGLang's HiCache v1 path (``PeerCacheStore.batch_get_v1`` into a pa
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
@@ -14,6 +15,24 @@ from ..document import HICACHE_DRIVE_MODE, DriveDocument
 from ..drive import DriveConfig, Worker, run as drive_run
 from ..drive.bounds import IO_TIMEOUT_S
 from .store import PAGE_TOKENS, SERVE_GENERATION, BenchStore, HostPagePool, StorageConfig
+
+
+#: no indices (shared, read-only)
+_NONE = np.empty(0, np.intp)
+_NONE.flags.writeable = False
+
+
+def _fixed(fill: int, dtype) -> Callable[[int], np.ndarray]:
+    """n -> a read-only array of n ``fill`` values, made once per n (every batch of a run has one size)."""
+    made: dict[int, np.ndarray] = {}
+
+    def of(n: int) -> np.ndarray:
+        a = made.get(n)
+        if a is None:
+            a = made[n] = np.full(n, fill, dtype)
+            a.flags.writeable = False
+        return a
+    return of
 
 
 class _BatchResult:
@@ -41,27 +60,27 @@ class _V1Reader:
         w = self.w
         objs, n = w.objs, len(keys) // w.objs
         tid = int(offsets[0]) // w.slice_bytes            # drive's thread slice -> its host pages
-        pages = np.arange(tid * w.batch, tid * w.batch + n)
-        hashes = [w.hash_of[k] for k in keys[::objs]]
+        hashes = keys[::objs] if objs > 1 else keys       # each object's page hash (HiCacheWorker.keys_arr)
         got, res = w.store.read_v1(hashes, w.tokens_of(tid, n))
         r = _BatchResult()
-        r.redirected = res.redirected if res is not None else np.empty(0, np.intp)
+        r.redirected = res.redirected if res is not None else _NONE
         r.miss_reason = res.miss_reason if res is not None else None
         if all(got):
-            ok = np.ones(n, dtype=bool)
-            r.status = np.full(len(keys), int(Get.HIT), np.int8)
+            ok = None
+            r.status = w.all_hit(len(keys))
         else:
             ok = np.asarray(got, dtype=bool)
             r.status = np.where(np.repeat(ok, objs), int(Get.HIT), int(Get.MISS)).astype(np.int8)
         r.error = None
-        r.generations = np.full(len(keys), SERVE_GENERATION, np.uint64)
-        r.content_mismatch = np.empty(0, np.intp)
+        r.generations = w.serve_generations(len(keys))
+        r.content_mismatch = _NONE
         # the store reports no object's size: each is its room (a page of the host pool), none too big
-        r.lengths, r.too_big = np.asarray(caps, np.uint64), np.empty(0, np.intp)
-        if check_pattern and ok.any():
-            hit = np.repeat(ok, objs)
-            rows = w.host.object_views(pages)[hit]
-            kh = np.fromiter((tags.key_hash(k) for k in keys), np.uint64, len(keys))[hit]
+        r.lengths, r.too_big = np.asarray(caps, np.uint64), _NONE
+        if check_pattern and (ok is None or ok.any()):
+            hit = np.repeat(ok if ok is not None else np.ones(n, dtype=bool), objs)
+            rows = w.host.object_views(np.arange(tid * w.batch, tid * w.batch + n))[hit]
+            okeys = w.store.object_keys(hashes, objs)
+            kh = np.fromiter((tags.key_hash(k) for k in okeys), np.uint64, len(okeys))[hit]
             good = tags.verify_patterns(rows, kh, r.generations[hit])
             r.content_mismatch = np.flatnonzero(hit)[~good]
         return r
@@ -88,15 +107,20 @@ class HiCacheWorker(Worker):
             addr = for_process(node.metrics_addr, pidx, cfg.processes)
         # the store's calls get drive's directory bound, not stretched by --time-scale (as before the split)
         extra = replace(node, pool_bytes=0, timeout=IO_TIMEOUT_S, metrics_addr=addr or None).extra_config()
-        #: serve's first object key of each page -> its page hash (the page number)
-        self.hash_of = {k: str(i) for i, k in enumerate(self.keys[:: self.objs])}
-        self.store = BenchStore(StorageConfig(mla, extra), cfg.layout, cfg.working_set)
+        self.store = BenchStore(StorageConfig(mla, extra), cfg.layout)
+        # drive's loop passes its node the names of a batch's objects: here each object's page hash (the
+        # page number, as SGLang passes hashes), which the store maps onto serve's keys itself
+        hashes = [str(i) for i in range(cfg.working_set)]
+        self.keys_arr = np.empty(len(self.keys), dtype=object)
+        self.keys_arr[:] = [h for h in hashes for _ in range(self.objs)]
         try:
             self.host = HostPagePool(pages, cfg.page_size, mla)
             self.store.register_mem_pool_host(self.host)
             self.token_indices = (np.arange(pages, dtype=np.int64)[:, None] * PAGE_TOKENS
                                   + np.arange(PAGE_TOKENS)).reshape(pages, PAGE_TOKENS)
             self._tokens: dict = {}
+            #: a batch's statuses when every page hit, and serve's generation per object (built once per size)
+            self.all_hit, self.serve_generations = _fixed(int(Get.HIT), np.int8), _fixed(SERVE_GENERATION, np.uint64)
             self.node = _V1Reader(self)
             self.gpu, self.gpu_method = None, None
             self.recv = self.dest = self.host.kv_buffer

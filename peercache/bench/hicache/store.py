@@ -44,23 +44,18 @@ class HostPagePool:
 
 
 class BenchStore(PeerCacheStore):
-    """PeerCacheStore whose page keys are serve's working-set keys (page hash = page number)."""
+    """PeerCacheStore whose v1 object keys are serve's working-set keys: page hash ``i`` (the page number)
+    is object ``pc/<i>`` (MLA) or ``pc/<i>/k`` and ``pc/<i>/v`` (MHA), made by the store's own
+    :meth:`~peercache.hicache.PeerCacheStore.object_keys` with serve's prefix and suffixes, so the bench
+    runs the path SGLang's calls run."""
 
-    def __init__(self, storage_config, layout: str, working_set: int):
-        sfx = options.LAYOUTS[layout]
-        #: page hash -> serve's object keys of that page (built once: the loop only looks them up)
-        self._one = len(sfx) == 1
-        self._keys_of = {str(i): ([f"pc/{i}{s}".encode() for s in sfx] if len(sfx) > 1 else f"pc/{i}".encode())
-                         for i in range(working_set)}
+    def __init__(self, storage_config, layout: str):
         super().__init__(storage_config, {})
+        self.prefix = options.KEY_ROOT      # serve's keys without --key-prefix: pc/<i>
+        self._serve_suffixes = list(options.LAYOUTS[layout])
 
-    def object_keys(self, keys, objs):
-        """serve's object keys of these page hashes (the store's own keys for pages outside serve's set)."""
-        of = self._keys_of
-        try:
-            return [of[h] for h in keys] if self._one else [k for h in keys for k in of[h]]
-        except KeyError:   # pages not of serve's working set (the suite's set): the store's own keys
-            return super().object_keys(keys, objs)
+    def _suffixes(self, objs: int) -> list[str]:
+        return self._serve_suffixes if objs == len(self._serve_suffixes) else super()._suffixes(objs)
 
 
 def is_storage_writer(mla: bool, tp_rank: int) -> bool:

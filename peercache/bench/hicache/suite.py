@@ -154,7 +154,7 @@ class Rank:
                        auth_key=options.auth_secret(args), timeout=IO_TIMEOUT_S,
                        pool_bytes=pool_bytes(args) if "set" in ops else 0)   # every rank: one extra config
         self.store = BenchStore(StorageConfig(self.mla, node.extra_config(), args.tp_rank, args.tp_size),
-                                args.layout, args.working_set)
+                                args.layout)
         try:
             self.host = HostPagePool(pages, self.obj, self.mla, self.page_tokens)
             # distinct bytes in every host page, so a set that lands the wrong page is seen in its round trip

@@ -12,7 +12,7 @@ import pytest
 from conftest import scaled
 from hicache_fixtures import NumpyHostPool, indices
 from peercache.errors import ConfigError
-from peercache.hicache import PeerCacheStore
+from peercache.hicache import PeerCacheStore, page_part
 
 OBJ = 4096
 
@@ -116,6 +116,57 @@ def test_no_two_names_ranks_or_spaces_share_a_key():
     assert mha.object_keys(["deadbeef01"], 2) == [b"default/org%2FModel/deadbeef01_0_k",
                                                   b"default/org%2FModel/deadbeef01_0_v"]
     assert mha.generic_key("abc_k") == b"default/org%2FModel/g/abc%5Fk_0"
+
+
+def test_a_batch_of_names_gets_each_names_key_by_the_rule():
+    """object_keys builds a batch of plain names (SGLang's hex hashes) with whole-batch string calls and any
+    other batch name by name: both give <prefix><page_part(name)><suffix> for every name and object, in
+    order, for every kind of rank; a newline in a name, the prefix or a suffix, a name that is not a str,
+    unicode and names with escapes among plain ones all take the name-by-name rule."""
+    hexes = [f"{i * 0x9E3779B97F4A7C15 % (1 << 64):016x}" * 4 for i in range(128)]
+    batches = [hexes, NAMES, hexes[:5] + ["a\nb"] + hexes[5:9], ["a\n", "b"], hexes[:3] + [7, "8"],
+               ["x"], ["", "a", ""], hexes[:4] + ["\u65e5"], ["a.b:c@d+e-f"]]
+    for kind, kw in KINDS.items():
+        store = PeerCacheStore(Rank({}, **kw), {})
+        for prefix in (store.prefix, "t\n/"):
+            store.prefix = prefix
+            for batch in batches:
+                for objs in (1, 2, 3):
+                    want = [f"{prefix}{page_part(n)}{sfx}".encode() for n in batch for sfx in store._suffixes(objs)]
+                    assert store.object_keys(batch, objs) == want, (kind, prefix, batch[:3], objs)
+        store.close()
+
+
+def test_a_page_first_pool_is_read_by_its_stride_and_any_other_by_its_own_meta(port):
+    """A host pool whose pages lie at one stride (NumpyHostPool, MLA and MHA; SGLang's page_first) gets its
+    batch offsets from one native call, the same as the pool's get_page_buffer_meta gives, for pages out of
+    order and repeated; a pool whose pages do not lie at one stride (rows permuted, its first ten rows on
+    a line) is asked every batch; a page past the buffer's end is refused."""
+    class Shuffled(NumpyHostPool):
+        def get_page_buffer_meta(self, idx):
+            t = self.page_size
+            moved = np.asarray(idx).reshape(-1, t)
+            moved = (((moved[:, :1] // t) * 7 % self.pages) * t + np.arange(t)).reshape(-1)
+            return super().get_page_buffer_meta(moved)
+
+    pages = [5, 0, 63, 5, 17, 1, 62]
+    for mla in (True, False):
+        for pool, linear in ((NumpyHostPool(64, OBJ, mla), True), (Shuffled(64, OBJ, mla), False)):
+            s = PeerCacheStore(Rank({"discovery_addr": f"127.0.0.1:{port}", "host_discovery": True,
+                                     "protocol": "tcp", "pool_bytes": 0}, mla=mla), {})
+            try:
+                s.register_mem_pool_host(pool)
+                assert (s._linear is not None) == linear, (mla, type(pool).__name__)
+                ptrs, sizes = pool.get_page_buffer_meta(indices(pages))
+                offsets, got_sizes, objs = s._page_meta([str(p) for p in pages], indices(pages))
+                assert offsets.tolist() == [p - pool.kv_buffer.ctypes.data for p in ptrs]
+                assert got_sizes.tolist() == sizes and objs == (1 if mla else 2)
+                if linear:      # the shuffled pool's page 64 is its page 0
+                    with pytest.raises(ConfigError, match="outside its registered kv_buffer"):
+                        s._page_meta(["x"], indices([64 if mla else 128]))
+            finally:
+                s.close()
+            port += 1
 
 
 @pytest.fixture
