@@ -11,7 +11,8 @@
  * AVX2 code is compiled in checksum_avx2.c and chosen at run time when the
  * CPU has it; otherwise the SSE2 code below (part of x86-64) runs.
  *
- * The fused copies of the shm path: pc_copy_pattern copies and compares in
+ * The copies of the shm path: pc_copy_stream copies a large page with its
+ * stores streamed past the cache (PC_STREAM_ABOVE); pc_copy_pattern copies and compares in
  * one AVX2 pass (each line loaded once, stored, compared in registers, the
  * source prefetched ahead; a large page's stores streamed past the cache from
  * the destination's first cache line on, see PC_STREAM_ABOVE), so the
@@ -97,6 +98,15 @@ static int pattern_from(const uint8_t *buf, size_t len, uint64_t seed, uint64_t 
 
 int pc_pattern_ok(const uint8_t *buf, size_t len, uint64_t key_hash, uint64_t generation) {
     return pattern_from(buf, len, key_hash ^ (generation * MIX), 0);
+}
+
+int pc_copy_stream(uint8_t *dst, const uint8_t *src, size_t len) {
+    if (len < PC_STREAM_ABOVE || !have_avx2()) return 0;
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;     /* ordinary stores up to the line */
+    memcpy(dst, src, head);
+    size_t done = head + pc_copy_stream_avx2(dst + head, src + head, len - head);
+    memcpy(dst + done, src + done, len - done);            /* and after the last whole line */
+    return 1;
 }
 
 int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation) {

@@ -54,6 +54,19 @@ size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint
     return _mm256_testz_si256(acc, acc) ? whole : (size_t)-1;
 }
 
+size_t pc_copy_stream_avx2(uint8_t *dst, const uint8_t *src, size_t len) {
+    size_t whole = len & ~(size_t)63;
+    for (size_t k = 0; k < whole; k += 64) {      /* one cache line a step, stored past the cache */
+        __builtin_prefetch(src + k + PC_PREFETCH_AHEAD, 0, 3);
+        __m256i a = _mm256_loadu_si256((const __m256i *)(src + k));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(src + k + 32));
+        _mm256_stream_si256((__m256i *)(dst + k), a);
+        _mm256_stream_si256((__m256i *)(dst + k + 32), b);
+    }
+    _mm_sfence();
+    return whole;
+}
+
 size_t pc_pattern_avx2(const uint8_t *buf, size_t words, uint64_t seed, uint64_t golden) {
     __m256i want = _mm256_set_epi64x((long long)(seed + 3 * golden), (long long)(seed + 2 * golden),
                                      (long long)(seed + golden), (long long)seed);

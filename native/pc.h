@@ -87,6 +87,9 @@ int pc_pattern_ok(const uint8_t *buf, size_t len, uint64_t key_hash, uint64_t ge
  * whether it is the bench content. */
 uint64_t pc_copy_checksum(uint8_t *dst, const uint8_t *src, size_t len, uint64_t seed);
 int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation);
+/* A copy of PC_STREAM_ABOVE bytes or more with its stores streamed past the cache from dst's first cache
+ * line on, where the CPU has AVX2: 1 when done, 0 (nothing copied) otherwise. */
+int pc_copy_stream(uint8_t *dst, const uint8_t *src, size_t len);
 /* Checks read_slots can run on each hit (pc_slot_batch.checks). */
 enum { PC_CHECK_PATTERN = 1, PC_CHECK_INTEGRITY = 2 };
 

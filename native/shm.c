@@ -43,6 +43,7 @@ void pc_copy_fence(uint64_t len) {
  * rep movsb runs at 0.88 of its speed to such a destination (C loop on the test machine, 128 KiB
  * slots to a destination 16 bytes off: 20.2 against 23.0 GB/s), so the bytes up to the line go first. */
 static void copy_aligned(uint8_t *dst, const uint8_t *src, uint64_t len) {
+    if (len >= ALIGN_ABOVE && pc_copy_stream(dst, src, len)) return;   /* a large page: streamed */
     uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
     if (len < ALIGN_ABOVE || !head) {
         memcpy(dst, src, len);

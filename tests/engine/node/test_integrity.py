@@ -198,6 +198,44 @@ def test_pattern_check_of_large_pages_at_every_destination_alignment(protocol, p
         prod.close()
 
 
+def test_large_pages_land_whole_at_every_destination_alignment_unchecked(protocol, path):
+    """Unchecked reads of pages past the streaming threshold (shm streams their stores from a cache line of
+    the destination on, the bytes before it and after the last whole line copied apart), next to each other
+    in one buffer at 0 to 56 bytes off a line, sizes not a multiple of a line: every byte lands, and the
+    bytes around the pages are left as they were."""
+    sizes, room = (65536, 70001, 131072 - 8), 131072 + 128
+    addr = f"127.0.0.1:{free_port()}"
+    prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=24 * (room + 256),
+                            page_size=room)
+    cons = peercache.Client(addr, protocol=protocol, page_size=room)
+    if path == "python":
+        cons.node.reader.native = None
+    try:
+        rng = np.random.default_rng(3)
+        keys, pages = [], []
+        for shift in (0, 8, 16, 24, 40, 56):
+            for size in sizes:
+                key = f"u{shift}-{size}".encode()
+                page = rng.integers(0, 256, size, dtype=np.uint8)
+                keys.append(key)
+                pages.append((shift, page))
+                prod.put(key, page.tobytes())
+        dest = np.full(len(keys) * room + 128, 0xA5, np.uint8)
+        base = (-dest.ctypes.data) % 64
+        offsets = np.asarray([base + i * room + shift for i, (shift, _) in enumerate(pages)], np.uint64)
+        r = cons.node.get_batch_into(keys, dest, offsets)
+        assert (r.status == Get.HIT).all()
+        written = np.zeros(len(dest), bool)
+        for i, (_, page) in enumerate(pages):
+            o = int(offsets[i])
+            assert (dest[o:o + len(page)] == page).all(), (i, pages[i][0], len(page))
+            written[o:o + len(page)] = True
+        assert (dest[~written] == 0xA5).all()
+    finally:
+        cons.close()
+        prod.close()
+
+
 def test_without_the_native_module_a_checksum_says_how_to_build_it(monkeypatch):
     """The checksum has one implementation, the native one: a pool with integrity on and no native
     module is refused, saying what to run."""
