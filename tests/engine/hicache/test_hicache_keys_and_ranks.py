@@ -9,7 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import scaled
+from conftest import free_port, scaled
 from hicache_fixtures import NumpyHostPool, indices
 from peercache.errors import ConfigError
 from peercache.hicache import PeerCacheStore, page_part
@@ -137,7 +137,7 @@ def test_a_batch_of_names_gets_each_names_key_by_the_rule():
         store.close()
 
 
-def test_a_page_first_pool_is_read_by_its_stride_and_any_other_by_its_own_meta(port):
+def test_a_page_first_pool_is_read_by_its_stride_and_any_other_by_its_own_meta():
     """A host pool whose pages lie at one stride (NumpyHostPool, MLA and MHA; SGLang's page_first) gets its
     batch offsets from one native call, the same as the pool's get_page_buffer_meta gives, for pages out of
     order and repeated; a pool whose pages do not lie at one stride (rows permuted, its first ten rows on
@@ -152,7 +152,7 @@ def test_a_page_first_pool_is_read_by_its_stride_and_any_other_by_its_own_meta(p
     pages = [5, 0, 63, 5, 17, 1, 62]
     for mla in (True, False):
         for pool, linear in ((NumpyHostPool(64, OBJ, mla), True), (Shuffled(64, OBJ, mla), False)):
-            s = PeerCacheStore(Rank({"discovery_addr": f"127.0.0.1:{port}", "host_discovery": True,
+            s = PeerCacheStore(Rank({"discovery_addr": f"127.0.0.1:{free_port()}", "host_discovery": True,
                                      "protocol": "tcp", "pool_bytes": 0}, mla=mla), {})
             try:
                 s.register_mem_pool_host(pool)
@@ -166,7 +166,6 @@ def test_a_page_first_pool_is_read_by_its_stride_and_any_other_by_its_own_meta(p
                         s._page_meta(["x"], indices([64 if mla else 128]))
             finally:
                 s.close()
-            port += 1
 
 
 @pytest.fixture
