@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[3]
 TESTBED = ROOT / "experiments/testbeds/softroce-cluster.yaml"
 pytestmark = pytest.mark.rdma
 #: The window (s) and the recovery bound (s, before the guest's slowness): the sentinels' down-after (1 s),
-#: their vote and the promotion, as under tcp.
-WINDOW_S, RECOVERY_S = 7, 5.0
+#: their vote and the promotion, as under tcp. The window is not stretched by the guest's slowness (the
+#: measured window never is), so it leaves room: the reads came back 2.4 s after the fault in one make
+#: test, and had not 5.6 s after it (the window's end at 7 s) in another, on a slower day of the guest.
+WINDOW_S, RECOVERY_S = 12, 5.0
 
 
 def test_a_killed_sentinel_master_under_rdma_reads_comes_back_without_a_wrong_page(tmp_path):
