@@ -170,6 +170,11 @@ class _Region:
     owner: Any   # keeps the pool's buffer alive while the view exists
 
 
+#: what is wrong, and what to do, when a batch's page lies outside the registered host pool buffer
+_OUTSIDE = ("a page buffer of the host pool lies outside its registered kv_buffer; register_mem_pool_host "
+            "again after the pool is reallocated")
+
+
 @dataclass(frozen=True)
 class _LinearPages:
     """A host pool whose page ``r``'s objects lie at ``bases + r * stride`` in its buffer (a page_first
@@ -194,8 +199,7 @@ class _LinearPages:
         try:
             native.page_offsets(idx, self.tokens, self.stride, self.bases, region_size - self.size, out)
         except ValueError as e:
-            raise ConfigError(f"{e}: a page buffer of the host pool lies outside its registered kv_buffer; "
-                              "register_mem_pool_host again after the pool is reallocated") from None
+            raise ConfigError(f"{e}: {_OUTSIDE}") from None
         return out
 
 
@@ -208,8 +212,8 @@ def _linear_pages(pool, base: int, size: int, index_array) -> _LinearPages | Non
     the last row the buffer (``base``, ``size`` bytes) can hold at that stride and a few past it, the powers
     of two and their neighbours and a spread of others (:data:`PROBE_ROWS` in all), that every object lies at
     its row-0 offset plus the row times one stride, all of one size; None otherwise (every batch then asks
-    the pool). A row the pool refuses (past its pages) is left out; rows 0 to 2 must answer. ``index_array``: token indices -> what the pool takes (a torch tensor
-    where torch is installed)."""
+    the pool). A row the pool refuses (past its pages) is left out; rows 0 to 2 must answer.
+    ``index_array``: token indices -> what the pool takes (a torch tensor where torch is installed)."""
     tokens = int(getattr(pool, "page_size", 1) or 1)
 
     def row(r: int) -> tuple[np.ndarray, set] | None:
@@ -481,8 +485,7 @@ class PeerCacheStore(HiCacheStorage):
             p = np.fromiter(ptrs, np.uint64, len(ptrs))
             p -= np.uint64(r.base)      # a pointer below the base wraps to far above the region's end
             if int(p.max()) + big > r.size:
-                raise ConfigError("a page buffer of the host pool lies outside its registered kv_buffer; "
-                                  "register_mem_pool_host again after the pool is reallocated")
+                raise ConfigError(_OUTSIDE)
         if uniform:                 # a cached array of the one size
             key = (len(p), big)
             s = self._sizes_cache.get(key)
