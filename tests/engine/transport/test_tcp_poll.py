@@ -142,16 +142,22 @@ def test_the_data_server_polls_for_the_next_request_only_when_asked(poll_us):
 
 def test_the_data_servers_poll_backs_off_against_a_slow_client():
     """A client slower than the poll: each poll runs out; after 8 in a row (POLL_MISSES, native/server.c) the
-    next 256 wake-ups sleep at once, so a slow client costs at most 8 polls, not one per request."""
+    next 256 wake-ups sleep at once, so a slow client costs at most 8 polls, not one per request.
+
+    On a loaded machine the worker can lose its CPU in the middle of a poll for longer than the client's
+    pause, and then that poll catches the next request and starts the count of misses again; a caught poll
+    buys at most 8 more. Without the back-off every one of the 25 wake-ups would poll."""
     pool, prod, info = _server(1000)
     cons = TcpTransport(max_channels=1, poll_us=0)
     try:
         peer = cons.native_peer("p", info)
-        for _ in range(16):
+        for _ in range(24):
             _reads(peer, pool, 1)
-            time.sleep(0.03)
+            time.sleep(0.02)   # 20 x the server's 1 ms poll
         st = prod.server_stats()
-        assert st["served"] >= 16 and st["poll_caught"] == 0 and st["poll_missed"] == 8, st
+        caught, missed = st["poll_caught"], st["poll_missed"]
+        assert st["served"] >= 24 and missed >= 8 and caught <= 2, st
+        assert caught + missed <= 8 * (caught + 1), st
     finally:
         cons.close()
         prod.close()
