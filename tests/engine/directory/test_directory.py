@@ -1,3 +1,6 @@
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -7,7 +10,7 @@ from peercache.directory.location import Location
 from peercache.directory.service import Membership, MetaService
 from peercache.directory.validate import Refused
 from peercache.directory.store import Directory
-from peercache.transport.base import LOC_DTYPE
+from peercache.transport.base import ABSENT, LOC_DTYPE
 
 
 def loc(node, off, gen=1):
@@ -77,6 +80,65 @@ def test_cache_hands_out_the_hash_of_the_key_asked_for_never_the_entrys(ttl):
         assert int(rows["key_hash"][0]) == tags.key_hash(b"b")   # the entry's word, as it was given
     c.key_hashes_into([b"x", bytearray(b"y")], want[:2])       # not bytes: hashed in Python
     assert want[:2].tolist() == [tags.key_hash(b"x"), tags.key_hash(b"y")]
+
+
+def test_cache_keys_apart_by_every_byte_and_length():
+    """The map's own hash reads a key's last 1-7 bytes in overlapping loads: keys of every length up to
+    17 that differ in one byte only, or only in length (a zero byte more), are each their own entry."""
+    c = DirectoryCache(30.0)
+    keys = []
+    for n in range(0, 18):
+        base = bytes(range(1, n + 1))
+        keys.append(base)
+        keys += [base[:i] + b"\xff" + base[i + 1:] for i in range(n)]
+        keys.append(base + b"\0")
+    keys = list(dict.fromkeys(keys))
+    rows = c.rows([Location(*loc("n1", 64 * i)) for i in range(len(keys))])
+    c.put_rows(keys, rows)
+    got = np.empty(len(keys), LOC_DTYPE)
+    assert c.lookup_into(keys, got) == len(keys)
+    assert got["offset"].tolist() == [64 * i for i in range(len(keys))]
+
+
+def test_cache_lookups_racing_puts_and_clears_see_only_their_own_key():
+    """Readers without the GIL (lookup_into) against a writer that grows the shards (puts of ever more
+    keys) and empties the map (put over max_entries): a key found carries its own location, never
+    another's, and every lookup returns."""
+    c = DirectoryCache(30.0, max_entries=6000)
+    keys = [b"k%d" % i for i in range(8000)]
+    rows = c.rows([Location(*loc("n1", 64 * i)) for i in range(len(keys))])
+    stop = threading.Event()
+    bad: list = []
+    found = [0]
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        out = np.empty(256, LOC_DTYPE)
+        while not stop.is_set():
+            idx = rng.integers(0, len(keys), 256)
+            c.lookup_into([keys[i] for i in idx], out)
+            hit = out["node"] != ABSENT
+            found[0] += int(hit.sum())
+            if (out["offset"][hit] != idx[hit] * 64).any():
+                bad.append(idx[hit][out["offset"][hit] != idx[hit] * 64][:4].tolist())
+
+    ts = [threading.Thread(target=reader, args=(s,)) for s in range(3)]
+    for t in ts:
+        t.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        rounds = 0
+        while time.monotonic() < deadline and rounds < 200:   # each round grows from empty past max_entries
+            for lo in range(0, len(keys), 500):
+                c.put_rows(keys[lo:lo + 500], rows[lo:lo + 500])
+            rounds += 1
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(10)
+    assert not any(t.is_alive() for t in ts), "a lookup did not return"
+    assert not bad, f"keys found with another key's location: {bad[:3]}"
+    assert rounds >= 2 and found[0] > 0
 
 
 def test_cache_ttl_zero_is_off_and_negative_refused():
