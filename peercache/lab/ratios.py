@@ -46,7 +46,7 @@ figures run with verification off. What each figure measures:
   copy runs at memory speed and the checksum's own cost shows (no target).
 - ``metrics_on_vs_off_tcp_128k``: over tcp, serve and drive each serving their Prometheus
   metrics (``--metrics-addr 127.0.0.1:0``, not scraped: the cost of having it on) over the
-  unverified run without them, measured earlier in the same round.
+  unverified run without them, measured just before it in the same round.
   ``latency_4k_cached_metrics_vs_off``: the cached 4 KiB GET's p50 with the metrics on over the
   same GET without them (at most; the per-batch record where a batch is shortest).
 
@@ -199,13 +199,15 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rounds", ("memcpy_128k", "peercache_shm_128k", "peercache_shm_verified_128k",
                 "peercache_shm_integrity_128k")),
     ("once", ("tcp_128k_check",)),
+    # each metrics-on twin right after the run without it: its target is the tightest of its round, and
+    # drift between runs a few apart was the larger error (docs/performance.md)
     ("rounds", ("mooncake_tcp_128k", "nixl_tcp_128k", "iperf3_tcp_128k", "peercache_tcp_128k",
-                "peercache_tcp_verified_128k", "peercache_tcp_integrity_128k", "peercache_tcp_metrics_128k")),
+                "peercache_tcp_metrics_128k", "peercache_tcp_verified_128k", "peercache_tcp_integrity_128k")),
     ("rounds", ("node_api_pages_per_s_64b",)),
     ("rounds", ("get_batch_copy_4k", "get_batch_outs_4k")),
     ("rounds", ("drive_shm_128k_b128", "hicache_v1_shm_128k")),
     ("rounds", ("sockperf_tcp_4k", "sockperf_tcp_4k_busy", "peercache_tcp_4k_uncached", "peercache_tcp_4k_cached",
-                "peercache_tcp_4k_cached_sleep", "peercache_tcp_4k_cached_metrics")),
+                "peercache_tcp_4k_cached_metrics", "peercache_tcp_4k_cached_sleep")),
     ("rounds", ("dirlookup_embedded_128", "dirlookup_embedded_rpc_128", "dirlookup_embedded_rpc_16384",
                 "redis_mget_128_fixed", "redis_mget_128", "dirlookup_redis_128")),
     ("once", ("drive_pages_per_s_64b",)),

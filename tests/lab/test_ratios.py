@@ -30,10 +30,11 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     # each round: the baseline, then the PeerCache figure just after it
     i = order.index(("memcpy_128k", 1))
     assert order[i + 1] == ("peercache_shm_128k", 1) and order[i - 1] == ("peercache_shm_integrity_128k", 0)
-    # the verified and integrity twins right after the unverified run of the same round
+    # the verified and integrity twins right after the unverified run of the same round (over tcp, after
+    # the metrics-on twin)
     assert order[i + 2:i + 4] == [("peercache_shm_verified_128k", 1), ("peercache_shm_integrity_128k", 1)]
     j = order.index(("peercache_tcp_128k", 0))
-    assert order[j + 1:j + 3] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
+    assert order[j + 2:j + 4] == [("peercache_tcp_verified_128k", 0), ("peercache_tcp_integrity_128k", 0)]
     # checks, the 64 B drive and the two traced GETs once; in each of the 2 rounds: the shm four, the tcp seven,
     # the node loop, the library's two batch reads, drive and HiCache, the six latency points, the six lookup points
     assert order.count(("drive_pages_per_s_64b", 0)) == 1 and len(order) == 3 + 2 + 2 * (4 + 7 + 1 + 2 + 2 + 6 + 6)
@@ -54,13 +55,13 @@ def test_the_bench_is_a_scenario_of_point_kinds_in_paired_rounds():
     assert (mc.params["page_size"], mc.params["batch_size"], mc.params["threads"], mc.params["protocol"]) == \
         (131072, 32, 1, "tcp")
     assert ratios.RATIOS["ours_vs_mooncake_tcp_128k"] == ("peercache_tcp_128k", "mooncake_tcp_128k")
-    # the metrics-on twins last in their rounds, after the run without them
-    assert order[j + 3] == ("peercache_tcp_metrics_128k", 0)
+    # the metrics-on twins right after the run without them
+    assert order[j + 1] == ("peercache_tcp_metrics_128k", 0)
     assert bp.points["peercache_tcp_metrics_128k"].params["metrics_endpoint"] is True
-    assert order[order.index(("peercache_tcp_4k_cached", 1)) + 2] == ("peercache_tcp_4k_cached_metrics", 1)
+    assert order[order.index(("peercache_tcp_4k_cached", 1)) + 1] == ("peercache_tcp_4k_cached_metrics", 1)
     # the 4 KiB GETs: both sockperf baselines first, the GET that sleeps at once measured as well
     k = order.index(("sockperf_tcp_4k", 1))
-    assert order[k + 1] == ("sockperf_tcp_4k_busy", 1) and order[k + 4] == ("peercache_tcp_4k_cached_sleep", 1)
+    assert order[k + 1] == ("sockperf_tcp_4k_busy", 1) and order[k + 5] == ("peercache_tcp_4k_cached_sleep", 1)
     assert bp.points["sockperf_tcp_4k_busy"].params["busy_poll"] is True
     assert "busy_poll" not in bp.points["sockperf_tcp_4k"].params
     assert bp.points["peercache_tcp_4k_cached_sleep"].params["tcp_poll_us"] == 0
