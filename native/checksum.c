@@ -109,7 +109,8 @@ int pc_copy_stream(uint8_t *dst, const uint8_t *src, size_t len) {
     return 1;
 }
 
-int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation) {
+int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation,
+                    int stream) {
     uint64_t seed = key_hash ^ (generation * MIX);
     int ok = 1;
     if (have_avx2()) {   /* one pass: each line loaded once, stored, and compared in registers */
@@ -122,7 +123,8 @@ int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_h
             memcpy(dst, src, head * 8);
             ok = pattern_from(dst, head * 8, seed, 0);
         }
-        size_t w = pc_copy_pattern_avx2(dst + head * 8, src + head * 8, len / 8 - head, seed + head * GOLDEN, GOLDEN);
+        size_t w = pc_copy_pattern_avx2(dst + head * 8, src + head * 8, len / 8 - head, seed + head * GOLDEN, GOLDEN,
+                                        stream);
         if (w == (size_t)-1) {
             ok = 0;
             w = (len / 8 - head) & ~(size_t)7;

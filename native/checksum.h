@@ -21,15 +21,7 @@
          q_ += 64)                                                             \
         __builtin_prefetch((src) + q_, 0, 3)
 
-/* From this many bytes on, shm copies (pc_copy_stream) and the fused copy + pattern compare stream their
- * stores (non-temporal, from a cache line of the destination on): a store then needs no read of the
- * destination line first. That kept the fused pass at 0.82-0.88 of glibc's memcpy (rep movsb) on 128 KiB
- * pages in make bench's shm drive, and rep movsb itself below a streaming copy: in a C loop on the test
- * machine (random 128 KiB slots of a pool into a buffer 16 bytes off a line, as drive's), 1.11-1.14x
- * faster streamed for batches of 32 out of 32 MiB (15.7 -> 18.1 GB/s), 1.56-1.59x for batches of 128
- * out of 64 MiB (10.3 -> 16.0 GB/s). A destination that is read right after loses its copy in cache;
- * 128 KiB pages are past what L1 and L2 keep anyway, and a HiCache host page is read by the GPU's DMA. */
-#define PC_STREAM_ABOVE (64u << 10)
+#include "pc.h"   /* PC_STREAM_ABOVE */
 
 uint64_t pc_xxh3_avx2(const void *buf, size_t len, uint64_t seed);
 uint64_t pc_copy_xxh3_avx2(uint8_t *dst, const uint8_t *src, size_t len, uint64_t seed);
@@ -37,10 +29,11 @@ uint64_t pc_copy_xxh3_avx2(uint8_t *dst, const uint8_t *src, size_t len, uint64_
  * how many words were compared, or SIZE_MAX at the first difference. */
 size_t pc_pattern_avx2(const uint8_t *buf, size_t words, uint64_t seed, uint64_t golden);
 /* The same compare fused with the copy of those words from src to dst, in one pass (whole
- * 64-byte lines; the source prefetched PC_PREFETCH_AHEAD ahead; stores streamed when dst is on
- * a cache line and the copy is PC_STREAM_ABOVE bytes or more): how many words were
+ * 64-byte lines; the source prefetched PC_PREFETCH_AHEAD ahead; stores streamed when stream_ok, dst
+ * is on a cache line and the copy is PC_STREAM_ABOVE bytes or more): how many words were
  * copied (a multiple of 8), or SIZE_MAX when one differs (all of them copied then too). */
-size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint64_t seed, uint64_t golden);
+size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint64_t seed, uint64_t golden,
+                            int stream_ok);
 /* The whole 64-byte lines of src copied to dst (on a cache line) with streamed stores, then an sfence:
  * how many bytes were copied. */
 size_t pc_copy_stream_avx2(uint8_t *dst, const uint8_t *src, size_t len);

@@ -26,14 +26,15 @@ uint64_t pc_copy_xxh3_avx2(uint8_t *dst, const uint8_t *src, size_t len, uint64_
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint64_t seed, uint64_t golden) {
+size_t pc_copy_pattern_avx2(uint8_t *dst, const uint8_t *src, size_t words, uint64_t seed, uint64_t golden,
+                            int stream_ok) {
     __m256i want = _mm256_set_epi64x((long long)(seed + 3 * golden), (long long)(seed + 2 * golden),
                                      (long long)(seed + golden), (long long)seed);
     const __m256i step = _mm256_set1_epi64x((long long)(4 * golden));
     size_t whole = words & ~(size_t)7, k = 0;
     __m256i acc = _mm256_setzero_si256();
     /* non-temporal stores (no read of the destination's lines first) for a large aligned copy */
-    int stream = ((uintptr_t)dst & 63) == 0 && words * 8 >= PC_STREAM_ABOVE;
+    int stream = stream_ok && ((uintptr_t)dst & 63) == 0 && words * 8 >= PC_STREAM_ABOVE;
     for (; k < whole; k += 8) {      /* 64 bytes a step: one cache line */
         __builtin_prefetch(src + k * 8 + PC_PREFETCH_AHEAD, 0, 3);
         __m256i a = _mm256_loadu_si256((const __m256i *)(src + k * 8));

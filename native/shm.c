@@ -20,6 +20,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "pc.h"
 
 #ifndef SYS_pidfd_open
@@ -42,8 +43,7 @@ void pc_copy_fence(uint64_t len) {
 /* A large copy to a destination off a cache line (a buffer from malloc is 16 bytes off one): glibc's
  * rep movsb runs at 0.88 of its speed to such a destination (C loop on the test machine, 128 KiB
  * slots to a destination 16 bytes off: 20.2 against 23.0 GB/s), so the bytes up to the line go first. */
-static void copy_aligned(uint8_t *dst, const uint8_t *src, uint64_t len) {
-    if (len >= ALIGN_ABOVE && pc_copy_stream(dst, src, len)) return;   /* a large page: streamed */
+static void copy_glibc(uint8_t *dst, const uint8_t *src, uint64_t len) {
     uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
     if (len < ALIGN_ABOVE || !head) {
         memcpy(dst, src, len);
@@ -51,6 +51,76 @@ static void copy_aligned(uint8_t *dst, const uint8_t *src, uint64_t len) {
     }
     memcpy(dst, src, head);
     memcpy(dst + head, src + head, len - head);
+}
+
+/* Copies of PC_STREAM_ABOVE bytes or more, plain or with the bench pattern's check fused in: their stores
+ * streamed past the cache, or made through it (glibc's memcpy; the fused copy's ordinary stores), whichever
+ * this machine runs faster, as machines differ. In a C loop of random 128 KiB slots into a batch buffer,
+ * streaming was 1.11-1.59x glibc's rep movsb on one 2-vCPU VM and 0.93-0.95x on another of the same kind
+ * (0.94x with the check fused: docs/performance.md). The first CALIB_COPIES large copies of a process
+ * alternate the two ways, each timed; the way whose median time per byte is lower is kept from then on.
+ * PEERCACHE_SHM_COPY=stream or glibc decides it instead (pc_copy_way). */
+#define CALIB_COPIES 64
+enum { WAY_DECIDING, WAY_GLIBC, WAY_STREAM };
+static atomic_int copy_way;                  /* WAY_*: 0 until the trial (or the environment) decides */
+static atomic_uint calib_next, calib_done;   /* trial copies started, and timed */
+static _Atomic float calib_ns_per_byte[CALIB_COPIES];
+
+static int by_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void decide_copy_way(void) {
+    float way[2][CALIB_COPIES / 2];
+    for (unsigned i = 0; i < CALIB_COPIES; i++) way[i & 1][i / 2] = atomic_load(&calib_ns_per_byte[i]);
+    qsort(way[0], CALIB_COPIES / 2, sizeof(float), by_float);
+    qsort(way[1], CALIB_COPIES / 2, sizeof(float), by_float);
+    atomic_store(&copy_way, way[1][CALIB_COPIES / 4] < way[0][CALIB_COPIES / 4] ? WAY_STREAM : WAY_GLIBC);
+}
+
+int pc_large_copy(uint64_t len, int (*copy)(void *ctx, int stream), void *ctx) {
+    int way = atomic_load_explicit(&copy_way, memory_order_relaxed);
+    if (way != WAY_DECIDING) return copy(ctx, way == WAY_STREAM);
+    unsigned i = atomic_fetch_add_explicit(&calib_next, 1, memory_order_relaxed);
+    if (i >= CALIB_COPIES) return copy(ctx, 0);   /* the trial's last copies are still being timed elsewhere */
+    double t0 = pc_mono_s();
+    int r = copy(ctx, (int)(i & 1));
+    atomic_store(&calib_ns_per_byte[i], (float)((pc_mono_s() - t0) * 1e9 / (double)(len ? len : 1)));
+    if (atomic_fetch_add(&calib_done, 1) + 1 == CALIB_COPIES) decide_copy_way();
+    return r;
+}
+
+typedef struct plain_copy { uint8_t *dst; const uint8_t *src; uint64_t len; } plain_copy;
+
+static int copy_plain(void *ctx, int stream) {
+    plain_copy *c = ctx;
+    if (!stream || !pc_copy_stream(c->dst, c->src, c->len)) copy_glibc(c->dst, c->src, c->len);   /* no AVX2: glibc's */
+    return 1;
+}
+
+const char *pc_copy_way(const char *set) {
+    static const char *names[] = {"auto", "glibc", "stream"};
+    if (set) {
+        int way = strcmp(set, "glibc") == 0 ? WAY_GLIBC : strcmp(set, "stream") == 0 ? WAY_STREAM
+                : strcmp(set, "auto") == 0 ? WAY_DECIDING : -1;
+        if (way < 0) return NULL;
+        if (way == WAY_DECIDING) {
+            atomic_store(&calib_done, 0);
+            atomic_store(&calib_next, 0);
+        }
+        atomic_store(&copy_way, way);
+    }
+    return names[atomic_load(&copy_way)];
+}
+
+static void copy_aligned(uint8_t *dst, const uint8_t *src, uint64_t len) {
+    if (len >= PC_STREAM_ABOVE) {
+        plain_copy c = {dst, src, len};
+        pc_large_copy(len, copy_plain, &c);
+    } else {
+        copy_glibc(dst, src, len);
+    }
 }
 
 /* A copy of len bytes, inlined for the small fixed sizes a slot read is made of (a 64-byte header,

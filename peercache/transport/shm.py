@@ -52,6 +52,24 @@ def host_identity() -> dict[str, str]:
     return {"hostname": socket.gethostname(), "boot_id": boot_id(), "pidns": pid_namespace()}
 
 
+#: How copies of 64 KiB or more are made (``_native.copy_way``): ``auto`` times both ways on the process's
+#: first such copies and keeps the faster (the default), ``stream`` or ``glibc`` decide it.
+COPY_WAYS = ("auto", "stream", "glibc")
+COPY_WAY_ENV = "PEERCACHE_SHM_COPY"
+
+
+def copy_way_from_env(mod) -> None:
+    """Apply $PEERCACHE_SHM_COPY (when set) to this process's shm copies."""
+    raw = os.environ.get(COPY_WAY_ENV)
+    if not raw:
+        return
+    if raw not in COPY_WAYS:
+        raise TransportError(f"{COPY_WAY_ENV}={raw!r}: one of {', '.join(COPY_WAYS)} (auto: the faster of "
+                             "the two on this machine, timed on the process's first large copies)")
+    if raw != "auto":   # auto is where a process starts: asking again would restart its timing
+        mod.copy_way(raw)
+
+
 class ShmTransport(NativeReads, Transport):
     """Same-host transport: read-only mapping of the producer's memfd pool."""
 
@@ -62,6 +80,7 @@ class ShmTransport(NativeReads, Transport):
         mod, why = native_module()
         if mod is None:
             raise TransportUnavailable(f"--protocol shm needs the native module: {why}")
+        copy_way_from_env(mod)
         self._mod = mod
         self._regions: list[tuple[int, int, int, int]] = []   # (id, rkey, fd, size)
         self.handles = PeerHandles(self._connect, "shm")

@@ -18,7 +18,7 @@ import peercache
 from conftest import free_port
 from oracles.checksum import checksum as reference_checksum
 from peercache import tags
-from peercache.errors import ConfigError
+from peercache.errors import ConfigError, TransportError
 from peercache.node import Get
 import peercache.transport.base as base
 from peercache.transport.base import checksum, native_module
@@ -160,11 +160,24 @@ def test_pattern_check_at_odd_sizes_and_edges_agrees_with_the_reference(protocol
         prod.close()
 
 
-def test_pattern_check_of_large_pages_at_every_destination_alignment(protocol, path):
+@pytest.fixture
+def copy_way(request):
+    """This process's way of making shm copies of 64 KiB or more (``_native.copy_way``), back to auto after."""
+    mod, why = native_module()
+    if mod is None:
+        pytest.skip(f"the native module is not built: {why}")
+    mod.copy_way(request.param)
+    yield request.param
+    mod.copy_way("auto")
+
+
+@pytest.mark.parametrize("protocol, copy_way", [("tcp", "auto"), ("shm", "stream"), ("shm", "glibc")],
+                         indirect=["copy_way"])
+def test_pattern_check_of_large_pages_at_every_destination_alignment(protocol, path, copy_way):
     """Pages past the streaming threshold (64 KiB: the copy's stores bypass the cache from a cache line
     of the destination on, the words before it copied and checked apart), read to destinations 8 to 56
     bytes off a line as well as on it, one byte flipped in the words before the line, right after it,
-    in the middle or at the end: the bytes land and every flip is found."""
+    in the middle or at the end: the bytes land and every flip is found, with stores streamed or not."""
     size, room = 70001, 70400
     addr = f"127.0.0.1:{free_port()}"
     prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=64 * (room + 256),
@@ -198,11 +211,14 @@ def test_pattern_check_of_large_pages_at_every_destination_alignment(protocol, p
         prod.close()
 
 
-def test_large_pages_land_whole_at_every_destination_alignment_unchecked(protocol, path):
+@pytest.mark.parametrize("protocol, copy_way", [("tcp", "auto"), ("shm", "stream"), ("shm", "glibc"),
+                                               ("shm", "auto")], indirect=["copy_way"])
+def test_large_pages_land_whole_at_every_destination_alignment_unchecked(protocol, path, copy_way):
     """Unchecked reads of pages past the streaming threshold (shm streams their stores from a cache line of
-    the destination on, the bytes before it and after the last whole line copied apart), next to each other
-    in one buffer at 0 to 56 bytes off a line, sizes not a multiple of a line: every byte lands, and the
-    bytes around the pages are left as they were."""
+    the destination on, the bytes before it and after the last whole line copied apart, or copies them with
+    glibc's memcpy, or times both on its first ones), next to each other in one buffer at 0 to 56 bytes off
+    a line, sizes not a multiple of a line: every byte lands, and the bytes around the pages are left as
+    they were."""
     sizes, room = (65536, 70001, 131072 - 8), 131072 + 128
     addr = f"127.0.0.1:{free_port()}"
     prod = peercache.Client(addr, protocol=protocol, host_discovery=True, pool_bytes=24 * (room + 256),
@@ -232,6 +248,41 @@ def test_large_pages_land_whole_at_every_destination_alignment_unchecked(protoco
             written[o:o + len(page)] = True
         assert (dest[~written] == 0xA5).all()
     finally:
+        cons.close()
+        prod.close()
+
+
+def test_the_shm_copy_way_is_decided_by_timing_both_on_the_first_large_copies(monkeypatch):
+    """With auto, a process's first 64 large copies alternate the streamed copy and glibc's, and the one
+    with the lower median time per byte is kept: after a batch of 80 pages of 128 KiB the way is decided,
+    and the bytes are right before and after. PEERCACHE_SHM_COPY names the way, or is refused."""
+    mod, why = native_module()
+    if mod is None:
+        pytest.skip(f"the native module is not built: {why}")
+    size = 131072
+    addr = f"127.0.0.1:{free_port()}"
+    prod = peercache.Client(addr, protocol="shm", host_discovery=True, pool_bytes=80 * (size + 256),
+                            page_size=size)
+    monkeypatch.setenv("PEERCACHE_SHM_COPY", "glibc")
+    cons = peercache.Client(addr, protocol="shm", page_size=size)
+    try:
+        assert mod.copy_way() == "glibc"
+        mod.copy_way("auto")
+        rng = np.random.default_rng(5)
+        keys = [f"w{i}".encode() for i in range(80)]
+        pages = rng.integers(0, 256, (80, size), dtype=np.uint8)
+        for k, page in zip(keys, pages):
+            prod.put(k, page.tobytes())
+        dest = np.zeros(80 * size, np.uint8)
+        for _ in range(2):
+            assert (cons.node.get_batch_into(keys, dest, np.arange(80) * size).status == Get.HIT).all()
+            assert (dest.reshape(80, size) == pages).all()
+        assert mod.copy_way() in ("stream", "glibc")
+        monkeypatch.setenv("PEERCACHE_SHM_COPY", "fast")
+        with pytest.raises(TransportError, match="PEERCACHE_SHM_COPY='fast': one of auto, stream, glibc"):
+            peercache.Client(addr, protocol="shm", page_size=size)
+    finally:
+        mod.copy_way("auto")
         cons.close()
         prod.close()
 
