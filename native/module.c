@@ -945,7 +945,7 @@ static PyObject *py_copy_way(PyObject *mod, PyObject *args) {
     const char *set = NULL;
     if (!PyArg_ParseTuple(args, "|z", &set)) return NULL;
     const char *way = pc_copy_way(set);
-    if (!way) return PyErr_Format(PyExc_ValueError, "shm copy way %R: one of auto, glibc, stream", PyTuple_GET_ITEM(args, 0));
+    if (!way) return PyErr_Format(PyExc_ValueError, "shm copy way %R: glibc or stream", PyTuple_GET_ITEM(args, 0));
     return PyUnicode_FromString(way);
 }
 
@@ -953,9 +953,8 @@ static PyObject *py_copy_way(PyObject *mod, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"copy_way", py_copy_way, METH_VARARGS,
-     "copy_way([way]) -> how this process's shm copies of 64 KiB or more are made: 'stream' (stores past "
-     "the cache), 'glibc' (memcpy), or 'auto' while its first such copies time both and keep the faster; "
-     "way (one of the three) decides it from now on."},
+     "copy_way([way]) -> how this process's shm copies of 64 KiB or more are made: 'glibc' (memcpy, the "
+     "default) or 'stream' (stores past the cache); way (one of the two) sets it from now on."},
     {"shm_connect", py_shm_connect, METH_VARARGS,
      "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
     {"tcp_connect", py_tcp_connect, METH_VARARGS,

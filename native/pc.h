@@ -88,7 +88,7 @@ int pc_pattern_ok(const uint8_t *buf, size_t len, uint64_t key_hash, uint64_t ge
 uint64_t pc_copy_checksum(uint8_t *dst, const uint8_t *src, size_t len, uint64_t seed);
 /* From this many bytes on, an shm copy (plain, or with the pattern check fused in) may stream its stores
  * (non-temporal, from a cache line of the destination on: a store then needs no read of the destination
- * line first), where that is this machine's faster way (pc_large_copy, shm.c). On one 2-vCPU VM a C loop
+ * line first), where the process is told to (pc_copy_way, shm.c). On one 2-vCPU VM a C loop
  * of random 128 KiB slots of a pool into a buffer 16 bytes off a line (as drive's) ran 1.11-1.14x faster
  * streamed than glibc's rep movsb for batches of 32 out of 32 MiB, 1.56-1.59x for batches of 128 out of
  * 64 MiB; on another of the same kind 0.93-0.95x. A destination that is read right after loses its copy
@@ -102,12 +102,12 @@ int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_h
 /* A copy of PC_STREAM_ABOVE bytes or more with its stores streamed past the cache from dst's first cache
  * line on, where the CPU has AVX2: 1 when done, 0 (nothing copied) otherwise. */
 int pc_copy_stream(uint8_t *dst, const uint8_t *src, size_t len);
-/* How shm copies of PC_STREAM_ABOVE bytes or more are made in this process (shm.c): "stream", "glibc",
- * or "auto" while its first such copies time both. set (one of the three, or NULL to only ask): decided
- * so from now on ("auto": timed again). NULL for a name that is none of them. */
+/* How shm copies of PC_STREAM_ABOVE bytes or more are made in this process (shm.c): "glibc" (the
+ * default) or "stream". set (one of the two, or NULL to only ask): so from now on. NULL for a name that is
+ * neither. */
 const char *pc_copy_way(const char *set);
 /* copy(ctx, stream) of a copy of len bytes (PC_STREAM_ABOVE or more), with stream 1 where this process
- * streams its large copies (shm.c: the faster way here, timed on its first ones): copy's result. */
+ * streams its large copies (pc_copy_way): copy's result. */
 int pc_large_copy(uint64_t len, int (*copy)(void *ctx, int stream), void *ctx);
 /* Checks read_slots can run on each hit (pc_slot_batch.checks). */
 enum { PC_CHECK_PATTERN = 1, PC_CHECK_INTEGRITY = 2 };

@@ -20,7 +20,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "clock.h"
 #include "pc.h"
 
 #ifndef SYS_pidfd_open
@@ -53,42 +52,21 @@ static void copy_glibc(uint8_t *dst, const uint8_t *src, uint64_t len) {
     memcpy(dst + head, src + head, len - head);
 }
 
-/* Copies of PC_STREAM_ABOVE bytes or more, plain or with the bench pattern's check fused in: their stores
- * streamed past the cache, or made through it (glibc's memcpy; the fused copy's ordinary stores), whichever
- * this machine runs faster, as machines differ. In a C loop of random 128 KiB slots into a batch buffer,
- * streaming was 1.11-1.59x glibc's rep movsb on one 2-vCPU VM and 0.93-0.95x on another of the same kind
- * (0.94x with the check fused: docs/performance.md). The first CALIB_COPIES large copies of a process
- * alternate the two ways, each timed; the way whose median time per byte is lower is kept from then on.
- * PEERCACHE_SHM_COPY=stream or glibc decides it instead (pc_copy_way). */
-#define CALIB_COPIES 64
-enum { WAY_DECIDING, WAY_GLIBC, WAY_STREAM };
-static atomic_int copy_way;                  /* WAY_*: 0 until the trial (or the environment) decides */
-static atomic_uint calib_next, calib_done;   /* trial copies started, and timed */
-static _Atomic float calib_ns_per_byte[CALIB_COPIES];
-
-static int by_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-static void decide_copy_way(void) {
-    float way[2][CALIB_COPIES / 2];
-    for (unsigned i = 0; i < CALIB_COPIES; i++) way[i & 1][i / 2] = atomic_load(&calib_ns_per_byte[i]);
-    qsort(way[0], CALIB_COPIES / 2, sizeof(float), by_float);
-    qsort(way[1], CALIB_COPIES / 2, sizeof(float), by_float);
-    atomic_store(&copy_way, way[1][CALIB_COPIES / 4] < way[0][CALIB_COPIES / 4] ? WAY_STREAM : WAY_GLIBC);
-}
+/* Copies of PC_STREAM_ABOVE bytes or more, plain or with the bench pattern's check fused in: made through
+ * the cache (glibc's memcpy; the fused copy's ordinary stores), or with their stores streamed past it
+ * (PEERCACHE_SHM_COPY=stream, pc_copy_way). Machines differ: in a C loop of random 128 KiB slots into a
+ * batch buffer, streaming ran 1.11-1.59x glibc's rep movsb on one 2-vCPU VM and 0.93-0.95x on another of
+ * the same kind; make bench's drives followed the loops (docs/performance.md). Neither way could be
+ * chosen by the process itself: timing its own first copies, alternating, was a coin toss (they run
+ * into a mapping of the producer's pool touched for the first time, and the lines a copy through the
+ * cache leaves dirty are written back during the copies after it), and a short trial on buffers of its
+ * own favoured streaming on the VM whose drives ran faster through the cache. */
+enum { WAY_GLIBC, WAY_STREAM };
+static atomic_int copy_way;   /* WAY_* */
 
 int pc_large_copy(uint64_t len, int (*copy)(void *ctx, int stream), void *ctx) {
-    int way = atomic_load_explicit(&copy_way, memory_order_relaxed);
-    if (way != WAY_DECIDING) return copy(ctx, way == WAY_STREAM);
-    unsigned i = atomic_fetch_add_explicit(&calib_next, 1, memory_order_relaxed);
-    if (i >= CALIB_COPIES) return copy(ctx, 0);   /* the trial's last copies are still being timed elsewhere */
-    double t0 = pc_mono_s();
-    int r = copy(ctx, (int)(i & 1));
-    atomic_store(&calib_ns_per_byte[i], (float)((pc_mono_s() - t0) * 1e9 / (double)(len ? len : 1)));
-    if (atomic_fetch_add(&calib_done, 1) + 1 == CALIB_COPIES) decide_copy_way();
-    return r;
+    (void)len;
+    return copy(ctx, atomic_load_explicit(&copy_way, memory_order_relaxed) == WAY_STREAM);
 }
 
 typedef struct plain_copy { uint8_t *dst; const uint8_t *src; uint64_t len; } plain_copy;
@@ -100,15 +78,10 @@ static int copy_plain(void *ctx, int stream) {
 }
 
 const char *pc_copy_way(const char *set) {
-    static const char *names[] = {"auto", "glibc", "stream"};
+    static const char *names[] = {"glibc", "stream"};
     if (set) {
-        int way = strcmp(set, "glibc") == 0 ? WAY_GLIBC : strcmp(set, "stream") == 0 ? WAY_STREAM
-                : strcmp(set, "auto") == 0 ? WAY_DECIDING : -1;
+        int way = strcmp(set, "glibc") == 0 ? WAY_GLIBC : strcmp(set, "stream") == 0 ? WAY_STREAM : -1;
         if (way < 0) return NULL;
-        if (way == WAY_DECIDING) {
-            atomic_store(&calib_done, 0);
-            atomic_store(&calib_next, 0);
-        }
         atomic_store(&copy_way, way);
     }
     return names[atomic_load(&copy_way)];

@@ -52,9 +52,9 @@ def host_identity() -> dict[str, str]:
     return {"hostname": socket.gethostname(), "boot_id": boot_id(), "pidns": pid_namespace()}
 
 
-#: How copies of 64 KiB or more are made (``_native.copy_way``): ``auto`` times both ways on the process's
-#: first such copies and keeps the faster (the default), ``stream`` or ``glibc`` decide it.
-COPY_WAYS = ("auto", "stream", "glibc")
+#: How copies of 64 KiB or more are made (``_native.copy_way``): ``glibc`` (memcpy, the default) or ``stream``
+#: (stores past the cache), which machines differ on (docs/performance.md).
+COPY_WAYS = ("glibc", "stream")
 COPY_WAY_ENV = "PEERCACHE_SHM_COPY"
 
 
@@ -64,10 +64,9 @@ def copy_way_from_env(mod) -> None:
     if not raw:
         return
     if raw not in COPY_WAYS:
-        raise TransportError(f"{COPY_WAY_ENV}={raw!r}: one of {', '.join(COPY_WAYS)} (auto: the faster of "
-                             "the two on this machine, timed on the process's first large copies)")
-    if raw != "auto":   # auto is where a process starts: asking again would restart its timing
-        mod.copy_way(raw)
+        raise TransportError(f"{COPY_WAY_ENV}={raw!r}: one of {', '.join(COPY_WAYS)} (glibc: memcpy through "
+                             "the cache, the default; stream: stores past it)")
+    mod.copy_way(raw)
 
 
 class ShmTransport(NativeReads, Transport):
