@@ -14,6 +14,8 @@
  * less: see the README's bench figures.) */
 #define PC_CHECK_CHUNK 2048u
 #define PC_PREFETCH_AHEAD 6144u
+/* The fused copy with ordinary stores fetches its destination lines this far ahead (pc_copy_pattern_avx2). */
+#define PC_PREFETCH_DST_AHEAD 2048u
 
 /* Prefetch the source of the chunk PC_PREFETCH_AHEAD bytes after offset o. */
 #define PC_PREFETCH_NEXT(src, o, len)                                          \
