@@ -953,8 +953,8 @@ static PyObject *py_copy_way(PyObject *mod, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"copy_way", py_copy_way, METH_VARARGS,
-     "copy_way([way]) -> how this process's shm copies of 64 KiB or more are made: 'glibc' (memcpy, the "
-     "default) or 'stream' (stores past the cache); way (one of the two) sets it from now on."},
+     "copy_way([way]) -> how this process's shm copies of 64 KiB or more are made: 'glibc' (memcpy) or "
+     "'stream' (stores past the cache; the default on AMD CPUs); way (one of the two) sets it from now on."},
     {"shm_connect", py_shm_connect, METH_VARARGS,
      "shm_connect(pid, start_time, [(region, rkey, path, size), ...]) -> Peer (maps read-only)."},
     {"tcp_connect", py_tcp_connect, METH_VARARGS,

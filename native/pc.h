@@ -102,9 +102,9 @@ int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_h
 /* A copy of PC_STREAM_ABOVE bytes or more with its stores streamed past the cache from dst's first cache
  * line on, where the CPU has AVX2: 1 when done, 0 (nothing copied) otherwise. */
 int pc_copy_stream(uint8_t *dst, const uint8_t *src, size_t len);
-/* How shm copies of PC_STREAM_ABOVE bytes or more are made in this process (shm.c): "glibc" (the
- * default) or "stream". set (one of the two, or NULL to only ask): so from now on. NULL for a name that is
- * neither. */
+/* How shm copies of PC_STREAM_ABOVE bytes or more are made in this process (shm.c): "glibc" or "stream"
+ * (the default: stream on AMD CPUs, glibc elsewhere). set (one of the two, or NULL to only ask): so from
+ * now on. NULL for a name that is neither. */
 const char *pc_copy_way(const char *set);
 /* copy(ctx, stream) of a copy of len bytes (PC_STREAM_ABOVE or more), with stream 1 where this process
  * streams its large copies (pc_copy_way): copy's result. */

@@ -53,16 +53,24 @@ static void copy_glibc(uint8_t *dst, const uint8_t *src, uint64_t len) {
 }
 
 /* Copies of PC_STREAM_ABOVE bytes or more, plain or with the bench pattern's check fused in: made through
- * the cache (glibc's memcpy; the fused copy's ordinary stores), or with their stores streamed past it
- * (PEERCACHE_SHM_COPY=stream, pc_copy_way). Machines differ: in a C loop of random 128 KiB slots into a
- * batch buffer, streaming ran 1.11-1.59x glibc's rep movsb on one 2-vCPU VM and 0.93-0.95x on another of
- * the same kind; make bench's drives followed the loops (docs/performance.md). Neither way could be
- * chosen by the process itself: timing its own first copies, alternating, was a coin toss (they run
- * into a mapping of the producer's pool touched for the first time, and the lines a copy through the
- * cache leaves dirty are written back during the copies after it), and a short trial on buffers of its
- * own favoured streaming on the VM whose drives ran faster through the cache. */
+ * the cache (glibc's memcpy; the fused copy's ordinary stores), or with their stores streamed past it.
+ * The CPUs differ: in a C loop of random 128 KiB slots into a batch buffer, streaming ran 1.11-1.59x
+ * glibc's rep movsb on a 2-vCPU AMD EPYC VM and 0.93-0.95x on a 2-vCPU Intel Xeon VM, and make bench's
+ * drives followed the loops (docs/performance.md). So AMD CPUs stream by default and others copy through
+ * the cache; PEERCACHE_SHM_COPY=stream or glibc decides it (pc_copy_way). The process cannot tell by
+ * itself: timing its own first copies, alternating, was a coin toss on the Xeon VM (they run into a
+ * mapping of the producer's pool touched for the first time, and the lines a copy through the cache
+ * leaves dirty are written back during the copies after it), and a short trial on buffers of its own
+ * favoured streaming there, where drives ran faster through the cache. */
 enum { WAY_GLIBC, WAY_STREAM };
-static atomic_int copy_way;   /* WAY_* */
+static atomic_int copy_way;   /* WAY_*: set at load (default_copy_way), then by pc_copy_way */
+
+__attribute__((constructor)) static void default_copy_way(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) atomic_store(&copy_way, WAY_STREAM);
+#endif
+}
 
 int pc_large_copy(uint64_t len, int (*copy)(void *ctx, int stream), void *ctx) {
     (void)len;

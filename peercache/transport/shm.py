@@ -52,8 +52,8 @@ def host_identity() -> dict[str, str]:
     return {"hostname": socket.gethostname(), "boot_id": boot_id(), "pidns": pid_namespace()}
 
 
-#: How copies of 64 KiB or more are made (``_native.copy_way``): ``glibc`` (memcpy, the default) or ``stream``
-#: (stores past the cache), which machines differ on (docs/performance.md).
+#: How copies of 64 KiB or more are made (``_native.copy_way``): ``glibc`` (memcpy through the cache) or
+#: ``stream`` (stores past it); the default is stream on AMD CPUs, glibc elsewhere (docs/performance.md).
 COPY_WAYS = ("glibc", "stream")
 COPY_WAY_ENV = "PEERCACHE_SHM_COPY"
 
@@ -65,7 +65,7 @@ def copy_way_from_env(mod) -> None:
         return
     if raw not in COPY_WAYS:
         raise TransportError(f"{COPY_WAY_ENV}={raw!r}: one of {', '.join(COPY_WAYS)} (glibc: memcpy through "
-                             "the cache, the default; stream: stores past it)")
+                             "the cache; stream: stores past it; unset: stream on AMD CPUs, glibc elsewhere)")
     mod.copy_way(raw)
 
 
