@@ -96,7 +96,7 @@ uint64_t pc_copy_checksum(uint8_t *dst, const uint8_t *src, size_t len, uint64_t
  * GPU's DMA. */
 #define PC_STREAM_ABOVE (64u << 10)
 /* stream: 1 lets a large copy (PC_STREAM_ABOVE and up, dst 8-aligned) stream its stores past the cache;
- * 0 stores through it (pc_large_copy chooses per process). */
+ * 0 stores through it (pc_copy_streams says which this process does). */
 int pc_copy_pattern(uint8_t *dst, const uint8_t *src, size_t len, uint64_t key_hash, uint64_t generation,
                     int stream);
 /* A copy of PC_STREAM_ABOVE bytes or more with its stores streamed past the cache from dst's first cache
@@ -106,9 +106,8 @@ int pc_copy_stream(uint8_t *dst, const uint8_t *src, size_t len);
  * (the default: stream on AMD CPUs, glibc elsewhere). set (one of the two, or NULL to only ask): so from
  * now on. NULL for a name that is neither. */
 const char *pc_copy_way(const char *set);
-/* copy(ctx, stream) of a copy of len bytes (PC_STREAM_ABOVE or more), with stream 1 where this process
- * streams its large copies (pc_copy_way): copy's result. */
-int pc_large_copy(uint64_t len, int (*copy)(void *ctx, int stream), void *ctx);
+/* 1 where this process streams its copies of PC_STREAM_ABOVE bytes or more (pc_copy_way), else 0. */
+int pc_copy_streams(void);
 /* Checks read_slots can run on each hit (pc_slot_batch.checks). */
 enum { PC_CHECK_PATTERN = 1, PC_CHECK_INTEGRITY = 2 };
 

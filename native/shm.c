@@ -72,18 +72,7 @@ __attribute__((constructor)) static void default_copy_way(void) {
 #endif
 }
 
-int pc_large_copy(uint64_t len, int (*copy)(void *ctx, int stream), void *ctx) {
-    (void)len;
-    return copy(ctx, atomic_load_explicit(&copy_way, memory_order_relaxed) == WAY_STREAM);
-}
-
-typedef struct plain_copy { uint8_t *dst; const uint8_t *src; uint64_t len; } plain_copy;
-
-static int copy_plain(void *ctx, int stream) {
-    plain_copy *c = ctx;
-    if (!stream || !pc_copy_stream(c->dst, c->src, c->len)) copy_glibc(c->dst, c->src, c->len);   /* no AVX2: glibc's */
-    return 1;
-}
+int pc_copy_streams(void) { return atomic_load_explicit(&copy_way, memory_order_relaxed) == WAY_STREAM; }
 
 const char *pc_copy_way(const char *set) {
     static const char *names[] = {"glibc", "stream"};
@@ -96,12 +85,8 @@ const char *pc_copy_way(const char *set) {
 }
 
 static void copy_aligned(uint8_t *dst, const uint8_t *src, uint64_t len) {
-    if (len >= PC_STREAM_ABOVE) {
-        plain_copy c = {dst, src, len};
-        pc_large_copy(len, copy_plain, &c);
-    } else {
-        copy_glibc(dst, src, len);
-    }
+    /* pc_copy_stream copies nothing below PC_STREAM_ABOVE or without AVX2: then glibc's */
+    if (!pc_copy_streams() || !pc_copy_stream(dst, src, len)) copy_glibc(dst, src, len);
 }
 
 /* A copy of len bytes, inlined for the small fixed sizes a slot read is made of (a 64-byte header,

@@ -133,14 +133,6 @@ static void slot_op_landed(void *ctx, size_t op) {
     if (pc_tag_check(tag, l, x->b->want[i]) == PC_OK) x->done[i] = 1 + check_payload(x->b, i, tag);
 }
 
-/* A copy with the bench pattern's check fused in, for pc_large_copy (which says whether it may stream). */
-typedef struct pattern_copy { uint8_t *dst; const uint8_t *src; uint64_t len, kh, gen; } pattern_copy;
-
-static int copy_pattern(void *ctx, int stream) {
-    pattern_copy *c = ctx;
-    return pc_copy_pattern(c->dst, c->src, c->len, c->kh, c->gen, stream);
-}
-
 /* The copy of a payload op with its checks fused in (a backend that copies:
  * shm). The header op came first, so the checksum the payload must have is
  * already in the tag scratch; whether the slot was stable while copied is the
@@ -160,10 +152,8 @@ static int slot_op_copy(void *ctx, size_t op, uint8_t *dst, const uint8_t *src, 
         why = sum == 0 ? PC_CHECKSUM_MISSING : got != sum ? PC_CHECKSUM_MISMATCH : PC_OK;
         if (why == PC_OK && (checks & PC_CHECK_PATTERN) && !pc_pattern_ok(dst, len, kh, l->generation))
             why = PC_CONTENT_MISMATCH;
-    } else {
-        pattern_copy c = {dst, src, len, kh, l->generation};
-        if (!(len >= PC_STREAM_ABOVE ? pc_large_copy(len, copy_pattern, &c) : copy_pattern(&c, 0)))
-            why = PC_CONTENT_MISMATCH;
+    } else if (!pc_copy_pattern(dst, src, len, kh, l->generation, pc_copy_streams())) {
+        why = PC_CONTENT_MISMATCH;
     }
     x->done[i] = 1 + why;
     return 1;
