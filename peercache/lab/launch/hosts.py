@@ -362,6 +362,21 @@ class Host(abc.ABC):
 
     def __init__(self, spec: str):
         self.spec = spec
+        #: the CPUs every command started here runs on (a CPU list, "0" or "0-3,8"); None: wherever the
+        #: scheduler puts it. A pair of hosts on one machine given one CPU each runs like two hosts: one
+        #: side's threads cannot take the other's CPU.
+        self.cpus: str | None = None
+
+    def pin(self, cpus: str | None) -> "Host":
+        """Run every command started on this host on ``cpus`` (a CPU list; None: unpinned); returns the host."""
+        if cpus is not None:
+            check_cpu_list(cpus)
+        self.cpus = cpus
+        return self
+
+    def _pinned(self, argv: list[str]) -> list[str]:
+        """``argv`` under ``taskset`` when the host has CPUs (inside the host's wrapper: a namespace or ssh)."""
+        return ["taskset", "--cpu-list", self.cpus, *argv] if self.cpus else list(argv)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec}>"
@@ -382,7 +397,7 @@ class Host(abc.ABC):
         if not argv:
             raise HostError(f"{self.spec}: empty command")
         self._check()
-        return Handle(self, argv, self.wrap(list(argv)), log_path)
+        return Handle(self, argv, self.wrap(self._pinned(argv)), log_path)
 
     def run(self, argv: list[str], timeout: float = 60.0,
             log_path: str | os.PathLike | None = None) -> Completed:
@@ -793,7 +808,7 @@ class SshHost(Host):
         self._check()
         # stdin stays an open pipe: the remote watchdog kills the command's
         # group when it sees EOF, i.e. when this ssh client goes away.
-        return SshHandle(self, argv, self.wrap(list(argv)), log_path, stdin_pipe=True)
+        return SshHandle(self, argv, self.wrap(self._pinned(argv)), log_path, stdin_pipe=True)
 
     def which(self, program: str) -> bool:
         c = self.run(["sh", "-c", 'command -v "$1" >/dev/null', "which", program], timeout=scaled(HOST_COMMAND_S))
@@ -860,6 +875,30 @@ def _parse_spec(spec: str) -> tuple[str, str | None, int | None]:
         return "ssh", target, port
     raise HostError(f"host spec {spec!r} not understood; use local, netns:<name> "
                     "or ssh:<user@host>[:port]")
+
+
+#: a CPU list as taskset and the kernel write it: numbers and ranges, comma-separated
+_CPU_LIST_RE = re.compile(r"[0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?)*")
+
+
+def cpu_list(text: str) -> set[int]:
+    """The CPUs of a CPU list (``"0-2,5"`` -> {0, 1, 2, 5}); HostError saying the form when it is none."""
+    check_cpu_list(text)
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def check_cpu_list(text: str) -> None:
+    """Raise HostError unless ``text`` is a CPU list (``0``, ``0-3``, ``0,2-3``) with each range ascending."""
+    if not isinstance(text, str) or not _CPU_LIST_RE.fullmatch(text):
+        raise HostError(f"CPU list {text!r} not understood; write CPU numbers and ranges, e.g. 0, 1-3 or 0,2-3")
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise HostError(f"CPU list {text!r}: range {part} runs backwards; write it {hi}-{lo}")
 
 
 def check_spec(spec: str) -> None:

@@ -112,12 +112,13 @@ class ClusterHost:
     roles: tuple[str, ...]
     python: str | None = None          #: the definition's ``python`` field
     devices: tuple[str, ...] | None = None   #: the definition's ``devices`` field (this host's device names)
+    cpus: str | None = None            #: the definition's ``cpus`` field (the CPUs its processes run on)
 
     @classmethod
     def from_def(cls, name: str, d: dict[str, Any], roles: tuple[str, ...] | None = None) -> "ClusterHost":
         own = d.get("devices")
         return cls(name, d["host"], d["address"], tuple(roles if roles is not None else d["roles"]),
-                   d.get("python"), tuple(own) if own is not None else None)
+                   d.get("python"), tuple(own) if own is not None else None, d.get("cpus"))
 
     def as_host_def(self) -> dict[str, Any]:
         """The host's fields as a ``#/$defs/host`` block (what ``hosts.<role>`` holds)."""
@@ -126,6 +127,8 @@ class ClusterHost:
             d["python"] = self.python
         if self.devices is not None:
             d["devices"] = list(self.devices)
+        if self.cpus is not None:
+            d["cpus"] = self.cpus
         return d
 
 
@@ -282,16 +285,24 @@ def load_testbed(path: str | Path, scenarios: dict[str, Any] | None = None, *,
     # the plan before any rule runs, naming its field.
     for block in ("hosts", "fallback_hosts"):
         for role, h in (doc.get(block) or {}).items():
-            try:
-                hosts.check_spec(h["host"])
-            except hosts.HostError as e:
-                raise DefinitionError(f"{path}: field '{block}.{role}.host': {e}") from None
+            _check_host(path, f"{block}.{role}", h)
     for role in ("producer", "consumer"):
         own = doc["hosts"][role].get("devices")
         if own is not None and len(own) != len(doc.get("devices") or []):
             raise DefinitionError(f"{path}: field 'hosts.{role}.devices': {len(own)} names for the "
                                   f"{len(doc.get('devices') or [])} devices of field 'devices' (one each, same order)")
     return Testbed(path, doc)
+
+
+def _check_host(path: Path, where: str, h: dict[str, Any]) -> None:
+    """A host block's spec and CPU list by the rules the runs open them with, so a bad one (ssh:-oProxyCommand=...)
+    stops the plan before any rule runs; DefinitionError names the field."""
+    for key, check in (("host", hosts.check_spec), ("cpus", hosts.check_cpu_list)):
+        if key in h:
+            try:
+                check(h[key])
+            except hosts.HostError as e:
+                raise DefinitionError(f"{path}: field '{where}.{key}': {e}") from None
 
 
 def _normalise_cluster(path: Path, doc: dict[str, Any]) -> None:
@@ -315,10 +326,7 @@ def _normalise_cluster(path: Path, doc: dict[str, Any]) -> None:
         if h["name"] in RESERVED_HOST_NAMES:
             fail(f"hosts.{i}.name", f"{h['name']!r} is reserved (testbed/{h['name']}.json is another file); "
                  "choose another name")
-        try:
-            hosts.check_spec(h["host"])
-        except hosts.HostError as e:
-            fail(f"hosts.{i}.host", str(e))
+        _check_host(path, f"hosts.{i}", h)
         own = h.get("devices")
         if own is not None and len(own) != n_devices:
             fail(f"hosts.{i}.devices", f"{len(own)} names for the {n_devices} devices of field 'devices' "

@@ -39,7 +39,7 @@ from peercache.lab.launch import netns
 from peercache.lab.launch import redis as redis_launch
 from peercache.lab.system import hostinfo, numa
 from peercache.lab.errors import ParseError, ToolError
-from peercache.lab.launch.hosts import Host, parse_host
+from peercache.lab.launch.hosts import Host, cpu_list, parse_host
 from peercache.lab.system.slowness import HOST_COMMAND_S, scaled, slowness
 from peercache.lab.launch.runners import (GroupFailed, GroupRunner, PairFailed, PairRunner, PortAllocator, Readiness,
                                           SideSpec)
@@ -170,22 +170,24 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
         hosts = {"producer": next(h for h in cluster if h.name == prod_name).as_host_def(),
                  "consumer": next(h for h in cluster if h.name == cons_name).as_host_def()}
     opened: list[Host] = []
+    notes: list[str] = []
     try:
         if tb.is_cluster:
             members = []
             for h in cluster:
-                opened.append(parse_host(h.host))
+                opened.append(open_host(h.as_host_def(), notes))
                 members.append(ClusterMember(h.name, opened[-1], h.address, h.roles,
                                              host_python(opened[-1], h.as_host_def()), tuple(h.devices or ())))
             by_name = {m.name: m for m in members}
             prod, cons = (by_name[h.name].host for h in tb.pair)
         else:
             for role in ROLES:
-                opened.append(parse_host(hosts[role]["host"]))
+                opened.append(open_host(hosts[role], notes))
             prod, cons = opened
             members = [ClusterMember(role, h, hosts[role]["address"], (role,), host_python(h, hosts[role]),
                                      tuple(tb.role_devices(role, tb.devices)))
                        for role, h in zip(ROLES, opened)]
+        note = "; ".join(n for n in (note, *notes) if n) or None
         yield TestbedHosts(prod, cons, hosts["producer"]["address"], hosts["consumer"]["address"], note,
                            python={"producer": host_python(prod, hosts["producer"]),
                                    "consumer": host_python(cons, hosts["consumer"])},
@@ -200,6 +202,23 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
             pair.remove()
         if bridge is not None:
             bridge.remove()
+
+
+def open_host(host_def: dict[str, Any], notes: list[str]) -> Host:
+    """The host of a definition's host block, pinned to its ``cpus``. A host of this machine whose CPUs this
+    process may not use (a machine with fewer) runs unpinned, and ``notes`` gets a line saying so."""
+    host = parse_host(host_def["host"])
+    cpus = host_def.get("cpus")
+    if cpus is None:
+        return host
+    if host.on_this_machine:
+        missing = cpu_list(cpus) - os.sched_getaffinity(0)
+        if missing:
+            usable = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+            notes.append(f"{host}: CPUs {cpus} asked for, but this machine lets us run on {usable} only "
+                         f"(CPU {min(missing)} missing); its processes run unpinned")
+            return host
+    return host.pin(cpus)
 
 
 #: The redis-server the Redis points of one bench run share (see :func:`shared_redis`); None outside one.
