@@ -417,6 +417,17 @@ def write_tidy(run_dir: Path, point_rows: dict, res: dict | None, targets: dict[
     return run_dir
 
 
+def path_notes(pair: runpoint.TestbedHosts) -> list[str]:
+    """The ``#`` lines saying where the tcp parts ran: the namespace pair and each side's CPUs, or loopback
+    and why (no root); and the hosts' note (CPUs this machine lacks)."""
+    if pair.producer.kind != "netns":
+        return [f"tcp over loopback 127.0.0.1, not netns: {pair.note}"]
+    cpus = ", ".join(f"{role} on CPU {h.cpus}" if h.cpus else f"{role} unpinned"
+                     for role, h in (("producer", pair.producer), ("consumer", pair.consumer)))
+    return [f"tcp path: netns {pair.producer.name} ({pair.producer_addr}) -> {pair.consumer.name} "
+            f"({pair.consumer_addr}) over veth; {cpus}"] + ([pair.note] if pair.note else [])
+
+
 def run(bp: BenchPlan, run_dir: Path, log=print) -> tuple[dict, dict]:
     """Every point of the plan in order on the bench testbed's hosts; (summary, {(part, round): rows})."""
     res: dict = {"ratios": {}, "raw": {}, "rounds": {}, "checks": [], "notes": [], "breakdowns": {}}
@@ -427,14 +438,8 @@ def run(bp: BenchPlan, run_dir: Path, log=print) -> tuple[dict, dict]:
     on_loopback = all(pt.loopback for pt, _ in bp.schedule)
     with runpoint.testbed_hosts(tb, loopback=on_loopback) as pair, runpoint.testbed_hosts(tb, loopback=True) as lo, \
             runpoint.shared_redis():
-        if on_loopback:
-            pass
-        elif pair.note:
-            res["notes"].append(f"tcp over loopback 127.0.0.1, not netns: {pair.note}")
-        else:
-            spec = {role: tb["hosts"][role]["host"].removeprefix("netns:") for role in ("producer", "consumer")}
-            res["notes"].append(f"tcp path: netns {spec['producer']} ({pair.producer_addr}) -> {spec['consumer']} "
-                                f"({pair.consumer_addr}) over veth")
+        if not on_loopback:
+            res["notes"] += path_notes(pair)
         for pt, k in bp.schedule:
             out = run_dir / pt.scenario / pt.name / f"rep{k}" / tidy.RESULT_FILE
             point_rows[(pt.part, k)] = runpoint.run_point(tb, pt, k, out, hosts=lo if pt.loopback else pair,

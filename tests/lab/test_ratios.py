@@ -228,3 +228,19 @@ def test_the_latency_breakdown_joins_both_sides_of_each_traced_get(tmp_path):
     cached, uncached = (res["breakdowns"][n]["parts"] for n in ("tcp_4k_cached", "tcp_4k_uncached"))
     assert not any(p["label"].startswith("table read:") for p in cached)
     assert any(p["label"] == "table read: server: the request read and checked" for p in uncached), uncached
+
+
+def test_the_bench_says_where_its_tcp_parts_ran_and_on_which_cpus():
+    from peercache.lab.launch.hosts import LocalHost, NetnsHost
+    from peercache.lab.pipeline import runpoint
+    pinned = runpoint.TestbedHosts(NetnsHost("pcbencha").pin("0"), NetnsHost("pcbenchb").pin("1"),
+                                   "198.18.78.1", "198.18.78.2", None)
+    assert ratios.path_notes(pinned) == ["tcp path: netns pcbencha (198.18.78.1) -> pcbenchb (198.18.78.2) over "
+                                         "veth; producer on CPU 0, consumer on CPU 1"]
+    lacking = runpoint.TestbedHosts(NetnsHost("pcbencha").pin("0"), NetnsHost("pcbenchb"), "198.18.78.1",
+                                    "198.18.78.2", "netns:pcbenchb: CPUs 1 asked for, ... runs unpinned")
+    assert ratios.path_notes(lacking) == [
+        "tcp path: netns pcbencha (198.18.78.1) -> pcbenchb (198.18.78.2) over veth; producer on CPU 0, "
+        "consumer unpinned", "netns:pcbenchb: CPUs 1 asked for, ... runs unpinned"]
+    fallback = runpoint.TestbedHosts(LocalHost(), LocalHost(), "127.0.0.1", "127.0.0.1", "no root")
+    assert ratios.path_notes(fallback) == ["tcp over loopback 127.0.0.1, not netns: no root"]
