@@ -882,23 +882,22 @@ _CPU_LIST_RE = re.compile(r"[0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?)*
 
 
 def cpu_list(text: str) -> set[int]:
-    """The CPUs of a CPU list (``"0-2,5"`` -> {0, 1, 2, 5}); HostError saying the form when it is none."""
-    check_cpu_list(text)
+    """The CPUs of a CPU list (``"0-2,5"`` -> {0, 1, 2, 5}); HostError saying the form when it is none (each
+    range ascending)."""
+    if not isinstance(text, str) or not _CPU_LIST_RE.fullmatch(text):
+        raise HostError(f"CPU list {text!r} not understood; write CPU numbers and ranges, e.g. 0, 1-3 or 0,2-3")
     out: set[int] = set()
     for part in text.split(","):
         lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise HostError(f"CPU list {text!r}: range {part} runs backwards; write it {hi}-{lo}")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
 
 
 def check_cpu_list(text: str) -> None:
     """Raise HostError unless ``text`` is a CPU list (``0``, ``0-3``, ``0,2-3``) with each range ascending."""
-    if not isinstance(text, str) or not _CPU_LIST_RE.fullmatch(text):
-        raise HostError(f"CPU list {text!r} not understood; write CPU numbers and ranges, e.g. 0, 1-3 or 0,2-3")
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        if hi and int(hi) < int(lo):
-            raise HostError(f"CPU list {text!r}: range {part} runs backwards; write it {hi}-{lo}")
+    cpu_list(text)
 
 
 def check_spec(spec: str) -> None:

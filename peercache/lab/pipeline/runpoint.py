@@ -175,9 +175,10 @@ def testbed_hosts(tb: experiments.Testbed, loopback: bool = False) -> Iterator[T
         if tb.is_cluster:
             members = []
             for h in cluster:
-                opened.append(open_host(h.as_host_def(), notes))
+                d = h.as_host_def()
+                opened.append(open_host(d, notes))
                 members.append(ClusterMember(h.name, opened[-1], h.address, h.roles,
-                                             host_python(opened[-1], h.as_host_def()), tuple(h.devices or ())))
+                                             host_python(opened[-1], d), tuple(h.devices or ())))
             by_name = {m.name: m for m in members}
             prod, cons = (by_name[h.name].host for h in tb.pair)
         else:
@@ -212,9 +213,10 @@ def open_host(host_def: dict[str, Any], notes: list[str]) -> Host:
     if cpus is None:
         return host
     if host.on_this_machine:
-        missing = cpu_list(cpus) - os.sched_getaffinity(0)
+        allowed = os.sched_getaffinity(0)
+        missing = cpu_list(cpus) - allowed
         if missing:
-            usable = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+            usable = ",".join(str(c) for c in sorted(allowed))
             notes.append(f"{host}: CPUs {cpus} asked for, but this machine lets us run on {usable} only "
                          f"(CPU {min(missing)} missing); its processes run unpinned")
             return host
