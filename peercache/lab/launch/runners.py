@@ -620,6 +620,8 @@ class EventControl:
         self._watched = watched if watched is not None else []
         self.log: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        #: threads an event left running (a leave awaiting its process's exit): :meth:`settle` joins them
+        self._background: list[threading.Thread] = []
 
     def at(self, t: float, stop: threading.Event) -> bool:
         """Sleep until epoch ``t``; False when the run ended first."""
@@ -640,11 +642,26 @@ class EventControl:
         return side
 
     def leave(self, group: str) -> None:
-        """SIGTERM ``group``'s server (a clean leave)."""
+        """SIGTERM ``group``'s server (a clean leave) and return: its exit (SIGKILL after the grace) is awaited
+        in the background, logged as ``left`` with the seconds it took, so that a slow leave does not delay
+        the run's next event."""
         side = self._servers[group]
         side.expected_exit = True
-        self._note("leave", group, host=side.spec.host.spec)
-        side.handle.stop(self._grace)
+        t0 = self._note("leave", group, host=side.spec.host.spec)
+
+        def finish() -> None:
+            side.handle.stop(self._grace)
+            self._note("left", group, host=side.spec.host.spec, seconds=round(time.time() - t0, 3))
+
+        th = threading.Thread(target=finish, daemon=True, name=f"leave-{group}")
+        self._background.append(th)
+        th.start()
+
+    def settle(self) -> None:
+        """Wait for what the events left running in the background (a leave's exit): bounded by the grace
+        and the reaping wait of :meth:`Handle.stop`."""
+        for th in self._background:
+            th.join(max(self._grace, 1.0) + 10)
 
     def crash(self, group: str) -> None:
         """SIGKILL ``group``'s server (a crash)."""
@@ -654,17 +671,20 @@ class EventControl:
         side.handle.kill()
 
     def join(self, group: str, spec: SideSpec, ready: Readiness) -> None:
-        """Start a server for ``group`` (a new member) and wait until it is ready (the time it took, logged)."""
+        """Start a server for ``group`` (a new member) and wait until it is ready (the time it took, logged).
+
+        The join is logged when its start is asked for: starting a process (and its output readers) can
+        take this busy process a second or more on a loaded machine, and that is the joiner's start-up,
+        as its ready time is, not a later moment of the join."""
         gdir = self._log_dir / group if self._log_dir else None
         if gdir:
             gdir.mkdir(parents=True, exist_ok=True)
         side = _Side("server", spec, gdir)
-        t0 = time.time()
+        t0 = self._note("join", group, host=spec.host.spec)
         side.start()
         with self._lock:
             self._servers[group] = side
             self._started.append(side)
-        self._note("join", group, host=spec.host.spec)
         _await_ready(side, ready, time.monotonic() + ready.timeout)
         self._note("ready", group, host=spec.host.spec, seconds=round(time.time() - t0, 3))
 
@@ -850,6 +870,8 @@ class GroupRunner:
             event_stop.set()
             if event_thread is not None:
                 event_thread.join(self.client_timeout)
+            if control is not None:
+                control.settle()
             _stop_all(started, self.grace)
             for h in start_hosts:
                 _remove(h, start_file)

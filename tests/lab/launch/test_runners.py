@@ -473,7 +473,9 @@ def test_group_runner_events_leave_crash_and_join_during_the_window_without_fail
 
     res = GroupRunner(groups, client_timeout=10, server_exits=False, log_dir=tmp_path, events=churn).run()
     assert res.ok, res.error
-    assert [e["event"] for e in res.events] == ["leave", "crash", "join", "ready"]
+    # the leave's exit ("left") is awaited in the background, so it lands anywhere after the leave
+    assert [e["event"] for e in res.events if e["event"] != "left"] == ["leave", "crash", "join", "ready"]
+    assert [e["group"] for e in res.events if e["event"] == "left"] == ["a"]
     assert all(e["t"] >= res.barrier + 0.3 for e in res.events)
     assert res.groups["b"].server.rc == -9 and res.groups["a"].server.stopped
     assert res.groups["c"].server.stopped and (tmp_path / "up-c").exists() and (tmp_path / "c" / "server.log").exists()
@@ -593,3 +595,40 @@ def test_peercache_bench_pair_on_two_netns_hosts(tmp_path):
             server_timeout=15).run()
     assert r.ok, r.error
     assert (tmp_path / "drive.json").exists()
+
+
+# A server that takes its time to leave: on SIGTERM it waits 1.5 s before it exits.
+SLOW_LEAVE = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(0)))\n"
+              "print('up', flush=True)\n"
+              "time.sleep(60)")
+
+
+def test_a_slow_leave_does_not_delay_the_next_event_and_a_join_is_timed_from_its_start(tmp_path):
+    """Churn events happen at their moments: the leave returns after its SIGTERM, and the server's 1.5 s
+    exit is logged as ``left`` when it comes; the crash after it is on time. A join is logged when its start
+    is asked for, not after its process and readers are up (which can take a loaded machine a second)."""
+    m = marker()
+    h = LocalHost()
+    up = Readiness(pattern="^up$", timeout=10)
+    groups = [GroupSpec("reader", [SideSpec(h, py("import time; time.sleep(3)", m))]),
+              GroupSpec("a", [], SideSpec(h, py(SLOW_LEAVE, m)), up),
+              GroupSpec("b", [], SideSpec(h, py(UP_AND_WAIT, m) + [str(tmp_path / "up-b")]), up)]
+    asked = {}
+
+    def churn(ctl, stop):
+        assert ctl.at(ctl.barrier + 0.2, stop)
+        ctl.leave("a")
+        ctl.crash("b")
+        asked["join"] = time.time()
+        ctl.join("c", SideSpec(h, py(UP_AND_WAIT, m) + [str(tmp_path / "up-c")]), up)
+
+    res = GroupRunner(groups, client_timeout=10, server_exits=False, grace=5, log_dir=tmp_path,
+                      events=churn).run()
+    assert res.ok, res.error
+    at = {e["event"]: e for e in res.events}
+    assert at["crash"]["t"] - at["leave"]["t"] < 0.5, res.events
+    assert at["left"]["seconds"] >= 1.4 and at["left"]["t"] > at["crash"]["t"], res.events
+    assert res.groups["a"].server.rc == 0          # it left on its own, within the grace: no SIGKILL
+    assert asked["join"] <= at["join"]["t"] <= res.groups["c"].server.start, (at["join"], res.groups["c"].server.start)
+    assert_none_left(m)
