@@ -143,3 +143,24 @@ def read_until_whole(cons, keys: list, vals: list, t0: float, until_s: float, pa
                 break
         time.sleep(pause_s)
     return out
+
+
+def outage_s(after: list[dict], fault_t: float, bucket_s: float, failed=lambda b: b["hits"] < b["keys"]) -> float:
+    """Seconds from a fault (``fault_t``, s into drive's timeline) to the end of its outage: the last bucket
+    of ``after`` (the buckets from the fault on) where reads ``failed`` (by default: an error or a miss),
+    and the empty buckets right after it (reads still blocked). An empty bucket after reads came back is a
+    stall of a loaded machine, not the fault's: drive's ``max_stall_s`` bounds those."""
+    end = None
+    for i, b in enumerate(after):
+        if b["keys"] and failed(b):
+            end = i
+    if end is None:
+        return 0.0
+    while end + 1 < len(after) and not after[end + 1]["keys"]:
+        end += 1
+    return after[end]["t"] + bucket_s - fault_t
+
+
+def bucket_list(after: list[dict], fault_t: float) -> str:
+    """The buckets from a fault on, as an assertion message shows them: (s after it, keys, hits, misses, errors)."""
+    return " ".join(f"({b['t'] - fault_t:.1f}, {b['keys']}, {b['hits']}, {b['misses']}, {b['errors']})" for b in after)

@@ -24,7 +24,7 @@ from peercache.bench.serve import READY_LINE
 from peercache.directory.client import connect_directory
 from peercache.errors import DiscoveryUnreachable
 from peercache.lab.launch import redis as redis_launch
-from redis_fixtures import SENTINEL_PASSWORD, read_until_whole
+from redis_fixtures import SENTINEL_PASSWORD, bucket_list, outage_s, read_until_whole
 
 SMALL = ["--working-set", "64", "--page-size", "16384"]
 #: The sentinels promote the replica within this (down-after-milliseconds, 1 s, plus their agreement
@@ -112,8 +112,7 @@ def test_serve_and_drive_ride_out_a_sigkilled_master(procs, redis_sentinel, tmp_
     kill_t = wall_kill - tl["start"]
     bucket_s = tl["bucket_ms"] / 1000
     after = [b for b in tl["buckets"] if b["t"] + bucket_s > kill_t]
-    bad = [b for b in after if b["keys"] == 0 or b["hits"] < b["keys"]]
-    unavailable_s = (max(b["t"] for b in bad) + bucket_s - kill_t) if bad else 0.0
+    unavailable_s = outage_s(after, kill_t, bucket_s)
     print(f"sentinel failover under drive: promoted in {promoted_s:.2f} s; reads failing or missing for "
           f"{unavailable_s:.2f} s ({p['errors']} keys errored, {sum(b['misses'] for b in after)} missed, "
           f"longest stall {tl['max_stall_s']:.2f} s); entries lost {lost} of {published}; wrong pages "
@@ -121,8 +120,8 @@ def test_serve_and_drive_ride_out_a_sigkilled_master(procs, redis_sentinel, tmp_
     assert after and after[-1]["hits"] == after[-1]["keys"] > 0, "reads did not resume before drive's end"
     assert promoted_s <= scaled(PROMOTE_BOUND_S)
     assert unavailable_s <= promoted_s + scaled(RESUME_AFTER_PROMOTION_S), (
-        unavailable_s, promoted_s, "buckets not all hit, (s after the kill, keys, hits, misses, errors):",
-        [(round(b["t"] - kill_t, 1), b["keys"], b["hits"], b["misses"], b["errors"]) for b in bad])
+        f"reads failing or missing for {unavailable_s:.2f} s, promoted in {promoted_s:.2f} s; the buckets after "
+        f"the kill (s after it, keys, hits, misses, errors): {bucket_list(after, kill_t)}")
     assert tl["max_stall_s"] <= IO_TIMEOUT_S + scaled(1.0)   # no call waited past its bound
     assert p["verify_failures"] == 0 and p["verified"] and p["redirected"] == 0
     assert lost == 0
@@ -315,3 +314,17 @@ def test_a_master_stopped_past_its_failover_and_continued_takes_no_renewal(redis
         assert resumed is not None and resumed <= scaled(RESUME_AFTER_PROMOTION_S)
         assert not broken, broken
         assert _entries(ss.server(new)) == len(keys)
+
+
+def test_an_outage_ends_with_its_last_failing_bucket_and_the_empty_ones_right_after_it():
+    """outage_s (pure): errors, then reads blocked (empty buckets), then hits: the outage runs to the end of the
+    blocked stretch; a later empty bucket (a stall of a loaded machine, among hits) is not part of it."""
+    def b(t, keys, hits, errors=0):
+        return {"t": t, "keys": keys, "hits": hits, "misses": keys - hits - errors, "errors": errors}
+    after = [b(1.0, 8, 0, 8), b(1.1, 8, 0, 8), b(1.2, 0, 0), b(1.3, 0, 0), b(1.4, 8, 8), b(1.5, 0, 0), b(1.6, 8, 8)]
+    assert outage_s(after, 0.95, 0.1) == pytest.approx(0.45)
+    assert outage_s(after, 0.95, 0.1, failed=lambda x: x["errors"] > 0) == pytest.approx(0.45)
+    after[4] = b(1.4, 8, 6)          # two misses after the blocked stretch: the outage lasts through them,
+    assert outage_s(after, 0.95, 0.1) == pytest.approx(0.65)      # and through the empty bucket after them
+    assert outage_s(after, 0.95, 0.1, failed=lambda x: x["errors"] > 0) == pytest.approx(0.45)
+    assert outage_s([b(1.0, 8, 8), b(1.1, 0, 0)], 0.95, 0.1) == 0.0
