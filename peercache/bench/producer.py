@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional
 from ..auth import curve_keys
 from ..directory.client import connect_directory
 from ..directory.redis.url import is_redis, parse_url
-from ..errors import ConfigError, PeerCacheError
+from ..errors import ConfigError, DeadlineExceeded, PeerCacheError
 from ..node.geometry import Geometry, Surface, mismatch, producer_text, published, settle
 from . import options
 
@@ -103,3 +103,21 @@ def learn(args, say: Callable[[str], None], timeout: float) -> Optional[Geometry
 def page_size_mismatch(page_size: int, size: int, key: bytes) -> str:
     """drive's --page-size against the size of an object it read (a producer that published no geometry)."""
     return mismatch(SURFACE, "page_size", page_size, Geometry(size), f"the producer of {key!r}")
+
+
+def await_published(exists_batch: Callable[[list], list], keys: list, timeout: float) -> tuple[list, str]:
+    """Ask ``exists_batch(keys)`` every :data:`POLL_S` until every key is published or ``timeout`` s have
+    passed; (the last answer, why it is not all there: '' or the last call's timeout).
+
+    A call that timed out is asked again, not the end of the wait: a reader's first calls set up its
+    connections to the directory (over rdma, its table's queue pairs), and on a loaded or emulated host
+    those can take longer than one call's bound. Every other error is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            present, why = list(exists_batch(keys)), ""
+        except DeadlineExceeded as e:
+            present, why = [False] * len(keys), f"the last lookup timed out: {e}"
+        if all(present) or time.monotonic() > deadline:
+            return present, why
+        time.sleep(POLL_S)

@@ -102,23 +102,20 @@ class Worker:
 
     def wait_ready(self) -> None:
         """Wait (bounded by --ready-timeout) until serve's working set (each prefix's) is published."""
-        deadline = time.monotonic() + self.cfg.ready_timeout
         per = len(self.keys) // max(1, len(self.cfg.key_prefixes))
         # a sample of every prefix's keys and the last of each: each producer must have published
         sample = self.keys[:: max(1, len(self.keys) // 256)] + self.keys[per - 1:: per]
-        while True:
-            present = self.node.exists_batch(sample)
-            if all(present):
-                return
-            if time.monotonic() > deadline:
-                missing = sorted({self._prefix_of(k) for k, ok in zip(sample, present) if not ok})
-                raise PeerCacheError(
-                    f"the working set ({len(self.keys)} objects) is not published at "
-                    f"{self.node.discovery.address} after {self.cfg.ready_timeout:.0f} s"
-                    + (f" (none or part of prefix {', '.join(missing)})" if self.cfg.key_prefixes else "")
-                    + "; start `peercache-bench serve` with the same --working-set/--layout/--page-size"
-                    + ("/--key-prefix" if self.cfg.key_prefixes else ""))
-            time.sleep(0.2)
+        present, why = producer.await_published(self.node.exists_batch, sample, self.cfg.ready_timeout)
+        if all(present):
+            return
+        missing = sorted({self._prefix_of(k) for k, ok in zip(sample, present) if not ok})
+        raise PeerCacheError(
+            f"the working set ({len(self.keys)} objects) is not published at "
+            f"{self.node.discovery.address} after {self.cfg.ready_timeout:.0f} s"
+            + (f" (none or part of prefix {', '.join(missing)})" if self.cfg.key_prefixes else "")
+            + (f" ({why})" if why else "")
+            + "; start `peercache-bench serve` with the same --working-set/--layout/--page-size"
+            + ("/--key-prefix" if self.cfg.key_prefixes else ""))
 
     @staticmethod
     def _prefix_of(key: bytes) -> str:

@@ -37,7 +37,7 @@ from ...config import Flag, option
 from ...errors import ConfigError, PeerCacheError
 from ...hicache import DEFAULT_DIR_CACHE_TTL
 from ...node import Get
-from .. import meta, options
+from .. import meta, options, producer
 from ..document import SuiteDocument, SuiteMeta
 from ..drive import ThreadStats, check_prerequisites, percentiles, safe_directory, tell_serve
 from ..drive.bounds import IO_TIMEOUT_S, POINT_GRACE_S
@@ -180,14 +180,12 @@ class Rank:
     def wait_ready(self) -> None:
         """Wait (bounded by --ready-timeout) until serve's working set is published."""
         keys = self.serve_keys[:: max(1, len(self.serve_keys) // 256)] + self.serve_keys[-1:]
-        deadline = time.monotonic() + self.args.ready_timeout
-        while not all(self.store.node.exists_batch(keys)):
-            if time.monotonic() > deadline:
-                raise PeerCacheError(
-                    f"the working set ({len(self.serve_keys)} objects) is not published at {self.args.discovery_addr} "
-                    f"after {self.args.ready_timeout:.0f} s; start `peercache-bench serve` with the same "
-                    "--working-set/--layout/--page-size")
-            time.sleep(0.2)
+        present, why = producer.await_published(self.store.node.exists_batch, keys, self.args.ready_timeout)
+        if not all(present):
+            raise PeerCacheError(
+                f"the working set ({len(self.serve_keys)} objects) is not published at {self.args.discovery_addr} "
+                f"after {self.args.ready_timeout:.0f} s" + (f" ({why})" if why else "")
+                + "; start `peercache-bench serve` with the same --working-set/--layout/--page-size")
 
     def new_hashes(self, n: int) -> list[str]:
         """Page hashes never written before (SGLang backs up new pages: each set batch is fresh)."""

@@ -140,3 +140,30 @@ def test_drive_waits_for_a_producer_to_register_where_the_directory_is_anothers(
     assert d.wait(timeout=60) == 0, d.stderr.read()
     m = json.loads(out.read_text())["meta"]
     assert (m["page_size"], m["layout"], m["working_set"]) == (8192, "mla", 16)
+
+
+def test_waiting_for_the_working_set_asks_again_after_a_lookup_that_timed_out(monkeypatch):
+    """A reader's first lookups set up its directory connections and can outlast one call's bound on a slow
+    host (the two-machine guests: 'exists_batch timed out ... the call has 8 s in all'): the wait asks again
+    until its own timeout; it ends at once when every key is there, says why when it gives up, and any
+    other error ends it."""
+    from peercache.errors import DeadlineExceeded
+    monkeypatch.setattr(producer, "POLL_S", 0.01)
+    answers = iter([DeadlineExceeded("exists_batch timed out: the call has 8 s in all"), [True, False], [True, True]])
+
+    def exists(keys):
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    assert producer.await_published(exists, ["a", "b"], 5.0) == ([True, True], "")
+
+    def slow(keys):
+        raise DeadlineExceeded("exists_batch timed out: the call has 8 s in all")
+    present, why = producer.await_published(slow, ["a", "b"], 0.05)
+    assert present == [False, False] and why.startswith("the last lookup timed out: exists_batch timed out")
+
+    def wrong(keys):
+        raise ConfigError("a mistake")
+    with pytest.raises(ConfigError):
+        producer.await_published(wrong, ["a"], 5.0)
