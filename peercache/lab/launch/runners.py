@@ -858,6 +858,7 @@ class GroupRunner:
             if event_thread is not None:
                 event_stop.set()
                 event_thread.join(self.client_timeout)
+                control.settle()       # a leave's stop ends before the servers are stopped below, not beside it
                 error = error or (event_error[0] if event_error else None)
             if error is None:
                 error = _finish_servers(list(servers.values()), self.server_timeout,
