@@ -149,7 +149,7 @@ $(NIXL_VENV)/.installed: $(VENV)/.installed Makefile
 GUEST_TIMEOUT ?= 1200
 test-rdma: setup
 	$(PY) -m peercache.lab.launch.guest --cluster-hosts 3 --timeout $(GUEST_TIMEOUT) $(GUEST_FLAGS) -- \
-	  env PEERCACHE_REQUIRE_RDMA=1 $(PY) -m pytest -m 'rdma and not slow' -p no:cacheprovider
+	  env PEERCACHE_REQUIRE_RDMA=1 $(PY) -m pytest -m 'rdma and not slow' -p no:cacheprovider --durations=12
 
 # The lab on two real kernels: two QEMU guests as two machines over SSH, RDMA across two
 # wires, two NUMA nodes each (tests/lab/test_twohost.py boots them; skipped, saying why,
@@ -159,7 +159,7 @@ test-rdma: setup
 # it; should a guest stop anyway, the stage stops the pipeline, prints where the vCPUs are, reboots
 # the pair and goes on with the points already done kept; a second stall fails it.
 test-2host: setup
-	$(PY) -m pytest -m twohost -p no:cacheprovider -s -rs tests/lab/test_twohost.py
+	$(PY) -m pytest -m twohost -p no:cacheprovider -s -rs --durations=12 tests/lab/test_twohost.py
 
 # The main job: the baseline pipeline on the built-in local testbed
 # (TESTBED=experiments/testbeds/<yours>.yaml for another one; a testbed with a

@@ -5,6 +5,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shlex
 import socket
 import subprocess
@@ -35,14 +36,18 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def git_revision() -> str | None:
-    """git revision of the checkout the package runs from (None outside one).
+#: The variable that gives :func:`git_revision` its answer: the Soft-RoCE guests, which run this host's
+#: checkout read-only, set it to the host's answer (``git status`` over a guest's 9p root took over 10 s).
+REVISION_ENV = "PEERCACHE_GIT_REVISION"
+#: What :func:`git_revision` answers: a commit, and whether the checkout differed from it.
+REVISION = re.compile(r"[0-9a-f]{7,64}(-dirty|-status-unknown)?")
 
-    ``PEERCACHE_GIT_REVISION`` overrides it: the Soft-RoCE guest sets it to
-    the host's answer, since git status over the guest's 9p root is slow.
-    """
-    if os.environ.get("PEERCACHE_GIT_REVISION"):
-        return os.environ["PEERCACHE_GIT_REVISION"]
+
+def git_revision() -> str | None:
+    """git revision of the checkout the package runs from (None outside one); ``$PEERCACHE_GIT_REVISION``
+    (:data:`REVISION_ENV`) overrides it."""
+    if os.environ.get(REVISION_ENV):
+        return os.environ[REVISION_ENV]
     try:
         r = subprocess.run(["git", "-C", _PKG_DIR, "rev-parse", "HEAD"], capture_output=True,
                            text=True, timeout=5)

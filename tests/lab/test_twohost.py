@@ -184,10 +184,36 @@ def test_pipeline_runs_every_scenario_across_the_wire(pipeline_run):
     assert set(sweep["size_bytes"]) == {4096, 131072}
     for _, r in sweep.iterrows():
         assert (r["status"] == "ok" and r["value"] > 0) or (r["status"] == "failed" and len(r["reason"]) > 20), r
+    # The guests keep time on the TSC (runner.CLOCK_ARGS): over the emulated HPET perftest's cycle-counter
+    # calibration failed in a third to two thirds of its runs here, each failure a rerun of the point.
+    calibration = [n for f in (work / "data/raw/twohost").rglob("result.json")
+                   for n in json.loads(f.read_text())["meta"]["params"].get("notes") or [] if "calibrate" in n]
+    assert not calibration, calibration
     gpu = rows[rows["scenario"] == "gpudirect"]
     assert len(gpu) and (gpu["status"] == "skipped").all() and gpu["reason"].str.contains("no GPU").all()
     for f in ("reports/twohost/report.html", "figures/twohost/index.md"):
         assert (work / f).stat().st_size > 0
+
+
+def test_both_machines_keep_time_on_the_tsc_within_a_second_of_this_one(pair):
+    for role in M.ROLES:
+        before = time.time()
+        r = pair.ssh(role, "cat /sys/devices/system/clocksource/clocksource0/current_clocksource; date +%s.%N",
+                     timeout=scaled(pair, 30))
+        assert r.returncode == 0, f"{r.stderr.strip()}\n{pair.describe(role)}"
+        source, stamp = r.stdout.split()
+        assert source == "tsc", (role, source)
+        # at boot the guest's clock is set from the emulated RTC (whole seconds)
+        assert before - 1.5 < float(stamp) < time.time() + 1.5, (role, before, stamp)
+
+
+def test_the_machines_report_this_checkouts_revision_without_running_git(pipeline_run):
+    from peercache.bench.meta import git_revision
+    work, _ = pipeline_run
+    docs = list((work / "data/raw/twohost").rglob("drive.json"))
+    assert docs
+    for f in docs:
+        assert json.loads(f.read_text())["meta"]["git_revision"] == git_revision(), f
 
 
 def test_multi_rail_moved_bytes_on_both_rails(pipeline_run):

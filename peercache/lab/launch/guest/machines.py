@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from peercache.bench.meta import git_revision
+from peercache.bench.meta import REVISION, REVISION_ENV, git_revision
 from peercache.lab.launch.guest import kernel as K
 from peercache.lab.launch.guest import runner as R
 from peercache.lab.launch.guest.errors import GuestError, GuestTimeout, GuestUnavailable
@@ -127,7 +127,7 @@ def qemu_argv(kern: K.GuestKernel, spec: MachinesSpec, accel: str, role: str, ct
     """The qemu command line of one machine (pure)."""
     # loglevel 4: the kernel's errors reach the console log (an OOM kill, an rxe error, a lockup),
     # which is all there is to read when a machine stops answering ssh.
-    append = ["console=ttyS0", "panic=-1", "quiet", "loglevel=4", "mitigations=off", "nokaslr"]
+    append = ["console=ttyS0", "panic=-1", "quiet", "loglevel=4", "mitigations=off", "nokaslr", *R.CLOCK_ARGS]
     per_node = spec.memory_mib // spec.numa_nodes
     argv = [R.QEMU, "-name", HOST_ALIAS[role], "-machine", "pc", "-accel", accel,
             "-cpu", "host" if accel == "kvm" else "max", "-smp", str(spec.cpus),
@@ -251,9 +251,21 @@ PidFile /run/sshd.pid
 """
 
 
-def setup_script(spec: MachinesSpec, role: str) -> str:
+def sshd_config(revision: str | None) -> str:
+    """The machines' sshd config (pure). Every session gets ``revision`` (this host's
+    :func:`~peercache.bench.meta.git_revision`, when it has that form) as ``$PEERCACHE_GIT_REVISION``: a
+    machine runs this host's checkout, read-only, and ``git status`` there took over 10 s of each serve
+    and drive start under emulation."""
+    text = SSHD_CONFIG.format(addr=MGMT_ADDR)
+    if revision and REVISION.fullmatch(revision):
+        text += f"SetEnv {REVISION_ENV}={revision}\n"
+    return text
+
+
+def setup_script(spec: MachinesSpec, role: str, revision: str | None = None) -> str:
     """What one machine runs at boot (pure; ``set -e``): name its NICs, address the rails, add an rxe
-    device on each, wait for their ports, start sshd on the management address only."""
+    device on each, wait for their ports, start sshd on the management address only (its sessions
+    told the checkout's ``revision``: :func:`sshd_config`)."""
     lines = ["set -e", _nic_by_mac(nic_mac(role, 0), "mgmt"),
              f"ip addr add {MGMT_ADDR}/24 dev mgmt", "ip link set mgmt up"]
     for i in range(spec.rails):
@@ -271,7 +283,7 @@ def setup_script(spec: MachinesSpec, role: str) -> str:
               "mkdir -p /run/sshd /etc/ssh/pcguest",
               "cp /mnt/pcguest/host_key /mnt/pcguest/authorized_keys /etc/ssh/pcguest/",
               "chmod 600 /etc/ssh/pcguest/host_key",
-              f"cat > /etc/ssh/pcguest/sshd_config <<'EOF'\n{SSHD_CONFIG.format(addr=MGMT_ADDR)}EOF",
+              f"cat > /etc/ssh/pcguest/sshd_config <<'EOF'\n{sshd_config(revision)}EOF",
               f"/usr/sbin/sshd -f /etc/ssh/pcguest/sshd_config -E /mnt/pcguest/{SSHD_LOG}",
               "echo \"pcguest: $(hostname): RDMA devices $(ls /sys/class/infiniband | tr '\\n' ' ')"
               "NUMA nodes $(cat /sys/devices/system/node/online)\""]
@@ -447,9 +459,9 @@ class MachinePair:
             exports = {"PCG_CWD": "/", "PCG_WORK": "", "PCG_HOSTNAME": HOST_ALIAS[role], "PCG_HOST_TMP": "1",
                        "PCG_PYTHON": sys.executable, "PCG_CALIB_CODE": R.CALIBRATION,
                        "PCG_HOST_CALIB": f"{R.host_calibration():.6f}",
-                       **({"PEERCACHE_GIT_REVISION": rev} if rev else {})}
+                       **({REVISION_ENV: rev} if rev else {})}
             (ctl / "env.sh").write_text("".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in exports.items()))
-            (ctl / "topology.sh").write_text(setup_script(self.spec, role))
+            (ctl / "topology.sh").write_text(setup_script(self.spec, role, rev))
             (ctl / "command.sh").write_text(WAIT_COMMAND + "\n")
         (self.dir / "known_hosts").write_text("".join(known))
         self.ssh_config_path.write_text(ssh_config(self.ports.ssh, self.dir / "id_ed25519", self.dir / "known_hosts"))

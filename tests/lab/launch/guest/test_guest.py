@@ -50,6 +50,7 @@ def test_qemu_command_has_no_nic_and_a_read_only_root(tmp_path):
     assert argv[argv.index("-cpu") + 1] == "max" and argv[argv.index("-accel") + 1] == "tcg"
     assert "local,path=/,mount_tag=host,security_model=none,readonly=on" in joined
     assert f"local,path={tmp_path / 'work'},mount_tag=work" in joined
+    assert "tsc=reliable" in argv[argv.index("-append") + 1].split()
     kvm = R.qemu_argv(kern, R.GuestSpec(), "kvm", tmp_path, None)
     assert kvm[kvm.index("-cpu") + 1] == "host" and "mount_tag=work" not in " ".join(kvm)
 

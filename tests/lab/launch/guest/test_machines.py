@@ -33,6 +33,12 @@ def test_each_rail_is_one_wire_the_producer_listens_on_and_the_consumer_connects
         "socket,id=rail0,connect=127.0.0.1:41000", "socket,id=rail1,connect=127.0.0.1:41001"]
 
 
+def test_both_machines_boot_keeping_time_on_the_tsc(tmp_path):
+    for role in M.ROLES:
+        a = argv(role, tmp_path)
+        assert "tsc=reliable" in a[a.index("-append") + 1].split()
+
+
 def test_ssh_is_the_only_way_in_and_only_from_loopback(tmp_path):
     for role in M.ROLES:
         users = [n for n in values(argv(role, tmp_path), "-netdev") if n.startswith("user")]
@@ -66,6 +72,14 @@ def test_boot_script_names_nics_by_mac_adds_rxe_and_starts_sshd_on_the_managemen
         assert f"rdma link add rxe{i} type rxe netdev rail{i}" in s
     assert f"ListenAddress {M.MGMT_ADDR}" in s and "PasswordAuthentication no" in s
     assert s.index("ACTIVE") < s.index("/usr/sbin/sshd")     # ports up before anyone can log in
+
+
+def test_every_ssh_session_is_told_the_checkouts_revision_and_only_one_of_git_revisions_form():
+    rev = "15ec0ca6f1f8eb45481eabe8c3dbb9b3defc173f-dirty"
+    s = M.setup_script(M.MachinesSpec(), "producer", rev)
+    assert f"SetEnv PEERCACHE_GIT_REVISION={rev}\n" in s and s.index("SetEnv") < s.index("/usr/sbin/sshd")
+    for odd in (None, "", "abc def", "15ec0ca\nPermitEmptyPasswords yes", "HEAD"):
+        assert "SetEnv" not in M.sshd_config(odd), odd
 
 
 def test_ssh_config_pins_this_runs_key_and_host_keys(tmp_path):
