@@ -35,52 +35,15 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
     """
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     options.check_flags(args, "drive")
-    # the geometry flags not given: the producer's (ConfigError if one given differs)
-    producer.learn(args, say, IO_TIMEOUT_S * args.time_scale)
-    options.validate(args, "drive")
-    check_prerequisites(args)
-    if getattr(args, "metrics_addr", None):
-        from ... import metrics   # opt-in (--metrics-addr): prometheus-client only when asked for
-        metrics.for_process(args.metrics_addr, args.processes - 1, args.processes)   # the ports fit
-        if not is_loopback(host_of(args.metrics_addr)):
-            log.warning(metrics.open_warning(args.metrics_addr))
-    # The driver processes' settings; the node's secret goes to them only, never into the document.
-    cfg = DriveConfig.from_args(args, worker or Worker)
-    start = meta.now_iso()
-    doc = DriveDocument(meta=DriveMeta(
-        **meta.host_block(), command=meta.command_line(), start=start, end=None,
-        discovery_addr=args.discovery_addr, protocol=args.protocol,
-        directory=safe_directory(cfg.directory),
-        devices=options.devices(args), layout=args.layout,
-        objects_per_page=options.objects_per_page(args.layout),
-        page_size=args.page_size, batch_size=args.batch_size,
-        concurrencies=args.concurrencies, processes=args.processes,
-        working_set=args.working_set, max_channels=args.max_channels,
-        tcp_poll_us=options.tcp_poll_us(args),
-        # how the tcp client moves each batch (request size, depth, socket buffer): what a raw
-        # TCP limit must reproduce to bound these figures
-        tcp_wire=batch_wire(args.page_size, options.objects_per_page(args.layout) * args.batch_size)
-        if args.protocol == "tcp" else None,
-        dir_cache_ttl=args.dir_cache_ttl, duration=args.duration, warmup=args.warmup,
-        op=args.op, verify=args.verify, integrity=args.integrity, access=args.access,
-        gpu=args.gpu, gpu_registration=None,
-        ib_port=args.ib_port if args.protocol == "rdma" else None,
-        gid_index=args.gid_index if args.protocol == "rdma" else None,
-        metrics=[], metrics_scrapes=cfg.metrics_scrapes,
-        versions=meta.versions(), git_revision=meta.git_revision(),
-        key_prefixes=list(cfg.key_prefixes) or None, zipf_s=cfg.zipf_s,
-        timeline_ms=cfg.timeline_ms or None, faults_expected=cfg.faults_expected or None))
-    ctx = mp.get_context("spawn")
-    procs, conns, lives = [], [], []
+    drivers = Drivers(args.processes)
     try:
-        for i in range(args.processes):
-            parent, child = ctx.Pipe()
-            # No lock: a driver killed while holding it would hang every later read of it.
-            live = ctx.Value("d", 0.0, lock=False)
-            p = ctx.Process(target=worker_main, args=(child, cfg, i, live, os.getpid()), daemon=True)
-            p.start()
-            child.close()   # only the worker holds its end now: its death reads as EOF here
-            procs.append(p), conns.append(parent), lives.append(live)
+        cfg, doc = _prepare(args, worker, say)
+    except BaseException:
+        drivers.end(0.0)
+        raise
+    procs, conns, lives = drivers.procs, drivers.conns, drivers.lives
+    try:
+        drivers.configure(cfg)
         for i, c in enumerate(conns):
             msg = recv(c, args.ready_timeout + 30, f"driver process {i} did not get ready")
             if msg[0] == "error":
@@ -131,11 +94,7 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
     except KeyboardInterrupt:
         doc.status, doc.error = "failed", "interrupted"
     finally:
-        for c in conns:
-            try:
-                c.send(("stop", None))
-            except (OSError, BrokenPipeError):
-                pass
+        drivers.stop()
         # After a fault the processes are not waited on for long: leaving the cluster may be a
         # call to the very directory that failed (see END_GRACE_S).
         failed = doc.status != "ok" or any(p.status != "ok" for p in doc.points)
@@ -148,6 +107,89 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
     out = doc.to_dict()
     tell_serve(args, out)
     return (0 if doc.status == "ok" else 1), out
+
+
+def _prepare(args, worker: type | None, say) -> tuple[DriveConfig, DriveDocument]:
+    """What the driver processes are given, and the document's head: the producer's geometry learned, the
+    flags checked, the prerequisites there (ConfigError/PeerCacheError before any point)."""
+    # the geometry flags not given: the producer's (ConfigError if one given differs)
+    producer.learn(args, say, IO_TIMEOUT_S * args.time_scale)
+    options.validate(args, "drive")
+    check_prerequisites(args)
+    if getattr(args, "metrics_addr", None):
+        from ... import metrics   # opt-in (--metrics-addr): prometheus-client only when asked for
+        metrics.for_process(args.metrics_addr, args.processes - 1, args.processes)   # the ports fit
+        if not is_loopback(host_of(args.metrics_addr)):
+            log.warning(metrics.open_warning(args.metrics_addr))
+    # The driver processes' settings; the node's secret goes to them only, never into the document.
+    cfg = DriveConfig.from_args(args, worker or Worker)
+    start = meta.now_iso()
+    doc = DriveDocument(meta=DriveMeta(
+        **meta.host_block(), command=meta.command_line(), start=start, end=None,
+        discovery_addr=args.discovery_addr, protocol=args.protocol,
+        directory=safe_directory(cfg.directory),
+        devices=options.devices(args), layout=args.layout,
+        objects_per_page=options.objects_per_page(args.layout),
+        page_size=args.page_size, batch_size=args.batch_size,
+        concurrencies=args.concurrencies, processes=args.processes,
+        working_set=args.working_set, max_channels=args.max_channels,
+        tcp_poll_us=options.tcp_poll_us(args),
+        # how the tcp client moves each batch (request size, depth, socket buffer): what a raw
+        # TCP limit must reproduce to bound these figures
+        tcp_wire=batch_wire(args.page_size, options.objects_per_page(args.layout) * args.batch_size)
+        if args.protocol == "tcp" else None,
+        dir_cache_ttl=args.dir_cache_ttl, duration=args.duration, warmup=args.warmup,
+        op=args.op, verify=args.verify, integrity=args.integrity, access=args.access,
+        gpu=args.gpu, gpu_registration=None,
+        ib_port=args.ib_port if args.protocol == "rdma" else None,
+        gid_index=args.gid_index if args.protocol == "rdma" else None,
+        metrics=[], metrics_scrapes=cfg.metrics_scrapes,
+        versions=meta.versions(), git_revision=meta.git_revision(),
+        key_prefixes=list(cfg.key_prefixes) or None, zipf_s=cfg.zipf_s,
+        timeline_ms=cfg.timeline_ms or None, faults_expected=cfg.faults_expected or None))
+    return cfg, doc
+
+
+class Drivers:
+    """The driver processes, forked before this process opens any connection or starts any thread: each is
+    a copy of this interpreter with drive's modules imported, waiting for its settings
+    (:meth:`configure`). A fresh interpreter (multiprocessing's spawn) imported them again in every driver:
+    under emulation that was 30-40 s of each drive's start (the two-machine pair at x16-25)."""
+
+    def __init__(self, n: int):
+        ctx = mp.get_context("fork")
+        self.procs, self.conns, self.lives = [], [], []
+        try:
+            for i in range(n):
+                parent, child = ctx.Pipe()
+                # No lock: a driver killed while holding it would hang every later read of it.
+                live = ctx.Value("d", 0.0, lock=False)
+                # The earlier drivers' pipe ends go along with the fork; the new driver closes them.
+                p = ctx.Process(target=worker_main, args=(child, i, live, os.getpid(), list(self.conns)), daemon=True)
+                p.start()
+                child.close()   # only the worker holds its end now: its death reads as EOF here
+                self.procs.append(p), self.conns.append(parent), self.lives.append(live)
+        except BaseException:
+            self.end(0.0)
+            raise
+
+    def configure(self, cfg: DriveConfig) -> None:
+        """Give every driver the run's settings; each then builds its node and reports ready."""
+        for c in self.conns:
+            c.send(("config", cfg))
+
+    def stop(self) -> None:
+        """Ask every driver to end (one already gone is skipped)."""
+        for c in self.conns:
+            try:
+                c.send(("stop", None))
+            except (OSError, BrokenPipeError):
+                pass
+
+    def end(self, grace: float) -> None:
+        """Ask every driver to end and wait up to ``grace`` s before ending those still running."""
+        self.stop()
+        end_all(self.procs, grace)
 
 
 def check_prerequisites(args) -> None:

@@ -383,9 +383,20 @@ class Worker:
         self.node.close()
 
 
-def worker_main(conn, cfg: DriveConfig, pidx: int, live, parent_pid: int | None = None) -> None:
-    """A driver process's life: build ``cfg.worker``, report ready, run each point the supervisor sends, end."""
+def worker_main(conn, pidx: int, live, parent_pid: int | None = None, inherited=()) -> None:
+    """A driver process's life: wait for the run's settings (a :class:`.config.DriveConfig`), build its
+    ``worker``, report ready, run each point the supervisor sends, end. ``inherited``: the pipe ends of the
+    drivers forked before this one, which this one closes."""
     die_with_parent(parent_pid)
+    for c in inherited:
+        c.close()
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return      # the supervisor ended before it had settings to give
+    if msg[0] != "config":
+        return
+    cfg: DriveConfig = msg[1]
     worker = None
     try:
         worker = cfg.worker(cfg, pidx, live)

@@ -226,7 +226,9 @@ def test_drive_with_a_poisoned_entry_exits_1_with_the_reason(port, tmp_path):
 
 # ---------------------------------------------------------------- 2: killed driver processes
 def _children(pid: int) -> list[int]:
-    """Driver worker processes (multiprocessing spawn children) of ``pid``."""
+    """Driver worker processes of drive ``pid``: its children forked from it (its own command line)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        own = f.read()
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -238,7 +240,7 @@ def _children(pid: int) -> list[int]:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"spawn_main" in cmd:
+        if ppid == pid and cmd == own:
             out.append(int(d))
     return out
 
@@ -299,6 +301,25 @@ def test_a_killed_driver_process_is_reported_and_serve_released(procs, port, tmp
     assert p["status"] == "failed" and "driver process 1" in p["reason"]
     assert p["bytes"] > 0 and p["batches"] > 0               # what the surviving process measured
     assert serve.wait(timeout=scaled(10)) == 0               # serve was told the reader is done
+
+
+def test_drivers_forked_before_the_producer_is_known_end_with_a_drive_that_finds_none(procs, port, tmp_path):
+    """drive forks its driver processes first (before any connection: they need not import anything again),
+    then waits for a producer's geometry; when none comes, drive fails saying so and its drivers go with it."""
+    addr = f"127.0.0.1:{port}"
+    meta = procs.start([*BENCH, "meta", "--discovery-addr", addr])
+    procs.wait_line(meta, "peercache-bench meta: ready")
+    d = procs.start([*BENCH, "drive", "--discovery-addr", addr, "--processes", "2", "--duration", "1",
+                     "--ready-timeout", str(scaled(4)), "--out", str(tmp_path / "d.json")])
+    end = time.monotonic() + scaled(3)
+    workers = _children(d.pid)
+    while len(workers) < 2 and time.monotonic() < end and d.poll() is None:
+        time.sleep(0.02)
+        workers = _children(d.pid)
+    assert len(workers) == 2, workers          # forked while drive still waits for a producer
+    assert d.wait(timeout=scaled(30)) != 0
+    assert "no producer registered" in d.stderr.read()
+    assert not [w for w in workers if _alive(w)]
 
 
 def test_workers_of_a_killed_drive_parent_stop_at_once(procs, port, tmp_path):
