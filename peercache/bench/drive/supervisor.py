@@ -94,12 +94,10 @@ def run(args, worker: type | None = None) -> tuple[int, dict]:
     except KeyboardInterrupt:
         doc.status, doc.error = "failed", "interrupted"
     finally:
-        drivers.stop()
         # After a fault the processes are not waited on for long: leaving the cluster may be a
         # call to the very directory that failed (see END_GRACE_S).
         failed = doc.status != "ok" or any(p.status != "ok" for p in doc.points)
-        grace = END_GRACE_S if failed else CLEAN_END_S
-        end_all(procs, grace)
+        drivers.end(END_GRACE_S if failed else CLEAN_END_S)
     doc.meta.end = meta.now_iso()
     if any(p.status != "ok" for p in doc.points) or not doc.points:
         doc.status = "failed"

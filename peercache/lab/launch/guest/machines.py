@@ -458,8 +458,7 @@ class MachinePair:
             shutil.copy2(R.STAGE2, ctl / "stage2.sh")
             exports = {"PCG_CWD": "/", "PCG_WORK": "", "PCG_HOSTNAME": HOST_ALIAS[role], "PCG_HOST_TMP": "1",
                        "PCG_PYTHON": sys.executable, "PCG_CALIB_CODE": R.CALIBRATION,
-                       "PCG_HOST_CALIB": f"{R.host_calibration():.6f}",
-                       **({REVISION_ENV: rev} if rev else {})}
+                       "PCG_HOST_CALIB": f"{R.host_calibration():.6f}"}
             (ctl / "env.sh").write_text("".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in exports.items()))
             (ctl / "topology.sh").write_text(setup_script(self.spec, role, rev))
             (ctl / "command.sh").write_text(WAIT_COMMAND + "\n")
