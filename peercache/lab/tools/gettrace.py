@@ -149,7 +149,9 @@ def timelines(client: dict, server: dict) -> list[list[tuple[str, int]]]:
         for r in crec[lo[i]:hi[i]]:
             pts.append((names[r["point"]], int(r["ns"])))
             if names[r["point"]] == "send_begin":
-                pts += by_req.get(int(r["req"]), [])
+                # only the server's points within this call: a request id can recur (another
+                # connection's, or a call of the warm-up pass), and its points belong to that one
+                pts += [(n, ns) for n, ns in by_req.get(int(r["req"]), []) if start[i] <= ns <= end[i]]
         pts.append(("return", int(end[i])))
         pts.sort(key=lambda x: x[1])
         named, in_table = [], False
